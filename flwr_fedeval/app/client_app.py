@@ -1,0 +1,83 @@
+"""The main job's ClientApp: local training, local evaluation, threshold counts.
+
+Every handler rebuilds what it needs from ``context`` (the deployment engine
+starts a fresh process per message, so module globals cannot carry state).
+Data loading is cached per process, which helps simulation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
+from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
+from flwr_fedeval.fhe.counts import threshold_counts
+from flwr_fedeval.messages import counts_to_record
+
+app = ClientApp()
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as exc:
+        raise ValueError(
+            "node config must define 'partition-id' and 'num-partitions' "
+            "(simulation sets them; on a SuperNode pass --node-config "
+            "\"partition-id=0 num-partitions=3\")"
+        ) from exc
+
+
+def _setup(msg: Message, context: Context):
+    cfg = JobConfig.from_run_config(dict(context.run_config))
+    pid, num = _partition(context)
+    data = load_client_data(cfg, pid, num)
+    adapter = KerasModelAdapter(build_model(cfg))
+    adapter.set_weights(msg.content["arrays"].to_numpy_ndarrays())
+    return cfg, data, adapter
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the received global model on the local train split."""
+    cfg, data, adapter = _setup(msg, context)
+    config = msg.content["config"] if "config" in msg.content else {}
+    epochs = int(config.get("local-epochs", cfg.local_epochs))
+    history = adapter.model.fit(
+        data.x_train, data.y_train, epochs=epochs, batch_size=cfg.batch_size, verbose=0
+    )
+    metrics = MetricRecord(
+        {
+            "train-loss": float(history.history["loss"][-1]),
+            "train-acc": float(history.history["accuracy"][-1]),
+            "num-examples": int(len(data.y_train)),
+        }
+    )
+    reply = RecordDict({"arrays": ArrayRecord(adapter.get_weights()), "metrics": metrics})
+    return Message(content=reply, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Loss and accuracy of the received model on the local test split."""
+    _, data, adapter = _setup(msg, context)
+    loss, acc = adapter.model.evaluate(data.x_test, data.y_test, verbose=0)
+    metrics = MetricRecord(
+        {"eval-loss": float(loss), "eval-acc": float(acc), "num-examples": int(len(data.y_test))}
+    )
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+@app.evaluate("threshold_counts")
+def evaluate_threshold_counts(msg: Message, context: Context) -> Message:
+    """TP/FP/TN/FN of the local test split at the server's decision points.
+
+    The plaintext phase of the main job; the FHE and DP phases replace it.
+    """
+    _, data, adapter = _setup(msg, context)
+    thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
+    scores = adapter.predict_scores(data.x_test)
+    counts = threshold_counts(data.y_test, scores, thresholds)
+    return Message(content=RecordDict({"counts": counts_to_record(counts)}), reply_to=msg)

@@ -1,0 +1,99 @@
+"""Experiment harness: the reference AUC and the result files of the main job.
+
+The reference ``roc_auc_score`` on the *pooled* test data is computed here,
+outside the protocol: it reloads every client's test split (the partitioning
+is deterministic per seed) and scores it with the final global model. No
+protocol message carries these data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
+from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
+
+__all__ = ["pooled_reference_auc", "write_results"]
+
+
+def pooled_reference_auc(
+    cfg: JobConfig, weights: list[np.ndarray], num_partitions: int
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """``roc_auc_score`` of the global model on all clients' test splits pooled.
+
+    Returns
+    -------
+    auc : float
+    y_true : ndarray of shape (n_test,), dtype int64
+    y_score : ndarray of shape (n_test,), dtype float64
+    """
+    from sklearn.metrics import roc_auc_score
+
+    adapter = KerasModelAdapter(build_model(cfg))
+    adapter.set_weights(weights)
+    ys, scores = [], []
+    for pid in range(num_partitions):
+        split = load_client_data(cfg, pid, num_partitions)
+        ys.append(split.y_test)
+        scores.append(adapter.predict_scores(split.x_test))
+    y_true, y_score = np.concatenate(ys), np.concatenate(scores)
+    return float(roc_auc_score(y_true, y_score)), y_true, y_score
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def write_results(
+    cfg: JobConfig,
+    payload: dict[str, Any],
+    *,
+    roc: tuple[np.ndarray, np.ndarray] | None = None,
+    reference_roc: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Path:
+    """Write ``results.json`` (and ``roc.png``) to a new run folder.
+
+    The folder is ``<output-dir>/<dataset>-<UTC timestamp>``; a relative
+    ``output-dir`` is resolved against the current working directory.
+
+    Returns
+    -------
+    Path
+        The run folder.
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    folder = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.dataset}-{stamp}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps(_jsonable(payload), indent=2))
+    if roc is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 5))
+        ax.plot(*roc, marker=".", label=f"federated, N={cfg.num_decision_points} ({payload.get('auc_method', '')})")
+        if reference_roc is not None:
+            ax.plot(*reference_roc, linestyle="--", label="pooled reference (sklearn)")
+        ax.plot([0, 1], [0, 1], color="grey", linewidth=0.5)
+        ax.set_xlabel("False positive rate")
+        ax.set_ylabel("True positive rate")
+        ax.set_title(f"ROC, {cfg.dataset}: AUC {payload.get('federated_auc', float('nan')):.4f}")
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(folder / "roc.png", dpi=120)
+        plt.close(fig)
+    return folder

@@ -1,0 +1,160 @@
+"""The main job's task: run configuration, data per client, model per data set.
+
+Shared by the ServerApp and the ClientApp. TensorFlow is only imported when a
+model is built, so reading the configuration stays cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flwr_fedeval.data.partition import ClientSplit, client_split
+
+__all__ = ["JobConfig", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
+
+#: Binary chest X-ray tasks: class folders, negative class first.
+XRAY_TASKS = {
+    "pneumonia-vs-normal": ("normal", "pneumonia"),
+    "covid-vs-normal": ("normal", "covid"),
+}
+
+_CHOICES = {
+    "dataset": ("breast-cancer", "chest-xray"),
+    "xray_task": tuple(XRAY_TASKS),
+    "partitioning": ("iid", "dirichlet"),
+    "auc_method": ("plain",),
+    "decision_point_spacing": ("linear", "logit"),
+    "secure_aggregation": ("none",),
+}
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The ``[tool.flwr.app.config]`` section, validated.
+
+    Keys are the kebab-case names of the fields (``num-server-rounds`` for
+    ``num_server_rounds``); see ``pyproject.toml`` for the defaults.
+    """
+
+    num_server_rounds: int = 3
+    local_epochs: int = 5
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    fraction_train: float = 1.0
+    min_nodes: int = 2
+    seed: int = 42
+    dataset: str = "breast-cancer"
+    data_dir: str = ""
+    xray_task: str = "pneumonia-vs-normal"
+    image_size: int = 128
+    partitioning: str = "iid"
+    dirichlet_alpha: float = 0.5
+    test_fraction: float = 0.2
+    auc_method: str = "plain"
+    num_decision_points: int = 100
+    decision_point_spacing: str = "linear"
+    secure_aggregation: str = "none"
+    output_dir: str = "outputs"
+
+    @classmethod
+    def from_run_config(cls, run_config: dict[str, Any]) -> "JobConfig":
+        """Build from a Flower run config (kebab-case keys; unknown keys kept out).
+
+        Raises
+        ------
+        ValueError
+            For a value of the wrong type or outside its allowed choices.
+        """
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = f.name.replace("_", "-")
+            if key in run_config:
+                values[f.name] = run_config[key]
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Check types, ranges and choices (messages name the config key)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            key = f.name.replace("_", "-")
+            if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"config '{key}' must be an integer, got {value!r}")
+            if f.type in ("float", float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"config '{key}' must be a number, got {value!r}")
+            if f.name in _CHOICES and value not in _CHOICES[f.name]:
+                raise ValueError(f"config '{key}' must be one of {_CHOICES[f.name]}, got {value!r}")
+        positive = ("num_server_rounds", "local_epochs", "batch_size", "image_size", "min_nodes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"config '{name.replace('_', '-')}' must be >= 1")
+        if not 0.0 < self.fraction_train <= 1.0:
+            raise ValueError("config 'fraction-train' must be in (0, 1]")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError("config 'test-fraction' must be in (0, 1)")
+        if self.num_decision_points < 2:
+            raise ValueError("config 'num-decision-points' must be >= 2")
+        if self.dataset == "chest-xray" and not self.data_dir:
+            raise ValueError("config 'data-dir' must name the chest-xray folder when dataset = 'chest-xray'")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Kebab-case dict (as in the run config), for result files."""
+        return {k.replace("_", "-"): v for k, v in asdict(self).items()}
+
+
+@functools.lru_cache(maxsize=2)
+def _load_pooled(dataset: str, data_dir: str, xray_task: str, image_size: int):
+    if dataset == "breast-cancer":
+        from flwr_fedeval.data.tabular import load_breast_cancer_data
+
+        return load_breast_cancer_data()
+    from flwr_fedeval.data.images import load_image_folder
+
+    return load_image_folder(
+        Path(data_dir), XRAY_TASKS[xray_task], image_size=(image_size, image_size)
+    )
+
+
+def load_pooled_data(cfg: JobConfig) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The whole data set before partitioning (cached per process).
+
+    Returns ``(x, y, class_names)``; see :mod:`flwr_fedeval.data`.
+    """
+    data_dir = str(Path(cfg.data_dir).expanduser().resolve()) if cfg.data_dir else ""
+    return _load_pooled(cfg.dataset, data_dir, cfg.xray_task, cfg.image_size)
+
+
+def load_client_data(cfg: JobConfig, partition_id: int, num_partitions: int) -> ClientSplit:
+    """Client ``partition_id``'s own train and test split."""
+    x, y, _ = load_pooled_data(cfg)
+    return client_split(
+        x,
+        y,
+        partition_id,
+        num_partitions,
+        method=cfg.partitioning,  # type: ignore[arg-type]
+        alpha=cfg.dirichlet_alpha,
+        test_fraction=cfg.test_fraction,
+        seed=cfg.seed,
+    )
+
+
+def build_model(cfg: JobConfig) -> Any:
+    """The compiled Keras model for ``cfg.dataset`` (seeded initialisation)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    from flwr_fedeval.clients.models import build_mlp, build_seed_cnn
+
+    keras.utils.set_random_seed(cfg.seed)
+    if cfg.dataset == "breast-cancer":
+        x, _, _ = load_pooled_data(cfg)
+        return build_mlp(x.shape[1], learning_rate=cfg.learning_rate)
+    return build_seed_cnn((cfg.image_size, cfg.image_size, 1), learning_rate=cfg.learning_rate)

@@ -1,0 +1,87 @@
+"""Keras models of the experiments (TensorFlow is imported lazily, on call).
+
+* :func:`build_seed_cnn` — the COVID-19 CNN of Walskaar et al. 2023 (§4.2,
+  Table 1): 949,002 parameters for a 128×128×1 input and 2 classes.
+* :func:`build_mlp` — the small MLP used with the embedded breast-cancer data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SEED_CNN_NUM_PARAMETERS", "build_seed_cnn", "build_mlp", "compile_classifier"]
+
+#: Parameter count of :func:`build_seed_cnn` at its default input and classes.
+SEED_CNN_NUM_PARAMETERS = 949_002
+
+
+def compile_classifier(model: Any, learning_rate: float = 1e-3) -> Any:
+    """Compile ``model`` for integer labels with Adam and accuracy."""
+    import keras
+
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def build_seed_cnn(
+    input_shape: tuple[int, int, int] = (128, 128, 1),
+    num_classes: int = 2,
+    *,
+    learning_rate: float = 1e-3,
+) -> Any:
+    """The seed experiment's CNN, compiled.
+
+    Conv2D(32, 5×5, ReLU, L2 0.01) → BatchNorm → MaxPool(2) →
+    Conv2D(16, 5×5, ReLU) → BatchNorm → MaxPool(2) →
+    Conv2D(32, 5×5, ReLU) → BatchNorm → MaxPool(2) → Flatten →
+    Dense(200, ReLU, L2 0.01) → Dropout(0.5) → Dense(num_classes, softmax).
+
+    With the default ``input_shape=(128, 128, 1)`` and 2 classes it has
+    exactly 949,002 parameters (trainable and BatchNorm statistics).
+
+    Source: Walskaar, Tran, Catak 2023, §4.2.
+    """
+    import keras
+    from keras import layers, regularizers
+
+    model = keras.Sequential(
+        [
+            keras.Input(shape=input_shape),
+            layers.Conv2D(32, 5, activation="relu", kernel_regularizer=regularizers.l2(0.01)),
+            layers.BatchNormalization(),
+            layers.MaxPooling2D(2),
+            layers.Conv2D(16, 5, activation="relu"),
+            layers.BatchNormalization(),
+            layers.MaxPooling2D(2),
+            layers.Conv2D(32, 5, activation="relu"),
+            layers.BatchNormalization(),
+            layers.MaxPooling2D(2),
+            layers.Flatten(),
+            layers.Dense(200, activation="relu", kernel_regularizer=regularizers.l2(0.01)),
+            layers.Dropout(0.5),
+            layers.Dense(num_classes, activation="softmax"),
+        ],
+        name="seed_cnn",
+    )
+    return compile_classifier(model, learning_rate)
+
+
+def build_mlp(
+    num_features: int,
+    num_classes: int = 2,
+    *,
+    hidden_units: tuple[int, ...] = (32, 16),
+    learning_rate: float = 1e-3,
+) -> Any:
+    """A small dense classifier for tabular data, compiled (softmax output)."""
+    import keras
+    from keras import layers
+
+    stack = [keras.Input(shape=(num_features,))]
+    stack += [layers.Dense(units, activation="relu") for units in hidden_units]
+    stack.append(layers.Dense(num_classes, activation="softmax"))
+    return compile_classifier(keras.Sequential(stack, name="mlp"), learning_rate)

@@ -1,0 +1,128 @@
+"""Evaluation phase after training: the global ROC AUC from summed counts.
+
+The plaintext phase (this module) is the reference protocol: every client
+computes TP/FP/TN/FN of its own test split at N public decision points; the
+server sums them and computes the trapezoid AUC (Baykara et al. 2025,
+Eqs. 2-3). It reveals every client's counts to the server; the FHE and DP
+phases replace exactly this step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points
+from flwr_fedeval.messages import EVALUATE_THRESHOLD_COUNTS, counts_from_record
+from flwr_fedeval.metrics.auc import auc_from_counts
+
+__all__ = ["AUCPhaseResult", "PlaintextAUCPhase"]
+
+
+@dataclass
+class AUCPhaseResult:
+    """Outcome of an AUC evaluation phase.
+
+    Attributes
+    ----------
+    auc : float
+        The global AUC over all contributing clients.
+    thresholds : ndarray of shape (N,)
+    counts : ConfusionCounts or None
+        The summed counts, when the phase reveals them (plaintext only).
+    contributors : list of int
+        Node IDs whose data is in the result.
+    failed : dict of int to str
+        Node IDs that did not contribute, with the reason.
+    """
+
+    auc: float
+    thresholds: np.ndarray
+    counts: ConfusionCounts | None
+    contributors: list[int]
+    failed: dict[int, str] = field(default_factory=dict)
+    method: str = "plain"
+
+
+class PlaintextAUCPhase:
+    """Global AUC from plaintext threshold counts (the reference phase).
+
+    Parameters
+    ----------
+    num_decision_points : int, default=100
+        N, the number of public decision points.
+    spacing : {"linear", "logit"}, default="linear"
+        See :func:`flwr_fedeval.fhe.counts.decision_points`.
+    min_nodes : int, default=2
+        Fewer contributing clients than this raises ``RuntimeError``.
+    arrayrecord_key : str, default="arrays"
+    timeout : float, default=3600
+        Seconds to wait for the replies.
+    """
+
+    message_type = EVALUATE_THRESHOLD_COUNTS
+
+    def __init__(
+        self,
+        num_decision_points: int = 100,
+        *,
+        spacing: str = "linear",
+        min_nodes: int = 2,
+        arrayrecord_key: str = "arrays",
+        timeout: float = 3600,
+    ) -> None:
+        self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
+        self.min_nodes = min_nodes
+        self.arrayrecord_key = arrayrecord_key
+        self.timeout = timeout
+
+    def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
+        """Send the global model and thresholds to every node, sum, compute AUC.
+
+        Raises
+        ------
+        RuntimeError
+            If fewer than ``min_nodes`` clients return valid counts.
+        flwr_fedeval.metrics.auc.UndefinedAUCError
+            If the pooled test data has a single class.
+        """
+        node_ids = sorted(grid.get_node_ids())
+        content = RecordDict(
+            {
+                self.arrayrecord_key: arrays,
+                "evaluation": ArrayRecord({"thresholds": Array(self.thresholds)}),
+            }
+        )
+        messages = [Message(content=content, dst_node_id=n, message_type=self.message_type) for n in node_ids]
+        replies = list(grid.send_and_receive(messages, timeout=self.timeout))
+        failed: dict[int, str] = {n: "no reply (timeout)" for n in node_ids}
+        total: ConfusionCounts | None = None
+        contributors = []
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                failed[node] = f"error reply: {reply.error.reason}"
+                continue
+            try:
+                counts = counts_from_record(reply.content["counts"], self.thresholds.size)
+            except (KeyError, ValueError) as exc:
+                failed[node] = f"malformed counts: {exc}"
+                continue
+            failed.pop(node, None)
+            contributors.append(node)
+            total = counts if total is None else total + counts
+        for node, reason in failed.items():
+            log(WARNING, "AUC phase: node %d left out: %s", node, reason)
+        if total is None or len(contributors) < self.min_nodes:
+            raise RuntimeError(
+                f"AUC phase: {len(contributors)} valid replies, at least {self.min_nodes} needed"
+            )
+        auc = auc_from_counts(total)
+        log(INFO, "AUC phase (plain): %d clients, %d decision points, global AUC %.6f",
+            len(contributors), self.thresholds.size, auc)
+        return AUCPhaseResult(auc, self.thresholds, total, sorted(contributors), failed)
