@@ -254,7 +254,8 @@ def fedauc_laplace_client(
     Returns
     -------
     LocalStats
-        With ``epsilon = inf`` exactly :func:`fedauc_local_stats`.
+        With ``epsilon = inf`` exactly :func:`fedauc_local_stats`. An empty
+        client returns ``(0, 0, 0)`` without noise (nothing to protect).
 
     Notes
     -----
@@ -270,6 +271,11 @@ def fedauc_laplace_client(
     n = float(y.size)
     rng = client_random_state(random_state)
     eps = params.epsilon
+    if y.size == 0:
+        # No label to protect (sensitivities are 0): release exact zeros; the
+        # accountant is still charged so every client's spend is the same.
+        charge(accountant, eps)
+        return exact
 
     if params.allocation == "alpha":
         if params.sensitivity == "global":
