@@ -1,0 +1,99 @@
+"""RLWE ring and xMK-CKKS multi-key secure aggregation (pure numpy).
+
+Imports neither flwr nor TensorFlow. See :mod:`flwr_fedeval.rlwe.xmkckks` for
+the protocol (Walskaar et al. 2023, Eqs. 1-11), :mod:`~flwr_fedeval.rlwe.params`
+for the parameter sets, the HE-Standard security check and the worst-case
+noise budget.
+
+Typical use (one round, M clients)::
+
+    from flwr_fedeval import rlwe
+    P = rlwe.DEFAULT_PARAMETER_SET
+    seed = rlwe.new_public_seed(); a = rlwe.expand_a(P, seed)
+    keys = [rlwe.keygen(P, a) for _ in range(M)]                     # clients
+    pk = rlwe.aggregate_public_keys([pk_i for _, pk_i in keys])      # server
+    k = rlwe.max_scale_bits(P, num_clients=M, max_abs_value=bound)
+    cts = [rlwe.encrypt_vector(P, pk, a, x_i, scale_bits=k, num_clients=M) ...]
+    C = rlwe.add_ciphertexts(cts)                                    # server
+    D = [rlwe.partial_decrypt(P, sk_i, C.c1, num_clients=M) ...]     # clients
+    total = rlwe.combine_and_decode(P, C.c0, D, len(x), scale_bits=k)  # server
+"""
+
+from .encoding import EncodingRangeError, decode, encode, num_polys
+from .params import (
+    DEFAULT_PARAMETER_SET,
+    HE_STANDARD_128_MAX_LOG2Q,
+    PARAMETER_SETS,
+    NoiseBudget,
+    NoiseBudgetError,
+    ParameterSet,
+    check_noise_budget,
+    fresh_noise_bound,
+    get_parameter_set,
+    max_plaintext_int,
+    max_scale_bits,
+    smudging_bound,
+    total_noise_bound,
+    validate_security,
+)
+from .ring import Ring, find_ntt_primes, get_ring, schoolbook_negacyclic
+from .sampling import RandomStream, new_public_seed
+from .xmkckks import (
+    Ciphertext,
+    DecryptionShare,
+    PublicKey,
+    SecretKey,
+    add_ciphertexts,
+    aggregate_public_keys,
+    combine,
+    combine_and_decode,
+    encrypt,
+    encrypt_vector,
+    expand_a,
+    keygen,
+    partial_decrypt,
+    polys_from_bytes,
+    polys_to_bytes,
+)
+
+__all__ = [
+    "Ciphertext",
+    "DEFAULT_PARAMETER_SET",
+    "DecryptionShare",
+    "EncodingRangeError",
+    "HE_STANDARD_128_MAX_LOG2Q",
+    "NoiseBudget",
+    "NoiseBudgetError",
+    "PARAMETER_SETS",
+    "ParameterSet",
+    "PublicKey",
+    "RandomStream",
+    "Ring",
+    "SecretKey",
+    "add_ciphertexts",
+    "aggregate_public_keys",
+    "check_noise_budget",
+    "combine",
+    "combine_and_decode",
+    "decode",
+    "encode",
+    "encrypt",
+    "encrypt_vector",
+    "expand_a",
+    "find_ntt_primes",
+    "fresh_noise_bound",
+    "get_parameter_set",
+    "get_ring",
+    "keygen",
+    "max_plaintext_int",
+    "max_scale_bits",
+    "new_public_seed",
+    "num_polys",
+    "partial_decrypt",
+    "polys_from_bytes",
+    "polys_to_bytes",
+    "schoolbook_negacyclic",
+    "smudging_bound",
+    "total_noise_bound",
+    "validate_security",
+]

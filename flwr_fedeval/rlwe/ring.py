@@ -1,0 +1,620 @@
+"""The ring R_q = Z_q[X]/(X^n + 1) in residue-number-system (RNS) form.
+
+An element of R_q is stored as the residues of its coefficients modulo each
+prime q_i of q = q_0 * ... * q_{L-1}: a ``uint64`` array of shape ``(L, n)``,
+or ``(..., L, n)`` for a batch of elements (the batch axes come first). Every
+prime satisfies q_i = 1 (mod 2n) and q_i < 2^31, so products of two residues
+fit in 62 bits and never overflow 64-bit integers.
+
+Two multiplication paths are provided, both exact:
+
+* :meth:`Ring.mul` -- general product by the negacyclic number-theoretic
+  transform (NTT, Longa--Naehrig iterative Cooley--Tukey / Gentleman--Sande
+  butterflies with the 2n-th root psi merged into the twiddles), vectorised so
+  that each butterfly stage is one set of numpy calls for all polynomials and
+  all limbs.
+* :meth:`Ring.mul_small` -- product of a polynomial with *small* integer
+  coefficients (ternary secrets, ternary ephemeral keys) by an arbitrary ring
+  element, by an exact float64 FFT negacyclic convolution: twist by
+  exp(i*pi*j/n), FFT, pointwise product, inverse FFT, untwist, round. The wide
+  operand is split into 16-bit pieces whenever the rigorous error bound of
+  Percival (2003) for FFT convolution could reach 1/4; two real signals are
+  packed into one complex FFT. This is the path the xMK-CKKS operations use
+  (every product there has a ternary factor: Eqs. 1, 6, 7 of Walskaar et al.
+  2023).
+
+References
+----------
+P. Longa and M. Naehrig, "Speeding up the Number Theoretic Transform for
+Faster Ideal Lattice-Based Cryptography", CANS 2016.
+C. Percival, "Rapid multiplication modulo the sum and difference of highly
+composite numbers", Math. Comp. 72 (2003), Theorem 5.1 (FFT error bound).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "Ring",
+    "get_ring",
+    "is_prime",
+    "validate_primes",
+    "find_ntt_primes",
+    "schoolbook_negacyclic",
+]
+
+_MAX_PRIME_BITS = 31
+_EPS = 2.0**-53
+# Rounding is safe when the proven FFT error bound is below 1/2; keep a margin.
+_FFT_ERROR_LIMIT = 0.25
+
+
+def is_prime(p: int) -> bool:
+    """Deterministic Miller--Rabin primality test, exact for ``p < 2**64``."""
+    if p < 2:
+        return False
+    small = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+    for s in small:
+        if p % s == 0:
+            return p == s
+    d, r = p - 1, 0
+    while d % 2 == 0:
+        d //= 2
+        r += 1
+    for a in small:
+        x = pow(a, d, p)
+        if x in (1, p - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % p
+            if x == p - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def find_ntt_primes(n: int, bits: int, count: int) -> tuple[int, ...]:
+    """Return the ``count`` largest primes ``p < 2**bits`` with ``p = 1 (mod 2n)``.
+
+    Parameters
+    ----------
+    n : int
+        Ring degree (power of two).
+    bits : int
+        Every prime is below ``2**bits``; at most 31.
+    count : int
+        Number of primes.
+
+    Returns
+    -------
+    tuple of int
+        Primes in decreasing order.
+
+    Raises
+    ------
+    ValueError
+        If ``bits > 31`` or not enough primes exist.
+    """
+    if bits > _MAX_PRIME_BITS:
+        raise ValueError(f"bits must be <= {_MAX_PRIME_BITS}, got {bits}")
+    step = 2 * n
+    p = ((2**bits - 1) // step) * step + 1
+    if p >= 2**bits:
+        p -= step
+    out: list[int] = []
+    while len(out) < count and p > step:
+        if is_prime(p):
+            out.append(p)
+        p -= step
+    if len(out) < count:
+        raise ValueError(f"only {len(out)} primes = 1 mod {step} below 2^{bits}")
+    return tuple(out)
+
+
+def _primitive_2n_root(q: int, n: int) -> int:
+    """Smallest psi with psi^n = -1 (mod q), i.e. a primitive 2n-th root of unity."""
+    for g in range(2, q):
+        psi = pow(g, (q - 1) // (2 * n), q)
+        if pow(psi, n, q) == q - 1:
+            return psi
+    raise ValueError(f"no primitive {2 * n}-th root of unity mod {q}")  # pragma: no cover
+
+
+def _powers(base: int, count: int, q: int) -> list[int]:
+    out, acc = [], 1
+    for _ in range(count):
+        out.append(acc)
+        acc = acc * base % q
+    return out
+
+
+def _bit_reverse(n: int) -> np.ndarray:
+    bits = n.bit_length() - 1
+    idx = np.arange(n)
+    rev = np.zeros(n, dtype=np.int64)
+    for b in range(bits):
+        rev |= ((idx >> b) & 1) << (bits - 1 - b)
+    return rev
+
+
+def schoolbook_negacyclic(x: np.ndarray, y: np.ndarray, q: int) -> np.ndarray:
+    """Reference O(n^2) product of two polynomials modulo (X^n + 1, q).
+
+    Parameters
+    ----------
+    x, y : ndarray of shape (n,)
+        Integer coefficients (any integer dtype, values in [0, q)).
+    q : int
+        Modulus below 2^31.
+
+    Returns
+    -------
+    ndarray of shape (n,), dtype uint64
+        Coefficients of x*y mod (X^n + 1) reduced into [0, q).
+    """
+    n = x.shape[-1]
+    xs = np.asarray(x, dtype=object) % q
+    ys = np.asarray(y, dtype=object) % q
+    out = [0] * n
+    for i in range(n):
+        xi = int(xs[i])
+        if xi == 0:
+            continue
+        for j in range(n):
+            k = i + j
+            if k < n:
+                out[k] += xi * int(ys[j])
+            else:
+                out[k - n] -= xi * int(ys[j])
+    return np.array([v % q for v in out], dtype=np.uint64)
+
+
+class Ring:
+    """R_q = Z_q[X]/(X^n + 1) with q a product of NTT-friendly primes.
+
+    Parameters
+    ----------
+    n : int
+        Degree, a power of two, at least 2.
+    primes : sequence of int
+        Distinct primes q_i < 2^31 with q_i = 1 (mod 2n).
+
+    Raises
+    ------
+    ValueError
+        If ``n`` is not a power of two or a prime is invalid (message names it).
+
+    Notes
+    -----
+    Elements are ``uint64`` arrays of shape ``(..., L, n)`` with every limb
+    ``i`` reduced into ``[0, q_i)``; all methods accept any leading batch shape.
+    """
+
+    def __init__(self, n: int, primes: Sequence[int]) -> None:
+        primes = validate_primes(n, primes)
+        self.n = n
+        self.primes = primes
+        self.limbs = len(primes)
+        self.q = math.prod(primes)
+        self.q_col = np.array(primes, dtype=np.uint64)[:, None]  # (L, 1)
+        self._q_i64 = self.q_col.astype(np.int64)
+        self._build_ntt_tables()
+        self._build_fft_tables()
+        self._build_crt_tables()
+
+    # ------------------------------------------------------------------ basics
+    def __repr__(self) -> str:
+        return f"Ring(n={self.n}, primes={self.primes})"
+
+    def zeros(self, batch: tuple[int, ...] = ()) -> np.ndarray:
+        """Zero element(s), shape ``batch + (L, n)``, dtype uint64."""
+        return np.zeros(batch + (self.limbs, self.n), dtype=np.uint64)
+
+    def check(self, x: np.ndarray, name: str = "x") -> np.ndarray:
+        """Validate an element: dtype uint64, trailing shape (L, n), limbs < q_i.
+
+        Raises
+        ------
+        ValueError
+            Naming ``name`` and the offending property.
+        """
+        if not isinstance(x, np.ndarray) or x.dtype != np.uint64:
+            raise ValueError(f"{name} must be a numpy uint64 array")
+        if x.shape[-2:] != (self.limbs, self.n):
+            raise ValueError(
+                f"{name} has shape {x.shape}, expected (..., {self.limbs}, {self.n})"
+            )
+        if x.size and np.any(x >= self.q_col):
+            raise ValueError(f"{name} has coefficients >= q_i")
+        return x
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """x + y, shapes broadcast; returns uint64 ``(..., L, n)``."""
+        s = x + y
+        np.subtract(s, self.q_col, out=s, where=s >= self.q_col)
+        return s
+
+    def sum(self, xs: np.ndarray, axis: int = 0) -> np.ndarray:
+        """Sum of elements along a batch ``axis`` (at most 2^32 terms)."""
+        xs = np.asarray(xs)
+        if xs.shape[axis] > 2**32:
+            raise ValueError("too many terms for an overflow-free sum")
+        return np.sum(xs, axis=axis, dtype=np.uint64) % self.q_col
+
+    def neg(self, x: np.ndarray) -> np.ndarray:
+        """-x; returns uint64 ``(..., L, n)``."""
+        out = self.q_col - x
+        out[x == 0] = 0
+        return out
+
+    def sub(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """x - y; returns uint64 ``(..., L, n)``."""
+        return self.add(x, self.neg(y))
+
+    def from_signed(self, v: np.ndarray) -> np.ndarray:
+        """Map signed integer coefficients (``(..., n)``, |v| < 2^62) into RNS.
+
+        Returns
+        -------
+        ndarray of shape (..., L, n), dtype uint64
+        """
+        v = np.asarray(v, dtype=np.int64)
+        return (v[..., None, :] % self._q_i64).astype(np.uint64)
+
+    # --------------------------------------------------------------------- NTT
+    def _build_ntt_tables(self) -> None:
+        n, L = self.n, self.limbs
+        rev = _bit_reverse(n)
+        psi_rev = np.zeros((L, n), dtype=np.int64)
+        psi_inv_rev = np.zeros((L, n), dtype=np.int64)
+        n_inv = np.zeros((L, 1), dtype=np.int64)
+        self.psi = []
+        for i, q in enumerate(self.primes):
+            psi = _primitive_2n_root(q, n)
+            self.psi.append(psi)
+            psi_inv = pow(psi, -1, q)
+            pw = np.array(_powers(psi, n, q), dtype=np.int64)
+            pwi = np.array(_powers(psi_inv, n, q), dtype=np.int64)
+            psi_rev[i] = pw[rev]
+            psi_inv_rev[i] = pwi[rev]
+            n_inv[i, 0] = pow(n, -1, q)
+        self._psi_rev = psi_rev
+        self._psi_inv_rev = psi_inv_rev
+        self._n_inv = n_inv
+
+    def ntt(self, x: np.ndarray) -> np.ndarray:
+        """Forward negacyclic NTT (bit-reversed output order).
+
+        Parameters
+        ----------
+        x : ndarray of shape (..., L, n), uint64, limbs reduced mod q_i
+
+        Returns
+        -------
+        ndarray of shape (..., L, n), uint64
+            Evaluations at the odd powers psi^(2k+1) (bit-reversed order), so
+            that ``intt(ntt(x) * ntt(y) mod q)`` is the negacyclic product.
+        """
+        q = self._q_i64[:, :, None]  # (L, 1, 1) against (..., L, m, t)
+        a = np.array(x, dtype=np.int64, copy=True)
+        lead = a.shape[:-1]
+        n = self.n
+        t, m = n, 1
+        while m < n:
+            t //= 2
+            a = a.reshape(lead + (m, 2, t))
+            w = self._psi_rev[:, m : 2 * m, None]  # (L, m, 1)
+            u = a[..., 0, :]
+            v = a[..., 1, :] * w
+            v %= q
+            hi = u - v
+            hi += q
+            u += v
+            a[..., 1, :] = hi
+            np.subtract(u, q, out=u, where=u >= q)
+            np.subtract(a[..., 1, :], q, out=a[..., 1, :], where=a[..., 1, :] >= q)
+            m *= 2
+        return a.reshape(lead + (n,)).astype(np.uint64)
+
+    def intt(self, x: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`ntt`; shape ``(..., L, n)``, uint64."""
+        q = self._q_i64[:, :, None]
+        a = np.array(x, dtype=np.int64, copy=True)
+        lead = a.shape[:-1]
+        n = self.n
+        t, m = 1, n
+        while m > 1:
+            h = m // 2
+            a = a.reshape(lead + (h, 2, t))
+            w = self._psi_inv_rev[:, h : 2 * h, None]
+            u = a[..., 0, :].copy()
+            v = a[..., 1, :]
+            s = u + v
+            np.subtract(s, q, out=s, where=s >= q)
+            d = u - v
+            d += q
+            d *= w
+            d %= q
+            a[..., 0, :] = s
+            a[..., 1, :] = d
+            t *= 2
+            m = h
+        a = a.reshape(lead + (n,))
+        a *= self._n_inv
+        a %= self._q_i64
+        return a.astype(np.uint64)
+
+    def mul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Negacyclic product x*y in R_q by NTT; shapes broadcast ``(..., L, n)``."""
+        fx = self.ntt(x).astype(np.int64)
+        fy = self.ntt(y).astype(np.int64)
+        prod = fx * fy
+        prod %= self._q_i64
+        return self.intt(prod.astype(np.uint64))
+
+    # ---------------------------------------------------- exact FFT small path
+    def _build_fft_tables(self) -> None:
+        j = np.arange(self.n)
+        self._twist = np.exp(1j * np.pi * j / self.n)  # psi_c^j, psi_c = e^{i pi/n}
+        self._untwist = np.conj(self._twist) / self.n  # includes 1/n of the IFFT
+        k = self.n.bit_length() - 1 + 2  # FFT levels plus the two twist products
+        self._fft_err_factor = _EPS * (3 * k + (3 * k + 1) * math.sqrt(5) + 3 * k)
+
+    def fft_small(self, s: np.ndarray) -> np.ndarray:
+        """Twisted FFT of small signed polynomials.
+
+        Parameters
+        ----------
+        s : ndarray of shape (..., n), integer dtype, small coefficients
+
+        Returns
+        -------
+        ndarray of shape (..., n), complex128
+        """
+        return np.fft.fft(np.asarray(s, dtype=np.float64) * self._twist, axis=-1)
+
+    def _pieces(self, s_norm: float, wide_norm_sq_max: float) -> int:
+        """Number of pieces (1 or 2) the wide operand needs for an exact product.
+
+        ``s_norm`` is max ||s||_2 over the small operands; ``wide_norm_sq_max``
+        is max ||y||_2^2 of one real wide signal. Packing two real signals in
+        one complex FFT multiplies the complex signal's norm by at most sqrt(2).
+        """
+        bound = s_norm * math.sqrt(2.0 * wide_norm_sq_max) * self._fft_err_factor
+        if bound < _FFT_ERROR_LIMIT:
+            return 1
+        piece = wide_norm_sq_max / 2.0**30  # 16-bit pieces: norm^2 / 2^30 (hi part)
+        bound = s_norm * math.sqrt(2.0 * max(piece, self.n * 2.0**32)) * self._fft_err_factor
+        if bound < _FFT_ERROR_LIMIT:
+            return 2
+        raise ValueError("small operand too large for an exact FFT product")  # pragma: no cover
+
+    def _wide_spectrum(self, y: np.ndarray, pieces: int) -> np.ndarray:
+        """Pack real signals (..., S, n) (S = signals, values < 2^31) into
+        complex spectra (..., ceil(S*pieces/2), n)."""
+        if pieces == 2:
+            lo = (y & np.uint64(0xFFFF)).astype(np.float64)
+            hi = (y >> np.uint64(16)).astype(np.float64)
+            sig = np.stack([lo, hi], axis=-2).reshape(y.shape[:-2] + (-1, self.n))
+        else:
+            sig = y.astype(np.float64)
+        S = sig.shape[-2]
+        if S % 2:
+            pad = np.zeros(sig.shape[:-2] + (1, self.n))
+            sig = np.concatenate([sig, pad], axis=-2)
+        z = np.empty(sig.shape[:-2] + (sig.shape[-2] // 2, self.n), dtype=np.complex128)
+        z.real = sig[..., 0::2, :]
+        z.imag = sig[..., 1::2, :]
+        z *= self._twist
+        return np.fft.fft(z, axis=-1)
+
+    def _from_spectrum(
+        self, spec: np.ndarray, signals: int, pieces: int, q_signal: np.ndarray
+    ) -> np.ndarray:
+        """Inverse of the packing: spectrum products -> (..., signals, n) uint64."""
+        z = np.fft.ifft(spec, axis=-1, norm="forward")  # unscaled inverse
+        z *= self._untwist
+        out = np.empty(z.shape[:-2] + (2 * z.shape[-2], self.n), dtype=np.int64)
+        out[..., 0::2, :] = np.rint(z.real)
+        out[..., 1::2, :] = np.rint(z.imag)
+        out = out[..., : signals * pieces, :]
+        if pieces == 2:
+            out = out.reshape(out.shape[:-2] + (signals, 2, self.n))
+            res = out[..., 1, :] << 16
+            res += out[..., 0, :]
+        else:
+            res = out
+        res %= q_signal
+        return res.astype(np.uint64)
+
+    def mul_small(self, s: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Exact negacyclic product of small polynomials ``s`` with elements ``y``.
+
+        Parameters
+        ----------
+        s : ndarray of shape (..., n), signed integer dtype
+            Small coefficients (e.g. ternary). Broadcasts against the batch
+            axes of ``y``.
+        y : ndarray of shape (..., L, n), uint64
+            Ring elements.
+
+        Returns
+        -------
+        ndarray of shape (..., L, n), uint64
+            s*y in R_q (every limb).
+
+        Notes
+        -----
+        Exact: the wide operand is split into 16-bit pieces whenever the FFT
+        error bound ||s||_2 ||y||_2 * c(n) * 2^-53 (Percival 2003) could exceed
+        1/4, so rounding recovers the integer convolution.
+        """
+        s = np.asarray(s)
+        s_norm = float(np.sqrt(np.max(np.sum(s.astype(np.float64) ** 2, axis=-1))))
+        return self.mul_small_spectrum(self.fft_small(s), s_norm, y)
+
+    def mul_small_spectrum(
+        self, s_spec: np.ndarray, s_norm: float, y: np.ndarray, q_signal: np.ndarray | None = None
+    ) -> np.ndarray:
+        """As :meth:`mul_small` with ``s`` given by :meth:`fft_small` and its max 2-norm.
+
+        ``y`` may stack several elements on its signal axis: shape (..., S, n)
+        with ``q_signal`` of shape (S, 1) giving each row's modulus (default:
+        the ring's primes, S = L).
+        """
+        if q_signal is None:
+            q_signal = self._q_i64
+        S = y.shape[-2]
+        wide_sq = float(q_signal.max() - 1) ** 2 * self.n
+        pieces = self._pieces(s_norm, wide_sq)
+        spec = self._wide_spectrum(y, pieces) * s_spec[..., None, :]
+        return self._from_spectrum(spec, S, pieces, q_signal)
+
+    # --------------------------------------------------------------------- CRT
+    def _build_crt_tables(self) -> None:
+        L, p = self.limbs, self.primes
+        # Garner: digit_i = (x_i - sum_{j<i} d_j P_j) * P_i^{-1} mod q_i, P_i = prod_{j<i} q_j
+        self._garner_pmod = np.zeros((L, L), dtype=np.int64)  # P_j mod q_i
+        self._garner_inv = np.zeros(L, dtype=np.int64)  # P_i^{-1} mod q_i
+        for i in range(L):
+            P = 1
+            for j in range(i):
+                self._garner_pmod[i, j] = P % p[i]
+                P *= p[j]
+            self._garner_inv[i] = pow(P % p[i], -1, p[i]) if i else 1
+        half = (self.q - 1) // 2
+        digits = []
+        for i in range(L):
+            digits.append(half % p[i])
+            half //= p[i]
+        self._half_digits = digits  # mixed-radix digits of floor((q-1)/2)
+        self._words = (self.q.bit_length() + 31) // 32 + 1
+
+    def _garner(self, x: np.ndarray) -> list[np.ndarray]:
+        """Mixed-radix digits d_i in [0, q_i) of the integer X in [0, q): X = sum d_i P_i."""
+        p = self.primes
+        xs = x.astype(np.int64)
+        digits: list[np.ndarray] = []
+        for i in range(self.limbs):
+            acc = xs[..., i, :].copy()
+            for j in range(i):
+                acc -= digits[j] * self._garner_pmod[i, j] % p[i]
+            acc %= p[i]
+            acc *= self._garner_inv[i]
+            acc %= p[i]
+            digits.append(acc)
+        return digits
+
+    def to_centered_float(self, x: np.ndarray, scale_bits: int = 0) -> np.ndarray:
+        """CRT-reconstruct centred coefficients and divide by 2^scale_bits.
+
+        Parameters
+        ----------
+        x : ndarray of shape (..., L, n), uint64
+        scale_bits : int
+            The result is X / 2^scale_bits with X the representative of the
+            coefficient in (-q/2, q/2].
+
+        Returns
+        -------
+        ndarray of shape (..., n), float64
+            Exact whenever X/2^scale_bits is representable in float64 (e.g.
+            any X with at most 53 significant bits); otherwise within a few ulp.
+            Computed with exact multi-word integer arithmetic (Garner's
+            mixed-radix conversion, then Horner in 32-bit words).
+        """
+        p = self.primes
+        d = self._garner(x)
+        # negative iff X > floor((q-1)/2): lexicographic compare of the digits, top first
+        greater = np.zeros(d[0].shape, dtype=bool)
+        equal = np.ones(d[0].shape, dtype=bool)
+        for i in reversed(range(self.limbs)):
+            greater |= equal & (d[i] > self._half_digits[i])
+            equal &= d[i] == self._half_digits[i]
+        neg = greater
+        # |X| = q - X for negative ones: mixed-radix negation with borrow
+        borrow = np.zeros(d[0].shape, dtype=np.int64)
+        for i in range(self.limbs):
+            t = d[i] + borrow
+            nd = (p[i] - t) % p[i]
+            borrow = (t > 0).astype(np.int64)
+            d[i] = np.where(neg, nd, d[i])
+        # Horner in 32-bit words: X = d_0 + q_0 (d_1 + q_1 (d_2 + ...))
+        W = self._words
+        words = np.zeros((W,) + d[0].shape, dtype=np.int64)
+        mask = np.int64(0xFFFFFFFF)
+        words[0] = d[self.limbs - 1]
+        for i in reversed(range(self.limbs - 1)):
+            c = d[i]
+            for w in range(W):
+                t = words[w] * p[i] + c
+                words[w] = t & mask
+                c = t >> 32
+        out = np.zeros(d[0].shape, dtype=np.float64)
+        for w in reversed(range(W)):
+            out += words[w].astype(np.float64) * 2.0 ** (32 * w - scale_bits)
+        return np.where(neg, -out, out)
+
+    def to_int(self, x: np.ndarray) -> np.ndarray:
+        """Slow exact CRT: centred Python ints, object array of shape (..., n).
+
+        For tests and debugging only.
+        """
+        q = self.q
+        coeffs = []
+        for i, p in enumerate(self.primes):
+            Qi = q // p
+            coeffs.append(Qi * pow(Qi, -1, p))
+        xs = x.astype(object)
+        val = sum(xs[..., i, :] * coeffs[i] for i in range(self.limbs)) % q
+        return np.where(val > (q - 1) // 2, val - q, val)
+
+    def from_int(self, v: np.ndarray) -> np.ndarray:
+        """Map arbitrary Python ints (object array (..., n)) into RNS (slow)."""
+        v = np.asarray(v, dtype=object)
+        return np.stack(
+            [(v % p).astype(np.uint64) for p in self.primes], axis=-2
+        )
+
+
+def validate_primes(n: int, primes: Sequence[int]) -> tuple[int, ...]:
+    """Check ``n`` is a power of two and each prime is NTT-friendly.
+
+    Returns
+    -------
+    tuple of int
+        The primes as Python ints.
+
+    Raises
+    ------
+    ValueError
+        Naming ``n`` or ``primes[i]`` and the violated condition
+        (power of two; prime; = 1 mod 2n; < 2^31; distinct; non-empty).
+    """
+    if n < 2 or n & (n - 1):
+        raise ValueError(f"n must be a power of two >= 2, got {n}")
+    primes = tuple(int(p) for p in primes)
+    if not primes:
+        raise ValueError("primes must not be empty")
+    if len(set(primes)) != len(primes):
+        raise ValueError(f"primes must be distinct, got {primes}")
+    for i, p in enumerate(primes):
+        if p >= 2**_MAX_PRIME_BITS:
+            raise ValueError(f"primes[{i}] = {p} is not below 2^31")
+        if p % (2 * n) != 1:
+            raise ValueError(f"primes[{i}] = {p} is not 1 mod 2n = {2 * n}")
+        if not is_prime(p):
+            raise ValueError(f"primes[{i}] = {p} is not prime")
+    return primes
+
+
+@functools.lru_cache(maxsize=32)
+def get_ring(n: int, primes: tuple[int, ...]) -> Ring:
+    """Cached :class:`Ring` (tables are computed once per (n, primes))."""
+    return Ring(n, primes)

@@ -1,0 +1,234 @@
+"""Byte format of xMK-CKKS objects: a fixed header and bit-packed residues.
+
+Header (52 bytes, little-endian)::
+
+    magic      4s   b"FXMK"
+    version    u8   FORMAT_VERSION (1)
+    kind       u8   1 secret key, 2 public key, 3 ciphertext,
+                    4 decryption share, 5 polynomials (e.g. C1_sum)
+    limbs      u16  L
+    n          u32  ring degree
+    count      u32  polynomials per component (k)
+    params_id  32s  ParameterSet.name, ASCII, NUL-padded
+    aux        u32  public key: shares aggregated; ciphertext: ciphertexts summed
+
+Payload: for each component (c0 then c1 for a ciphertext) and each limb i,
+the k*n residues of that limb packed little-endian at bit_length(q_i) bits
+each (eight values per bit_length(q_i) bytes). A secret key's payload is n
+signed bytes in {-1, 0, 1}.
+
+Loading is strict: wrong magic, version, kind, parameter set, n, limbs,
+count, payload length, or any residue >= q_i raises ``ValueError`` whose
+message names the field.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from .params import ParameterSet, get_parameter_set
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KIND_SECRET_KEY",
+    "KIND_PUBLIC_KEY",
+    "KIND_CIPHERTEXT",
+    "KIND_DECRYPTION_SHARE",
+    "KIND_POLYNOMIALS",
+    "HEADER_SIZE",
+    "pack_header",
+    "unpack_header",
+    "pack_polys",
+    "unpack_polys",
+    "packed_size",
+]
+
+MAGIC = b"FXMK"
+FORMAT_VERSION = 1
+KIND_SECRET_KEY = 1
+KIND_PUBLIC_KEY = 2
+KIND_CIPHERTEXT = 3
+KIND_DECRYPTION_SHARE = 4
+KIND_POLYNOMIALS = 5
+_KIND_NAMES = {
+    KIND_SECRET_KEY: "secret key",
+    KIND_PUBLIC_KEY: "public key",
+    KIND_CIPHERTEXT: "ciphertext",
+    KIND_DECRYPTION_SHARE: "decryption share",
+    KIND_POLYNOMIALS: "polynomials",
+}
+_HEADER = struct.Struct("<4sBBHII32sI")
+HEADER_SIZE = _HEADER.size
+_MAX_COUNT = 1 << 24
+
+
+def pack_header(kind: int, params: ParameterSet, count: int, aux: int = 0) -> bytes:
+    """The 52-byte header for an object of ``kind`` with ``count`` polynomials."""
+    return _HEADER.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        kind,
+        params.limbs,
+        params.n,
+        count,
+        params.name.encode("ascii"),
+        aux,
+    )
+
+
+def unpack_header(
+    data: bytes, kind: int, params: ParameterSet | None = None
+) -> tuple[ParameterSet, int, int]:
+    """Parse and validate a header.
+
+    Parameters
+    ----------
+    data : bytes
+        The serialized object (header first).
+    kind : int
+        Expected kind.
+    params : ParameterSet, optional
+        Expected parameter set; ``None`` looks the id up in
+        :data:`~flwr_fedeval.rlwe.params.PARAMETER_SETS`.
+
+    Returns
+    -------
+    (params, count, aux)
+
+    Raises
+    ------
+    ValueError
+        Naming the field: ``data`` (type/too short), ``magic``, ``version``,
+        ``kind``, ``params_id``, ``n``, ``limbs`` or ``count``.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ValueError(f"data must be bytes, got {type(data).__name__}")
+    if len(data) < HEADER_SIZE:
+        raise ValueError(f"data too short for the header: {len(data)} < {HEADER_SIZE} bytes")
+    magic, version, got_kind, limbs, n, count, pid, aux = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError(f"magic is {magic!r}, expected {MAGIC!r}")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"version is {version}, expected {FORMAT_VERSION}")
+    if got_kind != kind:
+        raise ValueError(
+            f"kind is {_KIND_NAMES.get(got_kind, got_kind)!r}, expected {_KIND_NAMES[kind]!r}"
+        )
+    try:
+        name = pid.rstrip(b"\0").decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError("params_id is not ASCII") from None
+    if params is None:
+        params = get_parameter_set(name)
+    elif name != params.name:
+        raise ValueError(f"params_id is {name!r}, expected {params.name!r}")
+    if n != params.n:
+        raise ValueError(f"n is {n}, expected {params.n} for {params.name}")
+    if limbs != params.limbs:
+        raise ValueError(f"limbs is {limbs}, expected {params.limbs} for {params.name}")
+    if not 1 <= count <= _MAX_COUNT:
+        raise ValueError(f"count is {count}, expected 1..{_MAX_COUNT}")
+    return params, count, aux
+
+
+def _limb_bits(params: ParameterSet) -> list[int]:
+    return [p.bit_length() for p in params.primes]
+
+
+def packed_size(params: ParameterSet, count: int, components: int) -> int:
+    """Payload bytes of ``components`` batches of ``count`` polynomials."""
+    return components * sum(count * params.n * b // 8 for b in _limb_bits(params))
+
+
+def _pack_bits(values: np.ndarray, bits: int) -> bytes:
+    """Pack uint64 values (< 2^bits, count divisible by 8) at ``bits`` bits each."""
+    v = values.reshape(-1, 8)
+    nwords = (8 * bits + 63) // 64
+    words = np.zeros((v.shape[0], nwords), dtype=np.uint64)
+    for j in range(8):
+        off = j * bits
+        w, sh = divmod(off, 64)
+        words[:, w] |= v[:, j] << np.uint64(sh)
+        if sh + bits > 64:
+            words[:, w + 1] |= v[:, j] >> np.uint64(64 - sh)
+    raw = words.astype("<u8").view(np.uint8).reshape(v.shape[0], nwords * 8)
+    return raw[:, :bits].tobytes()
+
+
+def _unpack_bits(data: bytes | memoryview, bits: int, count: int) -> np.ndarray:
+    groups = count // 8
+    raw = np.frombuffer(data, dtype=np.uint8).reshape(groups, bits)
+    nwords = (8 * bits + 63) // 64
+    buf = np.zeros((groups, nwords * 8), dtype=np.uint8)
+    buf[:, :bits] = raw
+    words = buf.view("<u8").astype(np.uint64)
+    mask = np.uint64((1 << bits) - 1)
+    out = np.empty((groups, 8), dtype=np.uint64)
+    for j in range(8):
+        w, sh = divmod(j * bits, 64)
+        x = words[:, w] >> np.uint64(sh)
+        if sh + bits > 64:
+            x |= words[:, w + 1] << np.uint64(64 - sh)
+        out[:, j] = x & mask
+    return out.reshape(-1)
+
+
+def pack_polys(params: ParameterSet, arrays: list[np.ndarray]) -> bytes:
+    """Payload for ring-element batches, each of shape (k, L, n) uint64."""
+    parts = []
+    for arr in arrays:
+        for i, b in enumerate(_limb_bits(params)):
+            parts.append(_pack_bits(np.ascontiguousarray(arr[:, i, :]).reshape(-1), b))
+    return b"".join(parts)
+
+
+def unpack_polys(
+    params: ParameterSet,
+    data: bytes,
+    count: int,
+    names: tuple[str, ...],
+) -> list[np.ndarray]:
+    """Inverse of :func:`pack_polys` for the payload after the header.
+
+    Parameters
+    ----------
+    params : ParameterSet
+    data : bytes
+        The whole serialized object (header included).
+    count : int
+        Polynomials per component (from the header).
+    names : tuple of str
+        Component names, used in error messages (e.g. ``("c0", "c1")``).
+
+    Returns
+    -------
+    list of ndarray of shape (count, L, n), uint64
+
+    Raises
+    ------
+    ValueError
+        ``payload length`` mismatch, or ``<name> limb i`` holding a value >= q_i.
+    """
+    expected = packed_size(params, count, len(names))
+    got = len(data) - HEADER_SIZE
+    if got != expected:
+        raise ValueError(
+            f"payload length is {got} bytes, expected {expected} for count = {count}"
+        )
+    view = memoryview(data)[HEADER_SIZE:]
+    n, L = params.n, params.limbs
+    out = []
+    pos = 0
+    for name in names:
+        arr = np.empty((count, L, n), dtype=np.uint64)
+        for i, (b, p) in enumerate(zip(_limb_bits(params), params.primes)):
+            size = count * n * b // 8
+            vals = _unpack_bits(view[pos : pos + size], b, count * n)
+            pos += size
+            if np.any(vals >= np.uint64(p)):
+                raise ValueError(f"{name} limb {i} has values >= q_{i} = {p}")
+            arr[:, i, :] = vals.reshape(count, n)
+        out.append(arr)
+    return out
