@@ -1,0 +1,407 @@
+"""The CKKS seam: one small interface over TenSEAL (default) and OpenFHE.
+
+The FHE AUC protocols (:mod:`flwr_fedeval.fhe.auc`,
+:mod:`flwr_fedeval.fhe.auc_malicious`) use only the operations declared on
+:class:`CKKSContext`: encrypt a float vector, add many ciphertexts, ct×ct
+multiply, plaintext multiply (mask), sum over **all** slots, decrypt **all**
+slots, and byte serialization of the public context (public key + evaluation
+keys), of the secret context (secret key, for the key relay) and of
+ciphertexts.
+
+Every byte string that leaves a context is wrapped in a small envelope::
+
+    b"FFHE" | version (1) | kind (1) | backend (1) | context id (16)
+            | BLAKE2b-128 of payload (16) | payload
+
+The context id is drawn at key generation and travels with the public and
+secret contexts, so a ciphertext made under another key set raises
+:class:`ContextMismatchError` instead of decrypting to garbage, and a
+corrupted byte string raises :class:`SerializationError` before the native
+library sees it (OpenFHE may crash on malformed input). The checksum catches
+accidents, not an adversary: a malicious aggregator can recompute it, and
+tampering is what the malicious protocol detects.
+
+No flwr and no TensorFlow imports here; backends are imported lazily so that
+the OpenFHE venv (Python 3.10) does not need TenSEAL and vice versa.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, replace
+import json
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "BACKENDS",
+    "CKKSContext",
+    "CKKSParams",
+    "ContextMismatchError",
+    "FHEError",
+    "NoSecretKeyError",
+    "SerializationError",
+    "create_context",
+    "default_backend",
+    "load_context",
+    "pack_blobs",
+    "unpack_blobs",
+]
+
+BACKENDS = ("tenseal", "openfhe")
+_BACKEND_CODE = {"tenseal": 1, "openfhe": 2}
+_CODE_BACKEND = {v: k for k, v in _BACKEND_CODE.items()}
+
+MAGIC = b"FFHE"
+VERSION = 1
+KIND_CIPHERTEXT = 1
+KIND_PUBLIC_CONTEXT = 2
+KIND_SECRET_CONTEXT = 3
+_KIND_NAME = {1: "ciphertext", 2: "public context", 3: "secret context"}
+_HEADER = struct.Struct(">4sBBB16s16s")  # magic, version, kind, backend, ctx id, digest
+
+
+class FHEError(Exception):
+    """Base class of the errors raised by the CKKS seam."""
+
+
+class SerializationError(FHEError, ValueError):
+    """Bytes that are not a valid serialized object of the expected kind."""
+
+
+class ContextMismatchError(SerializationError):
+    """A ciphertext (or context) made under a different key set or backend."""
+
+
+class NoSecretKeyError(FHEError):
+    """Decryption attempted with a context that holds no secret key."""
+
+
+def default_backend() -> str:
+    """Backend named by the ``FHE_BACKEND`` environment variable, else ``"tenseal"``."""
+    name = os.environ.get("FHE_BACKEND", "tenseal").strip().lower()
+    if name not in BACKENDS:
+        raise ValueError(f"FHE_BACKEND must be one of {BACKENDS}, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class CKKSParams:
+    """CKKS parameters of one backend, validated on construction.
+
+    Parameters
+    ----------
+    backend : {"tenseal", "openfhe"}
+    poly_modulus_degree : int
+        Ring dimension ``n`` (power of two); the batch has ``n/2`` slots.
+    scale_bits : int
+        ``log2`` of the CKKS scale Δ.
+    coeff_mod_bit_sizes : tuple of int, optional
+        TenSEAL/SEAL only: bit sizes of the RNS primes, first = decryption
+        prime, last = special (key-switching) prime; one rescale per inner
+        prime. Their sum must not exceed the HomomorphicEncryption.org bound
+        for 128-bit classical security (218 bits at n = 8192, 438 at 16384).
+    mult_depth : int
+        OpenFHE only: multiplicative depth. The protocols need 2 (ct×ct, then
+        the mask); the default keeps one spare level.
+    first_mod_bits : int
+        OpenFHE only: size of the first (decryption) modulus.
+    batch_size : int, default=0
+        OpenFHE only: number of slots ``B`` (power of two ≤ n/2; 0 = n/2).
+        With sparse packing the B slots repeat cyclically, so a sum over all
+        B slots is still a whole-batch sum (no partial windows) but needs only
+        ``log2 B`` rotations. See :meth:`for_slots`.
+
+    Notes
+    -----
+    Default TenSEAL set: ``n = 8192``, primes ``[60, 49, 49, 60]`` (218 bits,
+    exactly the 128-bit bound), Δ = 2^49: depth 2, no spare level, values at
+    the last level must stay below ``2^(60-49-1) = 1024`` in magnitude. The
+    usual ``[60, 40, 40, 60]``/2^40 set is 512× less precise (relative error
+    ~1e-6 after mask, too coarse for the 1e-6 AUC target).
+    Default OpenFHE set (the paper's): ``n = 2^14``, Δ = 2^50, first modulus
+    60 bits, ``HEStd_128_classic``, depth 3 (2 used + 1 spare).
+    """
+
+    backend: str = "tenseal"
+    poly_modulus_degree: int = 8192
+    scale_bits: int = 49
+    coeff_mod_bit_sizes: tuple[int, ...] = (60, 49, 49, 60)
+    mult_depth: int = 3
+    first_mod_bits: int = 60
+    batch_size: int = 0
+
+    # HomomorphicEncryption.org standard, 128-bit classical, ternary secret.
+    _MAX_LOGQ = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        n = self.poly_modulus_degree
+        if n not in self._MAX_LOGQ:
+            raise ValueError(f"poly_modulus_degree must be a power of two in [1024, 32768], got {n!r}")
+        if not 20 <= self.scale_bits <= 59:
+            raise ValueError(f"scale_bits must be in [20, 59], got {self.scale_bits!r}")
+        if self.backend == "tenseal":
+            sizes = tuple(int(s) for s in self.coeff_mod_bit_sizes)
+            if len(sizes) < 4:
+                raise ValueError(
+                    "coeff_mod_bit_sizes needs >= 4 primes (decryption, 2 rescales, special), "
+                    f"got {sizes}"
+                )
+            if sum(sizes) > self._MAX_LOGQ[n]:
+                raise ValueError(
+                    f"coeff_mod_bit_sizes sum to {sum(sizes)} bits > {self._MAX_LOGQ[n]}, "
+                    f"the 128-bit classical bound for n={n}"
+                )
+            if self.batch_size:
+                raise ValueError("batch_size is an OpenFHE option; TenSEAL always uses n/2 slots")
+        else:
+            b = self.batch_size
+            if b and (b & (b - 1) or b > n // 2 or b < 2):
+                raise ValueError(f"batch_size must be 0 or a power of two in [2, n/2={n // 2}], got {b!r}")
+            if self.mult_depth < 2:
+                raise ValueError(f"mult_depth must be >= 2, got {self.mult_depth!r}")
+
+    @classmethod
+    def default(cls, backend: str | None = None) -> "CKKSParams":
+        """The default (128-bit) parameter set of ``backend``."""
+        backend = backend or default_backend()
+        if backend == "openfhe":
+            return cls(backend="openfhe", poly_modulus_degree=16384, scale_bits=50,
+                       coeff_mod_bit_sizes=(), mult_depth=3, first_mod_bits=60)
+        return cls(backend="tenseal")
+
+    @classmethod
+    def for_slots(cls, needed_slots: int, backend: str | None = None) -> "CKKSParams":
+        """Default parameters of ``backend`` with the smallest batch holding ``needed_slots``."""
+        p = cls.default(backend)
+        if needed_slots > p.poly_modulus_degree // 2:
+            raise ValueError(f"{needed_slots} slots exceed the {p.poly_modulus_degree // 2} of n={p.poly_modulus_degree}")
+        if p.backend != "openfhe":
+            return p
+        b = max(2, 1 << max(0, int(needed_slots - 1).bit_length()))
+        return replace(p, batch_size=b)
+
+    @property
+    def slot_count(self) -> int:
+        return self.batch_size or self.poly_modulus_degree // 2
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "CKKSParams":
+        try:
+            d = json.loads(bytes(data).decode())
+            d["coeff_mod_bit_sizes"] = tuple(d["coeff_mod_bit_sizes"])
+            return cls(**d)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SerializationError(f"invalid CKKS parameters in context: {exc}") from None
+
+    @property
+    def max_final_value(self) -> float:
+        """Largest magnitude a value may have at the last level (decryption headroom)."""
+        first = self.coeff_mod_bit_sizes[0] if self.backend == "tenseal" else self.first_mod_bits
+        return float(2 ** (first - self.scale_bits - 1))
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
+def wrap(kind: int, backend: str, context_id: bytes, payload: bytes) -> bytes:
+    """Envelope ``payload`` (internal; used by the backends)."""
+    header = _HEADER.pack(MAGIC, VERSION, kind, _BACKEND_CODE[backend], context_id, _digest(payload))
+    return header + payload
+
+
+def peek(data: bytes) -> tuple[int, str, bytes]:
+    """``(kind, backend, context_id)`` of an envelope, after checking it."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise SerializationError(f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) < _HEADER.size:
+        raise SerializationError(f"{len(data)} bytes is too short for a flwr-fedeval FHE object")
+    magic, version, kind, code, ctx_id, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise SerializationError("not a flwr-fedeval FHE object (bad magic bytes)")
+    if version != VERSION:
+        raise SerializationError(f"unsupported FHE envelope version {version}")
+    if kind not in _KIND_NAME:
+        raise SerializationError(f"unknown object kind {kind}")
+    if code not in _CODE_BACKEND:
+        raise SerializationError(f"unknown backend code {code}")
+    if _digest(data[_HEADER.size:]) != digest:
+        raise SerializationError(
+            f"corrupted {_KIND_NAME[kind]}: checksum mismatch ({len(data)} bytes)"
+        )
+    return kind, _CODE_BACKEND[code], ctx_id
+
+
+def unwrap(data: bytes, kind: int, backend: str, context_id: bytes | None) -> bytes:
+    """Check the envelope and return the payload (internal)."""
+    got_kind, got_backend, got_id = peek(data)
+    if got_kind != kind:
+        raise SerializationError(f"expected a {_KIND_NAME[kind]}, got a {_KIND_NAME[got_kind]}")
+    if got_backend != backend:
+        raise ContextMismatchError(
+            f"{_KIND_NAME[kind]} was made by the {got_backend} backend, this context is {backend}"
+        )
+    if context_id is not None and got_id != context_id:
+        raise ContextMismatchError(
+            f"{_KIND_NAME[kind]} belongs to key set {got_id.hex()[:12]}…, "
+            f"this context is {context_id.hex()[:12]}…"
+        )
+    return bytes(data[_HEADER.size:])
+
+
+def pack_blobs(blobs: Sequence[bytes]) -> bytes:
+    """Concatenate byte strings with 8-byte length prefixes (a message body)."""
+    out = [struct.pack(">I", len(blobs))]
+    for b in blobs:
+        out.append(struct.pack(">Q", len(b)))
+        out.append(bytes(b))
+    return b"".join(out)
+
+
+def unpack_blobs(data: bytes, expected: int | None = None) -> list[bytes]:
+    """Inverse of :func:`pack_blobs`; raises :class:`SerializationError` on bad framing."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise SerializationError(f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    try:
+        (count,) = struct.unpack_from(">I", data, 0)
+        pos, blobs = 4, []
+        for _ in range(count):
+            (size,) = struct.unpack_from(">Q", data, pos)
+            pos += 8
+            if pos + size > len(data):
+                raise SerializationError("truncated message")
+            blobs.append(data[pos:pos + size])
+            pos += size
+    except struct.error as exc:
+        raise SerializationError(f"malformed message framing: {exc}") from None
+    if pos != len(data):
+        raise SerializationError(f"{len(data) - pos} trailing bytes after the last item")
+    if expected is not None and count != expected:
+        raise SerializationError(f"expected {expected} items in the message, got {count}")
+    return blobs
+
+
+class CKKSContext(ABC):
+    """A CKKS key set: private (clients) or public (aggregator).
+
+    Ciphertext objects are backend-native and opaque; only bytes cross
+    process boundaries. Every vector is a full batch of :attr:`slot_count`
+    slots (shorter inputs are zero-padded), so that :meth:`sum_slots` sums
+    the *whole* batch and :meth:`decrypt` returns every slot.
+    """
+
+    backend: str
+    params: CKKSParams
+    context_id: bytes
+
+    @property
+    def slot_count(self) -> int:
+        return self.params.slot_count
+
+    @property
+    @abstractmethod
+    def is_private(self) -> bool:
+        """True iff this context holds the secret key."""
+
+    # -- arithmetic -------------------------------------------------------
+    @abstractmethod
+    def encrypt(self, values: Iterable[float]) -> Any:
+        """Encrypt ``values`` (≤ slot_count reals, zero-padded to a full batch)."""
+
+    @abstractmethod
+    def decrypt(self, ct: Any) -> np.ndarray:
+        """All ``slot_count`` slots of ``ct`` (real parts), float64."""
+
+    @abstractmethod
+    def add_many(self, cts: Sequence[Any]) -> Any:
+        """Sum of one or more ciphertexts."""
+
+    @abstractmethod
+    def multiply(self, a: Any, b: Any) -> Any:
+        """Slot-wise product (relinearised and rescaled); uses one level."""
+
+    @abstractmethod
+    def multiply_plain(self, ct: Any, values: Sequence[float]) -> Any:
+        """Slot-wise product with a plaintext vector (the mask); uses one level."""
+
+    @abstractmethod
+    def sum_slots(self, ct: Any) -> Any:
+        """Every slot := sum over all ``slot_count`` slots (log2 rotations)."""
+
+    # -- serialization ----------------------------------------------------
+    @abstractmethod
+    def serialize_ciphertext(self, ct: Any) -> bytes:
+        ...
+
+    @abstractmethod
+    def deserialize_ciphertext(self, data: bytes) -> Any:
+        """Raises :class:`SerializationError`/:class:`ContextMismatchError` on bad input."""
+
+    @abstractmethod
+    def public_bytes(self) -> bytes:
+        """Public context for the aggregator: params, public key, relin and rotation keys."""
+
+    @abstractmethod
+    def secret_bytes(self) -> bytes:
+        """Secret context for the other clients (secret key, no evaluation keys)."""
+
+    # helpers ------------------------------------------------------------
+    def _pad(self, values: Iterable[float]) -> np.ndarray:
+        arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.float64)
+        if arr.ndim != 1:
+            raise ValueError(f"values must be 1-D, got shape {arr.shape}")
+        if arr.size > self.slot_count:
+            raise ValueError(f"{arr.size} values do not fit in {self.slot_count} slots")
+        if not np.isfinite(arr).all():
+            raise ValueError("values contain NaN or infinity")
+        out = np.zeros(self.slot_count, dtype=np.float64)
+        out[: arr.size] = arr
+        return out
+
+
+def _backend_module(name: str):
+    if name == "tenseal":
+        from flwr_fedeval.fhe import tenseal_backend as mod
+    elif name == "openfhe":
+        from flwr_fedeval.fhe import openfhe_backend as mod
+    else:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    return mod
+
+
+def create_context(backend: str | None = None, params: CKKSParams | None = None) -> CKKSContext:
+    """Generate a fresh private key set (run by the key-holder client).
+
+    Parameters
+    ----------
+    backend : {"tenseal", "openfhe"}, optional
+        Defaults to ``params.backend`` or :func:`default_backend`.
+    params : CKKSParams, optional
+        Defaults to :meth:`CKKSParams.default` of the backend.
+    """
+    if params is None:
+        params = CKKSParams.default(backend)
+    elif backend is not None and backend != params.backend:
+        raise ValueError(f"backend={backend!r} but params.backend={params.backend!r}")
+    return _backend_module(params.backend).create(params)
+
+
+def load_context(data: bytes) -> CKKSContext:
+    """Load a public or secret context produced by :meth:`CKKSContext.public_bytes`
+    or :meth:`CKKSContext.secret_bytes` (the backend is read from the bytes)."""
+    kind, backend, _ = peek(data)
+    if kind not in (KIND_PUBLIC_CONTEXT, KIND_SECRET_CONTEXT):
+        raise SerializationError(f"expected a context, got a {_KIND_NAME[kind]}")
+    return _backend_module(backend).load(data)
