@@ -112,10 +112,17 @@ def partition_indices(
     else:
         raise ValueError(f"method must be 'iid' or 'dirichlet', got {method!r}")
     partitioner.dataset = table
-    return [
-        np.sort(np.asarray(partitioner.load_partition(i)["row"], dtype=np.int64))
-        for i in range(num_partitions)
-    ]
+    try:
+        return [
+            np.sort(np.asarray(partitioner.load_partition(i)["row"], dtype=np.int64))
+            for i in range(num_partitions)
+        ]
+    except ValueError as exc:
+        raise ValueError(
+            f"Dirichlet partitioning of {y.shape[0]} samples into {num_partitions} partitions "
+            f"with alpha={alpha} failed to give every partition {min_partition_size} rows; "
+            f"raise alpha or lower min_partition_size ({exc})"
+        ) from exc
 
 
 def client_split(

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run the main job with `flwr run .` on a local simulation SuperLink that this
+# script owns: its own FLWR_HOME (.flwr-home/) and stopped again at the end.
+# Usage: scripts/run-local.sh [NUM_SUPERNODES] [run-config overrides...]
+#   e.g. scripts/run-local.sh 5 "dataset='chest-xray' data-dir='../shared/data/chest-xray'"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+NUM_SUPERNODES=${1:-5}
+shift || true
+export PATH="$ROOT/.venv/bin:$PATH"
+export FLWR_HOME="$ROOT/.flwr-home"
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+export TF_CPP_MIN_LOG_LEVEL=2
+mkdir -p "$FLWR_HOME"
+
+stop_superlink() {
+  # The local SuperLink started by `flwr run` keeps running after the run.
+  pkill -f "flower-superlink.*$FLWR_HOME" 2>/dev/null || true
+  pkill -f "flwr-simulation.*$FLWR_HOME" 2>/dev/null || true
+  pkill -f "flwr-serverapp.*$FLWR_HOME" 2>/dev/null || true
+}
+trap stop_superlink EXIT
+
+overrides="output-dir='$ROOT/outputs'"
+for extra in "$@"; do overrides="$overrides $extra"; done
+flwr run . --stream \
+  --federation-config "num-supernodes=$NUM_SUPERNODES" \
+  --run-config "$overrides"

@@ -1,0 +1,61 @@
+"""The main job end to end over the serializing in-process grid (no Ray)."""
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+from inprocess_grid import InProcessGrid
+
+from flwr_fedeval.app import server_app
+from flwr_fedeval.app.client_app import app as client_app
+
+
+@pytest.mark.slow
+def test_main_job_runs_and_federated_auc_matches_pooled_reference(tmp_path):
+    run_config = {"num-server-rounds": 2, "local-epochs": 3, "output-dir": str(tmp_path)}
+    grid = InProcessGrid(client_app, 3, run_config)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    server_app.main(grid, ctx)
+
+    (folder,) = list(tmp_path.iterdir())
+    result = json.loads((folder / "results.json").read_text())
+    assert (folder / "roc.png").stat().st_size > 1000
+    assert result["num_clients"] == 3
+    assert result["num_test_samples"] > 100
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.01
+    assert result["federated_auc"] > 0.8  # training did something
+    assert set(result["train_metrics"]) == {"1", "2"}
+    # every node took part in train (2 rounds), evaluate (2) and the AUC phase
+    for node in grid.node_ids:
+        types = [t for n, t, ok in grid.log if n == node and ok]
+        assert types.count("train") == 2 and "evaluate.threshold_counts" in types
+    assert all(v > 0 for v in grid.bytes_up.values())
+
+
+@pytest.mark.slow
+def test_failing_client_is_reported_and_left_out_of_the_auc(tmp_path):
+    from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
+    from flwr_fedeval.app.task import JobConfig, build_model
+    from flwr.app import ArrayRecord
+
+    bad = {}
+
+    def fault(node, msg, reply):
+        if msg.metadata.message_type == "evaluate.threshold_counts" and node == bad["node"]:
+            counts = reply.content["counts"]
+            tp = counts["tp"].numpy().copy()
+            tp[0] = -1
+            from flwr.app import Array
+            counts["tp"] = Array(tp)
+        return reply
+
+    grid = InProcessGrid(client_app, 3, {}, fault=fault)
+    bad["node"] = grid.node_ids[1]
+    arrays = ArrayRecord(build_model(JobConfig()).get_weights())
+    result = PlaintextAUCPhase(50, min_nodes=2).run(grid, arrays)
+    assert result.contributors == sorted(set(grid.node_ids) - {bad["node"]})
+    assert "negative" in result.failed[bad["node"]]
+    assert 0.0 <= result.auc <= 1.0
+    with pytest.raises(RuntimeError, match="at least 3"):
+        PlaintextAUCPhase(50, min_nodes=3).run(grid, arrays)
