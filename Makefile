@@ -1,0 +1,35 @@
+# flwr-fedeval: every target sets up .venv (Python 3.11) on first use.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+NUM_CLIENTS ?= 5
+XRAY_DIR ?= ../shared/data/chest-xray
+
+.PHONY: help setup run run-xray test test-fast test-openfhe bench clean
+
+help:
+	@echo "make run        main job: flwr run . on the embedded breast-cancer data ($(NUM_CLIENTS) clients)"
+	@echo "make run-xray   main job on the chest X-rays in $(XRAY_DIR) (seed CNN, pneumonia vs normal)"
+	@echo "make test       the whole test suite (what CI runs)"
+	@echo "make test-fast  the suite without tests marked slow"
+	@echo "make bench      the benchmarks (JSON in benchmarks/results/)"
+
+setup:
+	@scripts/bootstrap.sh
+
+run: setup
+	@scripts/run-local.sh $(NUM_CLIENTS) $(RUN_CONFIG)
+
+run-xray: setup
+	@scripts/run-local.sh $(NUM_CLIENTS) "dataset='chest-xray' data-dir='$(abspath $(XRAY_DIR))' local-epochs=2" $(RUN_CONFIG)
+
+test: setup
+	@scripts/run-tests.sh
+
+test-fast: setup
+	@scripts/run-tests.sh -m "not slow"
+
+bench: setup
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
+
+clean:
+	rm -rf .flwr-home outputs .pytest_cache
