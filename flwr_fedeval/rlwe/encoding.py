@@ -63,14 +63,32 @@ def float_ints_to_rns(params: ParameterSet, ints: np.ndarray) -> np.ndarray:
 
     Notes
     -----
-    Writes |v| = m * 2^s with m < 2^53 an int64 (``frexp``), so that
-    v mod q_i = (m mod q_i)(2^s mod q_i) mod q_i exactly.
+    For |v| < 2^96 writes v = h 2^44 + l with float64-exact h = floor(v / 2^44)
+    and 0 <= l < 2^44, so v mod q_i = ((h mod q_i)(2^44 mod q_i) + l) mod q_i;
+    larger magnitudes use v = m 2^s with m < 2^53 (``frexp``).
     """
+    out = np.empty(ints.shape[:-1] + (params.limbs, params.n), dtype=np.uint64)
+    peak = float(np.max(np.abs(ints))) if ints.size else 0.0
+    if peak < 2.0**62:
+        iv = ints.astype(np.int64)
+        for i, p in enumerate(params.primes):
+            out[..., i, :] = iv % p
+        return out
+    if peak < 2.0**96:
+        h = np.floor(ints * 2.0**-44)
+        low = (ints - h * 2.0**44).astype(np.int64)
+        hi = h.astype(np.int64)
+        for i, p in enumerate(params.primes):
+            r = hi % p
+            r *= pow(2, 44, p)
+            r += low
+            r %= p
+            out[..., i, :] = r
+        return out
     mant, exp = np.frexp(ints)
     shift = np.maximum(exp - 53, 0)
     m = np.where(exp > 53, np.ldexp(mant, 53), ints).astype(np.int64)
     tab = _pow2_table(params.primes)
-    out = np.empty(ints.shape[:-1] + (params.limbs, params.n), dtype=np.uint64)
     for i, p in enumerate(params.primes):
         r = m % p
         r *= tab[i][shift]

@@ -149,7 +149,7 @@ def schoolbook_negacyclic(x: np.ndarray, y: np.ndarray, q: int) -> np.ndarray:
     Parameters
     ----------
     x, y : ndarray of shape (n,)
-        Integer coefficients (any integer dtype, values in [0, q)).
+        Integer coefficients (any integer dtype; reduced mod q first).
     q : int
         Modulus below 2^31.
 
@@ -158,21 +158,19 @@ def schoolbook_negacyclic(x: np.ndarray, y: np.ndarray, q: int) -> np.ndarray:
     ndarray of shape (n,), dtype uint64
         Coefficients of x*y mod (X^n + 1) reduced into [0, q).
     """
+    x = np.asarray(x).astype(np.int64) % q
+    y = np.asarray(y).astype(np.int64) % q
     n = x.shape[-1]
-    xs = np.asarray(x, dtype=object) % q
-    ys = np.asarray(y, dtype=object) % q
-    out = [0] * n
-    for i in range(n):
-        xi = int(xs[i])
-        if xi == 0:
-            continue
-        for j in range(n):
-            k = i + j
-            if k < n:
-                out[k] += xi * int(ys[j])
-            else:
-                out[k - n] -= xi * int(ys[j])
-    return np.array([v % q for v in out], dtype=np.uint64)
+    if n > 2**14:
+        raise ValueError("schoolbook_negacyclic is a reference for n <= 2^14")
+    # direct O(n^2) convolution of x with 16-bit pieces of y: every partial sum
+    # is below n * 2^31 * 2^16 <= 2^61, exact in int64
+    lo = np.convolve(x, y & 0xFFFF) % q
+    hi = np.convolve(x, y >> 16) % q
+    full = (lo + (hi << 16) % q) % q  # (2n - 1,)
+    out = full[:n].copy()
+    out[: n - 1] -= full[n:]  # X^n = -1
+    return (out % q).astype(np.uint64)
 
 
 class Ring:
@@ -415,14 +413,24 @@ class Ring:
         return np.fft.fft(z, axis=-1)
 
     def _from_spectrum(
-        self, spec: np.ndarray, signals: int, pieces: int, q_signal: np.ndarray
+        self,
+        spec: np.ndarray,
+        signals: int,
+        pieces: int,
+        q_signal: np.ndarray,
+        addend: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Inverse of the packing: spectrum products -> (..., signals, n) uint64."""
+        """Inverse of the packing: spectrum products -> (..., signals, n) uint64.
+
+        ``addend`` (int64, broadcastable to (..., signals, n), |addend| < 2^62 -
+        n 2^31) is added to the exact integer convolution before reduction.
+        """
         z = np.fft.ifft(spec, axis=-1, norm="forward")  # unscaled inverse
         z *= self._untwist
         out = np.empty(z.shape[:-2] + (2 * z.shape[-2], self.n), dtype=np.int64)
         out[..., 0::2, :] = np.rint(z.real)
         out[..., 1::2, :] = np.rint(z.imag)
+        del z
         out = out[..., : signals * pieces, :]
         if pieces == 2:
             out = out.reshape(out.shape[:-2] + (signals, 2, self.n))
@@ -430,8 +438,10 @@ class Ring:
             res += out[..., 0, :]
         else:
             res = out
+        if addend is not None:
+            res += addend
         res %= q_signal
-        return res.astype(np.uint64)
+        return res.view(np.uint64)
 
     def mul_small(self, s: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Exact negacyclic product of small polynomials ``s`` with elements ``y``.
@@ -460,13 +470,20 @@ class Ring:
         return self.mul_small_spectrum(self.fft_small(s), s_norm, y)
 
     def mul_small_spectrum(
-        self, s_spec: np.ndarray, s_norm: float, y: np.ndarray, q_signal: np.ndarray | None = None
+        self,
+        s_spec: np.ndarray,
+        s_norm: float,
+        y: np.ndarray,
+        q_signal: np.ndarray | None = None,
+        addend: np.ndarray | None = None,
     ) -> np.ndarray:
         """As :meth:`mul_small` with ``s`` given by :meth:`fft_small` and its max 2-norm.
 
         ``y`` may stack several elements on its signal axis: shape (..., S, n)
-        with ``q_signal`` of shape (S, 1) giving each row's modulus (default:
-        the ring's primes, S = L).
+        with ``q_signal`` (int64, shape (S, 1)) giving each row's modulus
+        (default: the ring's primes, S = L). ``addend`` (int64, broadcastable
+        to the result, small) is added before the final reduction: returns
+        (s*y + addend) mod q_signal.
         """
         if q_signal is None:
             q_signal = self._q_i64
@@ -474,7 +491,7 @@ class Ring:
         wide_sq = float(q_signal.max() - 1) ** 2 * self.n
         pieces = self._pieces(s_norm, wide_sq)
         spec = self._wide_spectrum(y, pieces) * s_spec[..., None, :]
-        return self._from_spectrum(spec, S, pieces, q_signal)
+        return self._from_spectrum(spec, S, pieces, q_signal, addend)
 
     # --------------------------------------------------------------------- CRT
     def _build_crt_tables(self) -> None:

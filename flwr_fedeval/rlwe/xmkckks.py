@@ -327,10 +327,11 @@ def encrypt(
     ab = np.concatenate([a, public_key.b], axis=0)  # (2L, n)
     q_sig = np.concatenate([ring._q_i64, ring._q_i64], axis=0)
     s_norm = float(np.sqrt(np.max(np.count_nonzero(v, axis=-1))))
-    prod = ring.mul_small_spectrum(ring.fft_small(v), s_norm, ab, q_sig)  # (k, 2L, n)
-    c1 = ring.add(prod[:, :L], ring.from_signed(e1))
-    c0 = ring.add(ring.add(prod[:, L:], plaintext), ring.from_signed(e0))
-    return Ciphertext(params, c0, c1, 1)
+    addend = np.empty((k, 2 * L, n), dtype=np.int64)
+    addend[:, :L] = e1[:, None, :]
+    np.add(plaintext.view(np.int64), e0[:, None, :], out=addend[:, L:])
+    prod = ring.mul_small_spectrum(ring.fft_small(v), s_norm, ab, q_sig, addend)
+    return Ciphertext(params, prod[:, L:], prod[:, :L], 1)  # (c0, c1)
 
 
 def encrypt_vector(
@@ -439,10 +440,12 @@ def partial_decrypt(
     rng = RandomStream() if rng is None else rng
     k = c1_sum.shape[0]
     s_norm = float(np.sqrt(np.count_nonzero(secret.s)))
-    sc = ring.mul_small_spectrum(ring.fft_small(secret.s), s_norm, c1_sum)
     bits = smudging_bound(params, num_clients).bit_length() - 1
     smudge = uniform_smudging(params.primes, params.n, bits, (k,), rng)
-    return DecryptionShare(params, ring.add(sc, smudge))
+    d = ring.mul_small_spectrum(
+        ring.fft_small(secret.s), s_norm, c1_sum, addend=smudge.view(np.int64)
+    )
+    return DecryptionShare(params, d)
 
 
 def combine(
