@@ -70,14 +70,26 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
 
+def local_test_scores(msg: Message, context: Context) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and positive-class scores of this client's test split under the
+    global model in ``msg`` (every evaluation phase starts from these).
+
+    Returns
+    -------
+    y_true : ndarray of shape (n_test,), dtype int64
+    y_score : ndarray of shape (n_test,), dtype float64, in [0, 1]
+    """
+    _, data, adapter = _setup(msg, context)
+    return data.y_test, adapter.predict_scores(data.x_test)
+
+
 @app.evaluate("threshold_counts")
 def evaluate_threshold_counts(msg: Message, context: Context) -> Message:
     """TP/FP/TN/FN of the local test split at the server's decision points.
 
     The plaintext phase of the main job; the FHE and DP phases replace it.
     """
-    _, data, adapter = _setup(msg, context)
+    y_true, scores = local_test_scores(msg, context)
     thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
-    scores = adapter.predict_scores(data.x_test)
-    counts = threshold_counts(data.y_test, scores, thresholds)
+    counts = threshold_counts(y_true, scores, thresholds)
     return Message(content=RecordDict({"counts": counts_to_record(counts)}), reply_to=msg)

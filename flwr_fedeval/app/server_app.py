@@ -17,7 +17,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_fedeval.app.harness import pooled_reference_auc, write_results
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.metrics.auc import roc_points
-from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
+from flwr_fedeval.strategies.phases import make_auc_phase
 
 app = ServerApp()
 
@@ -61,10 +61,7 @@ def main(grid: Grid, context: Context) -> None:
         )
     t_train = time.perf_counter() - t_start
 
-    phase = PlaintextAUCPhase(
-        cfg.num_decision_points, spacing=cfg.decision_point_spacing, min_nodes=cfg.min_nodes
-    )
-    auc_result = phase.run(grid, result.arrays)
+    auc_result = make_auc_phase(cfg).run(grid, result.arrays)
 
     # Harness reference (not part of the protocol): pooled roc_auc_score.
     num_partitions = len(list(grid.get_node_ids()))
