@@ -1,4 +1,4 @@
-"""Sampling from a cryptographically secure generator (never ``numpy.random``).
+"""Sampling from a cryptographically secure generator (never NumPy's generators).
 
 Every random polynomial comes from a :class:`RandomStream`: the ChaCha20
 keystream (``cryptography``, OpenSSL) under a 256-bit key. A fresh stream is
