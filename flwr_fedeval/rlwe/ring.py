@@ -52,6 +52,8 @@ _MAX_PRIME_BITS = 31
 _EPS = 2.0**-53
 # Rounding is safe when the proven FFT error bound is below 1/2; keep a margin.
 _FFT_ERROR_LIMIT = 0.25
+# polynomials per chunk in the batched FFT product (keeps temporaries in cache)
+_CHUNK = 32
 
 
 def is_prime(p: int) -> bool:
@@ -490,8 +492,22 @@ class Ring:
         S = y.shape[-2]
         wide_sq = float(q_signal.max() - 1) ** 2 * self.n
         pieces = self._pieces(s_norm, wide_sq)
-        spec = self._wide_spectrum(y, pieces) * s_spec[..., None, :]
-        return self._from_spectrum(spec, S, pieces, q_signal, addend)
+        k = max(s_spec.shape[0] if s_spec.ndim == 2 else 1, y.shape[0] if y.ndim == 3 else 1)
+        if s_spec.ndim > 2 or y.ndim > 3 or k <= _CHUNK:
+            spec = self._wide_spectrum(y, pieces) * s_spec[..., None, :]
+            return self._from_spectrum(spec, S, pieces, q_signal, addend)
+        # one leading batch axis: work in cache-sized chunks of polynomials
+        y_fixed = self._wide_spectrum(y, pieces) if y.ndim == 2 else None
+        out = np.empty((k, S, self.n), dtype=np.uint64)
+        for i in range(0, k, _CHUNK):
+            sl = slice(i, min(i + _CHUNK, k))
+            ys = y_fixed if y_fixed is not None else self._wide_spectrum(y[sl], pieces)
+            ss = s_spec[sl] if s_spec.ndim == 2 else s_spec
+            add = None
+            if addend is not None:
+                add = addend[sl] if addend.ndim == 3 and addend.shape[0] == k else addend
+            out[sl] = self._from_spectrum(ys * ss[..., None, :], S, pieces, q_signal, add)
+        return out
 
     # --------------------------------------------------------------------- CRT
     def _build_crt_tables(self) -> None:

@@ -471,6 +471,7 @@ def combine(
         _same_params(params, sh.params, f"shares[{j}]")
         if sh.d.shape != c0_sum.shape:
             raise ValueError(f"shares[{j}] has shape {sh.d.shape}, expected {c0_sum.shape}")
+        ring.check(sh.d, f"shares[{j}].d")
         acc += sh.d
         if j % 4 == 3:
             acc %= ring.q_col
