@@ -146,3 +146,20 @@ def test_find_ntt_primes_are_ntt_friendly():
     primes = find_ntt_primes(4096, 31, 3)
     assert all(is_prime(p) and p % 8192 == 1 and p < 2**31 for p in primes)
     assert not is_prime(2**31 - 1 - 2) and is_prime(2**31 - 1)
+
+
+def test_chunked_fft_products_match_ntt_for_batches_larger_than_a_chunk():
+    ring = get_ring(4096, find_ntt_primes(4096, 31, 3))
+    rng = RandomStream(bytes(range(32)))
+    k = 37  # > one chunk of 32 polynomials
+    v = ternary((k, ring.n), rng)
+    y = uniform_mod_q(ring.primes, ring.n, (k,), rng)
+    fixed = uniform_mod_q(ring.primes, ring.n, (), rng)
+    addend = ring.from_signed(ternary((k, ring.n), rng)).view(np.int64)
+    spec_v = ring.fft_small(v)
+    got = ring.mul_small_spectrum(spec_v, 64.0, fixed, addend=addend)
+    expected = ring.add(ring.mul(ring.from_signed(v), fixed), addend.view(np.uint64))
+    assert np.array_equal(got, expected)
+    s = v[0]
+    got2 = ring.mul_small_spectrum(ring.fft_small(s), 64.0, y)
+    assert np.array_equal(got2, ring.mul(ring.from_signed(s), y))
