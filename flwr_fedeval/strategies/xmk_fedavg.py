@@ -1,0 +1,397 @@
+"""FedAvg under xMK-CKKS multi-key homomorphic encryption.
+
+Implementation based on Walskaar, Tran, Catak 2023 (Eqs. 1-11) and Ma et al.
+2022 (xMK-CKKS), on Flower's Message API (DESIGN.md §3). The server sees
+only the sum of the clients' encrypted, example-weighted updates and
+``Σ n_i``; no single party can decrypt one client's update.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from flwr_fedeval import rlwe
+from flwr_fedeval.clients.keras_adapter import WeightLayout
+from flwr_fedeval.messages import (
+    QUERY_XMK_KEYGEN,
+    QUERY_XMK_PDEC,
+    XMK_C1_KEY,
+    XMK_CIPHERTEXT_KEY,
+    XMK_CONFIG_KEY,
+    XMK_SHARE_KEY,
+    array_to_bytes,
+    bytes_to_array,
+)
+
+__all__ = ["RoundAborted", "XMKFedAvg"]
+
+REKEY_CHOICES = ("every-round", "per-client-set")
+#: Default parameter set: n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
+DEFAULT_PARAMETER_SET = "xmk-n4096-q108"
+
+
+class RoundAborted(RuntimeError):
+    """A secure-aggregation attempt failed; ``failed`` maps node IDs to reasons."""
+
+    def __init__(self, step: str, failed: dict[int, str]) -> None:
+        self.step = step
+        self.failed = failed
+        detail = "; ".join(f"node {n}: {r}" for n, r in failed.items())
+        super().__init__(f"{step} failed for {len(failed)} node(s): {detail}")
+
+
+@dataclass
+class _KeySet:
+    key_id: str
+    seed_a: bytes
+    public_key: rlwe.PublicKey
+    nodes: tuple[int, ...]
+
+
+@dataclass
+class _RoundState:
+    server_round: int
+    arrays: ArrayRecord
+    config: ConfigRecord
+    grid: Grid
+    key_set: _KeySet | None = None
+    aborted: list[RoundAborted] = field(default_factory=list)
+
+
+class XMKFedAvg(FedAvg):
+    """Weighted FedAvg whose client updates are aggregated under xMK-CKKS.
+
+    Each round: (1) ``query.xmk_keygen`` to the sampled clients, b = Σ b_i
+    (Eq. 1); (2) ``train`` with b; clients reply Enc(n_i·Δw_i, n_i) (Eq. 6);
+    (3) the server sums the ciphertexts (Eq. 3) and sends C1 with the
+    contributor list in ``query.xmk_pdec``; clients reply D_i = s_i·C1 + e*_i
+    (Eq. 7); (4) the server decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
+    ``w ← w + Σ n_i·Δw_i / Σ n_i``.
+
+    If any client of the key set fails or times out at any step, or replies
+    with a malformed ciphertext or share, the attempt aborts (the global
+    model is unchanged), the failing nodes are dropped, and the round is run
+    again with a new key set of the remaining clients, while at least
+    ``min_train_nodes`` remain and at most ``max_attempts`` times.
+
+    Parameters
+    ----------
+    parameter_set : str, default="xmk-n4096-q108"
+        Name of an :data:`flwr_fedeval.rlwe.PARAMETER_SETS` entry (all are
+        128-bit secure under the HomomorphicEncryption.org standard). The
+        decoding error of the sum is about M·B_smudge/Δ (smudging dominates);
+        with 10 clients and ``max_abs_value=2**16`` it is 8e-7 at q≈2^108 but
+        3e-2 at q≈2^93 (measured), hence the default.
+    max_abs_value : float, default=2**16
+        Public bound on every encrypted value ``|n_i·Δw|`` and ``n_i``;
+        clients refuse to encrypt beyond it. Together with the number of
+        clients it fixes the scale Δ.
+    scale_bits : int, optional
+        log2 of Δ; default: the largest the noise budget allows
+        (:func:`flwr_fedeval.rlwe.max_scale_bits`).
+    rekey : {"every-round", "per-client-set"}, default="every-round"
+        Generate new keys every round, or reuse a key set while the same
+        clients take part.
+    step_timeout : float, default=600
+        Seconds to wait for the replies of key generation and partial
+        decryption (the training step uses the ``timeout`` of ``start``).
+    max_attempts : int, default=3
+        Attempts per round (the first one included).
+    **kwargs
+        Passed to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``,
+        ``min_train_nodes``, ``min_available_nodes``, ...).
+        ``min_train_nodes`` (default 2) is also the fewest clients a key set
+        may have; it is raised to 2 if lower.
+    """
+
+    def __init__(
+        self,
+        *,
+        parameter_set: str = DEFAULT_PARAMETER_SET,
+        max_abs_value: float = 2.0**16,
+        scale_bits: int | None = None,
+        rekey: str = "every-round",
+        step_timeout: float = 600.0,
+        max_attempts: int = 3,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.params = rlwe.get_parameter_set(parameter_set)
+        rlwe.validate_security(self.params)
+        if not (np.isfinite(max_abs_value) and max_abs_value >= 1):
+            raise ValueError(f"max_abs_value must be a finite number >= 1, got {max_abs_value!r}")
+        if rekey not in REKEY_CHOICES:
+            raise ValueError(f"rekey must be one of {REKEY_CHOICES}, got {rekey!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if self.min_train_nodes < 2:
+            log(WARNING, "XMKFedAvg: min_train_nodes raised to 2 (one client's sum is its update)")
+            self.min_train_nodes = 2
+        self.max_abs_value = float(max_abs_value)
+        self.scale_bits = scale_bits
+        self.rekey = rekey
+        self.step_timeout = step_timeout
+        self.max_attempts = max_attempts
+        self._round: _RoundState | None = None
+        self._key_cache: dict[tuple[int, ...], _KeySet] = {}
+        #: Every aborted attempt, for logs and tests: (round, RoundAborted).
+        self.aborted_attempts: list[tuple[int, RoundAborted]] = []
+
+    # ------------------------------------------------------------------ info
+    def summary(self) -> None:
+        """Log the configuration, including the parameter set and its security."""
+        super().summary()
+        p = self.params
+        log(INFO, "\t└──> xMK-CKKS secure aggregation:")
+        log(INFO, "\t\t├── Parameter set: %s (n=%d, log2 q=%.1f ≤ %d: 128-bit)",
+            p.name, p.n, p.log2_q, p.security_bound_log2_q)
+        log(INFO, "\t\t├── Max |n_i·Δw|: %.4g, scale: %s", self.max_abs_value,
+            f"2^{self.scale_bits}" if self.scale_bits else "auto (noise budget)")
+        log(INFO, "\t\t└── Re-key: %s, attempts per round: %d, step timeout: %.0f s",
+            self.rekey, self.max_attempts, self.step_timeout)
+
+    def scale_bits_for(self, num_clients: int) -> int:
+        """log2 Δ used with ``num_clients`` contributors (checked against the noise budget)."""
+        best = rlwe.max_scale_bits(self.params, num_clients=num_clients, max_abs_value=self.max_abs_value)
+        if self.scale_bits is None:
+            return best
+        if self.scale_bits > best:
+            raise rlwe.NoiseBudgetError(
+                f"scale 2^{self.scale_bits} exceeds the noise budget for {num_clients} clients "
+                f"and max |value| {self.max_abs_value} (at most 2^{best})"
+            )
+        return self.scale_bits
+
+    # ------------------------------------------------------------ training
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample clients, run key generation (step 1), build the train messages."""
+        num_nodes = int(len(list(grid.get_node_ids())) * self.fraction_train)
+        sample_size = max(num_nodes, self.min_train_nodes)
+        node_ids, _ = sample_nodes(grid, self.min_available_nodes, sample_size)
+        config["server-round"] = server_round
+        self._round = _RoundState(server_round, arrays, config, grid)
+        try:
+            return self._start_attempt(sorted(node_ids))
+        except RoundAborted as exc:
+            self._record_abort(exc)
+            return []
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Sum, request partial decryptions, decode (steps 2-4); re-run on failure."""
+        state = self._round
+        if state is None or state.key_set is None:
+            log(WARNING, "aggregate_train: round %d has no key set; global model unchanged", server_round)
+            return None, None
+        replies = list(replies)
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return self._finish_attempt(replies)
+            except RoundAborted as exc:
+                self._record_abort(exc)
+                remaining = [n for n in state.key_set.nodes if n not in exc.failed]
+                if attempt == self.max_attempts or len(remaining) < self.min_train_nodes:
+                    log(WARNING, "Round %d: giving up after %d attempt(s) (%d clients left, %d needed); "
+                        "global model unchanged", server_round, attempt, len(remaining), self.min_train_nodes)
+                    return None, None
+                log(INFO, "Round %d: re-keying with %d remaining clients and re-running", server_round, len(remaining))
+                try:
+                    messages = self._start_attempt(remaining)
+                except RoundAborted as exc2:
+                    self._record_abort(exc2)
+                    return None, None
+                replies = list(state.grid.send_and_receive(messages, timeout=self.step_timeout))
+        return None, None
+
+    # ------------------------------------------------------------ internals
+    def _record_abort(self, exc: RoundAborted) -> None:
+        rnd = self._round.server_round if self._round else -1
+        self.aborted_attempts.append((rnd, exc))
+        log(WARNING, "Round %d: secure aggregation aborted at %s", rnd, exc)
+
+    def _send(self, nodes: Iterable[int], message_type: str, content: RecordDict) -> dict[int, Message]:
+        grid = self._round.grid  # type: ignore[union-attr]
+        messages = [Message(content=content, dst_node_id=n, message_type=message_type) for n in nodes]
+        replies = grid.send_and_receive(messages, timeout=self.step_timeout)
+        return {r.metadata.src_node_id: r for r in replies}
+
+    def _keygen(self, nodes: list[int]) -> _KeySet:
+        """Step 1: key generation with ``nodes``; b = Σ b_i over all of them (Eq. 1)."""
+        cached = self._key_cache.get(tuple(nodes))
+        if self.rekey == "per-client-set" and cached is not None:
+            return cached
+        seed_a = rlwe.new_public_seed()
+        key_id = hashlib.sha256(seed_a).hexdigest()[:16]
+        request = ConfigRecord({"params": self.params.name, "seed-a": seed_a, "key-id": key_id})
+        replies = self._send(nodes, QUERY_XMK_KEYGEN, RecordDict({XMK_CONFIG_KEY: request}))
+        shares, failed = [], {}
+        for node in nodes:
+            reply = replies.get(node)
+            if reply is None:
+                failed[node] = "no reply to key generation (timeout)"
+            elif reply.has_error():
+                failed[node] = f"key generation error: {reply.error.reason}"
+            else:
+                try:
+                    rec = reply.content[XMK_CONFIG_KEY]
+                    if rec["key-id"] != key_id:
+                        raise ValueError("reply is for another key set")
+                    shares.append(rlwe.PublicKey.from_bytes(bytes(rec["public-share"]), self.params))
+                except (KeyError, ValueError, TypeError) as exc:
+                    failed[node] = f"malformed public share: {exc}"
+        if failed:
+            raise RoundAborted("key generation", failed)
+        key_set = _KeySet(key_id, seed_a, rlwe.aggregate_public_keys(shares), tuple(nodes))
+        self._key_cache = {tuple(nodes): key_set}
+        return key_set
+
+    def _start_attempt(self, nodes: list[int]) -> list[Message]:
+        state = self._round
+        assert state is not None
+        if len(nodes) < self.min_train_nodes:
+            raise RoundAborted("sampling", {n: "too few clients for a key set" for n in nodes} or {-1: "no clients"})
+        t0 = time.perf_counter()
+        try:
+            key_set = self._keygen(nodes)
+        except RoundAborted as exc:
+            remaining = [n for n in nodes if n not in exc.failed]
+            self._record_abort(exc)
+            if len(remaining) < self.min_train_nodes:
+                raise
+            key_set = self._keygen(remaining)
+        state.key_set = key_set
+        m = len(key_set.nodes)
+        xmk = ConfigRecord(
+            {
+                "params": self.params.name,
+                "key-id": key_set.key_id,
+                "seed-a": key_set.seed_a,
+                "public-key": key_set.public_key.to_bytes(),
+                "scale-bits": self.scale_bits_for(m),
+                "num-clients": m,
+                "max-abs-value": self.max_abs_value,
+            }
+        )
+        log(INFO, "configure_train: key set %s of %d clients ready in %.2f s", key_set.key_id, m, time.perf_counter() - t0)
+        content = RecordDict(
+            {self.arrayrecord_key: state.arrays, self.configrecord_key: state.config, XMK_CONFIG_KEY: xmk}
+        )
+        return [Message(content=content, dst_node_id=n, message_type="train") for n in key_set.nodes]
+
+    def _finish_attempt(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
+        state = self._round
+        assert state is not None and state.key_set is not None
+        key_set = state.key_set
+        nodes = key_set.nodes
+        by_node = {r.metadata.src_node_id: r for r in replies}
+        layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
+        length = layout.size + 1
+        expected_polys = -(-length // self.params.n)
+
+        # Step 2 replies: one well-formed ciphertext from every key holder.
+        ciphertexts, metrics, failed = [], [], {}
+        for node in nodes:
+            reply = by_node.get(node)
+            if reply is None:
+                failed[node] = "no training reply (timeout)"
+                continue
+            if reply.has_error():
+                failed[node] = f"training error: {reply.error.reason}"
+                continue
+            try:
+                ct = rlwe.Ciphertext.from_bytes(
+                    array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), self.params
+                )
+                if ct.num_polys != expected_polys or ct.num_summed != 1:
+                    raise ValueError(
+                        f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh"
+                    )
+            except (KeyError, ValueError, TypeError) as exc:
+                failed[node] = f"malformed ciphertext: {exc}"
+                continue
+            ciphertexts.append(ct)
+            if "metrics" in reply.content:
+                metrics.append(reply.content["metrics"])
+        if failed:
+            raise RoundAborted("encrypted training", failed)
+        t0 = time.perf_counter()
+        total = rlwe.add_ciphertexts(ciphertexts)
+
+        # Step 3: partial decryptions of C1 from every contributor.
+        request = RecordDict(
+            {
+                XMK_CONFIG_KEY: ConfigRecord(
+                    {
+                        "params": self.params.name,
+                        "key-id": key_set.key_id,
+                        "contributors": [str(n) for n in nodes],
+                        "num-clients": len(nodes),
+                    }
+                ),
+                XMK_C1_KEY: ArrayRecord({"c1": bytes_to_array(rlwe.polys_to_bytes(self.params, total.c1))}),
+            }
+        )
+        share_replies = self._send(nodes, QUERY_XMK_PDEC, request)
+        shares = []
+        for node in nodes:
+            reply = share_replies.get(node)
+            if reply is None:
+                failed[node] = "no partial decryption (timeout)"
+            elif reply.has_error():
+                failed[node] = f"partial decryption refused/failed: {reply.error.reason}"
+            else:
+                try:
+                    share = rlwe.DecryptionShare.from_bytes(
+                        array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params
+                    )
+                    if share.d.shape != total.c1.shape:
+                        raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
+                    shares.append(share)
+                except (KeyError, ValueError, TypeError) as exc:
+                    failed[node] = f"malformed decryption share: {exc}"
+        if failed:
+            raise RoundAborted("partial decryption", failed)
+
+        # Step 4: Σ m = C0 + Σ D_i (Eq. 5), decode, weighted mean.
+        scale_bits = self.scale_bits_for(len(nodes))
+        decoded = rlwe.combine_and_decode(self.params, total.c0, shares, length, scale_bits=scale_bits)
+        total_examples = decoded[-1]
+        if not (np.isfinite(total_examples) and total_examples >= len(nodes) - 0.5
+                and abs(total_examples - round(total_examples)) < 1e-3):
+            raise RoundAborted("decoding", {n: f"decoded Σ n_i = {total_examples!r} is not a valid count" for n in nodes})
+        mean_update = decoded[:-1] / round(total_examples)
+        new_flat = layout.flatten(state.arrays.to_numpy_ndarrays()) + mean_update
+        if not np.isfinite(new_flat).all():
+            raise RoundAborted("decoding", {n: "aggregate is not finite" for n in nodes})
+        log(INFO, "aggregate_train: %d encrypted updates summed and decrypted in %.2f s (Σ n_i = %d)",
+            len(nodes), time.perf_counter() - t0, round(total_examples))
+        arrays = ArrayRecord(layout.unflatten(new_flat))
+        agg_metrics = self._mean_metrics(metrics)
+        agg_metrics["num-examples"] = int(round(total_examples))
+        agg_metrics["num-clients"] = len(nodes)
+        return arrays, agg_metrics
+
+    @staticmethod
+    def _mean_metrics(records: list[MetricRecord]) -> MetricRecord:
+        """Unweighted mean of the clients' metrics (n_i stays encrypted)."""
+        keys = set.intersection(*(set(r.keys()) for r in records)) if records else set()
+        out = MetricRecord()
+        for k in sorted(keys):
+            values = [r[k] for r in records]
+            if all(isinstance(v, (int, float)) for v in values):
+                out[k] = float(np.mean(values))
+        return out
