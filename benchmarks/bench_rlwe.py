@@ -36,13 +36,23 @@ from flwr_fedeval.rlwe.ring import find_ntt_primes, get_ring, schoolbook_negacyc
 from flwr_fedeval.rlwe.sampling import RandomStream, ternary, uniform_mod_q  # noqa: E402
 
 
-def _timeit(fn, repeat: int) -> tuple[float, object]:
-    """Median wall time of ``repeat`` calls and the last result."""
-    times, out = [], None
+_CPU: dict[str, float] = {}
+
+
+def _timeit(fn, repeat: int, label: str | None = None) -> tuple[float, object]:
+    """Median wall time of ``repeat`` calls and the last result.
+
+    With ``label``, the median CPU time of this process is kept in ``_CPU``
+    (less sensitive to other jobs on a shared machine than wall time).
+    """
+    times, cpu, out = [], [], None
     for _ in range(repeat):
-        t = time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    if label:
+        _CPU[label] = statistics.median(cpu)
     return statistics.median(times), out
 
 
@@ -112,23 +122,29 @@ def bench_round(params: rlwe.ParameterSet, M: int, length: int, repeat: int) -> 
         t0 = time.perf_counter()
         cts.append(enc(i))
         enc_times.append(time.perf_counter() - t0)
-    t_enc_again, _ = _timeit(lambda: enc(0), repeat)
+    t_enc_again, _ = _timeit(lambda: enc(0), repeat, "encrypt_cpu_s")
     enc_times.append(t_enc_again)
 
     t_ser, ct_bytes = _timeit(lambda: cts[0].to_bytes(), repeat)
     t_deser, _ = _timeit(lambda: rlwe.Ciphertext.from_bytes(ct_bytes, params), repeat)
-    t_sum, total = _timeit(lambda: rlwe.add_ciphertexts(cts), repeat)
+    t_sum, total = _timeit(lambda: rlwe.add_ciphertexts(cts), repeat, "server_sum_cpu_s")
 
     pdec_times, shares = [], []
     for sk, _ in keys:
         t0 = time.perf_counter()
         shares.append(rlwe.partial_decrypt(params, sk, total.c1, num_clients=M))
         pdec_times.append(time.perf_counter() - t0)
+    _timeit(
+        lambda: rlwe.partial_decrypt(params, keys[0][0], total.c1, num_clients=M),
+        repeat,
+        "partial_decrypt_cpu_s",
+    )
     t_comb, agg = _timeit(
         lambda: rlwe.combine_and_decode(
             params, total.c0, shares, length + 1, scale_bits=scale_bits
         ),
         repeat,
+        "combine_decode_cpu_s",
     )
 
     # plaintext float32 aggregation of the same vectors, same run
@@ -163,6 +179,7 @@ def bench_round(params: rlwe.ParameterSet, M: int, length: int, repeat: int) -> 
         "partial_decrypt_s": pdec_med,
         "combine_decode_s": t_comb,
         "plaintext_float32_sum_s": t_plain,
+        **dict(_CPU),
         "ciphertext_bytes": len(ct_bytes),
         "share_bytes": share_bytes,
         "public_key_bytes": len(pk.to_bytes()),
@@ -220,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             f"keygen {r['keygen_s'] * 1e3:.1f} ms | encrypt {r['encrypt_s']:.3f} s "
             f"(first {r['encrypt_first_call_s']:.3f} s) | sum {r['server_sum_s']:.3f} s | "
             f"pdec {r['partial_decrypt_s']:.3f} s | combine+decode {r['combine_decode_s']:.3f} s"
+        )
+        print(
+            f"      CPU time: encrypt {r['encrypt_cpu_s']:.3f} s | sum {r['server_sum_cpu_s']:.3f} s"
+            f" | pdec {r['partial_decrypt_cpu_s']:.3f} s | combine+decode "
+            f"{r['combine_decode_cpu_s']:.3f} s"
         )
         print(
             f"      bytes: ct {r['ciphertext_bytes'] / 1e6:.2f} MB "
