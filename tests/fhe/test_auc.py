@@ -73,6 +73,14 @@ def test_single_class_client_is_fine_but_single_class_pool_is_undefined(keysets)
         _run(ks, [pos_only, pos_only], cfg)
 
 
+def test_n1000_logit_points_equal_plaintext(keysets):
+    counts = _clients(4, 1000, 11, spacing="logit")
+    ks = keysets(1001)
+    cfg = fa.FHEAUCConfig(n_points=1000, count_scale=fa.suggest_count_scale(200))
+    res, _ = _run(ks, counts, cfg)
+    assert res.auc == pytest.approx(auc_from_counts(_total(counts)), abs=1e-6)
+
+
 def test_breast_cancer_n1000_matches_roc_auc_score(keysets):
     sklearn = pytest.importorskip("sklearn")  # noqa: F841
     from sklearn.datasets import load_breast_cancer

@@ -1,7 +1,8 @@
 """Malicious-aggregator FHE AUC (Baykara et al. 2025, §IV-D): correctness, no leak,
 tampering detected, no false alarms.
 
-``FHE_TAMPER_TRIALS`` (default 35) and ``FHE_HONEST_RUNS`` (default 10) set the
+``FHE_TAMPER_TRIALS`` (default 35; 14 on OpenFHE) and ``FHE_HONEST_RUNS`` (default
+10; 4 on OpenFHE) set the
 number of randomized trials; the issue's 1,000 tamperings / 200 honest runs are
 ``FHE_TAMPER_TRIALS=1000 FHE_HONEST_RUNS=200 pytest tests/fhe/test_auc_malicious.py``.
 """
@@ -19,8 +20,9 @@ from flwr_fedeval.fhe.backend import pack_blobs, unpack_blobs
 from flwr_fedeval.fhe.counts import decision_points, threshold_counts, tf_vectors
 from flwr_fedeval.metrics.auc import UndefinedAUCError, auc_from_counts
 
-TAMPER_TRIALS = int(os.environ.get("FHE_TAMPER_TRIALS", "35"))
-HONEST_RUNS = int(os.environ.get("FHE_HONEST_RUNS", "10"))
+_OPENFHE = os.environ.get("FHE_BACKEND", "tenseal") == "openfhe"  # ~4x slower per run
+TAMPER_TRIALS = int(os.environ.get("FHE_TAMPER_TRIALS", "14" if _OPENFHE else "35"))
+HONEST_RUNS = int(os.environ.get("FHE_HONEST_RUNS", "4" if _OPENFHE else "10"))
 TAMPER_KINDS = ("drop", "duplicate", "reorder", "replace", "scale", "add_constant", "swap_runs")
 
 

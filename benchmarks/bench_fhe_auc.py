@@ -1,0 +1,228 @@
+"""Benchmark of the FHE federated AUC (Baykara et al. 2025, Figs. 2-3, Table III).
+
+Measures, for the backend of the running interpreter (``--backend`` or
+``FHE_BACKEND``; TenSEAL in the main venv, OpenFHE in ``.venv-openfhe``):
+
+* aggregator time: client message bytes in -> result bytes out, including
+  deserialization (median of ``--repeats``);
+* client time: counts -> message bytes (encrypt + serialize), and result
+  bytes -> verified AUC (decrypt);
+* bytes up/down per client; |AUC - plaintext trapezoid AUC|.
+
+Grid (the paper's two figures): N in {10, 25, 50, 100, 200, 1000} at M = 15
+(Fig. 2) and M in {5, 15, 50, 100} at N = 100 (Fig. 3), semi-honest and
+malicious (S = 4). ``--full-grid`` runs the cross product, ``--quick`` a
+small subset. Results go to ``benchmarks/results/fhe_auc_<backend>.json``;
+``--plot`` draws ``fhe_auc_fig2.png``/``fhe_auc_fig3.png`` from every
+``fhe_auc_*.json`` there (needs matplotlib, i.e. the main venv).
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_fhe_auc.py            # TenSEAL
+    FHE_BACKEND=openfhe PYTHONPATH=. .venv-openfhe/bin/python benchmarks/bench_fhe_auc.py
+    .venv/bin/python benchmarks/bench_fhe_auc.py --plot-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+N_GRID = (10, 25, 50, 100, 200, 1000)
+M_GRID = (5, 15, 50, 100)
+
+
+def _counts(n_clients: int, n_points: int, seed: int):
+    from flwr_fedeval.fhe.counts import decision_points, threshold_counts
+
+    rng = np.random.default_rng(seed)
+    th = decision_points(n_points)
+    out = []
+    for _ in range(n_clients):
+        n = int(rng.integers(40, 120))
+        y = rng.integers(0, 2, n)
+        s = np.clip(rng.normal(0.35 + 0.3 * y, 0.2), 0, 1)
+        out.append(threshold_counts(y, s, th))
+    return out
+
+
+def _total(counts):
+    tot = counts[0]
+    for c in counts[1:]:
+        tot = tot + c
+    return tot
+
+
+class _Keys:
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.cache: dict[int, tuple] = {}
+
+    def get(self, needed: int):
+        from flwr_fedeval.fhe.backend import CKKSParams, create_context, load_context
+
+        params = CKKSParams.for_slots(needed, self.backend)
+        if params.slot_count not in self.cache:
+            holder = create_context(params=params)
+            pub = holder.public_bytes()
+            sec = holder.secret_bytes()
+            self.cache[params.slot_count] = (load_context(sec), load_context(pub), len(pub), len(sec))
+        return self.cache[params.slot_count]
+
+
+def bench_point(keys: _Keys, setting: str, m: int, n: int, s: int, repeats: int) -> dict:
+    from flwr_fedeval.fhe import auc as fa
+    from flwr_fedeval.fhe import auc_malicious as am
+    from flwr_fedeval.metrics.auc import auc_from_counts
+
+    counts = _counts(m, n, seed=1000 * m + n)
+    scale = fa.suggest_count_scale(80 * m)
+    if setting == "semi-honest":
+        client, server, pub_len, sec_len = keys.get(n + 1)
+        cfg = fa.FHEAUCConfig(n_points=n, count_scale=scale)
+
+        def encrypt(i):
+            return fa.client_encrypt_counts(client, counts[i], config=cfg)
+
+        def aggregate(msgs):
+            return fa.aggregate_auc(server, msgs, config=cfg)
+
+        def decrypt(res):
+            return fa.client_decrypt_auc(client, res, config=cfg).auc
+    else:
+        client, server, pub_len, sec_len = keys.get(am.required_slots(n, s))
+        cfg = am.MaliciousAUCConfig(n_points=n, count_scale=scale, n_splits=s)
+        seed = am.new_seed()
+
+        def encrypt(i):
+            return am.client_encrypt_counts_malicious(client, counts[i], config=cfg, seed=seed,
+                                                      party_index=i, n_parties=m)
+
+        def aggregate(msgs):
+            return am.aggregate_auc_malicious(server, msgs, config=cfg)
+
+        def decrypt(res):
+            return am.client_decrypt_auc_malicious(client, res, config=cfg, seed=seed, n_parties=m).auc
+
+    t_enc, msgs = [], []
+    for i in range(m):
+        t0 = time.perf_counter()
+        msgs.append(encrypt(i))
+        t_enc.append(time.perf_counter() - t0)
+    t_agg = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = aggregate(msgs)
+        t_agg.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    auc = decrypt(result)
+    t_dec = time.perf_counter() - t0
+    ref = auc_from_counts(_total(counts))
+    return {
+        "setting": setting, "M": m, "N": n, "S": s if setting == "malicious" else None,
+        "slots": client.slot_count,
+        "aggregator_s": statistics.median(t_agg), "aggregator_all_s": t_agg,
+        "client_encrypt_s": statistics.median(t_enc), "client_decrypt_s": t_dec,
+        "bytes_up_per_client": len(msgs[0]), "bytes_down_per_client": len(result),
+        "public_context_bytes": pub_len, "secret_context_bytes": sec_len,
+        "auc": auc, "auc_plaintext": ref, "abs_error": abs(auc - ref),
+    }
+
+
+def run(args) -> Path:
+    from flwr_fedeval.fhe.backend import default_backend
+
+    backend = args.backend or default_backend()
+    os.environ["FHE_BACKEND"] = backend
+    keys = _Keys(backend)
+    if args.quick:
+        points = [(15, 10), (15, 100), (5, 100), (50, 100)]
+    elif args.full_grid:
+        points = [(m, n) for m in M_GRID for n in N_GRID]
+    else:
+        points = sorted({(15, n) for n in N_GRID} | {(m, 100) for m in M_GRID})
+    rows = []
+    for setting in ("semi-honest", "malicious"):
+        for m, n in points:
+            row = bench_point(keys, setting, m, n, args.splits, args.repeats)
+            rows.append(row)
+            print(f"{backend:8s} {setting:11s} M={m:3d} N={n:4d}  agg {row['aggregator_s']:.3f}s  "
+                  f"client enc {row['client_encrypt_s']:.3f}s dec {row['client_decrypt_s']:.3f}s  "
+                  f"up {row['bytes_up_per_client'] / 2**20:.2f} MiB  down {row['bytes_down_per_client'] / 2**20:.2f} MiB  "
+                  f"err {row['abs_error']:.1e}", flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"fhe_auc_{backend}.json"
+    out.write_text(json.dumps({
+        "backend": backend, "python": platform.python_version(), "machine": platform.machine(),
+        "processor": platform.processor(), "cpu_count": os.cpu_count(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "splits": args.splits,
+        "repeats": args.repeats, "quick": args.quick, "rows": rows,
+    }, indent=1))
+    print(f"wrote {out}")
+    return out
+
+
+def plot() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("fhe_auc_*.json"))]
+    if not data:
+        print("no results to plot")
+        return
+    for fig_name, fixed, x_key, x_label in (("fig2", ("M", 15), "N", "number of decision points N (M = 15)"),
+                                            ("fig3", ("N", 100), "M", "number of parties M (N = 100)")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for d in data:
+            for setting, style in (("semi-honest", "-o"), ("malicious", "--s")):
+                rows = sorted((r for r in d["rows"] if r["setting"] == setting and r[fixed[0]] == fixed[1]),
+                              key=lambda r: r[x_key])
+                if rows:
+                    ax.plot([r[x_key] for r in rows], [r["aggregator_s"] for r in rows], style,
+                            label=f"{d['backend']} {setting}" + (f" (S={d['splits']})" if setting == "malicious" else ""))
+        if x_key == "N":
+            ax.set_xscale("log")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("aggregator time [s] (bytes in → bytes out)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = RESULTS / f"fhe_auc_{fig_name}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        print(f"wrote {path}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", choices=("tenseal", "openfhe"))
+    ap.add_argument("--quick", action="store_true", help="4 grid points per setting")
+    ap.add_argument("--full-grid", action="store_true", help="every (M, N) pair")
+    ap.add_argument("--splits", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--plot", action="store_true", help="also draw the figures")
+    ap.add_argument("--plot-only", action="store_true")
+    args = ap.parse_args(argv)
+    if not args.plot_only:
+        run(args)
+    if args.plot or args.plot_only:
+        plot()
+
+
+if __name__ == "__main__":
+    main()
