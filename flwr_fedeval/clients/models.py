@@ -32,6 +32,7 @@ def build_seed_cnn(
     num_classes: int = 2,
     *,
     learning_rate: float = 1e-3,
+    bn_momentum: float = 0.9,
 ) -> Any:
     """The seed experiment's CNN, compiled.
 
@@ -43,6 +44,12 @@ def build_seed_cnn(
     With the default ``input_shape=(128, 128, 1)`` and 2 classes it has
     exactly 949,002 parameters (trainable and BatchNorm statistics).
 
+    BatchNorm uses ``momentum=bn_momentum`` (default 0.9, not Keras's 0.99):
+    with 0.99 the moving statistics need hundreds of steps to forget their
+    initial values, more than a client runs in a federated round, and the
+    model then predicts one class at inference (measured on the chest X-rays:
+    test accuracy 0.53 vs 0.69 after 3 local epochs).
+
     Source: Walskaar, Tran, Catak 2023, §4.2.
     """
     import keras
@@ -52,13 +59,13 @@ def build_seed_cnn(
         [
             keras.Input(shape=input_shape),
             layers.Conv2D(32, 5, activation="relu", kernel_regularizer=regularizers.l2(0.01)),
-            layers.BatchNormalization(),
+            layers.BatchNormalization(momentum=bn_momentum),
             layers.MaxPooling2D(2),
             layers.Conv2D(16, 5, activation="relu"),
-            layers.BatchNormalization(),
+            layers.BatchNormalization(momentum=bn_momentum),
             layers.MaxPooling2D(2),
             layers.Conv2D(32, 5, activation="relu"),
-            layers.BatchNormalization(),
+            layers.BatchNormalization(momentum=bn_momentum),
             layers.MaxPooling2D(2),
             layers.Flatten(),
             layers.Dense(200, activation="relu", kernel_regularizer=regularizers.l2(0.01)),
