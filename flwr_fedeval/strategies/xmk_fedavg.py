@@ -263,7 +263,10 @@ class XMKFedAvg(FedAvg):
         state = self._round
         assert state is not None
         if len(nodes) < self.min_train_nodes:
-            raise RoundAborted("sampling", {n: "too few clients for a key set" for n in nodes} or {-1: "no clients"})
+            raise RoundAborted(
+                "sampling",
+                {n: f"only {len(nodes)} clients, a key set needs {self.min_train_nodes}" for n in nodes},
+            )
         t0 = time.perf_counter()
         try:
             key_set = self._keygen(nodes)
