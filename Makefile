@@ -20,7 +20,7 @@ run: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) $(RUN_CONFIG)
 
 run-xray: setup
-	@scripts/run-local.sh $(NUM_CLIENTS) "dataset='chest-xray' data-dir='$(abspath $(XRAY_DIR))' local-epochs=2" $(RUN_CONFIG)
+	@scripts/run-local.sh $(NUM_CLIENTS) "dataset='chest-xray' data-dir='$(abspath $(XRAY_DIR))' local-epochs=2 decision-point-spacing='logit'" $(RUN_CONFIG)
 
 test: setup
 	@scripts/run-tests.sh
