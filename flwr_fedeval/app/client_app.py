@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
+from flwr_fedeval.clients import dp_handlers
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.messages import counts_to_record
@@ -93,3 +94,34 @@ def evaluate_threshold_counts(msg: Message, context: Context) -> Message:
     thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
     counts = threshold_counts(y_true, scores, thresholds)
     return Message(content=RecordDict({"counts": counts_to_record(counts)}), reply_to=msg)
+
+def local_test_labels(context: Context) -> np.ndarray:
+    """Labels of this client's test split (no model needed), int64 of shape (n_test,)."""
+    cfg = JobConfig.from_run_config(dict(context.run_config))
+    pid, num = _partition(context)
+    return load_client_data(cfg, pid, num).y_test
+
+
+# --- DP AUC baselines (flwr_fedeval.clients.dp_handlers) ---------------------
+@app.evaluate("dpauc_laplace")
+def evaluate_dpauc_laplace(msg: Message, context: Context) -> Message:
+    """DPAUC_Lap: Laplace-noised threshold counts (charged to this node's budget)."""
+    return dp_handlers.dpauc_laplace(msg, context, *local_test_scores(msg, context))
+
+
+@app.evaluate("dpauc_rr")
+def evaluate_dpauc_rr(msg: Message, context: Context) -> Message:
+    """DPAUC_RR: threshold counts of the randomized-response labels."""
+    return dp_handlers.dpauc_rr(msg, context, *local_test_scores(msg, context))
+
+
+@app.evaluate("fedauc_scores")
+def evaluate_fedauc_scores(msg: Message, context: Context) -> Message:
+    """FedAUC round 1: shuffled scores of the local test split."""
+    return dp_handlers.fedauc_scores(msg, context, *local_test_scores(msg, context))
+
+
+@app.evaluate("fedauc_stats")
+def evaluate_fedauc_stats(msg: Message, context: Context) -> Message:
+    """FedAUC round 2: (localSum, localP, localN) from the global ranks."""
+    return dp_handlers.fedauc_stats(msg, context, local_test_labels(context), None)

@@ -72,7 +72,7 @@ def main(grid: Grid, context: Context) -> None:
     log(
         INFO,
         "FINAL federated AUC (%s, N=%d, %d clients): %.6f | pooled roc_auc_score: %.6f | |diff| %.6f",
-        auc_result.method,
+        auc_result.label,
         cfg.num_decision_points,
         len(auc_result.contributors),
         auc_result.auc,
@@ -87,6 +87,7 @@ def main(grid: Grid, context: Context) -> None:
         {
             "config": cfg.as_dict(),
             "auc_method": auc_result.method,
+            "auc_details": auc_result.details,
             "federated_auc": auc_result.auc,
             "reference_roc_auc_score": ref_auc,
             "num_clients": len(auc_result.contributors),

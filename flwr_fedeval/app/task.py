@@ -7,6 +7,7 @@ model is built, so reading the configuration stays cheap.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -28,7 +29,10 @@ _CHOICES = {
     "dataset": ("breast-cancer", "chest-xray"),
     "xray_task": tuple(XRAY_TASKS),
     "partitioning": ("iid", "dirichlet"),
-    "auc_method": ("plain",),
+    "auc_method": ("plain", "dpauc-laplace", "dpauc-rr", "fedauc-rr", "fedauc-laplace"),
+    "dpauc_clipping": ("clip-sort", "no-clip"),
+    "fedauc_sensitivity": ("local", "global"),
+    "fedauc_allocation": ("alpha", "orthogonal", "adaptive"),
     "decision_point_spacing": ("linear", "logit"),
     "secure_aggregation": ("none",),
 }
@@ -59,6 +63,13 @@ class JobConfig:
     auc_method: str = "plain"
     num_decision_points: int = 100
     decision_point_spacing: str = "linear"
+    dp_epsilon: float = 1.0
+    dp_budget: float = 0.0
+    dp_seed: int = 0
+    dpauc_clipping: str = "clip-sort"
+    fedauc_sensitivity: str = "local"
+    fedauc_allocation: str = "adaptive"
+    fedauc_split: float = 0.5
     secure_aggregation: str = "none"
     output_dir: str = "outputs"
 
@@ -101,6 +112,19 @@ class JobConfig:
             raise ValueError("config 'test-fraction' must be in (0, 1)")
         if self.num_decision_points < 2:
             raise ValueError("config 'num-decision-points' must be >= 2")
+        # DP AUC phases (flwr_fedeval.dp); inf is allowed and disables the noise.
+        if math.isnan(self.dp_epsilon) or self.dp_epsilon <= 0:
+            raise ValueError("config 'dp-epsilon' must be > 0 (inf disables the noise)")
+        if math.isnan(self.dp_budget) or self.dp_budget < 0:
+            raise ValueError("config 'dp-budget' must be >= 0 (0 = dp-epsilon: one DP evaluation per run)")
+        if 0 < self.dp_budget < self.dp_epsilon:
+            raise ValueError("config 'dp-budget' must be 0 or >= 'dp-epsilon'")
+        if self.dp_seed < 0:
+            raise ValueError("config 'dp-seed' must be >= 0 (0 = seeded from secrets)")
+        if not 0.0 < self.fedauc_split <= 1.0 or (self.fedauc_allocation == "alpha" and self.fedauc_split == 1.0):
+            raise ValueError("config 'fedauc-split' must be in (0, 1) (alpha) or (0, 1] (beta, orthogonal)")
+        if self.fedauc_sensitivity == "global" and self.fedauc_allocation != "alpha":
+            raise ValueError("config 'fedauc-allocation' must be 'alpha' when 'fedauc-sensitivity' = 'global'")
         if self.dataset == "chest-xray" and not self.data_dir:
             raise ValueError("config 'data-dir' must name the chest-xray folder when dataset = 'chest-xray'")
 

@@ -39,6 +39,12 @@ class AUCPhaseResult:
         Node IDs whose data is in the result.
     failed : dict of int to str
         Node IDs that did not contribute, with the reason.
+    method : str
+        The ``auc-method`` that produced ``auc``.
+    details : dict
+        What else a reader of the number needs (JSON-serialisable), e.g. for
+        the DP phases ``variant`` (clipping / sensitivity option), ``epsilon``,
+        ``defined`` and the intermediate public values.
     """
 
     auc: float
@@ -47,6 +53,15 @@ class AUCPhaseResult:
     contributors: list[int]
     failed: dict[int, str] = field(default_factory=dict)
     method: str = "plain"
+    details: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """``method`` plus its variant and ε when recorded, e.g. ``dpauc-laplace[clip-sort, eps=1]``."""
+        extra = [str(self.details[k]) for k in ("variant",) if k in self.details]
+        if "epsilon" in self.details:
+            extra.append(f"eps={self.details['epsilon']:g}")
+        return f"{self.method}[{', '.join(extra)}]" if extra else self.method
 
 
 class PlaintextAUCPhase:

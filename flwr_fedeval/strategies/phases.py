@@ -25,4 +25,28 @@ def make_auc_phase(cfg: Any) -> Any:
         return PlaintextAUCPhase(
             cfg.num_decision_points, spacing=cfg.decision_point_spacing, min_nodes=cfg.min_nodes
         )
+    if cfg.auc_method in ("dpauc-laplace", "dpauc-rr", "fedauc-rr", "fedauc-laplace"):
+        return _make_dp_phase(cfg)
     raise ValueError(f"unknown auc-method {cfg.auc_method!r}")
+
+
+def _make_dp_phase(cfg: Any) -> Any:
+    """The DP baselines of :mod:`flwr_fedeval.strategies.dp_phases` (``dp-*``, ``dpauc-*``, ``fedauc-*`` keys)."""
+    from flwr_fedeval.strategies import dp_phases
+
+    common = {"epsilon": cfg.dp_epsilon, "min_nodes": cfg.min_nodes}
+    if cfg.auc_method == "dpauc-laplace":
+        return dp_phases.DPAUCLaplacePhase(cfg.num_decision_points, spacing=cfg.decision_point_spacing,
+                                           clipping=cfg.dpauc_clipping, **common)
+    if cfg.auc_method == "dpauc-rr":
+        return dp_phases.DPAUCRRPhase(cfg.num_decision_points, spacing=cfg.decision_point_spacing, **common)
+    if cfg.auc_method == "fedauc-rr":
+        return dp_phases.FedAUCRRPhase(**common)
+    allocation = cfg.fedauc_allocation
+    return dp_phases.FedAUCLaplacePhase(
+        sensitivity=cfg.fedauc_sensitivity,
+        allocation="alpha" if allocation == "alpha" else "orthogonal",
+        alpha=cfg.fedauc_split if allocation == "alpha" else 0.5,
+        beta="adaptive" if allocation == "adaptive" else cfg.fedauc_split,
+        **common,
+    )

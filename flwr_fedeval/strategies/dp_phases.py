@@ -1,0 +1,425 @@
+"""Evaluation phases for the differential-privacy AUC baselines (server side).
+
+Four phases, one per ``auc-method``; the DP math is in :mod:`flwr_fedeval.dp`,
+the client handlers in :mod:`flwr_fedeval.clients.dp_handlers`.
+
+==================  ==========================================  =============================
+``auc-method``      class                                       message types
+==================  ==========================================  =============================
+``dpauc-laplace``   :class:`DPAUCLaplacePhase` (DPAUC_Lap)      ``evaluate.dpauc_laplace``
+``dpauc-rr``        :class:`DPAUCRRPhase` (DPAUC_RR)            ``evaluate.dpauc_rr``
+``fedauc-rr``       :class:`FedAUCRRPhase` (FedAUC_RR)          ``evaluate.fedauc_scores``,
+                                                                ``evaluate.fedauc_stats``
+``fedauc-laplace``  :class:`FedAUCLaplacePhase` (FedAUC_Lap)    same two
+==================  ==========================================  =============================
+
+Each phase sends to every node, splits the replies into valid and failed
+(no reply, error reply — e.g. ``BudgetError`` — or a malformed reply; each
+logged with the node ID), raises ``RuntimeError`` when fewer than
+``min_nodes`` clients contribute, and returns an
+:class:`~flwr_fedeval.strategies.auc_phase.AUCPhaseResult` whose ``details``
+record the variant, ε and the public intermediate values. The server never
+sees exact counts (DPAUC_Lap), true labels (RR) or which score belongs to
+which sample (FedAUC: clients shuffle before sending).
+
+References
+----------
+Sun et al., "DPAUC: Differentially Private AUC Computation in Federated
+Learning", AAAI 2023. Sun et al., "Differentially Private AUC Computation in
+Vertical Federated Learning" (FedAUC).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from flwr_fedeval.dp import (
+    AUCEstimate,
+    DPAUCLaplaceParams,
+    FedAUCLaplaceParams,
+    LocalStats,
+    RandomizedResponseParams,
+    dpauc_laplace_server,
+    dpauc_rr_server,
+    fedauc_rr_server,
+    fedauc_server_auc,
+    fedauc_server_ranks,
+)
+from flwr_fedeval.fhe.counts import decision_points
+from flwr_fedeval.messages import (
+    EVALUATE_DPAUC_LAPLACE,
+    EVALUATE_DPAUC_RR,
+    EVALUATE_FEDAUC_SCORES,
+    EVALUATE_FEDAUC_STATS,
+    counts_from_record,
+    local_stats_from_record,
+    noisy_counts_from_record,
+    scores_from_record,
+)
+from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
+
+__all__ = ["DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCLaplacePhase", "FedAUCRRPhase"]
+
+
+def _exchange(
+    grid: Grid,
+    contents: dict[int, RecordDict],
+    message_type: str,
+    parse: Callable[[int, RecordDict], Any],
+    failed: dict[int, str],
+    *,
+    what: str,
+    phase: str,
+    timeout: float,
+) -> dict[int, Any]:
+    """Send ``contents[node]`` to each node; return ``{node: parse(node, reply)}`` for valid replies.
+
+    Nodes without a valid reply are added to ``failed`` with the reason and
+    logged (the reason of an error reply is the client's, e.g. ``BudgetError: ...``).
+    """
+    messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    missing = {n: "no reply (timeout)" for n in contents}
+    valid: dict[int, Any] = {}
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        if node not in missing:
+            continue
+        if reply.has_error():
+            missing[node] = f"error reply: {reply.error.reason}"
+            continue
+        try:
+            valid[node] = parse(node, reply.content)
+        except (KeyError, ValueError, TypeError) as exc:
+            missing[node] = f"malformed {what}: {exc}"
+            continue
+        missing.pop(node)
+    for node, reason in missing.items():
+        log(WARNING, "AUC phase (%s): node %d left out: %s", phase, node, reason)
+    failed.update(missing)
+    return valid
+
+
+def _details(estimate: AUCEstimate, failed: dict[int, str], **extra: Any) -> dict:
+    """JSON-friendly record of how the number was produced."""
+    details = {
+        "variant": estimate.variant,
+        "epsilon": float(estimate.epsilon),
+        "defined": estimate.defined,
+        "reason": estimate.reason,
+        **{k: float(v) for k, v in estimate.details.items()},
+        **extra,
+    }
+    refused = sorted(n for n, r in failed.items() if "BudgetError" in r)
+    if refused:
+        details["budget_refused"] = refused
+    return details
+
+
+class _DPPhase:
+    """Shared configuration of the DP phases (see the subclasses)."""
+
+    method = ""
+
+    def __init__(self, *, min_nodes: int = 2, arrayrecord_key: str = "arrays", timeout: float = 3600) -> None:
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 1:
+            raise ValueError(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
+        self.min_nodes = min_nodes
+        self.arrayrecord_key = arrayrecord_key
+        self.timeout = timeout
+
+    def _require(self, contributors, failed: dict[int, str], step: str = "") -> None:
+        if len(contributors) < self.min_nodes:
+            raise RuntimeError(
+                f"AUC phase ({self.method}){step}: {len(contributors)} valid replies, at least "
+                f"{self.min_nodes} needed; left out: {failed}"
+            )
+
+    def _finish(self, estimate: AUCEstimate, thresholds, contributors, failed, **extra) -> AUCPhaseResult:
+        log(INFO, "AUC phase (%s, %s, eps=%g): %d clients, AUC %.6f%s", self.method, estimate.variant,
+            estimate.epsilon, len(contributors), estimate.auc, "" if estimate.defined else f" ({estimate.reason})")
+        return AUCPhaseResult(
+            auc=float(estimate.auc),
+            thresholds=np.asarray(thresholds, dtype=np.float64),
+            counts=None,
+            contributors=sorted(contributors),
+            failed=dict(failed),
+            method=self.method,
+            details=_details(estimate, failed, **extra),
+        )
+
+
+class _ThresholdDPPhase(_DPPhase):
+    """DPAUC phases: the plaintext phase's request plus a ``dp`` ConfigRecord."""
+
+    message_type = ""
+
+    def __init__(self, num_decision_points: int = 100, *, spacing: str = "linear", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
+
+    def _collect(self, grid: Grid, arrays: ArrayRecord, dp: dict, parse, what: str):
+        content = RecordDict(
+            {
+                self.arrayrecord_key: arrays,
+                "evaluation": ArrayRecord({"thresholds": Array(self.thresholds)}),
+                "dp": ConfigRecord(dp),
+            }
+        )
+        failed: dict[int, str] = {}
+        nodes = sorted(grid.get_node_ids())
+        valid = _exchange(grid, dict.fromkeys(nodes, content), self.message_type, parse, failed,
+                          what=what, phase=self.method, timeout=self.timeout)
+        self._require(valid, failed)
+        return valid, failed
+
+
+class DPAUCLaplacePhase(_ThresholdDPPhase):
+    """DPAUC_Lap: Laplace-noised threshold counts, trapezoid AUC (Sun et al., AAAI 2023).
+
+    Every client adds Laplace(1/ε′) noise to TP, FP, TN, FN at each of the N
+    public decision points, with ``ε = 4Nε′`` its total for this evaluation;
+    the server sums and integrates TPR over FPR.
+
+    Parameters
+    ----------
+    num_decision_points : int, default=100
+        N = |Θ|, the number of public decision points.
+    epsilon : float, default=1.0
+        Per-client ε of one evaluation (``math.inf`` = no noise). Each
+        client's own accountant decides whether it can pay.
+    clipping : {"clip-sort", "no-clip"}, default="clip-sort"
+        ``"clip-sort"``: the authors' code (negative sums clipped to 0, points
+        sorted by FPR, AUC in [0, 1]); ``"no-clip"``: the FHE paper's numbers.
+        Recorded as ``details["variant"]``.
+    spacing : {"linear", "logit"}, default="linear"
+    min_nodes : int, default=2
+        Fewer contributing clients than this raises ``RuntimeError``.
+    arrayrecord_key : str, default="arrays"
+    timeout : float, default=3600
+    """
+
+    method = "dpauc-laplace"
+    message_type = EVALUATE_DPAUC_LAPLACE
+
+    def __init__(self, num_decision_points: int = 100, *, epsilon: float = 1.0, clipping: str = "clip-sort",
+                 **kwargs: Any) -> None:
+        super().__init__(num_decision_points, **kwargs)
+        if clipping not in ("clip-sort", "no-clip"):
+            raise ValueError(f"clipping must be 'clip-sort' or 'no-clip', got {clipping!r}")
+        self.params = DPAUCLaplaceParams(epsilon, self.thresholds.size)  # validates epsilon
+        self.clipping = clipping
+
+    def summary(self) -> str:
+        return f"{self.params.summary()}, clipping={self.clipping}, min_nodes={self.min_nodes}"
+
+    def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
+        """Collect noisy counts from every node and compute the DPAUC_Lap estimate.
+
+        Raises
+        ------
+        RuntimeError
+            If fewer than ``min_nodes`` clients return valid noisy counts.
+        """
+        n = self.thresholds.size
+        valid, failed = self._collect(
+            grid, arrays, {"epsilon": self.params.epsilon},
+            lambda node, c: noisy_counts_from_record(c["noisy-counts"], n), "noisy counts",
+        )
+        estimate = dpauc_laplace_server([valid[k] for k in sorted(valid)], clipping=self.clipping,
+                                        epsilon=self.params.epsilon)
+        return self._finish(estimate, self.thresholds, valid, failed, num_decision_points=n)
+
+
+class DPAUCRRPhase(_ThresholdDPPhase):
+    """DPAUC_RR: counts of randomized-response labels, Menon debiasing (Sun et al., AAAI 2023).
+
+    Each client flips its labels once with probability ``1/(1+e^ε)`` (kept
+    for later evaluations at the same ε) and sends the exact counts of the
+    flipped labels; the server computes the AUC and debiases it with the
+    estimated base rate (Menon et al. 2015).
+
+    Parameters
+    ----------
+    num_decision_points : int, default=100
+    epsilon : float, default=1.0
+        Per-client ε of the label flip (``math.inf`` = no flips).
+    spacing, min_nodes, arrayrecord_key, timeout
+        As in :class:`DPAUCLaplacePhase`.
+    """
+
+    method = "dpauc-rr"
+    message_type = EVALUATE_DPAUC_RR
+
+    def __init__(self, num_decision_points: int = 100, *, epsilon: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(num_decision_points, **kwargs)
+        self.params = RandomizedResponseParams(epsilon)
+
+    def summary(self) -> str:
+        return (f"DPAUC_RR: epsilon={self.params.epsilon:g} per client (flip probability "
+                f"{self.params.flip_probability:.4g}), N={self.thresholds.size}, min_nodes={self.min_nodes}")
+
+    def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
+        """Collect counts of the flipped labels and compute the debiased AUC.
+
+        Raises
+        ------
+        RuntimeError
+            If fewer than ``min_nodes`` clients return valid counts.
+        """
+        n = self.thresholds.size
+        valid, failed = self._collect(
+            grid, arrays, {"epsilon": self.params.epsilon},
+            lambda node, c: counts_from_record(c["counts"], n), "counts",
+        )
+        estimate = dpauc_rr_server([valid[k] for k in sorted(valid)], self.params)
+        return self._finish(estimate, self.thresholds, valid, failed, num_decision_points=n)
+
+
+class _FedAUCPhase(_DPPhase):
+    """FedAUC's two round trips: shuffled scores up, ranks down, local stats up.
+
+    Round 1 goes to every node; a node whose budget cannot pay round 2 refuses
+    already here, so the ranks cover exactly the round-1 contributors. A
+    contributor that fails round 2 invalidates the ranks of all the others
+    (its scores are in them): the phase then raises ``RuntimeError``.
+    """
+
+    mechanism = ""
+
+    def __init__(self, *, epsilon: float = 1.0, ties: str = "average", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if ties not in ("average", "ordinal"):
+            raise ValueError(f"ties must be 'average' or 'ordinal', got {ties!r}")
+        self.ties = ties
+
+    def _dp_config(self, max_rank: float) -> dict:
+        raise NotImplementedError
+
+    def _estimate(self, stats: list[LocalStats]) -> AUCEstimate:
+        raise NotImplementedError
+
+    def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
+        """Run both round trips and compute the (debiased / noisy) rank AUC.
+
+        Raises
+        ------
+        RuntimeError
+            If fewer than ``min_nodes`` clients send scores, or a client that
+            sent scores does not return valid statistics.
+        """
+        session = secrets.token_hex(16)
+        failed: dict[int, str] = {}
+        nodes = sorted(grid.get_node_ids())
+        request = RecordDict({
+            self.arrayrecord_key: arrays,
+            "dp": ConfigRecord({"session": session, "mechanism": self.mechanism, "epsilon": self.epsilon}),
+        })
+        scores = _exchange(grid, dict.fromkeys(nodes, request), EVALUATE_FEDAUC_SCORES,
+                           lambda node, c: scores_from_record(c["scores"]), failed,
+                           what="scores", phase=self.method, timeout=self.timeout)
+        self._require(scores, failed, " round 1")
+        order = sorted(scores)
+        ranks = fedauc_server_ranks([scores[k] for k in order], ties=self.ties)  # type: ignore[arg-type]
+        num_scores = sum(scores[k].size for k in order)
+        dp = {"session": session, "mechanism": self.mechanism, "epsilon": self.epsilon,
+              **self._dp_config(float(max(num_scores - 1, 0)))}
+        contents = {
+            k: RecordDict({"fedauc": ArrayRecord({"ranks": Array(np.ascontiguousarray(r))}), "dp": ConfigRecord(dp)})
+            for k, r in zip(order, ranks)
+        }
+        stats = _exchange(grid, contents, EVALUATE_FEDAUC_STATS,
+                          lambda node, c: LocalStats(*local_stats_from_record(c["stats"], scores[node].size)),
+                          failed, what="stats", phase=self.method, timeout=self.timeout)
+        lost = sorted(set(order) - set(stats))
+        if lost:
+            raise RuntimeError(
+                f"AUC phase ({self.method}): node(s) {lost} sent scores but no valid statistics; the global "
+                f"ranks include their scores, so the others' statistics cannot be used: {failed}"
+            )
+        estimate = self._estimate([stats[k] for k in order])
+        return self._finish(estimate, [], order, failed, ties=self.ties, num_scores=int(num_scores))
+
+
+class FedAUCRRPhase(_FedAUCPhase):
+    """FedAUC_RR: rank AUC on randomized-response labels, Menon debiasing (FedAUC §4, Alg. 2-3).
+
+    Parameters
+    ----------
+    epsilon : float, default=1.0
+        Per-client ε of the label flip (``math.inf`` = no flips); labels are
+        flipped once per ε and shared with DPAUC_RR.
+    ties : {"average", "ordinal"}, default="average"
+        Tie handling of the global ranks (``"average"`` equals
+        ``roc_auc_score`` exactly at ε = ∞).
+    min_nodes, arrayrecord_key, timeout
+        As in :class:`DPAUCLaplacePhase`.
+    """
+
+    method = "fedauc-rr"
+    mechanism = "rr"
+
+    def __init__(self, *, epsilon: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.params = RandomizedResponseParams(epsilon)
+        self.epsilon = self.params.epsilon
+
+    def summary(self) -> str:
+        return f"FedAUC_RR: epsilon={self.epsilon:g} per client, ties={self.ties}, min_nodes={self.min_nodes}"
+
+    def _dp_config(self, max_rank: float) -> dict:
+        return {}
+
+    def _estimate(self, stats: list[LocalStats]) -> AUCEstimate:
+        return fedauc_rr_server(stats, self.params)
+
+
+class FedAUCLaplacePhase(_FedAUCPhase):
+    """FedAUC_Lap: Laplace-noised ``localSum``/``localP`` (FedAUC §5, Alg. 4).
+
+    Parameters
+    ----------
+    epsilon : float, default=1.0
+        Per-client ε for ``(localSum, localP)`` (``math.inf`` = no noise).
+    sensitivity : {"local", "global"}, default="local"
+        LocalLaplace (the client's maximum rank) or GlobalLaplace (``M-1``).
+    allocation : {"alpha", "orthogonal"}, default="orthogonal"
+        Independent noise with the α split, or the orthogonal decomposition
+        ``r = u′ + v′`` with β (§5.3; local sensitivity only).
+    alpha : float, default=0.5
+        ``ε_localSum = αε`` with ``allocation="alpha"``.
+    beta : float or "adaptive", default="adaptive"
+        β of the orthogonal decomposition, or per client by :func:`~flwr_fedeval.dp.adaptive_beta`.
+    ties, min_nodes, arrayrecord_key, timeout
+        As in :class:`FedAUCRRPhase`.
+    """
+
+    method = "fedauc-laplace"
+    mechanism = "laplace"
+
+    def __init__(self, *, epsilon: float = 1.0, sensitivity: str = "local", allocation: str = "orthogonal",
+                 alpha: float = 0.5, beta: float | str = "adaptive", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.params = FedAUCLaplaceParams(epsilon, sensitivity=sensitivity, allocation=allocation,
+                                          alpha=alpha, beta=beta)
+        self.epsilon = self.params.epsilon
+
+    def summary(self) -> str:
+        return f"{self.params.summary()}, ties={self.ties}, min_nodes={self.min_nodes}"
+
+    def _dp_config(self, max_rank: float) -> dict:
+        p = self.params
+        return {"sensitivity": p.sensitivity, "allocation": p.allocation, "alpha": p.alpha,
+                "beta": p.beta, "max-rank": max_rank}
+
+    def _estimate(self, stats: list[LocalStats]) -> AUCEstimate:
+        return fedauc_server_auc(stats, method=self.method, variant=self.params.variant, epsilon=self.epsilon)
+
