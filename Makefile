@@ -17,10 +17,10 @@ setup:
 	@scripts/bootstrap.sh
 
 run: setup
-	@scripts/run-local.sh $(NUM_CLIENTS) $(RUN_CONFIG)
+	@scripts/run-local.sh $(NUM_CLIENTS) $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
 run-xray: setup
-	@scripts/run-local.sh $(NUM_CLIENTS) "dataset='chest-xray' data-dir='$(abspath $(XRAY_DIR))' local-epochs=2 decision-point-spacing='logit'" $(RUN_CONFIG)
+	@scripts/run-local.sh $(NUM_CLIENTS) "dataset='chest-xray' data-dir='$(abspath $(XRAY_DIR))' local-epochs=2 decision-point-spacing='logit'" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
 test: setup
 	@scripts/run-tests.sh
