@@ -4,7 +4,8 @@ Measures, for the backend of the running interpreter (``--backend`` or
 ``FHE_BACKEND``; TenSEAL in the main venv, OpenFHE in ``.venv-openfhe``):
 
 * aggregator time: client message bytes in -> result bytes out, including
-  deserialization (median of ``--repeats``);
+  deserialization (median of ``--repeats``; wall clock and process CPU time,
+  the latter robust to other jobs on a shared machine);
 * client time: counts -> message bytes (encrypt + serialize), and result
   bytes -> verified AUC (decrypt);
 * bytes up/down per client; |AUC - plaintext trapezoid AUC|.
@@ -122,11 +123,12 @@ def bench_point(keys: _Keys, setting: str, m: int, n: int, s: int, repeats: int)
         t0 = time.perf_counter()
         msgs.append(encrypt(i))
         t_enc.append(time.perf_counter() - t0)
-    t_agg = []
+    t_agg, c_agg = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = aggregate(msgs)
         t_agg.append(time.perf_counter() - t0)
+        c_agg.append(time.process_time() - c0)
     t0 = time.perf_counter()
     auc = decrypt(result)
     t_dec = time.perf_counter() - t0
@@ -135,6 +137,7 @@ def bench_point(keys: _Keys, setting: str, m: int, n: int, s: int, repeats: int)
         "setting": setting, "M": m, "N": n, "S": s if setting == "malicious" else None,
         "slots": client.slot_count,
         "aggregator_s": statistics.median(t_agg), "aggregator_all_s": t_agg,
+        "aggregator_cpu_s": statistics.median(c_agg),
         "client_encrypt_s": statistics.median(t_enc), "client_decrypt_s": t_dec,
         "bytes_up_per_client": len(msgs[0]), "bytes_down_per_client": len(result),
         "public_context_bytes": pub_len, "secret_context_bytes": sec_len,
@@ -159,7 +162,8 @@ def run(args) -> Path:
         for m, n in points:
             row = bench_point(keys, setting, m, n, args.splits, args.repeats)
             rows.append(row)
-            print(f"{backend:8s} {setting:11s} M={m:3d} N={n:4d}  agg {row['aggregator_s']:.3f}s  "
+            print(f"{backend:8s} {setting:11s} M={m:3d} N={n:4d}  agg {row['aggregator_s']:.3f}s "
+                  f"(cpu {row['aggregator_cpu_s']:.3f}s)  "
                   f"client enc {row['client_encrypt_s']:.3f}s dec {row['client_decrypt_s']:.3f}s  "
                   f"up {row['bytes_up_per_client'] / 2**20:.2f} MiB  down {row['bytes_down_per_client'] / 2**20:.2f} MiB  "
                   f"err {row['abs_error']:.1e}", flush=True)
