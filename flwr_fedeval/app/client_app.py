@@ -14,10 +14,12 @@ from flwr.clientapp import ClientApp
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
 from flwr_fedeval.clients import dp_handlers
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
+from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.messages import counts_to_record
 
 app = ClientApp()
+register_xmkckks_handlers(app)  # query.xmk_keygen, query.xmk_pdec (secure aggregation)
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -40,7 +42,7 @@ def _setup(msg: Message, context: Context):
     return cfg, data, adapter
 
 
-@app.train()
+@app.train(mods=[xmkckks_mod])
 def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local train split."""
     cfg, data, adapter = _setup(msg, context)
@@ -94,6 +96,7 @@ def evaluate_threshold_counts(msg: Message, context: Context) -> Message:
     thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
     counts = threshold_counts(y_true, scores, thresholds)
     return Message(content=RecordDict({"counts": counts_to_record(counts)}), reply_to=msg)
+
 
 def local_test_labels(context: Context) -> np.ndarray:
     """Labels of this client's test split (no model needed), int64 of shape (n_test,)."""

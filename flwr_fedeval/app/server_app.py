@@ -18,8 +18,29 @@ from flwr_fedeval.app.harness import pooled_reference_auc, write_results
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.metrics.auc import roc_points
 from flwr_fedeval.strategies.phases import make_auc_phase
+from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 
 app = ServerApp()
+
+
+def make_strategy(cfg: JobConfig) -> FedAvg:
+    """Flower's FedAvg, or :class:`XMKFedAvg` when ``secure-aggregation = "xmkckks"``."""
+    common = dict(
+        fraction_train=cfg.fraction_train,
+        fraction_evaluate=1.0,
+        min_train_nodes=cfg.min_nodes,
+        min_evaluate_nodes=cfg.min_nodes,
+        min_available_nodes=cfg.min_nodes,
+    )
+    if cfg.secure_aggregation == "xmkckks":
+        return XMKFedAvg(
+            parameter_set=cfg.xmk_parameter_set,
+            max_abs_value=cfg.xmk_max_abs_value,
+            rekey=cfg.xmk_rekey,
+            step_timeout=cfg.step_timeout,
+            **common,
+        )
+    return FedAvg(**common)
 
 
 def _metric_history(history: dict) -> dict[int, dict[str, float]]:
@@ -33,13 +54,7 @@ def main(grid: Grid, context: Context) -> None:
     t_start = time.perf_counter()
     initial = ArrayRecord(build_model(cfg).get_weights())
 
-    strategy = FedAvg(
-        fraction_train=cfg.fraction_train,
-        fraction_evaluate=1.0,
-        min_train_nodes=cfg.min_nodes,
-        min_evaluate_nodes=cfg.min_nodes,
-        min_available_nodes=cfg.min_nodes,
-    )
+    strategy = make_strategy(cfg)
     result = strategy.start(
         grid=grid,
         initial_arrays=initial,

@@ -34,7 +34,8 @@ _CHOICES = {
     "fedauc_sensitivity": ("local", "global"),
     "fedauc_allocation": ("alpha", "orthogonal", "adaptive"),
     "decision_point_spacing": ("linear", "logit"),
-    "secure_aggregation": ("none",),
+    "secure_aggregation": ("none", "xmkckks"),
+    "xmk_rekey": ("every-round", "per-client-set"),
 }
 
 
@@ -71,6 +72,10 @@ class JobConfig:
     fedauc_allocation: str = "adaptive"
     fedauc_split: float = 0.5
     secure_aggregation: str = "none"
+    xmk_parameter_set: str = "xmk-n4096-q108"
+    xmk_max_abs_value: float = 65536.0
+    xmk_rekey: str = "every-round"
+    step_timeout: float = 600.0
     output_dir: str = "outputs"
 
     @classmethod
@@ -125,6 +130,14 @@ class JobConfig:
             raise ValueError("config 'fedauc-split' must be in (0, 1) (alpha) or (0, 1] (beta, orthogonal)")
         if self.fedauc_sensitivity == "global" and self.fedauc_allocation != "alpha":
             raise ValueError("config 'fedauc-allocation' must be 'alpha' when 'fedauc-sensitivity' = 'global'")
+        if self.secure_aggregation == "xmkckks":
+            from flwr_fedeval.rlwe import get_parameter_set, validate_security
+
+            validate_security(get_parameter_set(self.xmk_parameter_set))
+            if not 1.0 <= self.xmk_max_abs_value < math.inf:
+                raise ValueError("config 'xmk-max-abs-value' must be a finite number >= 1")
+        if not self.step_timeout > 0:
+            raise ValueError("config 'step-timeout' must be > 0 (seconds)")
         if self.dataset == "chest-xray" and not self.data_dir:
             raise ValueError("config 'data-dir' must name the chest-xray folder when dataset = 'chest-xray'")
 

@@ -59,3 +59,31 @@ def test_failing_client_is_reported_and_left_out_of_the_auc(tmp_path):
     assert 0.0 <= result.auc <= 1.0
     with pytest.raises(RuntimeError, match="at least 3"):
         PlaintextAUCPhase(50, min_nodes=3).run(grid, arrays)
+
+
+@pytest.mark.slow
+def test_main_job_with_xmkckks_secure_aggregation(tmp_path):
+    run_config = {
+        "num-server-rounds": 2,
+        "local-epochs": 3,
+        "secure-aggregation": "xmkckks",
+        "output-dir": str(tmp_path),
+    }
+    seen = []
+
+    def spy(node, msg, reply):
+        if msg.metadata.message_type == "train":
+            seen.append(reply)
+        return reply
+
+    grid = InProcessGrid(client_app, 3, run_config, fault=spy)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    server_app.main(grid, ctx)
+    (folder,) = list(tmp_path.iterdir())
+    result = json.loads((folder / "results.json").read_text())
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.01
+    assert result["federated_auc"] > 0.8
+    assert result["train_metrics"]["2"]["num-examples"] > 0  # Σ n_i, decrypted
+    assert len(seen) == 6 and all("arrays" not in r.content for r in seen)
+    types = {t for _, t, _ in grid.log}
+    assert {"query.xmk_keygen", "query.xmk_pdec"} <= types
