@@ -197,12 +197,12 @@ def plot() -> None:
                 rows = sorted((r for r in d["rows"] if r["setting"] == setting and r[fixed[0]] == fixed[1]),
                               key=lambda r: r[x_key])
                 if rows:
-                    ax.plot([r[x_key] for r in rows], [r["aggregator_s"] for r in rows], style,
+                    ax.plot([r[x_key] for r in rows], [r.get("aggregator_cpu_s", r["aggregator_s"]) for r in rows], style,
                             label=f"{d['backend']} {setting}" + (f" (S={d['splits']})" if setting == "malicious" else ""))
         if x_key == "N":
             ax.set_xscale("log")
         ax.set_xlabel(x_label)
-        ax.set_ylabel("aggregator time [s] (bytes in → bytes out)")
+        ax.set_ylabel("aggregator CPU time [s] (bytes in → bytes out)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
