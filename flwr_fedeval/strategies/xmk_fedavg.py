@@ -229,6 +229,27 @@ class XMKFedAvg(FedAvg):
         replies = grid.send_and_receive(messages, timeout=self.step_timeout)
         return {r.metadata.src_node_id: r for r in replies}
 
+    @staticmethod
+    def _check_replies(step: str, what: str, nodes, replies: dict[int, Message], parse) -> list:
+        """Parse every node's reply, in node order, or raise :class:`RoundAborted`
+        naming each node that timed out, replied with an error, or sent a
+        malformed ``what``."""
+        parsed, failed = [], {}
+        for node in nodes:
+            reply = replies.get(node)
+            if reply is None:
+                failed[node] = f"no reply to {step} (timeout)"
+            elif reply.has_error():
+                failed[node] = f"{step} error: {reply.error.reason}"
+            else:
+                try:
+                    parsed.append(parse(reply))
+                except (KeyError, ValueError, TypeError) as exc:
+                    failed[node] = f"malformed {what}: {exc}"
+        if failed:
+            raise RoundAborted(step, failed)
+        return parsed
+
     def _keygen(self, nodes: list[int]) -> _KeySet:
         """Step 1: key generation with ``nodes``; b = Σ b_i over all of them (Eq. 1)."""
         cached = self._key_cache.get(tuple(nodes))
@@ -238,23 +259,14 @@ class XMKFedAvg(FedAvg):
         key_id = hashlib.sha256(seed_a).hexdigest()[:16]
         request = ConfigRecord({"params": self.params.name, "seed-a": seed_a, "key-id": key_id})
         replies = self._send(nodes, QUERY_XMK_KEYGEN, RecordDict({XMK_CONFIG_KEY: request}))
-        shares, failed = [], {}
-        for node in nodes:
-            reply = replies.get(node)
-            if reply is None:
-                failed[node] = "no reply to key generation (timeout)"
-            elif reply.has_error():
-                failed[node] = f"key generation error: {reply.error.reason}"
-            else:
-                try:
-                    rec = reply.content[XMK_CONFIG_KEY]
-                    if rec["key-id"] != key_id:
-                        raise ValueError("reply is for another key set")
-                    shares.append(rlwe.PublicKey.from_bytes(bytes(rec["public-share"]), self.params))
-                except (KeyError, ValueError, TypeError) as exc:
-                    failed[node] = f"malformed public share: {exc}"
-        if failed:
-            raise RoundAborted("key generation", failed)
+
+        def parse(reply: Message) -> rlwe.PublicKey:
+            rec = reply.content[XMK_CONFIG_KEY]
+            if rec["key-id"] != key_id:
+                raise ValueError("reply is for another key set")
+            return rlwe.PublicKey.from_bytes(bytes(rec["public-share"]), self.params)
+
+        shares = self._check_replies("key generation", "public share", nodes, replies, parse)
         key_set = _KeySet(key_id, seed_a, rlwe.aggregate_public_keys(shares), tuple(nodes))
         self._key_cache = {tuple(nodes): key_set}
         return key_set
@@ -306,31 +318,19 @@ class XMKFedAvg(FedAvg):
         expected_polys = -(-length // self.params.n)
 
         # Step 2 replies: one well-formed ciphertext from every key holder.
-        ciphertexts, metrics, failed = [], [], {}
-        for node in nodes:
-            reply = by_node.get(node)
-            if reply is None:
-                failed[node] = "no training reply (timeout)"
-                continue
-            if reply.has_error():
-                failed[node] = f"training error: {reply.error.reason}"
-                continue
-            try:
-                ct = rlwe.Ciphertext.from_bytes(
-                    array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), self.params
+        def parse_ciphertext(reply: Message) -> tuple[rlwe.Ciphertext, MetricRecord | None]:
+            ct = rlwe.Ciphertext.from_bytes(
+                array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), self.params
+            )
+            if ct.num_polys != expected_polys or ct.num_summed != 1:
+                raise ValueError(
+                    f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh"
                 )
-                if ct.num_polys != expected_polys or ct.num_summed != 1:
-                    raise ValueError(
-                        f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh"
-                    )
-            except (KeyError, ValueError, TypeError) as exc:
-                failed[node] = f"malformed ciphertext: {exc}"
-                continue
-            ciphertexts.append(ct)
-            if "metrics" in reply.content:
-                metrics.append(reply.content["metrics"])
-        if failed:
-            raise RoundAborted("encrypted training", failed)
+            return ct, reply.content["metrics"] if "metrics" in reply.content else None
+
+        parsed = self._check_replies("encrypted training", "ciphertext", nodes, by_node, parse_ciphertext)
+        ciphertexts = [ct for ct, _ in parsed]
+        metrics = [m for _, m in parsed if m is not None]
         t0 = time.perf_counter()
         total = rlwe.add_ciphertexts(ciphertexts)
 
@@ -349,25 +349,16 @@ class XMKFedAvg(FedAvg):
             }
         )
         share_replies = self._send(nodes, QUERY_XMK_PDEC, request)
-        shares = []
-        for node in nodes:
-            reply = share_replies.get(node)
-            if reply is None:
-                failed[node] = "no partial decryption (timeout)"
-            elif reply.has_error():
-                failed[node] = f"partial decryption refused/failed: {reply.error.reason}"
-            else:
-                try:
-                    share = rlwe.DecryptionShare.from_bytes(
-                        array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params
-                    )
-                    if share.d.shape != total.c1.shape:
-                        raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
-                    shares.append(share)
-                except (KeyError, ValueError, TypeError) as exc:
-                    failed[node] = f"malformed decryption share: {exc}"
-        if failed:
-            raise RoundAborted("partial decryption", failed)
+
+        def parse_share(reply: Message) -> rlwe.DecryptionShare:
+            share = rlwe.DecryptionShare.from_bytes(
+                array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params
+            )
+            if share.d.shape != total.c1.shape:
+                raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
+            return share
+
+        shares = self._check_replies("partial decryption", "decryption share", nodes, share_replies, parse_share)
 
         # Step 4: Σ m = C0 + Σ D_i (Eq. 5), decode, weighted mean.
         scale_bits = self.scale_bits_for(len(nodes))
