@@ -343,6 +343,20 @@ class CKKSContext(ABC):
     def sum_slots(self, ct: Any) -> Any:
         """Every slot := sum over all ``slot_count`` slots (log2 rotations)."""
 
+    def dot_plain(self, cts: Sequence[Any], plains: Sequence[Sequence[float]]) -> Any:
+        """``Σ_o cts[o] ⊙ plains[o]``: slot-wise ciphertext×plaintext products, summed.
+
+        Added for Matrix Reducing (secure Shapley values). Uses one level. The
+        default composes :meth:`multiply_plain` and :meth:`add_many`; a backend
+        may override it to rescale once for the whole sum (TenSEAL does not
+        rescale at all, which keeps integer results exact up to ~2^45).
+        """
+        cts = list(cts)
+        if not cts or len(cts) != len(plains):
+            raise ValueError(f"dot_plain needs equally many (>= 1) ciphertexts and plaintexts, "
+                             f"got {len(cts)} and {len(plains)}")
+        return self.add_many([self.multiply_plain(c, p) for c, p in zip(cts, plains)])
+
     # -- serialization ----------------------------------------------------
     @abstractmethod
     def serialize_ciphertext(self, ct: Any) -> bytes:

@@ -106,6 +106,35 @@ class TenSEALContext(CKKSContext):
             return ct.mul([float(vals[0])])
         return self._full(ct).mul(vals.tolist())
 
+    def dot_plain(self, cts: Sequence[Any], plains: Sequence[Sequence[float]]) -> Any:
+        """``Σ_o cts[o] ⊙ plains[o]`` without rescaling (result at scale Δ², one level above).
+
+        TenSEAL's rescale resets the scale to Δ although the dropped prime is
+        only ≈ Δ (a systematic relative error ~1e-9); skipping it keeps
+        integer-valued results exact (relative decode error ~2^-49, measured),
+        which SecSV's modular reconstruction needs. The products are summed at
+        scale Δ², so values must stay below ``2^(log2 Q − 2·scale_bits − 1)``
+        (2^59 for the default 158-bit top level).
+        """
+        cts = list(cts)
+        if not cts or len(cts) != len(plains):
+            raise ValueError(f"dot_plain needs equally many (>= 1) ciphertexts and plaintexts, "
+                             f"got {len(cts)} and {len(plains)}")
+        ctx = self._ctx
+        old = ctx.auto_rescale
+        ctx.auto_rescale = False
+        try:
+            acc = None
+            for ct, vals in zip(cts, plains):
+                prod = self._full(ct).mul(self._pad(vals).tolist())
+                if acc is None:
+                    acc = prod
+                else:
+                    acc.add_(prod)
+        finally:
+            ctx.auto_rescale = old
+        return acc
+
     def sum_slots(self, ct: Any) -> Any:
         if ct.size() != self.slot_count:
             ct = self._full(ct)

@@ -1,0 +1,311 @@
+"""Plaintext Federated Shapley Values (the reference every secure variant is tested against).
+
+Zheng, Cao, Yoshikawa, "Secure Shapley Value for Cross-Silo Federated
+Learning", PVLDB 16(7), 2023, §3 (FSV, after Wang et al. 2020):
+
+* the model of a coalition ``S ⊆ I^t`` in round ``t`` is the FedAvg aggregate
+  ``θ_S = Σ_{i∈S} ω_{i|S} θ_i`` with ``ω_{i|S} = w_i / Σ_{j∈S} w_j``;
+  the empty coalition is the global model ``θ^t`` of the round;
+* the utility ``v(θ_S)`` is the accuracy on the union of the clients' test sets;
+* the single-round SV ``φ_i^t = Σ_{S⊆I^t∖{i}} |S|!(|I^t|−|S|−1)!/|I^t)! (v(S∪{i}) − v(S))``
+  and the FSV ``φ_i = Σ_t φ_i^t``.
+
+SampleSkip (Algorithms 6–7) is implemented here as well, on plaintext models:
+coalitions are evaluated by increasing size, and a sample that both halves of
+some split ``(S', S∖S')`` predict correctly is counted correct without being
+evaluated. For linear classifiers this never changes the utility (Theorem 6.3).
+
+Models are linear classifiers given as arrays of shape ``(n_classes, n_features + 1)``
+(last column = bias); the prediction is ``argmax_j (θ [x; 1])_j``.
+
+No flwr and no TensorFlow imports.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from math import factorial
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Coalition",
+    "FSVResult",
+    "coalitions",
+    "fedavg",
+    "federated_shapley",
+    "find_skippable",
+    "predict",
+    "round_utilities",
+    "sample_skip_utilities",
+    "shapley_values",
+]
+
+Coalition = frozenset
+
+
+def coalitions(players: Sequence[int], *, min_size: int = 1) -> list[frozenset]:
+    """All subsets of ``players`` with at least ``min_size`` members, by increasing size."""
+    players = list(players)
+    return [frozenset(c) for r in range(min_size, len(players) + 1)
+            for c in itertools.combinations(players, r)]
+
+
+def fedavg(models: Mapping[int, np.ndarray], weights: Mapping[int, float], members) -> np.ndarray:
+    """Example-weighted FedAvg ``Σ_{i∈S} w_i θ_i / Σ_{i∈S} w_i`` of the members of ``S``."""
+    members = sorted(members)
+    if not members:
+        raise ValueError("fedavg needs a non-empty coalition")
+    total = float(sum(weights[i] for i in members))
+    if not total > 0:
+        raise ValueError("aggregation weights of a coalition must sum to > 0")
+    return sum(float(weights[i]) * np.asarray(models[i], dtype=np.float64) for i in members) / total
+
+
+def predict(model: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """Predicted labels ``argmax_j (W x + b)_j`` of a linear model of shape ``(c, d+1)``."""
+    model = np.asarray(model, dtype=np.float64)
+    scores = X @ model[:, :-1].T + model[:, -1]
+    return np.argmax(scores, axis=1)
+
+
+def _correct(model: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return predict(model, X) == y
+
+
+def shapley_values(utilities: Mapping[frozenset, float], players: Sequence[int],
+                   empty_utility: float) -> np.ndarray:
+    """Exact Shapley values from the utilities of every non-empty coalition.
+
+    Parameters
+    ----------
+    utilities : mapping frozenset -> float
+        ``v(S)`` for every non-empty ``S ⊆ players``.
+    players : sequence of int
+    empty_utility : float
+        ``v(∅)``.
+
+    Returns
+    -------
+    ndarray of shape (len(players),)
+        ``φ_i`` in the order of ``players``; ``Σ φ_i = v(players) − v(∅)`` (efficiency).
+    """
+    players = list(players)
+    n = len(players)
+    util = dict(utilities)
+    util[frozenset()] = float(empty_utility)
+    missing = [S for S in coalitions(players) if S not in util]
+    if missing:
+        raise ValueError(f"utilities lack {len(missing)} coalitions, e.g. {sorted(missing[0])}")
+    coef = [factorial(s) * factorial(n - s - 1) / factorial(n) for s in range(n)]
+    phi = np.zeros(n)
+    for a, i in enumerate(players):
+        others = [p for p in players if p != i]
+        for r in range(n):
+            for S in itertools.combinations(others, r):
+                S = frozenset(S)
+                phi[a] += coef[r] * (util[S | {i}] - util[S])
+    return phi
+
+
+def find_skippable(S: frozenset, correct: Mapping[frozenset, np.ndarray]) -> np.ndarray:
+    """Algorithm 7 (FindSkippable): union over splits ``(S', S∖S')`` of ``Φ_{S'} ∩ Φ_{S∖S'}``.
+
+    ``correct`` maps coalitions already evaluated to boolean masks of the samples
+    they predict correctly; the result is a boolean mask of the skippable samples.
+    """
+    members = sorted(S)
+    first, rest = members[0], members[1:]
+    skip = None
+    # Each unordered pair {S', S∖S'} once: S' contains the smallest member.
+    for r in range(0, len(rest)):
+        for extra in itertools.combinations(rest, r):
+            left = frozenset((first, *extra))
+            right = S - left
+            if left in correct and right in correct:
+                both = correct[left] & correct[right]
+                skip = both if skip is None else (skip | both)
+    if skip is None:
+        n = len(next(iter(correct.values()))) if correct else 0
+        return np.zeros(n, dtype=bool)
+    return skip
+
+
+@dataclass
+class RoundEvaluation:
+    """Utilities of one round and the work it took."""
+
+    utilities: dict[frozenset, float]
+    correct: dict[frozenset, np.ndarray]
+    evaluated_samples: int = 0
+    skipped_samples: int = 0
+
+
+def round_utilities(models: Mapping[int, np.ndarray], weights: Mapping[int, float],
+                    X: np.ndarray, y: np.ndarray) -> RoundEvaluation:
+    """Accuracy of the FedAvg model of every non-empty coalition on ``(X, y)``."""
+    players = sorted(models)
+    out = RoundEvaluation({}, {})
+    for S in coalitions(players):
+        ok = _correct(fedavg(models, weights, S), X, y)
+        out.correct[S] = ok
+        out.utilities[S] = float(ok.mean())
+        out.evaluated_samples += len(y)
+    return out
+
+
+def sample_skip_utilities(
+    models: Mapping[int, np.ndarray],
+    weights: Mapping[int, float],
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    evaluate: Callable[[frozenset, np.ndarray], np.ndarray] | None = None,
+) -> RoundEvaluation:
+    """Algorithm 6 (SampleSkip): coalition utilities, skipping samples both halves of a split get right.
+
+    Parameters
+    ----------
+    models, weights : mappings client -> model ``(c, d+1)`` / aggregation weight
+    X : ndarray of shape (M, d)
+    y : ndarray of shape (M,)
+    evaluate : callable, optional
+        ``evaluate(S, idx) -> bool mask`` of correct predictions of ``θ_S`` on the
+        samples ``idx`` (the secure protocols plug their testing in here);
+        defaults to plaintext FedAvg + argmax.
+
+    Returns
+    -------
+    RoundEvaluation
+        Utilities of every non-empty coalition, the masks ``Φ_S``, and the number of
+        evaluated and skipped (sample, model) pairs.
+    """
+    players = sorted(models)
+    M = len(y)
+    if evaluate is None:
+        def evaluate(S, idx):
+            return _correct(fedavg(models, weights, S), X[idx], y[idx])
+    out = RoundEvaluation({}, {})
+    everything = np.arange(M)
+    for S in coalitions(players):  # increasing size: halves are recorded first
+        if len(S) == 1:
+            ok = np.asarray(evaluate(S, everything), dtype=bool)
+        else:
+            skip = find_skippable(S, out.correct)
+            idx = np.flatnonzero(~skip)
+            ok = skip.copy()
+            if idx.size:
+                ok[idx] = np.asarray(evaluate(S, idx), dtype=bool)
+            out.skipped_samples += int(skip.sum())
+            out.evaluated_samples += int(idx.size)
+            out.correct[S] = ok
+            out.utilities[S] = float(ok.mean())
+            continue
+        out.evaluated_samples += M
+        out.correct[S] = ok
+        out.utilities[S] = float(ok.mean())
+    return out
+
+
+@dataclass
+class FSVResult:
+    """Federated Shapley values of a run.
+
+    Attributes
+    ----------
+    fsv : ndarray of shape (n_clients,)
+        ``φ_i = Σ_t φ_i^t`` in the order of ``clients``.
+    ssv : ndarray of shape (T, n_clients)
+        Single-round SVs (0 for a client absent from a round).
+    utilities : list of dict
+        Per round, ``v(θ_S^t)`` of every non-empty coalition.
+    empty_utilities : list of float
+        Per round, ``v(θ_∅^t)``.
+    clients : list of int
+    evaluated_samples, skipped_samples : int
+        (sample, model) pairs tested and skipped (SampleSkip).
+    """
+
+    fsv: np.ndarray
+    ssv: np.ndarray
+    utilities: list[dict]
+    empty_utilities: list[float]
+    clients: list[int]
+    evaluated_samples: int = 0
+    skipped_samples: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def federated_shapley(
+    rounds: Sequence[Mapping[int, np.ndarray]],
+    weights: Mapping[int, float] | Sequence[Mapping[int, float]],
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    n_classes: int,
+    sample_skip: bool = False,
+    empty_utilities: Sequence[float] | None = None,
+    round_evaluator: Callable[[int, Mapping[int, np.ndarray], Mapping[int, float]], RoundEvaluation] | None = None,
+) -> FSVResult:
+    """Exact Federated Shapley Values over all coalitions of every round (plaintext).
+
+    Parameters
+    ----------
+    rounds : sequence of mapping client -> ndarray of shape (n_classes, d+1)
+        The local models ``θ_i^t`` of the clients ``I^t`` of each round.
+    weights : mapping client -> float, or one mapping per round
+        FedAvg weights ``w_i`` (example counts; the secure protocols need small
+        positive integers, see :func:`flwr_fedeval.shapley.secsv.quantize_weights`).
+    X : ndarray of shape (M, d)
+        The union of the clients' test sets.
+    y : ndarray of shape (M,), int
+    n_classes : int
+        ``v(∅)`` of round 1 is ``1 / n_classes`` (a random guess).
+    sample_skip : bool, default=False
+        Use SampleSkip (Algorithms 6–7).
+    empty_utilities : sequence of float, optional
+        ``v(θ_∅^t)`` per round. Default: ``1/n_classes`` in round 1, then the
+        previous round's full-coalition accuracy (the global model of round
+        ``t`` is the FedAvg of round ``t−1``).
+    round_evaluator : callable, optional
+        ``(t, models, weights) -> RoundEvaluation``; overrides the plaintext
+        evaluation (used by HESV/SecSV).
+
+    Returns
+    -------
+    FSVResult
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y)
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise ValueError(f"X must be (M, d) and y (M,), got {X.shape} and {y.shape}")
+    if n_classes < 2:
+        raise ValueError(f"n_classes must be >= 2, got {n_classes!r}")
+    clients = sorted(set().union(*[set(r) for r in rounds])) if rounds else []
+    col = {c: a for a, c in enumerate(clients)}
+    per_round_w = weights if isinstance(weights, Sequence) else [weights] * len(rounds)
+    ssv = np.zeros((len(rounds), len(clients)))
+    utils, empties = [], []
+    evaluated = skipped = 0
+    prev_full = 1.0 / n_classes
+    for t, models in enumerate(rounds):
+        w = per_round_w[t]
+        if round_evaluator is not None:
+            ev = round_evaluator(t, models, w)
+        elif sample_skip:
+            ev = sample_skip_utilities(models, w, X, y)
+        else:
+            ev = round_utilities(models, w, X, y)
+        empty = float(empty_utilities[t]) if empty_utilities is not None else prev_full
+        players = sorted(models)
+        phi = shapley_values(ev.utilities, players, empty)
+        for p, v in zip(players, phi):
+            ssv[t, col[p]] = v
+        utils.append(ev.utilities)
+        empties.append(empty)
+        evaluated += ev.evaluated_samples
+        skipped += ev.skipped_samples
+        prev_full = ev.utilities[frozenset(players)]
+    return FSVResult(ssv.sum(axis=0), ssv, utils, empties, clients, evaluated, skipped)

@@ -1,0 +1,384 @@
+"""SecSV: two-server secure Shapley values (Zheng et al., PVLDB 16(7) 2023, §5, Algorithms 3–7).
+
+Parties (simulated in one process; every ciphertext that crosses a party
+boundary is serialized and deserialized, and its bytes are counted):
+
+* a **leader client** generates the CKKS keys (Algorithm 3, steps 1–2) and the
+  other clients get the secret key; the two servers get the public context only;
+* each client encrypts its local model of every round (Matrix Reducing layout,
+  Algorithm 5) and splits its test set into additive shares over ``Z_{2^k}``,
+  one for the principal server ``P`` and one for the auxiliary server ``A``;
+* ``P`` and ``A`` each aggregate the coalition model under HE and multiply it
+  with *their* share of a batch (``d_in`` ciphertext×plaintext products, no
+  rotation); ``A`` sends its encrypted result to ``P``, who adds both and sends
+  the sum to a helper client (Algorithm 4, steps 4–7);
+* the helper client decrypts, reduces mod ``2^k``, takes the argmax and
+  returns *shares* of the predicted labels; ``P`` learns only which samples are
+  predicted correctly (steps 11–14).
+
+Fixed point and the modular reduction
+-------------------------------------
+``X' + X'' = X + 2^k c`` (``c`` = carry), so ``A X' + A X'' ≡ A X (mod 2^k)``
+only if the model ``A`` is an *integer* matrix. The clients therefore encrypt
+``w_i · round(θ_i · 2^f_A)`` — the fixed-point model already multiplied by its
+integer FedAvg weight ``w_i`` — so that the coalition model ``Σ_{i∈S} w_i A_i``
+is an integer matrix obtained by additions only (no level, and ``argmax`` is
+invariant to the positive factor ``Σ w_i``). The carry term makes the
+pre-reduction values ~``2^k`` times larger than the result, and CKKS decodes
+integers exactly only up to ~2^45 (measured with TenSEAL, N = 8192, no
+rescale). The servers therefore split their shares into ``⌈k/b⌉`` limbs of
+``b`` bits and evaluate each limb separately; the helper client recombines
+``Σ_l 2^{bl} · round(dec_l) mod 2^k`` exactly. :class:`SecSVParams` checks
+both bounds (exactness per limb, no wrap-around of the true scores) on
+construction.
+
+Randomness for shares comes from ``os.urandom`` (:mod:`.sharing`).
+No flwr and no TensorFlow imports.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context
+from flwr_fedeval.shapley.fsv import (
+    FSVResult,
+    RoundEvaluation,
+    coalitions,
+    federated_shapley,
+    sample_skip_utilities,
+)
+from flwr_fedeval.shapley.matrix_reducing import max_batch, reduce_data, reduce_model
+from flwr_fedeval.shapley.sharing import encode_fixed, reconstruct, share, to_signed
+
+__all__ = ["SecSV", "SecSVParams", "ShapleyStats", "quantize_weights", "shapley_ckks_params"]
+
+log = logging.getLogger(__name__)
+
+#: CKKS decodes integer-valued slots exactly (|error| < 0.05) up to this many bits
+#: when the products are not rescaled (TenSEAL, N = 8192, Δ = 2^49; measured).
+EXACT_BITS = 45
+
+
+def shapley_ckks_params(backend: str | None = None) -> CKKSParams:
+    """CKKS parameters for HESV/SecSV: the project default (128-bit classical).
+
+    TenSEAL: ``N = 8192``, primes ``[60, 49, 49, 60]`` (218 bits = the
+    HomomorphicEncryption.org bound), Δ = 2^49. After FedAvg of 3 models the
+    scores are off by ~1e-9 relative (the issue measured 0.18 absolute with
+    the authors' N = 4096, Δ = 2^23 and 1.1e-5 with N = 8192, Δ = 2^40).
+    """
+    return CKKSParams.default(backend)
+
+
+def quantize_weights(counts: Mapping[int, int], bits: int = 8) -> dict[int, int]:
+    """Integer FedAvg weights ``max(1, round((2^bits − 1) · n_i / max n))``.
+
+    The secure protocols need small positive integer weights (see the module
+    docstring); use the same weights in the plaintext reference to compare.
+    """
+    if not 1 <= bits <= 16:
+        raise ValueError(f"bits must be in [1, 16], got {bits!r}")
+    top = max(counts.values())
+    if top <= 0:
+        raise ValueError("example counts must be positive")
+    return {i: max(1, int(round((2 ** bits - 1) * n / top))) for i, n in counts.items()}
+
+
+@dataclass(frozen=True)
+class SecSVParams:
+    """Fixed-point, ring and CKKS parameters of SecSV, validated on construction.
+
+    Parameters
+    ----------
+    ring_bits : int, default=42
+        ``k``: shares live in ``Z_{2^k}``.
+    data_frac_bits : int, default=10
+        Fractional bits of the test features.
+    model_frac_bits : int, default=10
+        Fractional bits of the model parameters.
+    limb_bits : int, default=14
+        ``b``: the servers evaluate their shares in ``⌈k/b⌉`` limbs of ``b`` bits.
+    weight_bits : int, default=8
+        FedAvg weights are integers in ``[1, 2^weight_bits − 1]`` (:func:`quantize_weights`).
+    model_bound : float, default=8.0
+        Public bound on ``|θ|`` (clients refuse to encrypt larger parameters).
+    feature_bound : float, default=1.0
+        Public bound on ``|x|`` of the test features (scale them, e.g. min-max).
+    max_clients : int, default=5
+    n_features : int, default=48
+    ckks : CKKSParams, optional
+        Defaults to :func:`shapley_ckks_params`.
+    """
+
+    ring_bits: int = 42
+    data_frac_bits: int = 10
+    model_frac_bits: int = 10
+    limb_bits: int = 14
+    weight_bits: int = 8
+    model_bound: float = 8.0
+    feature_bound: float = 1.0
+    max_clients: int = 5
+    n_features: int = 48
+    ckks: CKKSParams | None = None
+
+    def __post_init__(self) -> None:
+        if not 8 <= self.ring_bits <= 62:
+            raise ValueError(f"ring_bits must be in [8, 62], got {self.ring_bits!r}")
+        if not 1 <= self.limb_bits <= self.ring_bits:
+            raise ValueError(f"limb_bits must be in [1, ring_bits], got {self.limb_bits!r}")
+        if self.ckks is None:
+            object.__setattr__(self, "ckks", shapley_ckks_params())
+        d_in = self.n_features + 1
+        w_sum = self.max_clients * (2 ** self.weight_bits - 1)
+        a_max = w_sum * self.model_bound * 2 ** self.model_frac_bits
+        # Per limb, P decrypts Σ_o A_S ⊙ (B'_l + B''_l): at most d_in·|A_S|·2^(b+1).
+        garbage = math.log2(d_in * a_max) + self.limb_bits + 1
+        if garbage > EXACT_BITS:
+            raise ValueError(
+                f"limb values reach 2^{garbage:.1f} > 2^{EXACT_BITS} (CKKS exact-integer range): "
+                f"lower limb_bits, model_frac_bits or weight_bits")
+        scores = math.log2(d_in * a_max * max(self.feature_bound, 1.0)) + self.data_frac_bits
+        if scores >= self.ring_bits - 1:
+            raise ValueError(
+                f"scores may reach 2^{scores:.1f} >= 2^{self.ring_bits - 1} and wrap around in "
+                f"Z_2^{self.ring_bits}: raise ring_bits or lower the fractional bits")
+
+    @property
+    def n_limbs(self) -> int:
+        return -(-self.ring_bits // self.limb_bits)
+
+
+@dataclass
+class ShapleyStats:
+    """Work and traffic of a secure run."""
+
+    seconds: float = 0.0
+    setup_seconds: float = 0.0
+    ct_pt_mults: int = 0
+    ct_ct_mults: int = 0
+    encryptions: int = 0
+    decryptions: int = 0
+    batches: int = 0
+    bytes_sent: int = 0
+    evaluated_samples: int = 0
+    skipped_samples: int = 0
+    helper_fallbacks: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class _Wire:
+    """Serialize a ciphertext at the sender, deserialize at the receiver, count bytes."""
+
+    def __init__(self, stats: ShapleyStats) -> None:
+        self.stats = stats
+
+    def send(self, sender: CKKSContext, receiver: CKKSContext, ct):
+        data = sender.serialize_ciphertext(ct)
+        self.stats.bytes_sent += len(data)
+        return receiver.deserialize_ciphertext(data)
+
+
+def pick_helper(clients: Sequence[int], avoid_strict: set, avoid: set, start: int) -> tuple[int, bool]:
+    """A client outside ``avoid_strict ∪ avoid`` (round-robin from ``start``); else outside
+    ``avoid_strict``; returns ``(client, fell_back)``. Raises if none is available."""
+    order = list(clients[start % len(clients):]) + list(clients[:start % len(clients)])
+    for c in order:
+        if c not in avoid_strict and c not in avoid:
+            return c, False
+    for c in order:
+        if c not in avoid_strict:
+            return c, True
+    raise ValueError("no client can act as helper: every client owns data in the batch")
+
+
+class SecSV:
+    """Two-server secure Federated Shapley values (Algorithm 3).
+
+    Parameters
+    ----------
+    X : ndarray of shape (M, d)
+        Union of the clients' test sets (each row stays with its owner; only
+        shares reach the servers).
+    y : ndarray of shape (M,), int
+    owners : ndarray of shape (M,), int
+        Owner client of every test sample (sample IDs are public, §5.3).
+    n_classes : int
+    params : SecSVParams, optional
+    batch_size : int, optional
+        Samples per ciphertext; default ``slots // n_classes`` (Table 1).
+    """
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, owners: np.ndarray, *, n_classes: int,
+                 params: SecSVParams | None = None, batch_size: int | None = None) -> None:
+        X = np.asarray(X, dtype=np.float64)
+        y = np.asarray(y, dtype=np.int64)
+        owners = np.asarray(owners, dtype=np.int64)
+        if X.ndim != 2 or y.shape != (X.shape[0],) or owners.shape != y.shape:
+            raise ValueError(f"X (M, d), y (M,), owners (M,) expected, got {X.shape}, {y.shape}, {owners.shape}")
+        self.params = params or SecSVParams(n_features=X.shape[1])
+        if self.params.n_features != X.shape[1]:
+            raise ValueError(f"params.n_features={self.params.n_features} but X has {X.shape[1]} features")
+        if np.abs(X).max(initial=0) > self.params.feature_bound:
+            raise ValueError(f"test features exceed feature_bound={self.params.feature_bound}; scale them first")
+        self.X, self.y, self.owners = X, y, owners
+        self.n_classes = int(n_classes)
+        self.clients = sorted(set(owners.tolist()))
+        slots = self.params.ckks.slot_count
+        self.m = batch_size or max_batch(slots, self.n_classes)
+        if self.m * self.n_classes > slots:
+            raise ValueError(f"batch_size {self.m} x {self.n_classes} classes exceeds {slots} slots")
+        self.stats = ShapleyStats()
+        self._wire = _Wire(self.stats)
+        self._helper_turn = 0
+        self._setup_done = False
+
+    # -- Algorithm 3, steps 1-3 -------------------------------------------
+    def setup(self) -> None:
+        """Key generation by a random leader; data shares to P and A; public contexts to the servers."""
+        t0 = time.perf_counter()
+        p = self.params
+        self.leader = secrets.choice(self.clients)
+        self.client_ctx = create_context(params=p.ckks)          # leader; relayed to the others
+        pub = self.client_ctx.public_bytes()
+        self.stats.bytes_sent += 2 * len(pub)
+        self.ctx_P = load_context(pub)
+        self.ctx_A = load_context(pub)
+        k = p.ring_bits
+        xa = np.hstack([self.X, np.ones((len(self.y), 1))])      # bias feature
+        X_ring = encode_fixed(xa, p.data_frac_bits, k)
+        y_ring = (self.y.astype(np.uint64)) & np.uint64((1 << k) - 1)
+        self.X_P, self.X_A = share(X_ring, k)                    # each client shares its own rows
+        self.y_P, self.y_A = share(y_ring, k)
+        self.stats.bytes_sent += 2 * (X_ring.size + y_ring.size) * math.ceil(k / 8)
+        self._setup_done = True
+        self.stats.setup_seconds += time.perf_counter() - t0
+
+    # -- clients: encrypt the round's models (Algorithm 5, steps 1-3) -------
+    def encrypt_models(self, models: Mapping[int, np.ndarray], weights: Mapping[int, int]):
+        """Each client ``i`` encrypts the reduced matrices of ``w_i · round(θ_i 2^f_A)``;
+        returns the deserialized ciphertexts held by P and by A."""
+        p = self.params
+        enc_P, enc_A = {}, {}
+        for i, theta in models.items():
+            w = int(weights[i])
+            if not 1 <= w < 2 ** p.weight_bits:
+                raise ValueError(f"weight of client {i} must be an integer in [1, 2^{p.weight_bits}), got {w}")
+            theta = np.asarray(theta, dtype=np.float64)
+            if theta.shape != (self.n_classes, p.n_features + 1):
+                raise ValueError(f"model of client {i} has shape {theta.shape}, "
+                                 f"expected {(self.n_classes, p.n_features + 1)}")
+            if np.abs(theta).max() > p.model_bound:
+                raise ValueError(f"client {i}: |θ| = {np.abs(theta).max():.3g} exceeds model_bound={p.model_bound}")
+            A = w * np.rint(theta * 2 ** p.model_frac_bits)
+            red = reduce_model(A, self.m)                         # (d_in, d_out, m)
+            cts = [self.client_ctx.encrypt(red[o].ravel()) for o in range(red.shape[0])]
+            self.stats.encryptions += len(cts)
+            enc_P[i] = [self._wire.send(self.client_ctx, self.ctx_P, c) for c in cts]
+            enc_A[i] = [self._wire.send(self.client_ctx, self.ctx_A, c) for c in cts]
+        return enc_P, enc_A
+
+    # -- Algorithm 4: Π_Sec -----------------------------------------------
+    def _limbs(self, share_rows: np.ndarray) -> list[np.ndarray]:
+        b = self.params.limb_bits
+        mask = np.uint64((1 << b) - 1)
+        return [((share_rows >> np.uint64(b * l)) & mask).astype(np.float64)
+                for l in range(self.params.n_limbs)]
+
+    def _server_product(self, ctx: CKKSContext, enc_model: list, share_rows: np.ndarray) -> list:
+        """``[[A_S B̃_l]]`` for every limb ``l`` of one server's share (``d_in`` ct×pt each)."""
+        out = []
+        for limb in self._limbs(share_rows):
+            B = np.zeros((limb.shape[1], self.m))
+            B[:, :limb.shape[0]] = limb.T                        # d_in × m, zero-padded batch
+            red = reduce_data(B, self.n_classes)
+            out.append(ctx.dot_plain(enc_model, [red[o].ravel() for o in range(red.shape[0])]))
+            self.stats.ct_pt_mults += red.shape[0]
+        return out
+
+    def secure_test(self, S: frozenset, enc_P: list, enc_A: list, idx: np.ndarray) -> np.ndarray:
+        """Π_Sec(⟦θ_S⟧, (D', D'')) on the samples ``idx``: boolean mask of correct predictions."""
+        p = self.params
+        k, b = p.ring_bits, p.limb_bits
+        kmask = np.uint64((1 << k) - 1)
+        correct = np.zeros(len(idx), dtype=bool)
+        for start in range(0, len(idx), self.m):
+            ids = idx[start:start + self.m]
+            self.stats.batches += 1
+            res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids])          # step 4
+            res_A = [self._wire.send(self.ctx_A, self.ctx_P, c) for c in res_A]
+            res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids])          # step 5
+            total = [self.ctx_P.add_many([a, c]) for a, c in zip(res_P, res_A)]       # step 6
+            helper, fb = pick_helper(self.clients, set(self.owners[ids].tolist()), set(S), self._helper_turn)
+            self._helper_turn += 1
+            self.stats.helper_fallbacks += int(fb)
+            # step 7 (helper client): decrypt, round, recombine limbs mod 2^k
+            acc = np.zeros(self.n_classes * self.m, dtype=np.uint64)
+            for l, ct in enumerate(total):
+                ct = self._wire.send(self.ctx_P, self.client_ctx, ct)
+                v = np.rint(self.client_ctx.decrypt(ct)[: self.n_classes * self.m]).astype(np.int64)
+                self.stats.decryptions += 1
+                acc += (v.astype(np.uint64) << np.uint64(b * l))
+            scores = to_signed(acc & kmask, k).reshape(self.n_classes, self.m)[:, : len(ids)]
+            pred = np.argmax(scores, axis=0).astype(np.uint64)                      # step 11
+            pred_P, pred_A = share(pred, k)
+            diff_A = (pred_A - self.y_A[ids]) & kmask                               # step 12 (A -> P)
+            diff = reconstruct((pred_P - self.y_P[ids]) & kmask, diff_A, k)         # step 13
+            correct[start:start + len(ids)] = diff == 0                             # step 14
+            self.stats.bytes_sent += 3 * len(ids) * math.ceil(k / 8)
+        return correct
+
+    # -- Algorithm 3, steps 4-13 / Algorithm 6 ------------------------------
+    def round_evaluation(self, models: Mapping[int, np.ndarray], weights: Mapping[int, int],
+                         *, sample_skip: bool = False) -> RoundEvaluation:
+        """Utilities of every coalition of one round (SampleSkip optional)."""
+        if not self._setup_done:
+            self.setup()
+        enc_P, enc_A = self.encrypt_models(models, weights)
+        cache: dict[frozenset, tuple[list, list]] = {}
+
+        def aggregate(S):
+            if S not in cache:   # Algorithm 3 step 9: both servers aggregate under HE
+                members = sorted(S)
+                agg_P = [self.ctx_P.add_many([enc_P[i][o] for i in members]) for o in range(len(enc_P[members[0]]))]
+                agg_A = [self.ctx_A.add_many([enc_A[i][o] for i in members]) for o in range(len(enc_A[members[0]]))]
+                cache[S] = (agg_P, agg_A)
+            return cache[S]
+
+        def evaluate(S, idx):
+            agg_P, agg_A = aggregate(S)
+            return self.secure_test(S, agg_P, agg_A, np.asarray(idx))
+
+        M = len(self.y)
+        if sample_skip:
+            ev = sample_skip_utilities(models, weights, self.X, self.y, evaluate=evaluate)
+        else:
+            ev = RoundEvaluation({}, {})
+            for S in coalitions(sorted(models)):
+                ok = evaluate(S, np.arange(M))
+                ev.correct[S] = ok
+                ev.utilities[S] = float(ok.sum()) / M
+                ev.evaluated_samples += M
+        self.stats.evaluated_samples += ev.evaluated_samples
+        self.stats.skipped_samples += ev.skipped_samples
+        return ev
+
+    def run(self, rounds: Sequence[Mapping[int, np.ndarray]], weights: Mapping[int, int],
+            *, sample_skip: bool = False, empty_utilities: Sequence[float] | None = None) -> FSVResult:
+        """Federated Shapley values of all rounds; :attr:`stats` holds time and work."""
+        t0 = time.perf_counter()
+        res = federated_shapley(
+            rounds, weights, self.X, self.y, n_classes=self.n_classes,
+            empty_utilities=empty_utilities,
+            round_evaluator=lambda t, models, w: self.round_evaluation(models, w, sample_skip=sample_skip),
+        )
+        self.stats.seconds += time.perf_counter() - t0
+        res.extra["stats"] = self.stats
+        return res
