@@ -303,14 +303,29 @@ class SecSV:
             self.stats.ct_pt_mults += red.shape[0]
         return out
 
+    def _batches(self, idx: np.ndarray):
+        """Positions into ``idx`` of each batch: samples grouped by owner, at most ``m`` per
+        batch, and never all clients in one batch (a helper client must own none of it)."""
+        order = np.argsort(self.owners[idx], kind="stable")
+        everyone = set(self.clients)
+        for start in range(0, len(order), self.m):
+            pos = order[start:start + self.m]
+            own = self.owners[idx[pos]]
+            if len(everyone) > 1 and set(own.tolist()) == everyone:
+                last = own[-1]
+                yield pos[own != last]
+                yield pos[own == last]
+            else:
+                yield pos
+
     def secure_test(self, S: frozenset, enc_P: list, enc_A: list, idx: np.ndarray) -> np.ndarray:
         """Π_Sec(⟦θ_S⟧, (D', D'')) on the samples ``idx``: boolean mask of correct predictions."""
         p = self.params
         k, b = p.ring_bits, p.limb_bits
         kmask = np.uint64((1 << k) - 1)
         correct = np.zeros(len(idx), dtype=bool)
-        for start in range(0, len(idx), self.m):
-            ids = idx[start:start + self.m]
+        for pos in self._batches(idx):
+            ids = idx[pos]
             self.stats.batches += 1
             res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids])          # step 4
             res_A = [self._wire.send(self.ctx_A, self.ctx_P, c) for c in res_A]
@@ -331,7 +346,7 @@ class SecSV:
             pred_P, pred_A = share(pred, k)
             diff_A = (pred_A - self.y_A[ids]) & kmask                               # step 12 (A -> P)
             diff = reconstruct((pred_P - self.y_P[ids]) & kmask, diff_A, k)         # step 13
-            correct[start:start + len(ids)] = diff == 0                             # step 14
+            correct[pos] = diff == 0                                                # step 14
             self.stats.bytes_sent += 3 * len(ids) * math.ceil(k / 8)
         return correct
 
