@@ -188,3 +188,14 @@ def array_to_bytes(array: Array) -> bytes:
     if a.dtype != np.uint8 or a.ndim != 1:
         raise ValueError(f"expected a 1-D uint8 byte array, got {a.dtype} of shape {a.shape}")
     return a.tobytes()
+
+# --- FHE AUC evaluation phase (DESIGN.md §4; strategies/fhe_phase.py) -------
+#: Step 1: every client makes an X25519 key pair; the reply carries the public key.
+QUERY_FHE_PUBKEY = "query.fhe_pubkey"
+#: Step 2: the key holder makes the CKKS keys; the reply carries the public
+#: context and one sealed (secret context, seed) bundle per other client.
+QUERY_FHE_KEYGEN = "query.fhe_keygen"
+#: Steps 3-4: global model + decision points (+ sealed bundle) in, encrypted counts out.
+EVALUATE_FHE_COUNTS = "evaluate.fhe_counts"
+#: Steps 5-6: the aggregated (masked) ciphertexts in; the client decrypts.
+QUERY_FHE_RESULT = "query.fhe_result"

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
-from flwr_fedeval.clients import dp_handlers
+from flwr_fedeval.clients import dp_handlers, fhe_handlers
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 from flwr_fedeval.fhe.counts import threshold_counts
@@ -128,3 +128,28 @@ def evaluate_fedauc_scores(msg: Message, context: Context) -> Message:
 def evaluate_fedauc_stats(msg: Message, context: Context) -> Message:
     """FedAUC round 2: (localSum, localP, localN) from the global ranks."""
     return dp_handlers.fedauc_stats(msg, context, local_test_labels(context), None)
+
+
+# --- FHE AUC (flwr_fedeval.clients.fhe_handlers; DESIGN.md §4) ---------------
+@app.query("fhe_pubkey")
+def query_fhe_pubkey(msg: Message, context: Context) -> Message:
+    """FHE AUC step 1: a fresh X25519 key pair; the public key goes up."""
+    return fhe_handlers.pubkey(msg, context, int(local_test_labels(context).size))
+
+
+@app.query("fhe_keygen")
+def query_fhe_keygen(msg: Message, context: Context) -> Message:
+    """FHE AUC step 2 (key holder): CKKS keys; public context and sealed bundles up."""
+    return fhe_handlers.keygen(msg, context)
+
+
+@app.evaluate("fhe_counts")
+def evaluate_fhe_counts(msg: Message, context: Context) -> Message:
+    """FHE AUC steps 3-4: open the relayed key bundle, encrypt the threshold counts."""
+    return fhe_handlers.encrypt_counts(msg, context, *local_test_scores(msg, context))
+
+
+@app.query("fhe_result")
+def query_fhe_result(msg: Message, context: Context) -> Message:
+    """FHE AUC step 6: decrypt, divide, verify; report only if configured."""
+    return fhe_handlers.decrypt_result(msg, context)

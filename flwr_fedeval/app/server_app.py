@@ -47,6 +47,31 @@ def _metric_history(history: dict) -> dict[int, dict[str, float]]:
     return {int(r): {k: float(v) for k, v in rec.items()} for r, rec in history.items()}
 
 
+def _log_threshold_metrics(details: dict, y_true, y_score) -> dict | None:
+    """FHE phase: the clients' private metrics at the threshold next to sklearn's on the pooled data."""
+    got = details.get("threshold_metrics")
+    if not got:
+        return None
+    from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
+
+    t = float(details["metrics_threshold"])
+    pred = (y_score >= t).astype(int)
+    ref = {
+        "accuracy": float(accuracy_score(y_true, pred)),
+        "precision": float(precision_score(y_true, pred, zero_division=float("nan"))),
+        "recall": float(recall_score(y_true, pred, zero_division=float("nan"))),
+        "f1": float(f1_score(y_true, pred, zero_division=float("nan"))),
+    }
+    log(
+        INFO,
+        "FINAL private metrics at threshold %g (clients): %s | pooled sklearn: %s",
+        t,
+        " ".join(f"{k} {got[k]:.6f}" for k in ref),
+        " ".join(f"{k} {v:.6f}" for k, v in ref.items()),
+    )
+    return ref
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Train with FedAvg for ``num-server-rounds``, then run the AUC phase."""
@@ -84,16 +109,28 @@ def main(grid: Grid, context: Context) -> None:
         cfg, result.arrays.to_numpy_ndarrays(), num_partitions
     )
     wall = time.perf_counter() - t_start
-    log(
-        INFO,
-        "FINAL federated AUC (%s, N=%d, %d clients): %.6f | pooled roc_auc_score: %.6f | |diff| %.6f",
-        auc_result.label,
-        cfg.num_decision_points,
-        len(auc_result.contributors),
-        auc_result.auc,
-        ref_auc,
-        abs(auc_result.auc - ref_auc),
-    )
+    if auc_result.details.get("auc_known_to") == "clients":
+        log(
+            INFO,
+            "FINAL federated AUC (%s, N=%d, %d clients): known to the clients only "
+            "(share-auc-with-server = false; see the client logs) | pooled roc_auc_score: %.6f",
+            auc_result.label,
+            cfg.num_decision_points,
+            len(auc_result.contributors),
+            ref_auc,
+        )
+    else:
+        log(
+            INFO,
+            "FINAL federated AUC (%s, N=%d, %d clients): %.6f | pooled roc_auc_score: %.6f | |diff| %.6f",
+            auc_result.label,
+            cfg.num_decision_points,
+            len(auc_result.contributors),
+            auc_result.auc,
+            ref_auc,
+            abs(auc_result.auc - ref_auc),
+        )
+    ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score)
     from sklearn.metrics import roc_curve
 
     ref_fpr, ref_tpr, _ = roc_curve(y_true, y_score)
@@ -107,6 +144,7 @@ def main(grid: Grid, context: Context) -> None:
             "reference_roc_auc_score": ref_auc,
             "num_clients": len(auc_result.contributors),
             "failed_nodes": auc_result.failed,
+            **({"reference_threshold_metrics": ref_threshold_metrics} if ref_threshold_metrics else {}),
             "num_test_samples": int(y_true.size),
             "train_metrics": train_hist,
             "evaluate_metrics": eval_hist,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ _CHOICES = {
     "dataset": ("breast-cancer", "chest-xray"),
     "xray_task": tuple(XRAY_TASKS),
     "partitioning": ("iid", "dirichlet"),
-    "auc_method": ("plain", "dpauc-laplace", "dpauc-rr", "fedauc-rr", "fedauc-laplace"),
+    "auc_method": ("plain", "dpauc-laplace", "dpauc-rr", "fedauc-rr", "fedauc-laplace", "fhe"),
+    "fhe_auc": ("semi-honest", "malicious"),
+    "fhe_backend": ("tenseal", "openfhe"),
     "dpauc_clipping": ("clip-sort", "no-clip"),
     "fedauc_sensitivity": ("local", "global"),
     "fedauc_allocation": ("alpha", "orthogonal", "adaptive"),
@@ -71,6 +74,11 @@ class JobConfig:
     fedauc_sensitivity: str = "local"
     fedauc_allocation: str = "adaptive"
     fedauc_split: float = 0.5
+    fhe_auc: str = "semi-honest"
+    fhe_splits: int = 4
+    fhe_backend: str = "tenseal"
+    share_auc_with_server: bool = True
+    fhe_metrics_threshold: float = 0.5
     secure_aggregation: str = "none"
     xmk_parameter_set: str = "xmk-n4096-q108"
     xmk_max_abs_value: float = 65536.0
@@ -105,6 +113,8 @@ class JobConfig:
                 raise ValueError(f"config '{key}' must be an integer, got {value!r}")
             if f.type in ("float", float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"config '{key}' must be a number, got {value!r}")
+            if f.type in ("bool", bool) and not isinstance(value, bool):
+                raise ValueError(f"config '{key}' must be true or false, got {value!r}")
             if f.name in _CHOICES and value not in _CHOICES[f.name]:
                 raise ValueError(f"config '{key}' must be one of {_CHOICES[f.name]}, got {value!r}")
         positive = ("num_server_rounds", "local_epochs", "batch_size", "image_size", "min_nodes")
@@ -130,6 +140,8 @@ class JobConfig:
             raise ValueError("config 'fedauc-split' must be in (0, 1) (alpha) or (0, 1] (beta, orthogonal)")
         if self.fedauc_sensitivity == "global" and self.fedauc_allocation != "alpha":
             raise ValueError("config 'fedauc-allocation' must be 'alpha' when 'fedauc-sensitivity' = 'global'")
+        if self.auc_method == "fhe":
+            self._validate_fhe()
         if self.secure_aggregation == "xmkckks":
             from flwr_fedeval.rlwe import get_parameter_set, validate_security
 
@@ -140,6 +152,30 @@ class JobConfig:
             raise ValueError("config 'step-timeout' must be > 0 (seconds)")
         if self.dataset == "chest-xray" and not self.data_dir:
             raise ValueError("config 'data-dir' must name the chest-xray folder when dataset = 'chest-xray'")
+
+    def _validate_fhe(self) -> None:
+        """``fhe-*`` keys: splits, slots, threshold, and the backend this Python can run."""
+        if self.fhe_splits < 2:
+            raise ValueError("config 'fhe-splits' must be >= 2")
+        if not (self.fhe_metrics_threshold < 0 or 0.0 <= self.fhe_metrics_threshold <= 1.0):
+            raise ValueError("config 'fhe-metrics-threshold' must be in [0, 1], or < 0 for none")
+        if self.fhe_backend == "openfhe" and sys.version_info[:2] != (3, 10):
+            raise ValueError(
+                "config 'fhe-backend' = 'openfhe' needs Python 3.10 (the openfhe wheel is cp310-only) "
+                f"and this job runs on Python {sys.version_info[0]}.{sys.version_info[1]}: use 'tenseal' "
+                "(OpenFHE is tested with the protocol layers only, scripts/test-openfhe.sh)"
+            )
+        from flwr_fedeval.fhe.backend import CKKSParams
+
+        n = self.num_decision_points
+        slots = self.fhe_splits * (n + 1) + 2 if self.fhe_auc == "malicious" else n + 1
+        available = CKKSParams.default(self.fhe_backend).slot_count
+        if slots > available:
+            raise ValueError(
+                f"config 'num-decision-points' = {n}"
+                + (f" with 'fhe-splits' = {self.fhe_splits}" if self.fhe_auc == "malicious" else "")
+                + f" needs {slots} CKKS slots, the {self.fhe_backend} parameters have {available}"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         """Kebab-case dict (as in the run config), for result files."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
+from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase  # eager: loads TenSEAL before TensorFlow
 
 __all__ = ["make_auc_phase"]
 
@@ -27,6 +28,8 @@ def make_auc_phase(cfg: Any) -> Any:
         )
     if cfg.auc_method in ("dpauc-laplace", "dpauc-rr", "fedauc-rr", "fedauc-laplace"):
         return _make_dp_phase(cfg)
+    if cfg.auc_method == "fhe":
+        return _make_fhe_phase(cfg)
     raise ValueError(f"unknown auc-method {cfg.auc_method!r}")
 
 
@@ -49,4 +52,19 @@ def _make_dp_phase(cfg: Any) -> Any:
         alpha=cfg.fedauc_split if allocation == "alpha" else 0.5,
         beta="adaptive" if allocation == "adaptive" else cfg.fedauc_split,
         **common,
+    )
+
+
+def _make_fhe_phase(cfg: Any) -> Any:
+    """The FHE AUC phase of :mod:`flwr_fedeval.strategies.fhe_phase` (``fhe-*`` keys)."""
+    return FHEAUCPhase(
+        cfg.num_decision_points,
+        protocol=cfg.fhe_auc,
+        n_splits=cfg.fhe_splits,
+        backend=cfg.fhe_backend,
+        spacing=cfg.decision_point_spacing,
+        share_auc_with_server=cfg.share_auc_with_server,
+        metrics_threshold=cfg.fhe_metrics_threshold if cfg.fhe_metrics_threshold >= 0 else None,
+        min_nodes=cfg.min_nodes,
+        timeout=cfg.step_timeout,
     )

@@ -1,0 +1,530 @@
+"""FHE federated AUC as an evaluation phase (server side).
+
+Implementation based on Baykara, Ünal, Akgün (2025), "Enabling
+Privacy-preserving Model Evaluation in Federated Learning via Fully
+Homomorphic Encryption", §IV-C (semi-honest aggregator) and §IV-D
+(malicious aggregator); DESIGN.md §4. The protocol steps are in
+:mod:`flwr_fedeval.fhe.auc` and :mod:`flwr_fedeval.fhe.auc_malicious`, the
+key relay in :mod:`flwr_fedeval.keyshare`, the client handlers in
+:mod:`flwr_fedeval.clients.fhe_handlers`.
+
+=====  ===========================  ==============================================
+step   message type                 what
+=====  ===========================  ==============================================
+1      ``query.fhe_pubkey``         every client: X25519 key pair, public key up
+2      ``query.fhe_keygen``         key holder (picked at random): CKKS keys and
+                                    common seed; public context + one sealed
+                                    bundle per other client up
+3–4    ``evaluate.fhe_counts``      global model, decision points, the sealed
+                                    bundle relayed; encrypted counts up
+5      (server)                     aggregate with the **public** context only
+6      ``query.fhe_result``         masked result down; clients decrypt, divide,
+                                    verify (malicious) and report if configured
+=====  ===========================  ==============================================
+
+The server never holds a secret key: it loads the key holder's public
+context and refuses it if it carries one; the bundles are AES-GCM sealed
+for their recipients (X25519 + HKDF) and opaque to the server. Every reply
+is checked before use (public keys, context, every ciphertext deserialised
+under the public context); failing nodes are named in the log and in
+``AUCPhaseResult.failed``.
+
+Dropouts: in the semi-honest protocol a client that fails at step 4 is simply
+left out. In the malicious protocol the zero-sum offsets are drawn for an
+ordered list of M parties, so step 4 is re-run (fresh nonce, new indices)
+with the clients that answered, until all of them answer or fewer than
+``min_nodes`` remain.
+
+Who learns the AUC: the clients. With ``share_auc_with_server`` the server
+expects the clients to report it (each client decides with its *own*
+``share-auc-with-server`` configuration); otherwise ``AUCPhaseResult.auc`` is
+``nan`` and ``details["auc_known_to"] == "clients"``. A client whose
+verification fails (malicious protocol) replies ``TamperingDetectedError``;
+the phase then raises :class:`TamperingReportedError` naming those clients.
+
+Public count scale ``K``: every client reports a power-of-two upper bound of
+its test-set size at step 1; ``K = suggest_count_scale(Σ bounds)``.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Callable
+from logging import ERROR, INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from flwr_fedeval.clients.fhe_handlers import (
+    BUNDLE_KEY,
+    BUNDLES_KEY,
+    CONTEXT_KEY,
+    COUNTS_KEY,
+    PEERS_KEY,
+    PROTOCOLS,
+    PUBKEY_KEY,
+    REPORT_KEY,
+    REQUEST_KEY,
+    RESULT_KEY,
+)
+from flwr_fedeval.fhe.auc import (
+    FHEAUCConfig,
+    aggregate_auc,
+    aggregate_threshold_metrics,
+    suggest_count_scale,
+)
+from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig, aggregate_auc_malicious, required_slots
+from flwr_fedeval.fhe.backend import BACKENDS, CKKSContext, CKKSParams, load_context, unpack_blobs
+from flwr_fedeval.fhe.counts import decision_points
+from flwr_fedeval.messages import (
+    EVALUATE_FHE_COUNTS,
+    QUERY_FHE_KEYGEN,
+    QUERY_FHE_PUBKEY,
+    QUERY_FHE_RESULT,
+    array_to_bytes,
+    bytes_to_array,
+)
+from flwr_fedeval.metrics.auc import UndefinedAUCError
+from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
+
+__all__ = ["FHEAUCPhase", "TamperingReportedError"]
+
+_METRICS = ("accuracy", "precision", "recall", "f1")
+#: Clients decrypt the same ciphertexts with the same key: their reports agree exactly;
+#: a larger spread is logged.
+_REPORT_SPREAD = 1e-6
+
+
+class TamperingReportedError(RuntimeError):
+    """Clients of the malicious protocol detected a deviating aggregator.
+
+    Attributes
+    ----------
+    reports : dict of int to str
+        Node ID → the client's ``TamperingDetectedError`` message.
+    """
+
+    def __init__(self, reports: dict[int, str]) -> None:
+        self.reports = dict(reports)
+        super().__init__(
+            f"FHE AUC phase: {len(reports)} client(s) detected tampering with the aggregate "
+            f"and accepted no AUC: {self.reports}"
+        )
+
+
+class FHEAUCPhase:
+    """Global AUC under FHE; only the clients can decrypt (Baykara et al. 2025).
+
+    Parameters
+    ----------
+    num_decision_points : int, default=100
+        N, the number of public decision points.
+    protocol : {"semi-honest", "malicious"}, default="semi-honest"
+        §IV-C, or §IV-D (zero-sum offsets, multipliers, S splits, permutation,
+        double execution verified by the clients).
+    n_splits : int, default=4
+        S, additive shares per value (malicious only). Needs
+        ``S·(N+1) + 2 ≤`` slot count (4096 with TenSEAL).
+    backend : {"tenseal", "openfhe"}, default="tenseal"
+        CKKS engine the key holder uses (OpenFHE needs Python 3.10).
+    spacing : {"linear", "logit"}, default="linear"
+        See :func:`flwr_fedeval.fhe.counts.decision_points`.
+    share_auc_with_server : bool, default=False
+        Expect the clients to report the AUC (and, semi-honest, the threshold
+        metrics). Off, as in the paper, the server learns nothing.
+    metrics_threshold : float or None, default=None
+        Also compute accuracy, precision, recall and F1 at this threshold
+        (predicted positive iff score ≥ threshold) through the same phase.
+    min_nodes : int, default=2
+        Fewer contributing clients than this raises ``RuntimeError``.
+    arrayrecord_key : str, default="arrays"
+    timeout : float, default=3600
+        Seconds to wait for the replies of each step.
+    """
+
+    method = "fhe"
+
+    def __init__(
+        self,
+        num_decision_points: int = 100,
+        *,
+        protocol: str = "semi-honest",
+        n_splits: int = 4,
+        backend: str = "tenseal",
+        spacing: str = "linear",
+        share_auc_with_server: bool = False,
+        metrics_threshold: float | None = None,
+        min_nodes: int = 2,
+        arrayrecord_key: str = "arrays",
+        timeout: float = 3600,
+    ) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 2:
+            raise ValueError(f"n_splits must be an integer >= 2, got {n_splits!r}")
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 1:
+            raise ValueError(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
+        if metrics_threshold is not None and not 0.0 <= float(metrics_threshold) <= 1.0:
+            raise ValueError(f"metrics_threshold must be None or in [0, 1], got {metrics_threshold!r}")
+        self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
+        n = self.thresholds.size
+        self.slots = required_slots(n, n_splits) if protocol == "malicious" else n + 1
+        self.slots = max(self.slots, 4)  # the threshold metrics use 4 slots
+        try:
+            CKKSParams.for_slots(self.slots, backend)
+        except ValueError as exc:
+            raise ValueError(
+                f"N={n} decision points{f' with S={n_splits} splits' if protocol == 'malicious' else ''} "
+                f"need {self.slots} slots: {exc}"
+            ) from None
+        self.protocol = protocol
+        self.n_splits = n_splits
+        self.backend = backend
+        self.share_auc_with_server = bool(share_auc_with_server)
+        self.metrics_threshold = None if metrics_threshold is None else float(metrics_threshold)
+        self.min_nodes = min_nodes
+        self.arrayrecord_key = arrayrecord_key
+        self.timeout = timeout
+        #: The public context of the last run (bytes), for inspection; never a secret key.
+        self.public_context_bytes: bytes | None = None
+
+    def summary(self) -> str:
+        """One line: protocol, N, S, backend and who learns the AUC."""
+        splits = f", S={self.n_splits}" if self.protocol == "malicious" else ""
+        metrics = "" if self.metrics_threshold is None else f", metrics at {self.metrics_threshold:g}"
+        who = "clients (reported to the server)" if self.share_auc_with_server else "clients only"
+        return (f"FHE AUC ({self.protocol}, N={self.thresholds.size}{splits}, {self.backend}, "
+                f"{self.slots} slots{metrics}); AUC known to {who}; min_nodes={self.min_nodes}")
+
+    # --- message exchange -------------------------------------------------------
+    def _exchange(self, grid: Grid, contents: dict[int, RecordDict], message_type: str,
+                  parse: Callable[[int, RecordDict], Any], failed: dict[int, str], what: str) -> dict[int, Any]:
+        """Send ``contents[node]``; return ``{node: parse(node, reply)}`` for valid replies.
+
+        Nodes without a valid reply are added to ``failed`` with the reason and logged.
+        """
+        messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
+        replies = list(grid.send_and_receive(messages, timeout=self.timeout))
+        missing = {n: "no reply (timeout)" for n in contents}
+        valid: dict[int, Any] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if node not in missing:
+                continue
+            if reply.has_error():
+                missing[node] = f"error reply at {message_type}: {reply.error.reason}"
+                continue
+            try:
+                valid[node] = parse(node, reply.content)
+            except (KeyError, ValueError, TypeError) as exc:  # SerializationError is a ValueError
+                missing[node] = f"malformed {what}: {type(exc).__name__}: {exc}"
+                continue
+            missing.pop(node)
+        for node, reason in missing.items():
+            log(WARNING, "FHE AUC phase: node %d left out: %s", node, reason)
+        failed.update(missing)
+        return valid
+
+    def _require(self, nodes, failed: dict[int, str], step: str) -> None:
+        if len(nodes) < self.min_nodes:
+            raise RuntimeError(
+                f"FHE AUC phase ({self.protocol}), {step}: {len(nodes)} valid replies, at least "
+                f"{self.min_nodes} needed; left out: {failed}"
+            )
+
+    def _request(self, session: str, **values: Any) -> ConfigRecord:
+        return ConfigRecord({"session": session, **values})
+
+    # --- step 1 -------------------------------------------------------------------
+    def collect_public_keys(self, grid: Grid, nodes: list[int], session: str,
+                            failed: dict[int, str]) -> dict[int, tuple[bytes, int]]:
+        """Step 1: ``{node: (X25519 public key, test-size bucket)}``."""
+
+        def parse(node: int, content: RecordDict) -> tuple[bytes, int]:
+            rec = content[PUBKEY_KEY]
+            pk, bucket = rec["public-key"], rec["test-size-bucket"]
+            if not isinstance(pk, bytes) or len(pk) != 32:
+                raise ValueError("public key must be 32 bytes")
+            if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0 or bucket & (bucket - 1):
+                raise ValueError(f"test-size-bucket must be 0 or a power of two, got {bucket!r}")
+            return pk, bucket
+
+        request = RecordDict({REQUEST_KEY: self._request(session)})
+        keys = self._exchange(grid, dict.fromkeys(nodes, request), QUERY_FHE_PUBKEY, parse, failed, "public key")
+        seen: dict[bytes, int] = {}
+        for node in sorted(keys):
+            pk = keys[node][0]
+            if pk in seen:  # two nodes with one key: neither can be addressed safely
+                failed[node] = failed[seen[pk]] = "duplicate X25519 public key"
+            seen[pk] = node
+        return {n: v for n, v in keys.items() if n not in failed}
+
+    # --- step 2 -------------------------------------------------------------------
+    def setup_keys(self, grid: Grid, holder: int, peers: dict[int, bytes], session: str,
+                   failed: dict[int, str]) -> tuple[CKKSContext, bytes, dict[int, bytes]] | None:
+        """Step 2: the key holder's public context (loaded, checked) and sealed bundles.
+
+        Returns ``None`` (and records the reason in ``failed``) if the key holder fails.
+        """
+        content = RecordDict(
+            {
+                REQUEST_KEY: self._request(session, backend=self.backend, slots=self.slots),
+                PEERS_KEY: ConfigRecord({str(n): pk for n, pk in peers.items()}),
+            }
+        )
+
+        def parse(node: int, reply: RecordDict):
+            public = array_to_bytes(reply[CONTEXT_KEY]["public"])
+            ctx = load_context(public)
+            if ctx.is_private:  # never kept: the server must not hold a secret key
+                raise ValueError("the key holder sent a context WITH the secret key; refused")
+            if ctx.backend != self.backend or ctx.slot_count < self.slots:
+                raise ValueError(f"public context is {ctx.backend} with {ctx.slot_count} slots, "
+                                 f"expected {self.backend} with >= {self.slots}")
+            bundles = {int(k): array_to_bytes(v) for k, v in reply[BUNDLES_KEY].items()}
+            return ctx, public, bundles
+
+        got = self._exchange(grid, {holder: content}, QUERY_FHE_KEYGEN, parse, failed, "key setup")
+        return got.get(holder)
+
+    # --- steps 3-4 ------------------------------------------------------------------
+    def collect_counts(self, grid: Grid, arrays: ArrayRecord, ctx: CKKSContext, participants: list[int],
+                       bundles: dict[int, bytes], holder: int, holder_pk: bytes, session: str,
+                       config: FHEAUCConfig, failed: dict[int, str]) -> tuple[dict[int, tuple[bytes, bytes | None]], bytes]:
+        """Steps 3–4: relay the bundles, collect and check the encrypted counts.
+
+        Returns ``({node: (auc message, metrics message or None)}, nonce)``.
+        """
+        nonce = secrets.token_bytes(16)
+        per_client = 4 if self.protocol == "malicious" else 2
+        metrics_threshold = -1.0 if self.metrics_threshold is None else self.metrics_threshold
+        contents = {}
+        for index, node in enumerate(participants):
+            request = self._request(
+                session,
+                protocol=self.protocol,
+                **{
+                    "n-points": int(self.thresholds.size),
+                    "count-scale": float(config.count_scale),
+                    "n-splits": int(self.n_splits),
+                    "party-index": index,
+                    "n-parties": len(participants),
+                    "nonce": nonce,
+                    "holder-public-key": holder_pk,
+                    "metrics-threshold": float(metrics_threshold),
+                },
+            )
+            records: dict[str, Any] = {
+                self.arrayrecord_key: arrays,
+                "evaluation": ArrayRecord({"thresholds": Array(self.thresholds)}),
+                REQUEST_KEY: request,
+            }
+            if node != holder:
+                records[BUNDLE_KEY] = ArrayRecord({"sealed": bytes_to_array(bundles[node])})
+            contents[node] = RecordDict(records)
+
+        def check(data: bytes, expected: int) -> bytes:
+            for blob in unpack_blobs(data, expected=expected):
+                ctx.deserialize_ciphertext(blob)  # envelope, key set and native format
+            return data
+
+        def parse(node: int, reply: RecordDict):
+            rec = reply[COUNTS_KEY]
+            auc_msg = check(array_to_bytes(rec["auc"]), per_client)
+            metrics_msg = None
+            if self.metrics_threshold is not None:
+                metrics_msg = check(array_to_bytes(rec["metrics"]), 1)
+            return auc_msg, metrics_msg
+
+        valid = self._exchange(grid, contents, EVALUATE_FHE_COUNTS, parse, failed, "encrypted counts")
+        return valid, nonce
+
+    # --- step 5 -----------------------------------------------------------------------
+    def aggregate(self, ctx: CKKSContext, messages: list[bytes], config: FHEAUCConfig) -> bytes:
+        """Step 5: the masked ``E(num)``, ``E(denom)`` (per run) from the public context."""
+        if isinstance(config, MaliciousAUCConfig):
+            return aggregate_auc_malicious(ctx, messages, config=config)
+        return aggregate_auc(ctx, messages, config=config)
+
+    def aggregate_metrics(self, ctx: CKKSContext, messages: list[bytes], config: FHEAUCConfig) -> bytes:
+        """Step 5 for the threshold metrics: eight masked values."""
+        return aggregate_threshold_metrics(ctx, messages, config=config)
+
+    # --- step 6 -----------------------------------------------------------------------
+    def distribute_result(self, grid: Grid, nodes: list[int], result: bytes, metrics: bytes | None,
+                          session: str) -> tuple[dict[int, dict], dict[int, str]]:
+        """Step 6: send the result; ``({node: report}, {node: error reason})``."""
+        records = {"auc": bytes_to_array(result)}
+        if metrics is not None:
+            records["metrics"] = bytes_to_array(metrics)
+        content = RecordDict({REQUEST_KEY: self._request(session), RESULT_KEY: ArrayRecord(records)})
+
+        def parse(node: int, reply: RecordDict) -> dict:
+            report = dict(reply[REPORT_KEY])
+            if report.get("status") != "ok":
+                raise ValueError(f"status {report.get('status')!r}")
+            for k in ("auc", *_METRICS):
+                if k in report and (isinstance(report[k], bool) or not isinstance(report[k], float)):
+                    raise ValueError(f"report '{k}' must be a float")
+            return report
+
+        errors: dict[int, str] = {}
+        reports = self._exchange(grid, dict.fromkeys(nodes, content), QUERY_FHE_RESULT, parse, errors,
+                                 "report")
+        return reports, errors
+
+    # --- the phase ------------------------------------------------------------------------
+    def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
+        """Steps 1–6 over every node of ``grid``.
+
+        Raises
+        ------
+        RuntimeError
+            If fewer than ``min_nodes`` clients contribute at any step, or no
+            client could decrypt the result.
+        TamperingReportedError
+            If a client's verification failed (malicious protocol).
+        flwr_fedeval.metrics.auc.UndefinedAUCError
+            If the clients report a single-class pooled test set.
+        """
+        log(INFO, "%s", self.summary())
+        t0 = time.perf_counter()
+        session = secrets.token_hex(16)
+        nodes = sorted(grid.get_node_ids())
+        failed: dict[int, str] = {}
+
+        # 1. public keys
+        keys = self.collect_public_keys(grid, nodes, session, failed)
+        self._require(keys, failed, "step 1 (public keys)")
+        total_bound = sum(b for _, b in keys.values())
+        config_kw = {"n_points": int(self.thresholds.size), "count_scale": suggest_count_scale(max(total_bound, 1))}
+        config: FHEAUCConfig = (MaliciousAUCConfig(n_splits=self.n_splits, **config_kw)
+                                if self.protocol == "malicious" else FHEAUCConfig(**config_kw))
+
+        # 2. key holder (another one if it fails)
+        candidates = sorted(keys)
+        setup = None
+        while setup is None:
+            self._require(candidates, failed, "step 2 (key holder)")
+            holder = secrets.choice(candidates)
+            peers = {n: keys[n][0] for n in candidates if n != holder}
+            setup = self.setup_keys(grid, holder, peers, session, failed)
+            candidates.remove(holder)
+            if setup is not None:
+                candidates.append(holder)
+        ctx, self.public_context_bytes, bundles = setup
+        participants = sorted(n for n in candidates if n == holder or n in bundles)
+        for n in candidates:
+            if n not in participants:
+                failed[n] = "the key holder sent no sealed bundle for it"
+        log(INFO, "FHE AUC phase: key holder node %d; public context %.1f MB; %d sealed bundles relayed",
+            holder, len(self.public_context_bytes) / 1e6, len(bundles))
+
+        # 3-4. encrypted counts (malicious: re-run until every party of the list answered)
+        attempts = 0
+        while True:
+            self._require(participants, failed, "step 4 (encrypted counts)")
+            attempts += 1
+            valid, _ = self.collect_counts(grid, arrays, ctx, participants, bundles, holder,
+                                           keys[holder][0], session, config, failed)
+            if len(valid) == len(participants) or self.protocol == "semi-honest":
+                participants = sorted(valid)
+                break
+            log(WARNING, "FHE AUC phase (malicious): %d of %d parties answered; re-running step 4 without %s",
+                len(valid), len(participants), sorted(set(participants) - set(valid)))
+            participants = sorted(valid)
+        self._require(participants, failed, "step 4 (encrypted counts)")
+        for n in participants:
+            failed.pop(n, None)
+
+        # 5. aggregation, public context only
+        t_agg = time.perf_counter()
+        result = self.aggregate(ctx, [valid[n][0] for n in participants], config)
+        metrics = None
+        if self.metrics_threshold is not None:
+            metrics = self.aggregate_metrics(ctx, [valid[n][1] for n in participants], config)
+        t_agg = time.perf_counter() - t_agg
+
+        # 6. clients decrypt
+        reports, errors = self.distribute_result(grid, participants, result, metrics, session)
+        return self._finish(participants, failed, reports, errors, holder=holder, config=config,
+                            attempts=attempts, t_agg=t_agg, t_total=time.perf_counter() - t0)
+
+    def _finish(self, contributors: list[int], failed: dict[int, str], reports: dict[int, dict],
+                errors: dict[int, str], *, holder: int, config: FHEAUCConfig, attempts: int,
+                t_agg: float, t_total: float) -> AUCPhaseResult:
+        tampering = {n: r for n, r in errors.items() if "TamperingDetectedError" in r}
+        if tampering:
+            for node, reason in tampering.items():
+                log(ERROR, "FHE AUC phase: node %d detected tampering: %s", node, reason)
+            raise TamperingReportedError(tampering)
+        undefined = {n: r for n, r in errors.items() if "UndefinedAUCError" in r}
+        if not reports:
+            if undefined:
+                raise UndefinedAUCError(f"FHE AUC phase: {next(iter(undefined.values()))}")
+            raise RuntimeError(f"FHE AUC phase: no client could decrypt the result: {errors}")
+
+        shared = {n: r for n, r in reports.items() if r.get("shared") and "auc" in r}
+        details: dict[str, Any] = {
+            "variant": self.protocol,
+            "backend": self.backend,
+            "num_decision_points": int(self.thresholds.size),
+            "count_scale": float(config.count_scale),
+            "key_holder": int(holder),
+            "public_context_bytes": len(self.public_context_bytes or b""),
+            "attempts_step4": attempts,
+            "aggregation_s": t_agg,
+            "phase_s": t_total,
+            "decrypted_by": sorted(reports),
+            "decrypt_failed": {int(k): v for k, v in errors.items()},
+        }
+        if self.protocol == "malicious":
+            details["n_splits"] = self.n_splits
+        auc = math.nan
+        if self.share_auc_with_server and shared:
+            values = np.array([r["auc"] for r in shared.values()])
+            auc = float(np.median(values))
+            if values.max() - values.min() > _REPORT_SPREAD:
+                log(WARNING, "FHE AUC phase: client reports differ by %.3g: %s", values.max() - values.min(),
+                    {n: r["auc"] for n, r in shared.items()})
+            details["auc_known_to"] = "clients and server"
+            details["reported_by"] = sorted(shared)
+        else:
+            if self.share_auc_with_server:
+                log(WARNING, "FHE AUC phase: share_auc_with_server is set but no client reported the AUC "
+                             "(their own 'share-auc-with-server' is false)")
+            details["auc_known_to"] = "clients"
+        if self.metrics_threshold is not None:
+            details["metrics_threshold"] = self.metrics_threshold
+            details["threshold_metrics_verified"] = self.protocol == "semi-honest"
+            with_metrics = [r for r in shared.values() if all(k in r for k in _METRICS)]
+            if self.share_auc_with_server and with_metrics:
+                details["threshold_metrics"] = {k: float(np.median([r[k] for r in with_metrics])) for k in _METRICS}
+
+        if details["auc_known_to"] == "clients":
+            log(INFO, "FHE AUC phase (%s): %d clients; the AUC is known to the clients only "
+                "(%d decrypted it); %.1f s", self.protocol, len(contributors), len(reports), t_total)
+        else:
+            log(INFO, "FHE AUC phase (%s): %d clients, global AUC %.6f (reported by %d clients); "
+                "aggregation %.2f s, phase %.1f s", self.protocol, len(contributors), auc, len(shared),
+                t_agg, t_total)
+        if "threshold_metrics" in details:
+            tm = details["threshold_metrics"]
+            log(INFO, "FHE metrics at threshold %g (reported by the clients): accuracy %.6f precision %.6f "
+                "recall %.6f F1 %.6f", self.metrics_threshold, *(tm[k] for k in _METRICS))
+        return AUCPhaseResult(
+            auc=auc,
+            thresholds=np.asarray(self.thresholds, dtype=np.float64),
+            counts=None,
+            contributors=sorted(contributors),
+            failed=dict(failed),
+            method=self.method,
+            details=details,
+        )

@@ -1,0 +1,44 @@
+"""The main job with ``auc-method = "fhe"`` end to end over the serializing in-process grid."""
+
+import json
+import math
+
+import pytest
+from flwr.app import Context, RecordDict
+from inprocess_grid import InProcessGrid
+
+from flwr_fedeval.app import server_app
+from flwr_fedeval.app.client_app import app as client_app
+
+
+def _run(tmp_path, **overrides):
+    run_config = {"num-server-rounds": 1, "local-epochs": 2, "output-dir": str(tmp_path),
+                  "auc-method": "fhe", **overrides}
+    grid = InProcessGrid(client_app, 3, run_config)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    server_app.main(grid, ctx)
+    (folder,) = list(tmp_path.iterdir())
+    return grid, json.loads((folder / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_main_job_malicious_fhe_auc_matches_pooled_reference(tmp_path):
+    grid, result = _run(tmp_path, **{"fhe-auc": "malicious"})
+    assert result["auc_method"] == "fhe" and result["auc_details"]["variant"] == "malicious"
+    assert result["num_clients"] == 3 and result["failed_nodes"] == {}
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.01
+    assert result["federated_auc"] > 0.8
+    assert result["auc_details"]["auc_known_to"] == "clients and server"
+    types = {t for _, t, ok in grid.log if ok}
+    assert {"query.fhe_pubkey", "query.fhe_keygen", "evaluate.fhe_counts", "query.fhe_result"} <= types
+
+
+@pytest.mark.slow
+def test_main_job_semi_honest_reports_private_threshold_metrics(tmp_path):
+    _, result = _run(tmp_path, **{"fhe-auc": "semi-honest"})
+    details = result["auc_details"]
+    assert details["variant"] == "semi-honest"
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.02
+    ref = result["reference_threshold_metrics"]
+    for k, v in details["threshold_metrics"].items():
+        assert abs(v - ref[k]) <= 1e-6 or (math.isnan(v) and math.isnan(ref[k])), k

@@ -1,0 +1,213 @@
+"""FHE AUC phase over the serializing in-process grid (issue 5, Flower wiring).
+
+The model is the untrained MLP of the main job on the embedded breast-cancer
+data (continuous scores); N is small to keep the suite fast. Each phase run
+makes a fresh TenSEAL key set (~38 MB public context through the grid).
+"""
+
+import math
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Message, RecordDict
+from inprocess_grid import InProcessGrid
+from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
+
+from flwr_fedeval import keyshare
+from flwr_fedeval.app.client_app import app as client_app
+from flwr_fedeval.app.client_app import local_test_scores
+from flwr_fedeval.app.task import JobConfig, build_model
+from flwr_fedeval.clients import fhe_handlers
+from flwr_fedeval.fhe.backend import NoSecretKeyError, load_context, pack_blobs, unpack_blobs
+from flwr_fedeval.fhe.counts import threshold_counts
+from flwr_fedeval.messages import array_to_bytes
+from flwr_fedeval.metrics.auc import auc_from_counts
+from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
+from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, TamperingReportedError
+
+N = 30
+THRESHOLD = 0.5
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    return ArrayRecord(build_model(JobConfig()).get_weights())
+
+
+@pytest.fixture(scope="module")
+def grid():
+    return InProcessGrid(client_app, 3, {"share-auc-with-server": True})
+
+
+def _client_scores(grid, arrays):
+    """Each node's (labels, scores), exactly as its handlers compute them."""
+    out = {}
+    for node in sorted(grid.node_ids):
+        msg = Message(RecordDict({"arrays": arrays}), dst_node_id=node, message_type="evaluate")
+        out[node] = local_test_scores(msg, grid.contexts[node])
+    return out
+
+
+@pytest.fixture(scope="module")
+def scores(grid, arrays):
+    return _client_scores(grid, arrays)
+
+
+@pytest.fixture(scope="module")
+def plain_auc(grid, arrays):
+    return PlaintextAUCPhase(N).run(grid, arrays).auc
+
+
+def _plain_auc_of(scores, nodes):
+    thresholds = PlaintextAUCPhase(N).thresholds
+    total = None
+    for n in nodes:
+        c = threshold_counts(*scores[n], thresholds)
+        total = c if total is None else total + c
+    return auc_from_counts(total)
+
+
+def _assert_no_fhe_state(grid):
+    for ctx in grid.contexts.values():
+        for key in (fhe_handlers.STATE_KEYPAIR, fhe_handlers.STATE_SECRET, fhe_handlers.STATE_SESSION):
+            assert key not in ctx.state
+
+
+def test_semi_honest_auc_and_threshold_metrics_equal_plaintext_server_holds_no_secret_key(grid, arrays, scores, plain_auc):
+    phase = FHEAUCPhase(N, protocol="semi-honest", share_auc_with_server=True, metrics_threshold=THRESHOLD)
+    result = phase.run(grid, arrays)
+    assert abs(result.auc - plain_auc) <= 1e-6
+    assert result.contributors == sorted(grid.node_ids) and result.failed == {}
+    assert result.label == "fhe[semi-honest]"
+    assert result.details["auc_known_to"] == "clients and server"
+    assert result.details["reported_by"] == sorted(grid.node_ids)
+    # private accuracy/precision/recall/F1 = sklearn on the pooled predictions
+    y = np.concatenate([scores[n][0] for n in sorted(scores)])
+    pred = (np.concatenate([scores[n][1] for n in sorted(scores)]) >= THRESHOLD).astype(int)
+    expected = {
+        "accuracy": accuracy_score(y, pred),
+        "precision": precision_score(y, pred, zero_division=np.nan),
+        "recall": recall_score(y, pred),
+        "f1": f1_score(y, pred),
+    }
+    got = result.details["threshold_metrics"]
+    for k, v in expected.items():
+        assert abs(got[k] - v) <= 1e-6 or (math.isnan(v) and math.isnan(got[k])), k
+    assert result.details["threshold_metrics_verified"] is True
+    _assert_no_fhe_state(grid)  # secrets dropped after the phase
+    # the server-side phase object holds the public context only
+    held = [v for v in vars(phase).values() if isinstance(v, (bytes, bytearray))]
+    assert held == [phase.public_context_bytes]
+    ctx = load_context(phase.public_context_bytes)
+    assert not ctx.is_private
+    with pytest.raises(NoSecretKeyError):
+        ctx.decrypt(ctx.encrypt([1.0, 2.0]))
+
+
+def test_malicious_auc_equals_plaintext_and_metrics_are_not_reported(grid, arrays, plain_auc):
+    phase = FHEAUCPhase(N, protocol="malicious", n_splits=4, share_auc_with_server=True,
+                        metrics_threshold=THRESHOLD)
+    result = phase.run(grid, arrays)
+    assert abs(result.auc - plain_auc) <= 1e-6
+    assert result.label == "fhe[malicious]"
+    assert result.details["n_splits"] == 4 and result.details["attempts_step4"] == 1
+    # semi-honest aggregation only: clients keep them (logged as unverified)
+    assert result.details["threshold_metrics_verified"] is False
+    assert "threshold_metrics" not in result.details
+
+
+def test_sealed_bundles_are_opaque_to_the_server(arrays):
+    seen = {}
+
+    def spy(node, msg, reply):
+        if msg.metadata.message_type == "query.fhe_keygen":
+            seen["bundles"] = {k: array_to_bytes(v) for k, v in reply.content["fhe-bundles"].items()}
+            seen["public"] = array_to_bytes(reply.content["fhe-context"]["public"])
+        return reply
+
+    grid = InProcessGrid(client_app, 3, {}, fault=spy)
+    FHEAUCPhase(N, share_auc_with_server=True).run(grid, arrays)
+    assert len(seen["bundles"]) == 2
+    server = keyshare.generate_keypair()
+    for sealed in seen["bundles"].values():
+        with pytest.raises(keyshare.KeyShareError):
+            keyshare.open_bundle(sealed, recipient=server, sender_public=sealed[5:37])
+    assert not load_context(seen["public"]).is_private
+
+
+class _TamperingPhase(FHEAUCPhase):
+    """A malicious aggregator: alters the aggregate before sending it to the clients."""
+
+    def __init__(self, how, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.how = how
+
+    def aggregate(self, ctx, messages, config):
+        if self.how == "swap-runs":
+            blobs = unpack_blobs(super().aggregate(ctx, messages, config), expected=4)
+            return pack_blobs([blobs[2], blobs[3], blobs[0], blobs[1]])
+        # "add-constant": a fresh encryption (public key) added to client 0's X of run 0
+        blobs = unpack_blobs(messages[0], expected=4)
+        ct = ctx.add_many([ctx.deserialize_ciphertext(blobs[0]), ctx.encrypt([0.5] * ctx.slot_count)])
+        altered = pack_blobs([ctx.serialize_ciphertext(ct), *blobs[1:]])
+        return super().aggregate(ctx, [altered, *messages[1:]], config)
+
+
+@pytest.mark.parametrize("how", ["swap-runs", "add-constant"])
+def test_tampering_aggregator_is_detected_by_every_client(grid, arrays, how):
+    phase = _TamperingPhase(how, N, protocol="malicious", share_auc_with_server=True)
+    with pytest.raises(TamperingReportedError, match="detected tampering") as info:
+        phase.run(grid, arrays)
+    assert set(info.value.reports) == set(grid.node_ids)
+    assert all("TamperingDetectedError" in r for r in info.value.reports.values())
+    _assert_no_fhe_state(grid)
+
+
+def test_failing_client_is_named_and_malicious_step_reruns_without_it(arrays):
+    bad = {}
+
+    def corrupt(node, msg, reply):
+        if msg.metadata.message_type == "evaluate.fhe_counts" and node == bad["node"]:
+            rec = reply.content["fhe-counts"]
+            data = bytearray(array_to_bytes(rec["auc"]))
+            data[-10] ^= 0xFF
+            from flwr_fedeval.messages import bytes_to_array
+
+            rec["auc"] = bytes_to_array(bytes(data))
+        return reply
+
+    grid = InProcessGrid(client_app, 3, {}, fault=corrupt)
+    own = _client_scores(grid, arrays)
+    bad["node"] = grid.node_ids[1]
+    result = FHEAUCPhase(N, protocol="malicious", share_auc_with_server=True).run(grid, arrays)
+    good = [n for n in grid.node_ids if n != bad["node"]]
+    assert result.contributors == sorted(good)
+    assert "corrupted ciphertext" in result.failed[bad["node"]]
+    assert result.details["attempts_step4"] == 2
+    assert abs(result.auc - _plain_auc_of(own, good)) <= 1e-6
+    with pytest.raises(RuntimeError, match="at least 3"):
+        FHEAUCPhase(N, protocol="semi-honest", min_nodes=3).run(grid, arrays)
+
+
+def test_without_sharing_only_the_clients_learn_the_auc(arrays):
+    grid = InProcessGrid(client_app, 2, {"share-auc-with-server": False})
+    result = FHEAUCPhase(N, share_auc_with_server=True, metrics_threshold=THRESHOLD).run(grid, arrays)
+    assert math.isnan(result.auc)
+    assert result.details["auc_known_to"] == "clients"
+    assert result.details["decrypted_by"] == sorted(grid.node_ids)
+    assert "threshold_metrics" not in result.details
+
+
+def test_client_defaults_match_job_config_and_bad_fhe_config_is_refused():
+    cfg = JobConfig()
+    for key, value in fhe_handlers.CLIENT_FHE_DEFAULTS.items():
+        assert cfg.as_dict()[key] == value
+    with pytest.raises(ValueError, match="Python 3.10"):
+        JobConfig.from_run_config({"auc-method": "fhe", "fhe-backend": "openfhe"})
+    with pytest.raises(ValueError, match="fhe-splits"):
+        JobConfig.from_run_config({"auc-method": "fhe", "fhe-auc": "malicious", "num-decision-points": 1000,
+                                   "fhe-splits": 5})
+    with pytest.raises(ValueError, match="share-auc-with-server"):
+        JobConfig.from_run_config({"share-auc-with-server": 1})
+    with pytest.raises(ValueError, match="slots"):
+        FHEAUCPhase(2000, protocol="malicious")
