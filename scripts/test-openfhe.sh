@@ -3,7 +3,8 @@
 #
 # The openfhe PyPI wheel (1.6.1.0.22.4) loads only on CPython 3.10, so this
 # uses a separate venv (.venv-openfhe) built from pyenv's preinstalled 3.10.13
-# with numpy, pytest, cryptography and openfhe only — no flwr, no TensorFlow.
+# with numpy, pytest, cryptography, scikit-learn (the reference metric) and
+# openfhe only — no flwr, no TensorFlow.
 # The package is imported from the source tree (PYTHONPATH): the layers under
 # test (flwr_fedeval.fhe, flwr_fedeval.metrics, flwr_fedeval.keyshare) import
 # nothing heavy. Idempotent: the venv is created/completed only when missing.
@@ -35,7 +36,7 @@ find_python() {
 
 venv_ok() {
     [[ -x "$VENV/bin/python" ]] && OMP_NUM_THREADS=1 "$VENV/bin/python" -c \
-        "import sys, numpy, pytest, cryptography, openfhe; assert sys.version_info[:2] == (3, 10)" \
+        "import sys, numpy, pytest, cryptography, sklearn, openfhe; assert sys.version_info[:2] == (3, 10)" \
         >/dev/null 2>&1
 }
 
@@ -44,7 +45,7 @@ if ! venv_ok; then
     echo "[test-openfhe] creating $VENV with $("$PY" --version 2>&1)"
     "$PY" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-        numpy pytest cryptography "$OPENFHE_PIN"
+        numpy pytest cryptography "scikit-learn<1.9" "$OPENFHE_PIN"
     venv_ok || { echo "error: $VENV is not usable after install" >&2; exit 1; }
 fi
 

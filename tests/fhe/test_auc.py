@@ -82,7 +82,6 @@ def test_n1000_logit_points_equal_plaintext(keysets):
 
 
 def test_breast_cancer_n1000_matches_roc_auc_score(keysets):
-    sklearn = pytest.importorskip("sklearn")  # noqa: F841
     from sklearn.datasets import load_breast_cancer
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
