@@ -10,12 +10,27 @@ Layers (imports point downward only, see DESIGN.md §2):
 
 __version__ = "0.1.0"
 
-# TenSEAL must be loaded before TensorFlow: with TensorFlow's protobuf/absl
-# symbols loaded first, TenSEAL's serialization fails ("failed to save proto")
-# or segfaults (measured with tensorflow-cpu 2.21 and tenseal 0.3.18). Loading
-# it here, before any model code imports TensorFlow, keeps the FHE backend
-# usable in the same process as Keras (simulation, the in-process test grid).
-try:  # pragma: no cover - absent in the OpenFHE-only venv
-    import tenseal as _tenseal  # noqa: F401
-except ImportError:
-    pass
+# TenSEAL must not bind to TensorFlow's protobuf/absl: TensorFlow loads its
+# libraries with RTLD_GLOBAL, and a TenSEAL loaded after it resolves protobuf
+# symbols to TensorFlow's copy — serialization then fails ("failed to save
+# proto") or segfaults (measured with tensorflow-cpu 2.21 and tenseal 0.3.18).
+# Loading it here, before any model code imports TensorFlow, is not enough:
+# Flower's simulation imports TensorFlow itself (flwr.simulation.ray_transport.
+# utils) before the ServerApp and the Ray ClientApp actors load our package.
+# RTLD_DEEPBIND makes TenSEAL's extension prefer its own symbols in either order.
+def _load_tenseal() -> None:
+    import os
+    import sys
+
+    flags = sys.getdlopenflags()
+    if hasattr(os, "RTLD_DEEPBIND"):
+        sys.setdlopenflags(os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
+    try:  # pragma: no cover - absent in the OpenFHE-only venv
+        import tenseal  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        sys.setdlopenflags(flags)
+
+
+_load_tenseal()

@@ -45,16 +45,6 @@ use the clients as a decryption oracle.
 
 from __future__ import annotations
 
-# TenSEAL must be loaded before TensorFlow: both link their own protobuf, and
-# with TensorFlow's loaded first TenSEAL's context serialization fails
-# ("exceeded maximum protobuf size") or segfaults. The client and server apps
-# import this module (directly or through strategies.phases) before the first
-# model is built, which loads TensorFlow lazily.
-try:
-    import tenseal  # noqa: F401
-except ImportError:  # the OpenFHE venv has no TenSEAL
-    pass
-
 from collections.abc import Callable
 from logging import INFO, WARNING
 

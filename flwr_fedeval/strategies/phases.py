@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
-from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase  # eager: loads TenSEAL before TensorFlow
 
 __all__ = ["make_auc_phase"]
 
@@ -57,6 +56,8 @@ def _make_dp_phase(cfg: Any) -> Any:
 
 def _make_fhe_phase(cfg: Any) -> Any:
     """The FHE AUC phase of :mod:`flwr_fedeval.strategies.fhe_phase` (``fhe-*`` keys)."""
+    from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
+
     return FHEAUCPhase(
         cfg.num_decision_points,
         protocol=cfg.fhe_auc,
