@@ -15,11 +15,14 @@ export TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p "$FLWR_HOME"
 
 stop_superlink() {
-  # The local SuperLink started by `flwr run` keeps running after the run.
-  pkill -f "flower-superlink.*$FLWR_HOME" 2>/dev/null || true
-  pkill -f "flwr-simulation.*$FLWR_HOME" 2>/dev/null || true
-  pkill -f "flwr-serverapp.*$FLWR_HOME" 2>/dev/null || true
+  # The local SuperLink started by `flwr run` keeps running after the run;
+  # stop it unless it was already running (another run of ours still uses it).
+  if [ "$ALREADY_RUNNING" = 0 ]; then
+    pkill -f "flower-superlink.*$FLWR_HOME" 2>/dev/null || true
+  fi
 }
+ALREADY_RUNNING=0
+pgrep -f "flower-superlink.*$FLWR_HOME" >/dev/null 2>&1 && ALREADY_RUNNING=1
 trap stop_superlink EXIT
 
 overrides="output-dir='$ROOT/outputs'"
