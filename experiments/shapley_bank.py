@@ -79,7 +79,14 @@ def main() -> None:
     ap.add_argument("--skip-full", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "experiments/results"))
+    ap.add_argument("--binary-margin", action="store_true",
+                    help="evaluate θ_1 − θ_0 (1 output row, 2x samples per ciphertext) in HESV and SecSV")
+    ap.add_argument("--model-bound", type=float, default=2.0,
+                    help="public bound on |θ| (|θ_1 − θ_0| with --binary-margin); clients check it")
+    ap.add_argument("--data-frac-bits", type=int, default=10)
     args = ap.parse_args()
+    import logging
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     from sklearn.model_selection import train_test_split
 
@@ -105,22 +112,27 @@ def main() -> None:
     t0 = time.perf_counter()
     history = train_federated(train, 2, args.rounds, seed=args.seed)
     print(f"training {time.perf_counter() - t0:.1f}s; max |theta| "
-          f"{max(np.abs(m).max() for r in history for m in r.values()):.2f}")
+          f"{max(np.abs(m).max() for r in history for m in r.values()):.2f}, max |theta_1 - theta_0| "
+          f"{max(np.abs(m[1] - m[0]).max() for r in history for m in r.values()):.2f}")
     w = quantize_weights(counts, bits=6)
-    params = SecSVParams(ring_bits=36, limb_bits=18, data_frac_bits=8, model_frac_bits=8,
-                         weight_bits=6, model_bound=8.0, max_clients=args.clients, n_features=X.shape[1])
+    # 2 limbs of 18 bits; 10 fractional bits each for data and model; |θ| <= model_bound (checked by clients)
+    params = SecSVParams(ring_bits=36, limb_bits=18, data_frac_bits=args.data_frac_bits, model_frac_bits=10,
+                         weight_bits=6, model_bound=args.model_bound, max_clients=args.clients,
+                         n_features=X.shape[1])
 
     rows, result = [], {"setup": {
         "clients": args.clients, "rounds": args.rounds, "alpha": 0.5, "test_size": int(len(yt)),
         "train_sizes": counts, "fedavg_weights_fsv": w, "secsv_params": {
             k: getattr(params, k) for k in ("ring_bits", "limb_bits", "data_frac_bits", "model_frac_bits",
-                                            "weight_bits", "model_bound")},
+                                            "weight_bits", "model_bound")}, "binary_margin": args.binary_margin,
+        "subset": args.subset, "compare_rounds": args.compare_rounds,
         "ckks": {"N": params.ckks.poly_modulus_degree, "coeff_mod_bit_sizes": list(params.ckks.coeff_mod_bit_sizes),
                  "scale_bits": params.ckks.scale_bits}}}
 
-    def record(block, method, res, seconds, ref, stats=None):
+    def record(block, method, res, seconds, ref, stats=None, cpu=None):
         err = float(np.abs(res.fsv - ref.fsv).max())
-        row = {"block": block, "method": method, "seconds": round(seconds, 2), "max_abs_err": err,
+        row = {"block": block, "method": method, "seconds": round(seconds, 2),
+               "cpu_seconds": None if cpu is None else round(cpu, 2), "max_abs_err": err,
                "fsv": [round(float(v), 6) for v in res.fsv],
                "evaluated_samples": int(res.evaluated_samples), "skipped_samples": int(res.skipped_samples)}
         if stats is not None:
@@ -128,7 +140,7 @@ def main() -> None:
                        mbytes=round(stats.bytes_sent / 2**20, 1), setup_s=round(stats.setup_seconds, 2),
                        helper_fallbacks=stats.helper_fallbacks)
         rows.append(row)
-        print(f"[{block}] {method:14s} {seconds:8.1f}s  max|dFSV|={err:.2e}  fsv={np.round(res.fsv, 4).tolist()}",
+        print(f"[{block}] {method:14s} {seconds:8.1f}s (cpu {cpu or 0:.1f}s)  max|dFSV|={err:.2e}  fsv={np.round(res.fsv, 4).tolist()}",
               flush=True)
         return row
 
@@ -141,14 +153,19 @@ def main() -> None:
     record("compare", "plaintext", ref, tp, ref)
     t = time.perf_counter(); r = federated_shapley(R, w, Xs, ys, n_classes=2, sample_skip=True)
     record("compare", "plaintext+SS", r, time.perf_counter() - t, ref)
-    h = HESV(Xs, ys, os_, n_classes=2, ckks=params.ckks)
-    t = time.perf_counter(); rh = h.run(R, w); th = time.perf_counter() - t
-    record("compare", "HESV", rh, th, ref, h.stats)
+    h = HESV(Xs, ys, os_, n_classes=2, ckks=params.ckks, binary_margin=args.binary_margin)
+    t, c = time.perf_counter(), time.process_time()
+    rh = h.run(R, w)
+    th, ch = time.perf_counter() - t, time.process_time() - c
+    record("compare", "HESV", rh, th, ref, h.stats, ch)
     for skip in (False, True):
-        s = SecSV(Xs, ys, os_, n_classes=2, params=params)
-        t = time.perf_counter(); rs = s.run(R, w, sample_skip=skip); ts_ = time.perf_counter() - t
-        row = record("compare", "SecSV+SS" if skip else "SecSV", rs, ts_, ref, s.stats)
+        s = SecSV(Xs, ys, os_, n_classes=2, params=params, binary_margin=args.binary_margin)
+        t, c = time.perf_counter(), time.process_time()
+        rs = s.run(R, w, sample_skip=skip)
+        ts_, cs = time.perf_counter() - t, time.process_time() - c
+        row = record("compare", "SecSV+SS" if skip else "SecSV", rs, ts_, ref, s.stats, cs)
         row["speedup_vs_HESV"] = round(th / ts_, 2)
+        row["cpu_speedup_vs_HESV"] = round(ch / cs, 2)
     rows[2]["speedup_vs_HESV"] = 1.0
 
     # -- full block --------------------------------------------------------
@@ -158,15 +175,16 @@ def main() -> None:
         exact = federated_shapley(history, counts, Xt, yt, n_classes=2)
         result["plaintext_exact_counts_fsv"] = exact.fsv.tolist()
         result["max_abs_diff_quantised_vs_exact_weights"] = float(np.abs(exact.fsv - ref_full.fsv).max())
-        s = SecSV(Xt, yt, owners, n_classes=2, params=params)
-        t = time.perf_counter(); rs = s.run(history, w, sample_skip=True)
-        record("full", "SecSV+SS", rs, time.perf_counter() - t, ref_full, s.stats)
+        s = SecSV(Xt, yt, owners, n_classes=2, params=params, binary_margin=args.binary_margin)
+        t, c = time.perf_counter(), time.process_time()
+        rs = s.run(history, w, sample_skip=True)
+        record("full", "SecSV+SS", rs, time.perf_counter() - t, ref_full, s.stats, time.process_time() - c)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result["rows"] = rows
     (out / "shapley_bank.json").write_text(json.dumps(result, indent=2, default=str))
-    keys = ["block", "method", "seconds", "speedup_vs_HESV", "max_abs_err", "evaluated_samples",
+    keys = ["block", "method", "seconds", "cpu_seconds", "speedup_vs_HESV", "cpu_speedup_vs_HESV", "max_abs_err", "evaluated_samples",
             "skipped_samples", "ct_pt", "ct_ct", "batches", "mbytes", "setup_s", "helper_fallbacks", "fsv"]
     with open(out / "shapley_bank.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")

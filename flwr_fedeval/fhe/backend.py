@@ -343,13 +343,24 @@ class CKKSContext(ABC):
     def sum_slots(self, ct: Any) -> Any:
         """Every slot := sum over all ``slot_count`` slots (log2 rotations)."""
 
-    def dot_plain(self, cts: Sequence[Any], plains: Sequence[Sequence[float]]) -> Any:
+    def encode_plain(self, values: Iterable[float]) -> Any:
+        """Pre-encode a plaintext vector for repeated use in :meth:`dot_plain`.
+
+        Added for Matrix Reducing (secure Shapley values), where the same data
+        shares multiply many encrypted models. The default returns the padded
+        float vector (no saving); TenSEAL returns an encoded SEAL plaintext at
+        the top level (valid for fresh ciphertexts and sums of them).
+        """
+        return self._pad(values)
+
+    def dot_plain(self, cts: Sequence[Any], plains: Sequence[Any]) -> Any:
         """``Σ_o cts[o] ⊙ plains[o]``: slot-wise ciphertext×plaintext products, summed.
 
-        Added for Matrix Reducing (secure Shapley values). Uses one level. The
-        default composes :meth:`multiply_plain` and :meth:`add_many`; a backend
-        may override it to rescale once for the whole sum (TenSEAL does not
-        rescale at all, which keeps integer results exact up to ~2^45).
+        Added for Matrix Reducing (secure Shapley values). ``plains`` holds
+        float vectors or results of :meth:`encode_plain`. Uses one level. The
+        default composes :meth:`multiply_plain` and :meth:`add_many`; TenSEAL
+        overrides it without any rescale, which keeps integer-valued results
+        exact up to ~2^45.
         """
         cts = list(cts)
         if not cts or len(cts) != len(plains):

@@ -14,7 +14,10 @@ at ``n = 8192``; the protocols use only the positive power-of-two steps.
 
 from __future__ import annotations
 
+import os
 import secrets
+import struct
+import tempfile
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -50,10 +53,20 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+class _Encoded:
+    """A SEAL plaintext encoded by :meth:`TenSEALContext.encode_plain`."""
+
+    __slots__ = ("pt",)
+
+    def __init__(self, pt) -> None:
+        self.pt = pt
+
+
 class TenSEALContext(CKKSContext):
     backend = "tenseal"
 
     def __init__(self, ctx: "ts.Context", params: CKKSParams, context_id: bytes) -> None:
+        self._sa = None
         self._ctx = ctx
         self.params = params
         self.context_id = context_id
@@ -106,34 +119,64 @@ class TenSEALContext(CKKSContext):
             return ct.mul([float(vals[0])])
         return self._full(ct).mul(vals.tolist())
 
-    def dot_plain(self, cts: Sequence[Any], plains: Sequence[Sequence[float]]) -> Any:
-        """``Σ_o cts[o] ⊙ plains[o]`` without rescaling (result at scale Δ², one level above).
+    # -- pre-encoded plaintexts (secure Shapley values) --------------------
+    def _sealapi(self):
+        """TenSEAL's bundled SEAL bindings on this context's SEALContext (lazy)."""
+        if self._sa is None:
+            import tenseal.sealapi as sa
 
-        TenSEAL's rescale resets the scale to Δ although the dropped prime is
-        only ≈ Δ (a systematic relative error ~1e-9); skipping it keeps
+            sc = self._ctx.seal_context().data
+            self._sa = (sa, sa.Evaluator(sc), sa.CKKSEncoder(sc))
+        return self._sa
+
+    def encode_plain(self, values: Iterable[float]) -> Any:
+        sa, _, encoder = self._sealapi()
+        pt = sa.Plaintext()
+        encoder.encode(self._pad(values).tolist(), float(2 ** self.params.scale_bits), pt)
+        return _Encoded(pt)
+
+    def _vector_from_seal(self, ct) -> "ts.CKKSVector":
+        """Wrap a SEAL ciphertext into a full-batch CKKSVector (CKKSVectorProto:
+        1 = shape, 2 = SEAL ciphertext bytes, 3 = initial scale)."""
+        fd, path = tempfile.mkstemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        os.close(fd)
+        try:
+            ct.save(path)
+            with open(path, "rb") as f:
+                body = f.read()
+        finally:
+            os.unlink(path)
+        size = _varint(self.slot_count)
+        proto = (b"\n" + bytes([len(size)]) + size + b"\x12" + _varint(len(body)) + body
+                 + b"\x19" + struct.pack("<d", float(2 ** self.params.scale_bits)))
+        return ts.ckks_vector_from(self._ctx, proto)
+
+    def dot_plain(self, cts: Sequence[Any], plains: Sequence[Any]) -> Any:
+        """``Σ_o cts[o] ⊙ plains[o]`` without rescaling (result at scale Δ², same level).
+
+        Runs on SEAL directly (TenSEAL's bundled ``sealapi`` on this context):
+        plaintexts from :meth:`encode_plain` are reused, raw vectors are
+        encoded here; one multiply_plain + add per term, no rescale.
+        TenSEAL's own rescale resets the scale to Δ although the dropped prime
+        is only ≈ Δ (a systematic relative error ~1e-9); skipping it keeps
         integer-valued results exact (relative decode error ~2^-49, measured),
-        which SecSV's modular reconstruction needs. The products are summed at
-        scale Δ², so values must stay below ``2^(log2 Q − 2·scale_bits − 1)``
-        (2^59 for the default 158-bit top level).
+        which SecSV's modular reconstruction needs. Values must stay below
+        ``2^(log2 Q − 2·scale_bits − 1)`` (2^59 at the default 158-bit top level).
+        Ciphertexts must be at the top level (fresh, or sums of fresh ones).
         """
         cts = list(cts)
         if not cts or len(cts) != len(plains):
             raise ValueError(f"dot_plain needs equally many (>= 1) ciphertexts and plaintexts, "
                              f"got {len(cts)} and {len(plains)}")
-        ctx = self._ctx
-        old = ctx.auto_rescale
-        ctx.auto_rescale = False
-        try:
-            acc = None
-            for ct, vals in zip(cts, plains):
-                prod = self._full(ct).mul(self._pad(vals).tolist())
-                if acc is None:
-                    acc = prod
-                else:
-                    acc.add_(prod)
-        finally:
-            ctx.auto_rescale = old
-        return acc
+        sa, evaluator, _ = self._sealapi()
+        acc, tmp = sa.Ciphertext(), sa.Ciphertext()
+        for n, (ct, p) in enumerate(zip(cts, plains)):
+            pt = p.pt if isinstance(p, _Encoded) else self.encode_plain(p).pt
+            seal_ct = self._full(ct).ciphertext()[0]
+            evaluator.multiply_plain(seal_ct, pt, acc if n == 0 else tmp)
+            if n:
+                evaluator.add_inplace(acc, tmp)
+        return self._vector_from_seal(acc)
 
     def sum_slots(self, ct: Any) -> Any:
         if ct.size() != self.slot_count:

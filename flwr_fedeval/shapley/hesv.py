@@ -52,11 +52,15 @@ class HESV:
     ckks : CKKSParams, optional
         Default :func:`~flwr_fedeval.shapley.secsv.shapley_ckks_params`.
     batch_size : int, optional
-        Samples per ciphertext; default ``slots // n_classes``.
+        Samples per ciphertext; default ``slots // d_out``.
+    binary_margin : bool, default=False
+        With 2 classes, evaluate the single row ``θ_1 − θ_0`` (``d_out = 1``);
+        see :class:`~flwr_fedeval.shapley.secsv.SecSV`.
     """
 
     def __init__(self, X: np.ndarray, y: np.ndarray, owners: np.ndarray, *, n_classes: int,
-                 ckks: CKKSParams | None = None, batch_size: int | None = None) -> None:
+                 ckks: CKKSParams | None = None, batch_size: int | None = None,
+                 binary_margin: bool = False) -> None:
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y, dtype=np.int64)
         owners = np.asarray(owners, dtype=np.int64)
@@ -64,9 +68,10 @@ class HESV:
             raise ValueError(f"X (M, d), y (M,), owners (M,) expected, got {X.shape}, {y.shape}, {owners.shape}")
         self.X, self.y, self.owners = X, y, owners
         self.n_classes = int(n_classes)
+        self.d_out = 1 if (binary_margin and self.n_classes == 2) else self.n_classes
         self.ckks = ckks or shapley_ckks_params()
         self.clients = sorted(set(owners.tolist()))
-        self.m = batch_size or max_batch(self.ckks.slot_count, self.n_classes)
+        self.m = batch_size or max_batch(self.ckks.slot_count, self.d_out)
         self.stats = ShapleyStats()
         self._wire = _Wire(self.stats)
         self._turn = 0
@@ -88,7 +93,7 @@ class HESV:
                 ids = rows[start:start + self.m]
                 B = np.zeros((xa.shape[1], self.m))
                 B[:, :len(ids)] = xa[ids].T
-                red = reduce_data(B, self.n_classes)
+                red = reduce_data(B, self.d_out)
                 cts = [self._wire.send(self.client_ctx, self.ctx_S, self.client_ctx.encrypt(red[o].ravel()))
                        for o in range(red.shape[0])]
                 ylay = np.zeros(self.m)
@@ -103,6 +108,8 @@ class HESV:
         enc = {}
         for i, theta in models.items():
             A = float(weights[i]) * np.asarray(theta, dtype=np.float64)
+            if self.d_out == 1:
+                A = A[1:] - A[:1]
             red = reduce_model(A, self.m)
             enc[i] = [self._wire.send(self.client_ctx, self.ctx_S, self.client_ctx.encrypt(red[o].ravel()))
                       for o in range(red.shape[0])]
@@ -124,9 +131,9 @@ class HESV:
             # steps 3, 7 (client i_{L+1}): decrypt, argmax, upload ⟦−Ŷ⟧
             dec = self.client_ctx.decrypt(self._wire.send(ctx, self.client_ctx, scores_ct))
             self.stats.decryptions += 1
-            scores = dec[: self.n_classes * self.m].reshape(self.n_classes, self.m)
+            scores = dec[: self.d_out * self.m].reshape(self.d_out, self.m)[:, : len(ids)]
             pred = np.zeros(self.m)
-            pred[: len(ids)] = np.argmax(scores[:, : len(ids)], axis=0)
+            pred[: len(ids)] = (scores[0] > 0) if self.d_out == 1 else np.argmax(scores, axis=0)
             neg_pred = self._wire.send(self.client_ctx, ctx, self.client_ctx.encrypt(-pred))
             self.stats.encryptions += 1
             diff = ctx.add_many([ct_y, neg_pred])                                       # step 8

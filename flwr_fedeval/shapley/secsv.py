@@ -213,11 +213,17 @@ class SecSV:
     n_classes : int
     params : SecSVParams, optional
     batch_size : int, optional
-        Samples per ciphertext; default ``slots // n_classes`` (Table 1).
+        Samples per ciphertext; default ``slots // d_out`` (Table 1).
+    binary_margin : bool, default=False
+        With 2 classes, encrypt the single row ``θ_1 − θ_0`` (``d_out = 1``,
+        predict 1 iff the margin is > 0, the same decision as the argmax):
+        twice the samples per ciphertext. Clients then check
+        ``|θ_1 − θ_0| ≤ model_bound`` instead of ``|θ| ≤ model_bound``.
     """
 
     def __init__(self, X: np.ndarray, y: np.ndarray, owners: np.ndarray, *, n_classes: int,
-                 params: SecSVParams | None = None, batch_size: int | None = None) -> None:
+                 params: SecSVParams | None = None, batch_size: int | None = None,
+                 binary_margin: bool = False) -> None:
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y, dtype=np.int64)
         owners = np.asarray(owners, dtype=np.int64)
@@ -230,14 +236,16 @@ class SecSV:
             raise ValueError(f"test features exceed feature_bound={self.params.feature_bound}; scale them first")
         self.X, self.y, self.owners = X, y, owners
         self.n_classes = int(n_classes)
+        self.d_out = 1 if (binary_margin and self.n_classes == 2) else self.n_classes
         self.clients = sorted(set(owners.tolist()))
         slots = self.params.ckks.slot_count
-        self.m = batch_size or max_batch(slots, self.n_classes)
-        if self.m * self.n_classes > slots:
+        self.m = batch_size or max_batch(slots, self.d_out)
+        if self.m * self.d_out > slots:
             raise ValueError(f"batch_size {self.m} x {self.n_classes} classes exceeds {slots} slots")
         self.stats = ShapleyStats()
         self._wire = _Wire(self.stats)
         self._helper_turn = 0
+        self._plain_cache: dict = {}
         self._setup_done = False
 
     # -- Algorithm 3, steps 1-3 -------------------------------------------
@@ -275,9 +283,13 @@ class SecSV:
             if theta.shape != (self.n_classes, p.n_features + 1):
                 raise ValueError(f"model of client {i} has shape {theta.shape}, "
                                  f"expected {(self.n_classes, p.n_features + 1)}")
+            A = np.rint(theta * 2 ** p.model_frac_bits)
+            if self.d_out == 1:
+                theta = theta[1:] - theta[:1]
+                A = A[1:] - A[:1]
             if np.abs(theta).max() > p.model_bound:
                 raise ValueError(f"client {i}: |θ| = {np.abs(theta).max():.3g} exceeds model_bound={p.model_bound}")
-            A = w * np.rint(theta * 2 ** p.model_frac_bits)
+            A = w * A
             red = reduce_model(A, self.m)                         # (d_in, d_out, m)
             cts = [self.client_ctx.encrypt(red[o].ravel()) for o in range(red.shape[0])]
             self.stats.encryptions += len(cts)
@@ -292,15 +304,27 @@ class SecSV:
         return [((share_rows >> np.uint64(b * l)) & mask).astype(np.float64)
                 for l in range(self.params.n_limbs)]
 
-    def _server_product(self, ctx: CKKSContext, enc_model: list, share_rows: np.ndarray) -> list:
-        """``[[A_S B̃_l]]`` for every limb ``l`` of one server's share (``d_in`` ct×pt each)."""
-        out = []
+    def _server_plaintexts(self, ctx: CKKSContext, share_rows: np.ndarray, key) -> list:
+        """Encoded ``B̃_l^(o)`` of one server's share of a batch, per limb; batches of the
+        whole test set (every singleton, every coalition without SampleSkip) are cached."""
+        if key is not None and key in self._plain_cache:
+            return self._plain_cache[key]
+        plains = []
         for limb in self._limbs(share_rows):
             B = np.zeros((limb.shape[1], self.m))
             B[:, :limb.shape[0]] = limb.T                        # d_in × m, zero-padded batch
-            red = reduce_data(B, self.n_classes)
-            out.append(ctx.dot_plain(enc_model, [red[o].ravel() for o in range(red.shape[0])]))
-            self.stats.ct_pt_mults += red.shape[0]
+            red = reduce_data(B, self.d_out)
+            plains.append([ctx.encode_plain(red[o].ravel()) for o in range(red.shape[0])])
+        if key is not None:
+            self._plain_cache[key] = plains
+        return plains
+
+    def _server_product(self, ctx: CKKSContext, enc_model: list, share_rows: np.ndarray, key=None) -> list:
+        """``[[A_S B̃_l]]`` for every limb ``l`` of one server's share (``d_in`` ct×pt each)."""
+        out = []
+        for plains in self._server_plaintexts(ctx, share_rows, key):
+            out.append(ctx.dot_plain(enc_model, plains))
+            self.stats.ct_pt_mults += len(plains)
         return out
 
     def _batches(self, idx: np.ndarray):
@@ -324,25 +348,29 @@ class SecSV:
         k, b = p.ring_bits, p.limb_bits
         kmask = np.uint64((1 << k) - 1)
         correct = np.zeros(len(idx), dtype=bool)
-        for pos in self._batches(idx):
+        whole = len(idx) == len(self.y) and bool(np.array_equal(idx, np.arange(len(self.y))))
+        for n, pos in enumerate(self._batches(idx)):
             ids = idx[pos]
             self.stats.batches += 1
-            res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids])          # step 4
+            res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids], ("A", n) if whole else None)  # step 4
             res_A = [self._wire.send(self.ctx_A, self.ctx_P, c) for c in res_A]
-            res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids])          # step 5
+            res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids], ("P", n) if whole else None)  # step 5
             total = [self.ctx_P.add_many([a, c]) for a, c in zip(res_P, res_A)]       # step 6
             helper, fb = pick_helper(self.clients, set(self.owners[ids].tolist()), set(S), self._helper_turn)
             self._helper_turn += 1
             self.stats.helper_fallbacks += int(fb)
             # step 7 (helper client): decrypt, round, recombine limbs mod 2^k
-            acc = np.zeros(self.n_classes * self.m, dtype=np.uint64)
+            acc = np.zeros(self.d_out * self.m, dtype=np.uint64)
             for l, ct in enumerate(total):
                 ct = self._wire.send(self.ctx_P, self.client_ctx, ct)
-                v = np.rint(self.client_ctx.decrypt(ct)[: self.n_classes * self.m]).astype(np.int64)
+                v = np.rint(self.client_ctx.decrypt(ct)[: self.d_out * self.m]).astype(np.int64)
                 self.stats.decryptions += 1
                 acc += (v.astype(np.uint64) << np.uint64(b * l))
-            scores = to_signed(acc & kmask, k).reshape(self.n_classes, self.m)[:, : len(ids)]
-            pred = np.argmax(scores, axis=0).astype(np.uint64)                      # step 11
+            scores = to_signed(acc & kmask, k).reshape(self.d_out, self.m)[:, : len(ids)]
+            if self.d_out == 1:
+                pred = (scores[0] > 0).astype(np.uint64)                            # step 11
+            else:
+                pred = np.argmax(scores, axis=0).astype(np.uint64)
             pred_P, pred_A = share(pred, k)
             diff_A = (pred_A - self.y_A[ids]) & kmask                               # step 12 (A -> P)
             diff = reconstruct((pred_P - self.y_P[ids]) & kmask, diff_A, k)         # step 13
@@ -356,6 +384,7 @@ class SecSV:
         """Utilities of every coalition of one round (SampleSkip optional)."""
         if not self._setup_done:
             self.setup()
+        t0 = time.perf_counter()
         enc_P, enc_A = self.encrypt_models(models, weights)
         cache: dict[frozenset, tuple[list, list]] = {}
 
@@ -383,6 +412,8 @@ class SecSV:
                 ev.evaluated_samples += M
         self.stats.evaluated_samples += ev.evaluated_samples
         self.stats.skipped_samples += ev.skipped_samples
+        log.info("SecSV round: %d coalitions, %d (sample, model) pairs tested, %d skipped, %.1fs",
+                 len(ev.utilities), ev.evaluated_samples, ev.skipped_samples, time.perf_counter() - t0)
         return ev
 
     def run(self, rounds: Sequence[Mapping[int, np.ndarray]], weights: Mapping[int, int],

@@ -52,3 +52,13 @@ def test_secsv_params_refuse_scores_that_wrap_around():
 
 def test_quantize_weights_keeps_every_client_positive():
     assert quantize_weights({0: 10_000, 1: 3}, bits=8) == {0: 255, 1: 1}
+
+
+def test_secsv_binary_margin_layout_equals_plaintext(case):
+    X, y, owners, rounds, w = case
+    ref = federated_shapley(rounds, w, X, y, n_classes=2, sample_skip=True)
+    s = SecSV(X, y, owners, n_classes=2, binary_margin=True,
+              params=SecSVParams(n_features=X.shape[1], max_clients=3))
+    assert s.d_out == 1 and s.m == s.params.ckks.slot_count
+    res = s.run(rounds, w, sample_skip=True)
+    assert np.abs(res.fsv - ref.fsv).max() < 1e-3
