@@ -10,16 +10,17 @@ phases replace exactly this step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import INFO
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points
 from flwr_fedeval.messages import EVALUATE_THRESHOLD_COUNTS, counts_from_record
 from flwr_fedeval.metrics.auc import auc_from_counts
+from flwr_fedeval.strategies.exchange import exchange
 
 __all__ = ["AUCPhaseResult", "PlaintextAUCPhase"]
 
@@ -113,26 +114,21 @@ class PlaintextAUCPhase:
                 "evaluation": ArrayRecord({"thresholds": Array(self.thresholds)}),
             }
         )
-        messages = [Message(content=content, dst_node_id=n, message_type=self.message_type) for n in node_ids]
-        replies = list(grid.send_and_receive(messages, timeout=self.timeout))
-        failed: dict[int, str] = {n: "no reply (timeout)" for n in node_ids}
+        failed: dict[int, str] = {}
+        valid = exchange(
+            grid,
+            dict.fromkeys(node_ids, content),
+            self.message_type,
+            lambda node, reply: counts_from_record(reply["counts"], self.thresholds.size),
+            failed,
+            what="counts",
+            phase="plain",
+            timeout=self.timeout,
+        )
+        contributors = sorted(valid)
         total: ConfusionCounts | None = None
-        contributors = []
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                failed[node] = f"error reply: {reply.error.reason}"
-                continue
-            try:
-                counts = counts_from_record(reply.content["counts"], self.thresholds.size)
-            except (KeyError, ValueError) as exc:
-                failed[node] = f"malformed counts: {exc}"
-                continue
-            failed.pop(node, None)
-            contributors.append(node)
-            total = counts if total is None else total + counts
-        for node, reason in failed.items():
-            log(WARNING, "AUC phase: node %d left out: %s", node, reason)
+        for node in contributors:
+            total = valid[node] if total is None else total + valid[node]
         if total is None or len(contributors) < self.min_nodes:
             raise RuntimeError(
                 f"AUC phase: {len(contributors)} valid replies, at least {self.min_nodes} needed"

@@ -32,12 +32,11 @@ Vertical Federated Learning" (FedAUC).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -65,47 +64,9 @@ from flwr_fedeval.messages import (
     scores_from_record,
 )
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
+from flwr_fedeval.strategies.exchange import exchange as _exchange
 
 __all__ = ["DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCLaplacePhase", "FedAUCRRPhase"]
-
-
-def _exchange(
-    grid: Grid,
-    contents: dict[int, RecordDict],
-    message_type: str,
-    parse: Callable[[int, RecordDict], Any],
-    failed: dict[int, str],
-    *,
-    what: str,
-    phase: str,
-    timeout: float,
-) -> dict[int, Any]:
-    """Send ``contents[node]`` to each node; return ``{node: parse(node, reply)}`` for valid replies.
-
-    Nodes without a valid reply are added to ``failed`` with the reason and
-    logged (the reason of an error reply is the client's, e.g. ``BudgetError: ...``).
-    """
-    messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
-    missing = {n: "no reply (timeout)" for n in contents}
-    valid: dict[int, Any] = {}
-    for reply in replies:
-        node = reply.metadata.src_node_id
-        if node not in missing:
-            continue
-        if reply.has_error():
-            missing[node] = f"error reply: {reply.error.reason}"
-            continue
-        try:
-            valid[node] = parse(node, reply.content)
-        except (KeyError, ValueError, TypeError) as exc:
-            missing[node] = f"malformed {what}: {exc}"
-            continue
-        missing.pop(node)
-    for node, reason in missing.items():
-        log(WARNING, "AUC phase (%s): node %d left out: %s", phase, node, reason)
-    failed.update(missing)
-    return valid
 
 
 def _details(estimate: AUCEstimate, failed: dict[int, str], **extra: Any) -> dict:

@@ -56,7 +56,7 @@ from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -91,6 +91,7 @@ from flwr_fedeval.messages import (
 )
 from flwr_fedeval.metrics.auc import UndefinedAUCError
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
+from flwr_fedeval.strategies.exchange import exchange
 
 __all__ = ["FHEAUCPhase", "TamperingReportedError"]
 
@@ -206,31 +207,9 @@ class FHEAUCPhase:
     # --- message exchange -------------------------------------------------------
     def _exchange(self, grid: Grid, contents: dict[int, RecordDict], message_type: str,
                   parse: Callable[[int, RecordDict], Any], failed: dict[int, str], what: str) -> dict[int, Any]:
-        """Send ``contents[node]``; return ``{node: parse(node, reply)}`` for valid replies.
-
-        Nodes without a valid reply are added to ``failed`` with the reason and logged.
-        """
-        messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
-        replies = list(grid.send_and_receive(messages, timeout=self.timeout))
-        missing = {n: "no reply (timeout)" for n in contents}
-        valid: dict[int, Any] = {}
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            if node not in missing:
-                continue
-            if reply.has_error():
-                missing[node] = f"error reply at {message_type}: {reply.error.reason}"
-                continue
-            try:
-                valid[node] = parse(node, reply.content)
-            except (KeyError, ValueError, TypeError) as exc:  # SerializationError is a ValueError
-                missing[node] = f"malformed {what}: {type(exc).__name__}: {exc}"
-                continue
-            missing.pop(node)
-        for node, reason in missing.items():
-            log(WARNING, "FHE AUC phase: node %d left out: %s", node, reason)
-        failed.update(missing)
-        return valid
+        """:func:`~flwr_fedeval.strategies.exchange.exchange` with this phase's timeout."""
+        return exchange(grid, contents, message_type, parse, failed, what=what,
+                        phase="fhe", timeout=self.timeout)
 
     def _require(self, nodes, failed: dict[int, str], step: str) -> None:
         if len(nodes) < self.min_nodes:

@@ -1,0 +1,57 @@
+"""Send one request per node and collect the checked replies (shared by the phases).
+
+Follows Flower's ``FedAvg._check_and_log_replies``: replies are split into
+valid ones and failures first, every failure is logged with the node and the
+reason, and only parsed, checked content reaches the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from logging import WARNING
+from typing import Any
+
+from flwr.app import Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+__all__ = ["exchange"]
+
+
+def exchange(
+    grid: Grid,
+    contents: dict[int, RecordDict],
+    message_type: str,
+    parse: Callable[[int, RecordDict], Any],
+    failed: dict[int, str],
+    *,
+    what: str,
+    phase: str,
+    timeout: float,
+) -> dict[int, Any]:
+    """Send ``contents[node]`` to each node; return ``{node: parse(node, reply)}`` for valid replies.
+
+    Nodes without a valid reply are added to ``failed`` with the reason and
+    logged (the reason of an error reply is the client's, e.g. ``BudgetError: ...``).
+    """
+    messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    missing = {n: "no reply (timeout)" for n in contents}
+    valid: dict[int, Any] = {}
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        if node not in missing:
+            continue
+        if reply.has_error():
+            missing[node] = f"error reply: {reply.error.reason}"
+            continue
+        try:
+            valid[node] = parse(node, reply.content)
+        except (KeyError, ValueError, TypeError) as exc:
+            missing[node] = f"malformed {what}: {type(exc).__name__}: {exc}"
+            continue
+        missing.pop(node)
+    for node, reason in missing.items():
+        log(WARNING, "AUC phase (%s): node %d left out: %s", phase, node, reason)
+    failed.update(missing)
+    return valid
