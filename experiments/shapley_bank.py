@@ -13,11 +13,19 @@ Blocks
 * ``compare``: plaintext, HESV, SecSV and SecSV+SampleSkip on a test subset
   (``--subset`` samples, first ``--compare-rounds`` rounds): time, speedup over
   HESV, max |FSV − plaintext FSV|.
-* ``full``: plaintext and SecSV+SampleSkip on the full test set, all rounds.
+* ``full``: plaintext and SecSV+SampleSkip on the full test set, all rounds
+  (``--full-all``: HESV and SecSV without SampleSkip as well).
 
 Writes ``experiments/results/shapley_bank.{json,csv,png}``.
 
-Usage: ``python experiments/shapley_bank.py [path/to/bank-full.csv]``
+Usage: ``python experiments/shapley_bank.py [path/to/bank-full.csv]``. The
+reported run::
+
+    python experiments/shapley_bank.py --binary-margin --model-bound 4 --data-frac-bits 9 \
+        --skip-compare --full-all
+
+(``--binary-margin``: the 2-class model is evaluated as the single row
+``θ_1 − θ_0``, the same argmax decision with twice the samples per ciphertext.)
 """
 
 from __future__ import annotations
@@ -77,6 +85,9 @@ def main() -> None:
     ap.add_argument("--subset", type=int, default=1000, help="test samples of the compare block")
     ap.add_argument("--compare-rounds", type=int, default=10)
     ap.add_argument("--skip-full", action="store_true")
+    ap.add_argument("--skip-compare", action="store_true")
+    ap.add_argument("--full-all", action="store_true",
+                    help="full block also runs HESV and SecSV without SampleSkip (~10 more minutes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "experiments/results"))
     ap.add_argument("--binary-margin", action="store_true",
@@ -144,29 +155,35 @@ def main() -> None:
               flush=True)
         return row
 
+    def secure_runs(block, Xb, yb, ob, R, ref, methods):
+        th = ch = None
+        for method in methods:
+            t, c = time.perf_counter(), time.process_time()
+            if method == "HESV":
+                h = HESV(Xb, yb, ob, n_classes=2, ckks=params.ckks, binary_margin=args.binary_margin)
+                res, stats = h.run(R, w), h.stats
+            else:
+                s = SecSV(Xb, yb, ob, n_classes=2, params=params, binary_margin=args.binary_margin)
+                res, stats = s.run(R, w, sample_skip=method == "SecSV+SS"), s.stats
+            wall, cpu = time.perf_counter() - t, time.process_time() - c
+            row = record(block, method, res, wall, ref, stats, cpu)
+            if method == "HESV":
+                th, ch = wall, cpu
+            if th is not None:
+                row["speedup_vs_HESV"] = round(th / wall, 2)
+                row["cpu_speedup_vs_HESV"] = round(ch / cpu, 2)
+
     # -- compare block ---------------------------------------------------
     rng = np.random.default_rng(args.seed + 99)
     sub = np.sort(rng.choice(len(yt), size=min(args.subset, len(yt)), replace=False))
     R = history[: args.compare_rounds]
     Xs, ys, os_ = Xt[sub], yt[sub], owners[sub]
-    t = time.perf_counter(); ref = federated_shapley(R, w, Xs, ys, n_classes=2); tp = time.perf_counter() - t
-    record("compare", "plaintext", ref, tp, ref)
-    t = time.perf_counter(); r = federated_shapley(R, w, Xs, ys, n_classes=2, sample_skip=True)
-    record("compare", "plaintext+SS", r, time.perf_counter() - t, ref)
-    h = HESV(Xs, ys, os_, n_classes=2, ckks=params.ckks, binary_margin=args.binary_margin)
-    t, c = time.perf_counter(), time.process_time()
-    rh = h.run(R, w)
-    th, ch = time.perf_counter() - t, time.process_time() - c
-    record("compare", "HESV", rh, th, ref, h.stats, ch)
-    for skip in (False, True):
-        s = SecSV(Xs, ys, os_, n_classes=2, params=params, binary_margin=args.binary_margin)
-        t, c = time.perf_counter(), time.process_time()
-        rs = s.run(R, w, sample_skip=skip)
-        ts_, cs = time.perf_counter() - t, time.process_time() - c
-        row = record("compare", "SecSV+SS" if skip else "SecSV", rs, ts_, ref, s.stats, cs)
-        row["speedup_vs_HESV"] = round(th / ts_, 2)
-        row["cpu_speedup_vs_HESV"] = round(ch / cs, 2)
-    rows[2]["speedup_vs_HESV"] = 1.0
+    if not args.skip_compare:
+        t = time.perf_counter(); ref = federated_shapley(R, w, Xs, ys, n_classes=2); tp = time.perf_counter() - t
+        record("compare", "plaintext", ref, tp, ref)
+        t = time.perf_counter(); r = federated_shapley(R, w, Xs, ys, n_classes=2, sample_skip=True)
+        record("compare", "plaintext+SS", r, time.perf_counter() - t, ref)
+        secure_runs("compare", Xs, ys, os_, R, ref, ["HESV", "SecSV", "SecSV+SS"])
 
     # -- full block --------------------------------------------------------
     if not args.skip_full:
@@ -175,10 +192,8 @@ def main() -> None:
         exact = federated_shapley(history, counts, Xt, yt, n_classes=2)
         result["plaintext_exact_counts_fsv"] = exact.fsv.tolist()
         result["max_abs_diff_quantised_vs_exact_weights"] = float(np.abs(exact.fsv - ref_full.fsv).max())
-        s = SecSV(Xt, yt, owners, n_classes=2, params=params, binary_margin=args.binary_margin)
-        t, c = time.perf_counter(), time.process_time()
-        rs = s.run(history, w, sample_skip=True)
-        record("full", "SecSV+SS", rs, time.perf_counter() - t, ref_full, s.stats, time.process_time() - c)
+        secure_runs("full", Xt, yt, owners, history, ref_full,
+                    ["HESV", "SecSV", "SecSV+SS"] if args.full_all else ["SecSV+SS"])
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,8 +210,9 @@ def main() -> None:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, 2 if not args.skip_full else 1, figsize=(11, 4), squeeze=False)
-        for ax, block in zip(axes[0], ["compare", "full"]):
+        blocks = [b for b in ("compare", "full") if any(r["block"] == b for r in rows)]
+        fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 4), squeeze=False)
+        for ax, block in zip(axes[0], blocks):
             br = [r for r in rows if r["block"] == block]
             width = 0.8 / max(1, len(br))
             for j, r in enumerate(br):

@@ -67,8 +67,12 @@ log = logging.getLogger(__name__)
 EXACT_BITS = 45
 
 
-def shapley_ckks_params(backend: str | None = None) -> CKKSParams:
-    """CKKS parameters for HESV/SecSV: the project default (128-bit classical).
+def shapley_ckks_params(backend: str = "tenseal") -> CKKSParams:
+    """CKKS parameters for HESV/SecSV: the project's TenSEAL default (128-bit classical).
+
+    TenSEAL only: SecSV needs integer results exact up to ~2^45, which the
+    TenSEAL ``dot_plain`` (no rescale, scale Δ²) gives; the OpenFHE default
+    set leaves only ``2^(60−50−1)`` of headroom after its rescale.
 
     TenSEAL: ``N = 8192``, primes ``[60, 49, 49, 60]`` (218 bits = the
     HomomorphicEncryption.org bound), Δ = 2^49. After FedAvg of 3 models the
@@ -136,6 +140,9 @@ class SecSVParams:
             raise ValueError(f"limb_bits must be in [1, ring_bits], got {self.limb_bits!r}")
         if self.ckks is None:
             object.__setattr__(self, "ckks", shapley_ckks_params())
+        if self.ckks.backend != "tenseal":
+            raise ValueError(f"SecSV needs the tenseal backend (exact integers up to 2^{EXACT_BITS}), "
+                             f"got {self.ckks.backend!r}")
         d_in = self.n_features + 1
         w_sum = self.max_clients * (2 ** self.weight_bits - 1)
         a_max = w_sum * self.model_bound * 2 ** self.model_frac_bits

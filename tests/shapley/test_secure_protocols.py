@@ -62,3 +62,10 @@ def test_secsv_binary_margin_layout_equals_plaintext(case):
     assert s.d_out == 1 and s.m == s.params.ckks.slot_count
     res = s.run(rounds, w, sample_skip=True)
     assert np.abs(res.fsv - ref.fsv).max() < 1e-3
+
+
+def test_secsv_params_refuse_a_backend_without_exact_integer_range():
+    from flwr_fedeval.fhe.backend import CKKSParams
+
+    with pytest.raises(ValueError, match="tenseal"):
+        SecSVParams(ckks=CKKSParams.default("openfhe"))
