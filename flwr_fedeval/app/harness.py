@@ -18,7 +18,7 @@ import numpy as np
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 
-__all__ = ["pooled_reference_auc", "write_results"]
+__all__ = ["pooled_reference_auc", "score_histogram", "write_results"]
 
 
 def pooled_reference_auc(
@@ -43,6 +43,35 @@ def pooled_reference_auc(
         scores.append(adapter.predict_scores(split.x_test))
     y_true, y_score = np.concatenate(ys), np.concatenate(scores)
     return float(roc_auc_score(y_true, y_score)), y_true, y_score
+
+
+def score_histogram(y_true: np.ndarray, y_score: np.ndarray, *, bins: int = 20) -> dict[str, Any]:
+    """Histogram of the pooled scores per class, on the linear and the logit scale.
+
+    Shows where decision points lose resolution: trained models often put
+    most scores within 1e-4 of 0 or 1, where evenly spaced thresholds are
+    coarse. Logits are clipped to ``[-20, 20]`` (float32 softmax saturates
+    at about ±17).
+
+    Returns
+    -------
+    dict
+        ``{"linear": {"edges", "positive", "negative"}, "logit": {...}}``.
+    """
+    y_true = np.asarray(y_true)
+    y_score = np.asarray(y_score, dtype=np.float64)
+    eps = 1e-300
+    logit = np.clip(np.log(y_score + eps) - np.log((1.0 - y_score) + eps), -20.0, 20.0)
+    out: dict[str, Any] = {}
+    for name, values, rng in (("linear", y_score, (0.0, 1.0)), ("logit", logit, (-20.0, 20.0))):
+        edges = np.linspace(*rng, bins + 1)
+        out[name] = {
+            "edges": edges.tolist(),
+            "positive": np.histogram(values[y_true == 1], edges)[0].tolist(),
+            "negative": np.histogram(values[y_true == 0], edges)[0].tolist(),
+        }
+    out["saturated_fraction"] = float(np.mean((y_score < 1e-4) | (y_score > 1 - 1e-4))) if y_score.size else 0.0
+    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -14,7 +14,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_fedeval.app.harness import pooled_reference_auc, write_results
+from flwr_fedeval.app.harness import pooled_reference_auc, score_histogram, write_results
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.metrics.auc import roc_points
 from flwr_fedeval.strategies.phases import make_auc_phase
@@ -146,6 +146,7 @@ def main(grid: Grid, context: Context) -> None:
             "failed_nodes": auc_result.failed,
             **({"reference_threshold_metrics": ref_threshold_metrics} if ref_threshold_metrics else {}),
             "num_test_samples": int(y_true.size),
+            "reference_score_histogram": score_histogram(y_true, y_score),
             "train_metrics": train_hist,
             "evaluate_metrics": eval_hist,
             "wall_time_s": {"training": t_train, "total": wall},

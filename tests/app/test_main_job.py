@@ -87,3 +87,14 @@ def test_main_job_with_xmkckks_secure_aggregation(tmp_path):
     assert len(seen) == 6 and all("arrays" not in r.content for r in seen)
     types = {t for _, t, _ in grid.log}
     assert {"query.xmk_keygen", "query.xmk_pdec"} <= types
+
+
+def test_score_histogram_counts_each_class_on_both_scales():
+    from flwr_fedeval.app.harness import score_histogram
+
+    y = np.array([0, 1, 1, 0, 1])
+    s = np.array([0.0, 1.0, 0.99999, 0.2, 0.5])
+    h = score_histogram(y, s, bins=4)
+    assert sum(h["linear"]["positive"]) == 3 and sum(h["linear"]["negative"]) == 2
+    assert sum(h["logit"]["positive"]) == 3 and h["logit"]["positive"][-1] == 2  # 1.0 and 0.99999 saturate
+    assert h["saturated_fraction"] == pytest.approx(3 / 5)
