@@ -102,7 +102,9 @@ def xmk_keygen(msg: Message, context: Context) -> Message:
     state["params"] = params.name
     state["secret"] = secret.to_bytes()
     state["own-c1"] = []
-    reply = ConfigRecord({"public-share": public.to_bytes(), "key-id": str(config["key-id"])})
+    share = public.to_bytes()
+    state["own-share"] = _digest(share)
+    reply = ConfigRecord({"public-share": share, "key-id": str(config["key-id"])})
     return Message(content=RecordDict({XMK_CONFIG_KEY: reply}), reply_to=msg)
 
 
@@ -145,6 +147,29 @@ def xmk_partial_decrypt(msg: Message, context: Context) -> Message:
     share = rlwe.partial_decrypt(params, secret, c1, num_clients=len(contributors))
     content = RecordDict({XMK_SHARE_KEY: ArrayRecord({"share": bytes_to_array(share.to_bytes())})})
     return Message(content=content, reply_to=msg)
+
+
+def _joint_public_key(config: ConfigRecord, state: ConfigRecord, params: rlwe.ParameterSet) -> rlwe.PublicKey:
+    """b = Σ b_i computed by the client from the shares the server relays (Eq. 1).
+
+    The client does not take an aggregate key from the server: it checks that
+    its own share b_i is among the shares and that there is one per announced
+    client, so a server cannot make it encrypt under a key the server alone
+    controls.
+
+    Raises
+    ------
+    ValueError
+        If this client's share is missing or the count disagrees with ``num-clients``.
+    """
+    shares = [bytes(s) for s in config["public-shares"]]
+    if len(shares) != int(config["num-clients"]) or len(set(shares)) != len(shares):
+        raise ValueError(
+            f"{len(shares)} distinct public shares for {int(config['num-clients'])} clients"
+        )
+    if state["own-share"] not in {_digest(s) for s in shares}:
+        raise ValueError("the key set does not contain this client's public share")
+    return rlwe.aggregate_public_keys([rlwe.PublicKey.from_bytes(s, params) for s in shares])
 
 
 def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
@@ -197,7 +222,7 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
             f"max-abs-value={max_abs:.4g}; raise it on the server"
         )
     a = rlwe.expand_a(params, bytes(config["seed-a"]))
-    public_key = rlwe.PublicKey.from_bytes(bytes(config["public-key"]), params)
+    public_key = _joint_public_key(config, state, params)
     ct = rlwe.encrypt_vector(
         params,
         public_key,

@@ -55,8 +55,8 @@ class RoundAborted(RuntimeError):
 class _KeySet:
     key_id: str
     seed_a: bytes
-    public_key: rlwe.PublicKey
     nodes: tuple[int, ...]
+    shares: tuple[bytes, ...]  # every b_i, sent so that clients check and sum them
 
 
 @dataclass
@@ -267,7 +267,12 @@ class XMKFedAvg(FedAvg):
             return rlwe.PublicKey.from_bytes(bytes(rec["public-share"]), self.params)
 
         shares = self._check_replies("key generation", "public share", nodes, replies, parse)
-        key_set = _KeySet(key_id, seed_a, rlwe.aggregate_public_keys(shares), tuple(nodes))
+        key_set = _KeySet(
+            key_id,
+            seed_a,
+            tuple(nodes),
+            tuple(share.to_bytes() for share in shares),
+        )
         self._key_cache = {tuple(nodes): key_set}
         return key_set
 
@@ -295,7 +300,7 @@ class XMKFedAvg(FedAvg):
                 "params": self.params.name,
                 "key-id": key_set.key_id,
                 "seed-a": key_set.seed_a,
-                "public-key": key_set.public_key.to_bytes(),
+                "public-shares": list(key_set.shares),
                 "scale-bits": self.scale_bits_for(m),
                 "num-clients": m,
                 "max-abs-value": self.max_abs_value,

@@ -243,3 +243,29 @@ def test_shares_of_others_do_not_decrypt_a_single_ciphertext():
     true_update = _num_examples(0) * _flat(_update(0, 1))
     # without s_victim·c1 the "decryption" is uniformly random, nowhere near the update
     assert np.median(np.abs(garbage[:-1] - true_update)) > 1e3
+
+
+def test_client_refuses_to_encrypt_under_a_key_set_without_its_own_share():
+    """A server that swaps in a key it controls gets error replies, no ciphertext."""
+
+    class KeySwappingStrategy(XMKFedAvg):
+        def _start_attempt(self, nodes):
+            messages = super()._start_attempt(nodes)
+            params = self.params
+            a = rlwe.expand_a(params, self._round.key_set.seed_a)
+            _, server_share = rlwe.keygen(params, a)
+            for msg in messages:
+                shares = list(msg.content[XMK_CONFIG_KEY]["public-shares"])
+                shares[0] = server_share.to_bytes()  # replace one client's b_i by the server's
+                msg.content[XMK_CONFIG_KEY]["public-shares"] = shares
+            return messages
+
+    grid = InProcessGrid(make_app(), 3)
+    strategy = KeySwappingStrategy(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3,
+                                   max_abs_value=1e4, max_attempts=1)
+    result = _run(grid, strategy)
+    _, exc = strategy.aborted_attempts[0]
+    assert exc.step == "encrypted training"
+    victims = [n for n, reason in exc.failed.items() if "does not contain this client's public share" in reason]
+    assert len(victims) == 1
+    assert len(result.arrays) == 0  # no round succeeded: the global model was never replaced
