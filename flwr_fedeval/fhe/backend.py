@@ -378,8 +378,14 @@ class CKKSContext(ABC):
         """Raises :class:`SerializationError`/:class:`ContextMismatchError` on bad input."""
 
     @abstractmethod
-    def public_bytes(self) -> bytes:
-        """Public context for the aggregator: params, public key, relin and rotation keys."""
+    def public_bytes(self, *, rotation_keys: bool = True) -> bytes:
+        """Public context for the aggregator: params, public key, relin and rotation keys.
+
+        ``rotation_keys=False`` leaves the rotation (Galois) keys out — 37.7 MB of
+        the 37.7 MB TenSEAL default context — for protocols without rotations
+        (SecSV, Matrix Reducing); such a context cannot ``sum_slots``. TenSEAL only:
+        OpenFHE raises ``ValueError``.
+        """
 
     @abstractmethod
     def secret_bytes(self) -> bytes:

@@ -122,7 +122,9 @@ class OpenFHEContext(CKKSContext):
         key = self._sk if self._sk is not None else self._pk
         return key.GetKeyTag()
 
-    def public_bytes(self) -> bytes:
+    def public_bytes(self, *, rotation_keys: bool = True) -> bytes:
+        if not rotation_keys:
+            raise ValueError("the OpenFHE backend always ships its rotation keys")
         tag = self._tag()
         blobs = [
             self.params.to_json(),

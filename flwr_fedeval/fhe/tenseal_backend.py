@@ -194,9 +194,9 @@ class TenSEALContext(CKKSContext):
         except Exception as exc:  # TenSEAL raises ValueError/RuntimeError variants
             raise SerializationError(f"TenSEAL could not load the ciphertext: {exc}") from None
 
-    def public_bytes(self) -> bytes:
+    def public_bytes(self, *, rotation_keys: bool = True) -> bytes:
         pub = self._ctx.serialize(save_public_key=True, save_secret_key=False,
-                                  save_galois_keys=True, save_relin_keys=True)
+                                  save_galois_keys=rotation_keys, save_relin_keys=True)
         return wrap(KIND_PUBLIC_CONTEXT, self.backend, self.context_id,
                     pack_blobs([self.params.to_json(), pub]))
 

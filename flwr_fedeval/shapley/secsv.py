@@ -55,8 +55,20 @@ from flwr_fedeval.shapley.fsv import (
     federated_shapley,
     sample_skip_utilities,
 )
-from flwr_fedeval.shapley.matrix_reducing import max_batch, reduce_data, reduce_model
-from flwr_fedeval.shapley.sharing import encode_fixed, reconstruct, share, to_signed
+from flwr_fedeval.shapley.matrix_reducing import max_batch
+from flwr_fedeval.shapley.parties import (
+    add_products,
+    correct_mask,
+    encrypt_model,
+    helper_predict,
+    masked_difference,
+    model_matrix,
+    plan_batches,
+    server_plaintexts,
+    server_products,
+    share_test_set,
+)
+from flwr_fedeval.shapley.sharing import share
 
 __all__ = ["SecSV", "SecSVParams", "ShapleyStats", "quantize_weights", "shapley_ckks_params"]
 
@@ -162,6 +174,54 @@ class SecSVParams:
     def n_limbs(self) -> int:
         return -(-self.ring_bits // self.limb_bits)
 
+    @classmethod
+    def for_bounds(cls, *, n_features: int, max_clients: int, model_bound: float = 8.0,
+                   feature_bound: float = 1.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
+                   weight_bits: int = 8, ckks: CKKSParams | None = None) -> "SecSVParams":
+        """The smallest ring ``k`` (and the widest limbs ``b``) valid for these public bounds.
+
+        ``k = ⌈log2(d_in · |A_S|max · max(1, feature_bound)) + data_frac_bits⌉ + 2`` and
+        ``b = ⌊45 − log2(d_in · |A_S|max) − 1⌋`` (the two checks of the constructor).
+
+        Raises
+        ------
+        ValueError
+            If no ``k ≤ 62`` or no ``b ≥ 1`` fits (bounds too large for fixed point).
+        """
+        if n_features < 1 or max_clients < 1:
+            raise ValueError("n_features and max_clients must be >= 1")
+        if not (model_bound > 0 and feature_bound > 0 and math.isfinite(model_bound * feature_bound)):
+            raise ValueError("model_bound and feature_bound must be finite and > 0")
+        d_in = n_features + 1
+        a_bits = math.log2(d_in * max_clients * (2 ** weight_bits - 1) * model_bound) + model_frac_bits
+        ring_bits = math.ceil(a_bits + math.log2(max(feature_bound, 1.0)) + data_frac_bits) + 2
+        limb_bits = min(ring_bits, math.floor(EXACT_BITS - a_bits - 1))
+        if ring_bits > 62 or limb_bits < 1:
+            raise ValueError(
+                f"no fixed-point parameters fit: scores need a {ring_bits}-bit ring (max 62) and limbs of "
+                f"{limb_bits} bits (min 1); lower model_bound, feature_bound or the fractional bits")
+        return cls(ring_bits=ring_bits, limb_bits=limb_bits, data_frac_bits=data_frac_bits,
+                   model_frac_bits=model_frac_bits, weight_bits=weight_bits, model_bound=model_bound,
+                   feature_bound=feature_bound, max_clients=max_clients, n_features=n_features, ckks=ckks)
+
+    def to_config(self) -> dict:
+        """The public parameters as a flat dict (no CKKS set: it travels in the context)."""
+        return {f: getattr(self, f) for f in ("ring_bits", "data_frac_bits", "model_frac_bits", "limb_bits",
+                                               "weight_bits", "model_bound", "feature_bound",
+                                               "max_clients", "n_features")}
+
+    @classmethod
+    def from_config(cls, config: Mapping, ckks: CKKSParams | None = None) -> "SecSVParams":
+        """Inverse of :meth:`to_config`; validates (``ValueError`` on bad or missing values)."""
+        ints = ("ring_bits", "data_frac_bits", "model_frac_bits", "limb_bits", "weight_bits",
+                "max_clients", "n_features")
+        try:
+            values = {f: int(config[f]) for f in ints}
+            values.update(model_bound=float(config["model_bound"]), feature_bound=float(config["feature_bound"]))
+        except KeyError as exc:
+            raise ValueError(f"SecSV parameters lack {exc.args[0]!r}") from None
+        return cls(**values, ckks=ckks)
+
 
 @dataclass
 class ShapleyStats:
@@ -266,13 +326,8 @@ class SecSV:
         self.stats.bytes_sent += 2 * len(pub)
         self.ctx_P = load_context(pub)
         self.ctx_A = load_context(pub)
-        k = p.ring_bits
-        xa = np.hstack([self.X, np.ones((len(self.y), 1))])      # bias feature
-        X_ring = encode_fixed(xa, p.data_frac_bits, k)
-        y_ring = (self.y.astype(np.uint64)) & np.uint64((1 << k) - 1)
-        self.X_P, self.X_A = share(X_ring, k)                    # each client shares its own rows
-        self.y_P, self.y_A = share(y_ring, k)
-        self.stats.bytes_sent += 2 * (X_ring.size + y_ring.size) * math.ceil(k / 8)
+        (self.X_P, self.y_P), (self.X_A, self.y_A) = share_test_set(self.X, self.y, p)  # per owner
+        self.stats.bytes_sent += 2 * (self.X_P.size + self.y_P.size) * math.ceil(p.ring_bits / 8)
         self._setup_done = True
         self.stats.setup_seconds += time.perf_counter() - t0
 
@@ -280,108 +335,53 @@ class SecSV:
     def encrypt_models(self, models: Mapping[int, np.ndarray], weights: Mapping[int, int]):
         """Each client ``i`` encrypts the reduced matrices of ``w_i · round(θ_i 2^f_A)``;
         returns the deserialized ciphertexts held by P and by A."""
-        p = self.params
         enc_P, enc_A = {}, {}
         for i, theta in models.items():
-            w = int(weights[i])
-            if not 1 <= w < 2 ** p.weight_bits:
-                raise ValueError(f"weight of client {i} must be an integer in [1, 2^{p.weight_bits}), got {w}")
-            theta = np.asarray(theta, dtype=np.float64)
-            if theta.shape != (self.n_classes, p.n_features + 1):
-                raise ValueError(f"model of client {i} has shape {theta.shape}, "
-                                 f"expected {(self.n_classes, p.n_features + 1)}")
-            A = np.rint(theta * 2 ** p.model_frac_bits)
-            if self.d_out == 1:
-                theta = theta[1:] - theta[:1]
-                A = A[1:] - A[:1]
-            if np.abs(theta).max() > p.model_bound:
-                raise ValueError(f"client {i}: |θ| = {np.abs(theta).max():.3g} exceeds model_bound={p.model_bound}")
-            A = w * A
-            red = reduce_model(A, self.m)                         # (d_in, d_out, m)
-            cts = [self.client_ctx.encrypt(red[o].ravel()) for o in range(red.shape[0])]
+            try:
+                A = model_matrix(theta, weights[i], self.params, n_classes=self.n_classes, d_out=self.d_out)
+            except ValueError as exc:
+                raise ValueError(f"client {i}: {exc}") from None
+            cts = encrypt_model(self.client_ctx, A, self.m)
             self.stats.encryptions += len(cts)
             enc_P[i] = [self._wire.send(self.client_ctx, self.ctx_P, c) for c in cts]
             enc_A[i] = [self._wire.send(self.client_ctx, self.ctx_A, c) for c in cts]
         return enc_P, enc_A
 
     # -- Algorithm 4: Π_Sec -----------------------------------------------
-    def _limbs(self, share_rows: np.ndarray) -> list[np.ndarray]:
-        b = self.params.limb_bits
-        mask = np.uint64((1 << b) - 1)
-        return [((share_rows >> np.uint64(b * l)) & mask).astype(np.float64)
-                for l in range(self.params.n_limbs)]
-
-    def _server_plaintexts(self, ctx: CKKSContext, share_rows: np.ndarray, key) -> list:
-        """Encoded ``B̃_l^(o)`` of one server's share of a batch, per limb; batches of the
-        whole test set (every singleton, every coalition without SampleSkip) are cached."""
-        if key is not None and key in self._plain_cache:
-            return self._plain_cache[key]
-        plains = []
-        for limb in self._limbs(share_rows):
-            B = np.zeros((limb.shape[1], self.m))
-            B[:, :limb.shape[0]] = limb.T                        # d_in × m, zero-padded batch
-            red = reduce_data(B, self.d_out)
-            plains.append([ctx.encode_plain(red[o].ravel()) for o in range(red.shape[0])])
-        if key is not None:
-            self._plain_cache[key] = plains
-        return plains
-
     def _server_product(self, ctx: CKKSContext, enc_model: list, share_rows: np.ndarray, key=None) -> list:
-        """``[[A_S B̃_l]]`` for every limb ``l`` of one server's share (``d_in`` ct×pt each)."""
-        out = []
-        for plains in self._server_plaintexts(ctx, share_rows, key):
-            out.append(ctx.dot_plain(enc_model, plains))
-            self.stats.ct_pt_mults += len(plains)
-        return out
-
-    def _batches(self, idx: np.ndarray):
-        """Positions into ``idx`` of each batch: samples grouped by owner, at most ``m`` per
-        batch, and never all clients in one batch (a helper client must own none of it)."""
-        order = np.argsort(self.owners[idx], kind="stable")
-        everyone = set(self.clients)
-        for start in range(0, len(order), self.m):
-            pos = order[start:start + self.m]
-            own = self.owners[idx[pos]]
-            if len(everyone) > 1 and set(own.tolist()) == everyone:
-                last = own[-1]
-                yield pos[own != last]
-                yield pos[own == last]
-            else:
-                yield pos
+        """``[[A_S B̃_l]]`` for every limb ``l`` of one server's share (``d_in`` ct×pt each);
+        the encoded batches of the whole test set are cached (``key``)."""
+        if key is not None and key in self._plain_cache:
+            plains = self._plain_cache[key]
+        else:
+            plains = server_plaintexts(ctx, share_rows, self.params, m=self.m, d_out=self.d_out)
+            if key is not None:
+                self._plain_cache[key] = plains
+        self.stats.ct_pt_mults += sum(len(p) for p in plains)
+        return server_products(ctx, enc_model, plains)
 
     def secure_test(self, S: frozenset, enc_P: list, enc_A: list, idx: np.ndarray) -> np.ndarray:
         """Π_Sec(⟦θ_S⟧, (D', D'')) on the samples ``idx``: boolean mask of correct predictions."""
         p = self.params
-        k, b = p.ring_bits, p.limb_bits
-        kmask = np.uint64((1 << k) - 1)
+        k = p.ring_bits
         correct = np.zeros(len(idx), dtype=bool)
         whole = len(idx) == len(self.y) and bool(np.array_equal(idx, np.arange(len(self.y))))
-        for n, pos in enumerate(self._batches(idx)):
+        for n, pos in enumerate(plan_batches(self.owners[idx], self.m, self.clients)):
             ids = idx[pos]
             self.stats.batches += 1
             res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids], ("A", n) if whole else None)  # step 4
             res_A = [self._wire.send(self.ctx_A, self.ctx_P, c) for c in res_A]
             res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids], ("P", n) if whole else None)  # step 5
-            total = [self.ctx_P.add_many([a, c]) for a, c in zip(res_P, res_A)]       # step 6
+            total = add_products(self.ctx_P, res_P, res_A)                              # step 6
             helper, fb = pick_helper(self.clients, set(self.owners[ids].tolist()), set(S), self._helper_turn)
             self._helper_turn += 1
             self.stats.helper_fallbacks += int(fb)
-            # step 7 (helper client): decrypt, round, recombine limbs mod 2^k
-            acc = np.zeros(self.d_out * self.m, dtype=np.uint64)
-            for l, ct in enumerate(total):
-                ct = self._wire.send(self.ctx_P, self.client_ctx, ct)
-                v = np.rint(self.client_ctx.decrypt(ct)[: self.d_out * self.m]).astype(np.int64)
-                self.stats.decryptions += 1
-                acc += (v.astype(np.uint64) << np.uint64(b * l))
-            scores = to_signed(acc & kmask, k).reshape(self.d_out, self.m)[:, : len(ids)]
-            if self.d_out == 1:
-                pred = (scores[0] > 0).astype(np.uint64)                            # step 11
-            else:
-                pred = np.argmax(scores, axis=0).astype(np.uint64)
-            pred_P, pred_A = share(pred, k)
-            diff_A = (pred_A - self.y_A[ids]) & kmask                               # step 12 (A -> P)
-            diff = reconstruct((pred_P - self.y_P[ids]) & kmask, diff_A, k)         # step 13
-            correct[pos] = diff == 0                                                # step 14
+            total = [self._wire.send(self.ctx_P, self.client_ctx, ct) for ct in total]  # step 7 (helper)
+            pred = helper_predict(self.client_ctx, total, len(ids), p, m=self.m, d_out=self.d_out)
+            self.stats.decryptions += len(total)
+            pred_P, pred_A = share(pred, k)                                             # step 11
+            diff_A = masked_difference(pred_A, self.y_A[ids], k)                        # step 12 (A -> P)
+            correct[pos] = correct_mask(masked_difference(pred_P, self.y_P[ids], k), diff_A, k)  # 13-14
             self.stats.bytes_sent += 3 * len(ids) * math.ceil(k / 8)
         return correct
 

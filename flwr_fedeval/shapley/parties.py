@@ -1,0 +1,236 @@
+"""SecSV, one function per party and step (Zheng et al., PVLDB 16(7) 2023, Algorithms 3–5).
+
+These are the pieces both runners share: :class:`~flwr_fedeval.shapley.secsv.SecSV`
+(all parties in one process, for experiments and tests) and the Flower phase
+(:mod:`flwr_fedeval.strategies.shapley_phase`, one party per node). Every
+function works on one party's own data and returns what that party sends on.
+
+=======================  ============================================================
+party                    functions
+=======================  ============================================================
+client (model owner)     :func:`model_matrix`, :func:`encrypt_model` (Alg. 5 steps 1–3)
+client (data owner)      :func:`share_test_set` (Alg. 3 step 3)
+server P and server A    :func:`aggregate_model` (Alg. 3 step 9),
+                         :func:`server_products` (Alg. 4 steps 4–5),
+                         :func:`masked_difference` (Alg. 4 step 12)
+server P                 :func:`plan_batches`, :func:`add_products` (Alg. 4 step 6),
+                         :func:`correct_mask` (Alg. 4 steps 13–14)
+helper client            :func:`helper_predict` (Alg. 4 steps 7–11)
+=======================  ============================================================
+
+Shapes: a *share* of the test set is ``(M, d_in)`` uint64 (``d_in = d + 1``,
+the last column is the bias feature 1) plus the labels ``(M,)`` uint64, both in
+``Z_{2^k}``. A model is ``d_in`` ciphertexts (the reduced matrices
+``Ã^(o)``, each ``d_out·m`` slots). Products are one ciphertext per limb.
+
+No flwr and no TensorFlow imports.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from flwr_fedeval.fhe.backend import CKKSContext
+from flwr_fedeval.shapley.matrix_reducing import reduce_data, reduce_model
+from flwr_fedeval.shapley.sharing import encode_fixed, reconstruct, share, to_signed
+
+__all__ = [
+    "add_products",
+    "aggregate_model",
+    "correct_mask",
+    "encrypt_model",
+    "helper_predict",
+    "limb_rows",
+    "masked_difference",
+    "model_matrix",
+    "plan_batches",
+    "server_plaintexts",
+    "server_products",
+    "share_test_set",
+]
+
+
+def model_matrix(theta: np.ndarray, weight: int, params, *, n_classes: int, d_out: int) -> np.ndarray:
+    """The integer matrix a client encrypts: ``w_i · round(θ_i · 2^f_A)`` (SecSV module docstring).
+
+    Parameters
+    ----------
+    theta : ndarray of shape (n_classes, d_in)
+        Linear classifier ``[W | b]``; predicted class ``argmax(θ [x; 1])``.
+    weight : int
+        Integer FedAvg weight ``w_i`` in ``[1, 2^weight_bits)``.
+    params : SecSVParams
+    n_classes : int
+    d_out : int
+        ``n_classes``, or 1 for the binary margin row ``θ_1 − θ_0``.
+
+    Returns
+    -------
+    ndarray of shape (d_out, d_in), float64 holding integers
+
+    Raises
+    ------
+    ValueError
+        Wrong shape, NaN/inf, ``|θ|`` above ``params.model_bound`` (the public
+        bound the parameters were validated for), weight out of range.
+    """
+    w = int(weight)
+    if not 1 <= w < 2 ** params.weight_bits:
+        raise ValueError(f"weight must be an integer in [1, 2^{params.weight_bits}), got {weight!r}")
+    theta = np.asarray(theta, dtype=np.float64)
+    if theta.shape != (n_classes, params.n_features + 1):
+        raise ValueError(f"model has shape {theta.shape}, expected {(n_classes, params.n_features + 1)}")
+    if not np.all(np.isfinite(theta)):
+        raise ValueError("model has NaN or infinite parameters")
+    A = np.rint(theta * 2 ** params.model_frac_bits)
+    if d_out == 1:
+        theta = theta[1:] - theta[:1]
+        A = A[1:] - A[:1]
+    if np.abs(theta).max() > params.model_bound:
+        raise ValueError(f"|θ| = {np.abs(theta).max():.3g} exceeds model_bound={params.model_bound}")
+    return w * A
+
+
+def encrypt_model(ctx: CKKSContext, A: np.ndarray, m: int) -> list:
+    """``⟦Ã^(o)⟧`` for ``o = 0..d_in−1`` (Algorithm 5 steps 1–3): ``d_in`` ciphertexts."""
+    red = reduce_model(A, m)
+    return [ctx.encrypt(red[o].ravel()) for o in range(red.shape[0])]
+
+
+def share_test_set(X: np.ndarray, y: np.ndarray, params) -> tuple[tuple[np.ndarray, np.ndarray],
+                                                                  tuple[np.ndarray, np.ndarray]]:
+    """Fixed-point encode ``[X | 1]`` and the labels and split both into two additive shares.
+
+    Returns
+    -------
+    (X_P, y_P), (X_A, y_A) : uint64 arrays of shapes (M, d_in) and (M,)
+        The shares for the principal server P and the auxiliary server A.
+
+    Raises
+    ------
+    ValueError
+        Wrong shapes, NaN, or ``|x|`` above ``params.feature_bound``.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y)
+    if X.ndim != 2 or X.shape[1] != params.n_features or y.shape != (X.shape[0],):
+        raise ValueError(f"X (M, {params.n_features}) and y (M,) expected, got {X.shape} and {y.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("test features contain NaN or infinite values")
+    if X.size and np.abs(X).max() > params.feature_bound:
+        raise ValueError(f"test features reach |x| = {np.abs(X).max():.3g} > feature_bound={params.feature_bound}")
+    if y.size and (y.min() < 0 or not np.issubdtype(y.dtype, np.integer)):
+        raise ValueError("labels must be non-negative integers")
+    k = params.ring_bits
+    X_ring = encode_fixed(np.hstack([X, np.ones((X.shape[0], 1))]), params.data_frac_bits, k)
+    y_ring = y.astype(np.uint64) & np.uint64((1 << k) - 1)
+    X_P, X_A = share(X_ring, k)
+    y_P, y_A = share(y_ring, k)
+    return (X_P, y_P), (X_A, y_A)
+
+
+def aggregate_model(ctx: CKKSContext, models: Sequence[list]) -> list:
+    """``⟦Σ_{i∈S} w_i A_i⟧``: slot-wise sums of the members' reduced ciphertexts (no level used)."""
+    if not models:
+        raise ValueError("a coalition needs at least one model")
+    n = len(models[0])
+    if any(len(m) != n for m in models):
+        raise ValueError("models of a coalition have different numbers of ciphertexts")
+    return [ctx.add_many([m[o] for m in models]) for o in range(n)]
+
+
+def limb_rows(share_rows: np.ndarray, params) -> list[np.ndarray]:
+    """The ``⌈k/b⌉`` limbs of ``b`` bits of a share (float64 arrays of the share's shape)."""
+    b = params.limb_bits
+    mask = np.uint64((1 << b) - 1)
+    rows = np.asarray(share_rows, dtype=np.uint64)
+    return [((rows >> np.uint64(b * l)) & mask).astype(np.float64) for l in range(params.n_limbs)]
+
+
+def server_plaintexts(ctx: CKKSContext, share_rows: np.ndarray, params, *, m: int, d_out: int) -> list[list]:
+    """Encoded ``B̃_l^(o)`` of one server's share of a batch (≤ m rows), per limb (Algorithm 5 step 4)."""
+    if share_rows.shape[0] > m:
+        raise ValueError(f"a batch holds at most m={m} samples, got {share_rows.shape[0]}")
+    plains = []
+    for limb in limb_rows(share_rows, params):
+        B = np.zeros((limb.shape[1], m))
+        B[:, :limb.shape[0]] = limb.T                        # d_in × m, zero-padded
+        red = reduce_data(B, d_out)
+        plains.append([ctx.encode_plain(red[o].ravel()) for o in range(red.shape[0])])
+    return plains
+
+
+def server_products(ctx: CKKSContext, enc_model: list, plains: list[list]) -> list:
+    """``⟦A_S B̃_l⟧`` per limb: ``d_in`` ciphertext×plaintext products each (Algorithm 4 steps 4–5)."""
+    return [ctx.dot_plain(enc_model, p) for p in plains]
+
+
+def add_products(ctx: CKKSContext, mine: list, theirs: list) -> list:
+    """P adds A's products to its own, limb by limb (Algorithm 4 step 6)."""
+    if len(mine) != len(theirs):
+        raise ValueError(f"{len(theirs)} limbs received, {len(mine)} expected")
+    return [ctx.add_many([a, b]) for a, b in zip(mine, theirs)]
+
+
+def helper_predict(ctx: CKKSContext, limb_cts: list, n_samples: int, params, *, m: int, d_out: int) -> np.ndarray:
+    """Helper client: decrypt every limb, recombine ``Σ_l 2^{bl} round(dec_l) mod 2^k``, predict.
+
+    Algorithm 4 steps 7–11: ``Σ_l 2^{bl} (A_S B'_l + A_S B''_l) ≡ A_S X (mod 2^k)``.
+
+    Returns
+    -------
+    ndarray of shape (n_samples,), uint64
+        Predicted labels (argmax, or margin > 0 when ``d_out = 1``).
+    """
+    k, b = params.ring_bits, params.limb_bits
+    if len(limb_cts) != params.n_limbs:
+        raise ValueError(f"{len(limb_cts)} limb ciphertexts, expected {params.n_limbs}")
+    if not 0 < n_samples <= m:
+        raise ValueError(f"a batch has 1..{m} samples, got {n_samples}")
+    acc = np.zeros(d_out * m, dtype=np.uint64)
+    for l, ct in enumerate(limb_cts):
+        dec = ctx.decrypt(ct)[: d_out * m]
+        if not np.all(np.isfinite(dec)) or np.abs(dec).max(initial=0) > 2.0 ** 62:
+            raise ValueError("decrypted scores are out of range (wrong key or malformed ciphertext)")
+        v = np.rint(dec).astype(np.int64)
+        acc += v.astype(np.uint64) << np.uint64(b * l)
+    scores = to_signed(acc & np.uint64((1 << k) - 1), k).reshape(d_out, m)[:, :n_samples]
+    if d_out == 1:
+        return (scores[0] > 0).astype(np.uint64)
+    return np.argmax(scores, axis=0).astype(np.uint64)
+
+
+def masked_difference(pred_share: np.ndarray, y_share: np.ndarray, k: int) -> np.ndarray:
+    """A server's share of ``Ŷ − Y`` (Algorithm 4 step 12): ``pred' − y' mod 2^k``."""
+    pred_share = np.asarray(pred_share, dtype=np.uint64)
+    y_share = np.asarray(y_share, dtype=np.uint64)
+    if pred_share.shape != y_share.shape:
+        raise ValueError(f"prediction share {pred_share.shape} and label share {y_share.shape} differ")
+    return (pred_share - y_share) & np.uint64((1 << k) - 1)
+
+
+def correct_mask(diff_P: np.ndarray, diff_A: np.ndarray, k: int) -> np.ndarray:
+    """P: ``(Ŷ − Y)' + (Ŷ − Y)'' = 0`` marks a correct prediction (Algorithm 4 steps 13–14)."""
+    return reconstruct(diff_P, diff_A, k) == 0
+
+
+def plan_batches(owners: np.ndarray, m: int, clients: Sequence[int]) -> list[np.ndarray]:
+    """Positions (into ``owners``) of each batch: samples grouped by owner, ≤ ``m`` per batch,
+    and never every client in one batch (a helper client must own none of it).
+    """
+    owners = np.asarray(owners)
+    order = np.argsort(owners, kind="stable")
+    everyone = set(clients)
+    out = []
+    for start in range(0, len(order), m):
+        pos = order[start:start + m]
+        own = owners[pos]
+        if len(everyone) > 1 and set(own.tolist()) == everyone:
+            last = own[-1]
+            out.append(pos[own != last])
+            out.append(pos[own == last])
+        else:
+            out.append(pos)
+    return out
