@@ -199,3 +199,15 @@ QUERY_FHE_KEYGEN = "query.fhe_keygen"
 EVALUATE_FHE_COUNTS = "evaluate.fhe_counts"
 #: Steps 5-6: the aggregated (masked) ciphertexts in; the client decrypts.
 QUERY_FHE_RESULT = "query.fhe_result"
+
+# --- SecSV contribution phase (strategies/shapley_phase.py, clients/shapley_handlers.py) ---
+#: Every node: its role ("client" or "shapley-aux").
+QUERY_FEDEVAL_ROLE = "query.fedeval_role"
+QUERY_SHAPLEY_HELLO = "query.shapley_hello"
+QUERY_SHAPLEY_KEYGEN = "query.shapley_keygen"
+QUERY_SHAPLEY_SHARE = "query.shapley_share"
+QUERY_SHAPLEY_MODELS = "query.shapley_models"
+QUERY_SHAPLEY_AUX_SETUP = "query.shapley_aux_setup"
+QUERY_SHAPLEY_AUX_EVAL = "query.shapley_aux_eval"
+QUERY_SHAPLEY_HELPER = "query.shapley_helper"
+QUERY_SHAPLEY_AUX_DIFF = "query.shapley_aux_diff"

@@ -36,6 +36,7 @@ __all__ = [
     "coalitions",
     "fedavg",
     "federated_shapley",
+    "fsv_from_utilities",
     "find_skippable",
     "predict",
     "round_utilities",
@@ -283,29 +284,68 @@ def federated_shapley(
         raise ValueError(f"X must be (M, d) and y (M,), got {X.shape} and {y.shape}")
     if n_classes < 2:
         raise ValueError(f"n_classes must be >= 2, got {n_classes!r}")
-    clients = sorted(set().union(*[set(r) for r in rounds])) if rounds else []
-    col = {c: a for a, c in enumerate(clients)}
     per_round_w = weights if isinstance(weights, Sequence) else [weights] * len(rounds)
-    ssv = np.zeros((len(rounds), len(clients)))
-    utils, empties = [], []
-    evaluated = skipped = 0
-    prev_full = 1.0 / n_classes
+    evaluations = []
     for t, models in enumerate(rounds):
         w = per_round_w[t]
         if round_evaluator is not None:
-            ev = round_evaluator(t, models, w)
+            evaluations.append(round_evaluator(t, models, w))
         elif sample_skip:
-            ev = sample_skip_utilities(models, w, X, y)
+            evaluations.append(sample_skip_utilities(models, w, X, y))
         else:
-            ev = round_utilities(models, w, X, y)
+            evaluations.append(round_utilities(models, w, X, y))
+    players = [sorted(models) for models in rounds]
+    return fsv_from_utilities([ev.utilities for ev in evaluations], players, n_classes=n_classes,
+                              empty_utilities=empty_utilities,
+                              evaluated_samples=sum(ev.evaluated_samples for ev in evaluations),
+                              skipped_samples=sum(ev.skipped_samples for ev in evaluations))
+
+
+def fsv_from_utilities(
+    utilities: Sequence[Mapping[frozenset, float]],
+    players: Sequence[Sequence[int]],
+    *,
+    n_classes: int,
+    empty_utilities: Sequence[float] | None = None,
+    evaluated_samples: int = 0,
+    skipped_samples: int = 0,
+) -> FSVResult:
+    """Federated Shapley values from the coalition utilities of every round (FSV_i = Σ_t φ_i^t).
+
+    Parameters
+    ----------
+    utilities : sequence of mapping frozenset -> float
+        Per round ``t``, ``v(θ_S^t)`` of every non-empty ``S ⊆ I^t``.
+    players : sequence of sequence of int
+        Per round, the clients ``I^t``.
+    n_classes : int
+        ``v(∅)`` of round 1 is ``1 / n_classes``.
+    empty_utilities : sequence of float, optional
+        ``v(θ_∅^t)`` per round; default: the previous round's full-coalition utility.
+
+    Raises
+    ------
+    ValueError
+        Lengths differ, a coalition's utility is missing, ``n_classes < 2``.
+    """
+    if len(utilities) != len(players):
+        raise ValueError(f"{len(utilities)} rounds of utilities but {len(players)} player lists")
+    if n_classes < 2:
+        raise ValueError(f"n_classes must be >= 2, got {n_classes!r}")
+    if empty_utilities is not None and len(empty_utilities) != len(utilities):
+        raise ValueError("empty_utilities needs one value per round")
+    clients = sorted(set().union(*[set(p) for p in players])) if players else []
+    col = {c: a for a, c in enumerate(clients)}
+    ssv = np.zeros((len(utilities), len(clients)))
+    utils, empties = [], []
+    prev_full = 1.0 / n_classes
+    for t, (util, members) in enumerate(zip(utilities, players)):
+        members = sorted(members)
         empty = float(empty_utilities[t]) if empty_utilities is not None else prev_full
-        players = sorted(models)
-        phi = shapley_values(ev.utilities, players, empty)
-        for p, v in zip(players, phi):
+        phi = shapley_values(util, members, empty)
+        for p, v in zip(members, phi):
             ssv[t, col[p]] = v
-        utils.append(ev.utilities)
+        utils.append(dict(util))
         empties.append(empty)
-        evaluated += ev.evaluated_samples
-        skipped += ev.skipped_samples
-        prev_full = ev.utilities[frozenset(players)]
-    return FSVResult(ssv.sum(axis=0), ssv, utils, empties, clients, evaluated, skipped)
+        prev_full = util[frozenset(members)]
+    return FSVResult(ssv.sum(axis=0), ssv, utils, empties, clients, evaluated_samples, skipped_samples)

@@ -28,6 +28,7 @@ def exchange(
     what: str,
     phase: str,
     timeout: float,
+    label: str = "AUC phase",
 ) -> dict[int, Any]:
     """Send ``contents[node]`` to each node; return ``{node: parse(node, reply)}`` for valid replies.
 
@@ -52,6 +53,6 @@ def exchange(
             continue
         missing.pop(node)
     for node, reason in missing.items():
-        log(WARNING, "AUC phase (%s): node %d left out: %s", phase, node, reason)
+        log(WARNING, "%s (%s): node %d left out: %s", label, phase, node, reason)
     failed.update(missing)
     return valid

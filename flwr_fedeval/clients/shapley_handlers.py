@@ -1,0 +1,567 @@
+"""Node side of the SecSV contribution phase (Zheng et al., PVLDB 16(7) 2023, Algorithms 3–7).
+
+Two roles run these handlers (the server side is
+:mod:`flwr_fedeval.strategies.shapley_phase`; the protocol steps are in
+:mod:`flwr_fedeval.shapley.parties`):
+
+* a **data client** (``role = "client"``): records its local model of every
+  round during training (:func:`shapley_record_mod`), generates the CKKS keys
+  if it is the leader, shares its test set, encrypts its models, and acts as
+  the *helper client* that decrypts other clients' scores;
+* the **auxiliary server A** (``role = "shapley-aux"``, a SuperNode run by a
+  party that does not collude with the ServerApp's operator, the principal
+  server P): holds the second share of every test set and evaluates its half
+  of each coalition model. It holds no CKKS secret key.
+
+=============================  ======================  ====================================================
+message type                   who                     what
+=============================  ======================  ====================================================
+``query.fedeval_role``         every node              reply the node's role
+``query.shapley_hello``        clients, A              fresh X25519 key pair; clients add their train/test
+                                                       sizes, feature and class counts, recorded rounds
+``query.shapley_keygen``       leader client           CKKS keys (no rotation keys); public context and one
+                                                       sealed secret context per other client
+``query.shapley_share``        clients                 open the key bundle; share the test set: P's share in
+                                                       the clear (uniform), A's share sealed for A
+``query.shapley_models``       clients in ``I^t``      ``⟦w_i·round(θ_i^t 2^f)⟧`` in the Matrix Reducing layout
+``query.shapley_aux_setup``    A                       open and keep its shares of every test set
+``query.shapley_aux_eval``     A                       its half ``⟦A_S B''_l⟧`` of every (coalition, batch)
+``query.shapley_helper``       helper clients          decrypt, predict, reply shares of the predictions
+``query.shapley_aux_diff``     A                       its share of ``Ŷ − Y`` per batch
+=============================  ======================  ====================================================
+
+Every request carries ``shapley.session``; state lives in ``context.state``
+under ``shapley.*`` (the deployment engine starts a process per message).
+Requests that do not fit (unknown session, wrong role, bounds exceeded,
+malformed bytes) get an error reply and change nothing.
+
+No secret leaves a node: the clients' CKKS secret context travels sealed
+(X25519 + HKDF + AES-GCM, :mod:`flwr_fedeval.keyshare`) between clients, A's
+shares travel sealed for A; P sees its own shares (uniform on ``Z_{2^k}``),
+ciphertexts, and which samples each coalition model predicts correctly.
+Trust model as in the paper: P and A are semi-honest and do not collude; the
+relayed X25519 public keys are not authenticated against P (their
+fingerprints are logged for an out-of-band check).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
+
+from flwr_fedeval import keyshare
+from flwr_fedeval.fhe.backend import FHEError, create_context, load_context, pack_blobs, unpack_blobs
+from flwr_fedeval.messages import array_to_bytes, bytes_to_array
+from flwr_fedeval.shapley.parties import (
+    aggregate_model,
+    encrypt_model,
+    helper_predict,
+    masked_difference,
+    model_matrix,
+    server_plaintexts,
+    server_products,
+    share_test_set,
+)
+from flwr_fedeval.shapley.secsv import SecSVParams, shapley_ckks_params
+from flwr_fedeval.shapley.sharing import share
+
+__all__ = [
+    "ROLES",
+    "aux_diff",
+    "aux_eval",
+    "aux_setup",
+    "hello",
+    "helper",
+    "keygen",
+    "linear_model_matrix",
+    "node_role",
+    "register_shapley_handlers",
+    "recorded_models",
+    "role_reply",
+    "share_data",
+    "shapley_record_mod",
+    "encrypt_models",
+]
+
+ROLES = ("client", "shapley-aux")
+REQUEST_KEY = "shapley"
+STATE_MODELS = "shapley.models"          # ArrayRecord per round: "shapley.models.<t>"
+STATE_ROUNDS = "shapley.rounds"          # ConfigRecord: rounds (list), num-examples
+STATE_KEYPAIR = "shapley.keypair"
+STATE_SECRET = "shapley.secret"
+STATE_AUX = "shapley.aux"                # A: shares (ArrayRecord)
+STATE_AUX_MODELS = "shapley.aux-models"  # A: the current round's ciphertexts
+
+
+class Refused(ValueError):
+    """A request this node will not serve."""
+
+
+def _error_reply(msg: Message, exc: BaseException) -> Message:
+    reason = f"{type(exc).__name__}: {exc}"
+    log(WARNING, "Shapley request %s refused: %s", msg.metadata.message_type, reason)
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+
+
+def _serve(msg: Message, step: Callable[[dict], RecordDict]) -> Message:
+    try:
+        request = dict(msg.content[REQUEST_KEY])
+        return Message(content=step(request), reply_to=msg)
+    except (FHEError, ValueError, KeyError, TypeError) as exc:
+        return _error_reply(msg, exc)
+
+
+def _session(context: Context, request: dict) -> keyshare.KeyPair:
+    """This phase's X25519 key pair; refuses another session."""
+    if STATE_KEYPAIR not in context.state:
+        raise Refused("no key pair for this phase (query.shapley_hello missing)")
+    rec = context.state[STATE_KEYPAIR]
+    if rec["session"] != request.get("session"):
+        raise Refused("session id does not match this node's phase")
+    return keyshare.KeyPair(private=bytes(rec["private"]), public=bytes(rec["public"]))
+
+
+def _params(request: dict) -> SecSVParams:
+    return SecSVParams.from_config({k.replace("-", "_"): v for k, v in request.items()}, ckks=shapley_ckks_params())
+
+
+def _layout(request: dict) -> tuple[int, int, int]:
+    m, d_out, n_classes = int(request["m"]), int(request["d-out"]), int(request["n-classes"])
+    if m < 1 or d_out not in (1, n_classes) or n_classes < 2 or m * d_out > shapley_ckks_params().slot_count:
+        raise Refused(f"invalid layout m={m}, d_out={d_out}, n_classes={n_classes}")
+    return m, d_out, n_classes
+
+
+def _pack_arrays(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _unpack_arrays(data: bytes, names: Sequence[str]) -> list[np.ndarray]:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            return [z[n] for n in names]
+    except (OSError, ValueError, KeyError) as exc:
+        raise Refused(f"malformed array bundle: {exc}") from None
+
+
+# --- recording the local models (training) ------------------------------------
+def linear_model_matrix(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``θ = [W | b]`` of shape ``(n_classes, d + 1)`` from the weights of one Keras ``Dense`` layer.
+
+    ``arrays`` = ``[kernel (d, c), bias (c,)]``; ``c = 1`` (sigmoid) becomes the
+    two rows ``[0; w]`` (predict 1 iff the logit > 0), ``c ≥ 2`` (softmax) the
+    rows ``kernel.T | bias``.
+
+    Raises
+    ------
+    ValueError
+        If the model is not a single dense layer (SecSV evaluates linear
+        classifiers only, as in the paper), or has NaN/inf weights.
+    """
+    shapes = [np.shape(a) for a in arrays]
+    if len(arrays) != 2 or len(shapes[0]) != 2 or shapes[1] != (shapes[0][1],):
+        raise ValueError(
+            "Shapley evaluation (SecSV) needs a linear classifier: one Dense layer with kernel (d, c) "
+            f"and bias (c,), got weight shapes {shapes}")
+    kernel, bias = (np.asarray(a, dtype=np.float64) for a in arrays)
+    theta = np.hstack([kernel.T, bias[:, None]])
+    if not np.all(np.isfinite(theta)):
+        raise ValueError("model has NaN or infinite weights")
+    if theta.shape[0] == 1:
+        theta = np.vstack([np.zeros_like(theta), theta])
+    return theta
+
+
+def shapley_record_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower mod: keep this client's local model of every round in ``context.state``.
+
+    Wrap the user's ``train`` handler (inside any encrypting mod, e.g.
+    ``mods=[xmkckks_mod, shapley_record_mod]``). After the handler replies,
+    its ``"arrays"`` (the local model ``θ_i^t``) are stored under
+    ``shapley.models.<server-round>`` and ``num-examples`` is remembered;
+    nothing else changes, and nothing leaves the node. Inactive when the
+    run config sets ``shapley = "none"``.
+    """
+    reply = call_next(msg, context)
+    if (msg.metadata.message_type != "train" or reply.has_error()
+            or str(context.run_config.get("shapley", "secsv")) == "none"):
+        return reply
+    config = msg.content["config"] if "config" in msg.content else {}
+    if "server-round" not in config or "arrays" not in reply.content:
+        return reply
+    rnd = int(config["server-round"])
+    context.state[f"{STATE_MODELS}.{rnd}"] = ArrayRecord(reply.content["arrays"].to_numpy_ndarrays())
+    rounds = sorted(set(recorded_rounds(context)) | {rnd})
+    num = int(reply.content["metrics"]["num-examples"]) if "metrics" in reply.content else 0
+    context.state[STATE_ROUNDS] = ConfigRecord({"rounds": rounds, "num-examples": num})
+    return reply
+
+
+def recorded_rounds(context: Context) -> list[int]:
+    return [int(r) for r in context.state[STATE_ROUNDS]["rounds"]] if STATE_ROUNDS in context.state else []
+
+
+def recorded_models(context: Context) -> dict[int, np.ndarray]:
+    """``{round: θ (n_classes, d+1)}`` of the models :func:`shapley_record_mod` kept."""
+    return {t: linear_model_matrix(context.state[f"{STATE_MODELS}.{t}"].to_numpy_ndarrays())
+            for t in recorded_rounds(context)}
+
+
+# --- every node --------------------------------------------------------------
+def role_reply(msg: Message, role: str) -> Message:
+    """``query.fedeval_role``: this node's role."""
+    if role not in ROLES:
+        return _error_reply(msg, Refused(f"unknown role {role!r}, expected one of {ROLES}"))
+    return Message(content=RecordDict({"role": ConfigRecord({"role": role})}), reply_to=msg)
+
+
+def hello(msg: Message, context: Context, role: str, *, num_test: int = 0, n_features: int = 0) -> Message:
+    """``query.shapley_hello``: a fresh X25519 key pair; a client adds what the server plans with.
+
+    Reply ``shapley-hello``: ``role``, ``public-key`` and, for a client,
+    ``num-examples`` (its FedAvg weight basis), ``num-test``, ``n-features``,
+    ``n-classes`` and ``rounds`` (those with a recorded model).
+    """
+
+    def step(request: dict) -> RecordDict:
+        session = request.get("session")
+        if not isinstance(session, str) or not session:
+            raise Refused("request has no session id")
+        for key in [k for k in context.state.keys() if k.startswith("shapley.") and k not in
+                    (STATE_ROUNDS,) and not k.startswith(STATE_MODELS)]:
+            del context.state[key]                       # a new phase starts from scratch
+        kp = keyshare.generate_keypair()
+        context.state[STATE_KEYPAIR] = ConfigRecord({"session": session, "private": kp.private,
+                                                     "public": kp.public})
+        out = {"role": role, "public-key": kp.public}
+        if role == "client":
+            models = recorded_models(context)
+            if not models:
+                raise Refused("no local model was recorded during training (is shapley_record_mod "
+                              "wrapping the train handler?)")
+            shapes = {m.shape for m in models.values()}
+            if len(shapes) != 1:
+                raise Refused(f"recorded models have different shapes {sorted(shapes)}")
+            (n_classes, d_in), = shapes
+            if d_in - 1 != n_features:
+                raise Refused(f"models take {d_in - 1} features, the test set has {n_features}")
+            out.update({"num-examples": int(context.state[STATE_ROUNDS]["num-examples"]),
+                        "num-test": int(num_test), "n-features": int(n_features),
+                        "n-classes": int(n_classes), "rounds": sorted(models)})
+        log(INFO, "Shapley phase: %s, X25519 fingerprint %s", role, keyshare.fingerprint(kp.public))
+        return RecordDict({"shapley-hello": ConfigRecord(out)})
+
+    return _serve(msg, step)
+
+
+# --- data clients ---------------------------------------------------------------
+def keygen(msg: Message, context: Context) -> Message:
+    """``query.shapley_keygen`` (leader, Algorithm 3 step 1): CKKS keys for the clients.
+
+    Request ``shapley-peers``: ``{str(node_id): X25519 public key}`` of the
+    other clients. Reply ``shapley-context.public`` (public key and
+    relinearisation key, no rotation keys, no secret key) and
+    ``shapley-bundles`` (sealed secret context per peer).
+    """
+
+    def step(request: dict) -> RecordDict:
+        kp = _session(context, request)
+        peers = {str(k): bytes(v) for k, v in dict(msg.content["shapley-peers"]).items()}
+        ctx = create_context(params=shapley_ckks_params())
+        secret = ctx.secret_bytes()
+        bundles = keyshare.seal_bundle(secret, keyshare.generate_keypair().private, sender=kp, recipients=peers)
+        context.state[STATE_SECRET] = ArrayRecord({"context": bytes_to_array(secret)})
+        log(INFO, "Shapley phase: leader, CKKS keys for %d other clients", len(peers))
+        return RecordDict({
+            "shapley-context": ArrayRecord({"public": bytes_to_array(ctx.public_bytes(rotation_keys=False))}),
+            "shapley-bundles": ArrayRecord({n: bytes_to_array(b) for n, b in bundles.items()}),
+        })
+
+    return _serve(msg, step)
+
+
+def _secret_context(context: Context):
+    if STATE_SECRET not in context.state:
+        raise Refused("no CKKS secret context for this phase")
+    ctx = load_context(array_to_bytes(context.state[STATE_SECRET]["context"]))
+    if not ctx.is_private:
+        raise Refused("the stored context holds no secret key")
+    return ctx
+
+
+def share_data(msg: Message, context: Context, X_test: np.ndarray, y_test: np.ndarray) -> Message:
+    """``query.shapley_share`` (Algorithm 3 steps 2–3): open the key bundle, share the test set.
+
+    Request: ``shapley`` (session, public SecSV parameters, ``leader-public-key``,
+    ``aux-public-key``) and, except for the leader, ``shapley-bundle.sealed``.
+    Reply ``shapley-share``: ``x`` (M, d_in) and ``y`` (M,) uint64 — P's share —
+    and ``sealed-aux`` (A's share, sealed for A).
+    """
+
+    def step(request: dict) -> RecordDict:
+        kp = _session(context, request)
+        params = _params(request)
+        if "shapley-bundle" in msg.content:
+            secrets_ = keyshare.open_bundle(array_to_bytes(msg.content["shapley-bundle"]["sealed"]),
+                                            recipient=kp, sender_public=bytes(request["leader-public-key"]))
+            context.state[STATE_SECRET] = ArrayRecord({"context": bytes_to_array(secrets_.secret_context)})
+        _secret_context(context)                          # refuse early without a key
+        (x_p, y_p), (x_a, y_a) = share_test_set(X_test, np.asarray(y_test, dtype=np.int64), params)
+        sealed = keyshare.seal_for(_pack_arrays(x=x_a, y=y_a), sender=kp,
+                                   recipient_public=bytes(request["aux-public-key"]))
+        return RecordDict({"shapley-share": ArrayRecord(
+            {"x": _arr(x_p), "y": _arr(y_p),
+             "sealed-aux": bytes_to_array(sealed)})})
+
+    return _serve(msg, step)
+
+
+def _arr(a: np.ndarray):
+    from flwr.app import Array
+
+    return Array(np.ascontiguousarray(a))
+
+
+def encrypt_models(msg: Message, context: Context) -> Message:
+    """``query.shapley_models`` (Algorithm 5 steps 1–3): encrypt this client's model of round ``t``.
+
+    Request: ``shapley`` (session, parameters, layout ``m``/``d-out``/``n-classes``,
+    ``round``, integer ``weight``). Reply ``shapley-model.cts``: ``d_in`` packed
+    ciphertexts of ``w_i · round(θ_i^t 2^f)``. Refuses a model above the public
+    ``model-bound``.
+    """
+
+    def step(request: dict) -> RecordDict:
+        _session(context, request)
+        params = _params(request)
+        m, d_out, n_classes = _layout(request)
+        rnd = int(request["round"])
+        if rnd not in recorded_rounds(context):
+            raise Refused(f"no model recorded for round {rnd}")
+        theta = recorded_models(context)[rnd]
+        A = model_matrix(theta, int(request["weight"]), params, n_classes=n_classes, d_out=d_out)
+        ctx = _secret_context(context)
+        blobs = [ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)]
+        return RecordDict({"shapley-model": ArrayRecord({"cts": bytes_to_array(pack_blobs(blobs))})})
+
+    return _serve(msg, step)
+
+
+def helper(msg: Message, context: Context) -> Message:
+    """``query.shapley_helper`` (Algorithm 4 steps 7–11): decrypt scores, predict, share.
+
+    Request ``shapley-batches``: per job ``j``, ``cts-j`` (packed limb
+    ciphertexts) and ``n-j`` (samples); ``shapley`` carries the parameters,
+    layout and ``aux-public-key``. Reply ``shapley-pred``: ``p-j`` (P's share
+    of the predicted labels, uint64) and ``a-j`` (A's share, sealed for A).
+    """
+
+    def step(request: dict) -> RecordDict:
+        kp = _session(context, request)
+        params = _params(request)
+        m, d_out, _ = _layout(request)
+        ctx = _secret_context(context)
+        batches = msg.content["shapley-batches"]
+        jobs = sorted({k.split("-", 1)[1] for k in batches.keys() if k.startswith("cts-")})
+        out = {}
+        for j in jobs:
+            cts = [ctx.deserialize_ciphertext(b)
+                   for b in unpack_blobs(array_to_bytes(batches[f"cts-{j}"]), expected=params.n_limbs)]
+            n = int(batches[f"n-{j}"].numpy()[0])
+            pred = helper_predict(ctx, cts, n, params, m=m, d_out=d_out)
+            pred_p, pred_a = share(pred, params.ring_bits)
+            out[f"p-{j}"] = _arr(pred_p)
+            out[f"a-{j}"] = bytes_to_array(keyshare.seal_for(
+                _pack_arrays(pred=pred_a), sender=kp, recipient_public=bytes(request["aux-public-key"])))
+        return RecordDict({"shapley-pred": ArrayRecord(out)})
+
+    return _serve(msg, step)
+
+
+# --- auxiliary server A -------------------------------------------------------
+def aux_setup(msg: Message, context: Context) -> Message:
+    """``query.shapley_aux_setup``: open A's shares of every test set, keep them.
+
+    Request ``shapley-aux-shares``: ``sealed-<c>`` per client in sample-id
+    order (``shapley.order``, a list of node IDs) and ``shapley-aux-keys``
+    (``{str(node_id): X25519 public key}``); ``shapley-context.public``.
+    Reply ``shapley-aux``: ``samples`` (M).
+    """
+
+    def step(request: dict) -> RecordDict:
+        keypair = _session(context, request)
+        params = _params(request)
+        ctx = load_context(array_to_bytes(msg.content["shapley-context"]["public"]))
+        if ctx.is_private:
+            raise Refused("the auxiliary server must not receive a secret key")
+        keys = dict(msg.content["shapley-aux-keys"])
+        shares = msg.content["shapley-aux-shares"]
+        xs, ys = [], []
+        for node in [str(n) for n in request["order"]]:
+            raw = keyshare.open_from(array_to_bytes(shares[f"sealed-{node}"]), recipient=keypair,
+                                     sender_public=bytes(keys[node]))
+            x, y = _unpack_arrays(raw, ("x", "y"))
+            if x.dtype != np.uint64 or x.ndim != 2 or x.shape[1] != params.n_features + 1 or y.shape != (len(x),):
+                raise Refused(f"share of node {node} has shapes {x.shape}/{y.shape}")
+            xs.append(x)
+            ys.append(y)
+        X, Y = np.vstack(xs), np.concatenate(ys)
+        context.state[STATE_AUX] = ArrayRecord({"x": _arr(X), "y": _arr(Y),
+                                                "context": msg.content["shapley-context"]["public"]})
+        log(INFO, "Shapley phase: auxiliary server holds shares of %d test samples", len(Y))
+        return RecordDict({"shapley-aux": ConfigRecord({"samples": int(len(Y))})})
+
+    return _serve(msg, step)
+
+
+def _aux_state(context: Context):
+    if STATE_AUX not in context.state:
+        raise Refused("no test-set shares (query.shapley_aux_setup missing)")
+    st = context.state[STATE_AUX]
+    return st["x"].numpy(), st["y"].numpy(), load_context(array_to_bytes(st["context"]))
+
+
+def aux_eval(msg: Message, context: Context) -> Message:
+    """``query.shapley_aux_eval`` (Algorithm 4 step 4): A's products for every (coalition, batch).
+
+    Request ``shapley-jobs``: ``members-j`` (node IDs), ``ids-j`` (sample
+    IDs, ≤ m); optionally ``shapley-round-models`` (``<node>``: packed
+    ciphertexts), kept for the following requests of the same round.
+    Reply ``shapley-products``: ``cts-j`` (packed, one ciphertext per limb).
+    """
+
+    def step(request: dict) -> RecordDict:
+        _session(context, request)
+        params = _params(request)
+        m, d_out, _ = _layout(request)
+        X, _, ctx = _aux_state(context)
+        if "shapley-round-models" in msg.content:
+            context.state[STATE_AUX_MODELS] = msg.content["shapley-round-models"]
+            context.state[STATE_AUX_MODELS + ".round"] = ConfigRecord({"round": int(request["round"])})
+        if (STATE_AUX_MODELS not in context.state
+                or int(context.state[STATE_AUX_MODELS + ".round"]["round"]) != int(request["round"])):
+            raise Refused(f"no model ciphertexts for round {request['round']}")
+        stored = context.state[STATE_AUX_MODELS]
+        models = {node: [ctx.deserialize_ciphertext(b) for b in unpack_blobs(array_to_bytes(stored[node]))]
+                  for node in stored.keys()}
+        jobs = msg.content["shapley-jobs"]
+        plain_cache: dict[bytes, list] = {}
+        agg_cache: dict[tuple, list] = {}
+        out = {}
+        for j in sorted({k.split("-", 1)[1] for k in jobs.keys() if k.startswith("ids-")}):
+            ids = jobs[f"ids-{j}"].numpy().astype(np.int64)
+            members = tuple(str(int(n)) for n in jobs[f"members-{j}"].numpy())
+            if not members or any(n not in models for n in members):
+                raise Refused(f"job {j}: coalition {members} has members without a model")
+            if ids.size == 0 or ids.size > m or ids.min() < 0 or ids.max() >= len(X):
+                raise Refused(f"job {j}: {ids.size} sample ids outside 1..{m} or out of range")
+            if members not in agg_cache:
+                agg_cache[members] = aggregate_model(ctx, [models[n] for n in members])
+            key = ids.tobytes()
+            if key not in plain_cache:
+                plain_cache[key] = server_plaintexts(ctx, X[ids], params, m=m, d_out=d_out)
+            prods = server_products(ctx, agg_cache[members], plain_cache[key])
+            out[f"cts-{j}"] = bytes_to_array(pack_blobs([ctx.serialize_ciphertext(c) for c in prods]))
+        return RecordDict({"shapley-products": ArrayRecord(out)})
+
+    return _serve(msg, step)
+
+
+def aux_diff(msg: Message, context: Context) -> Message:
+    """``query.shapley_aux_diff`` (Algorithm 4 step 12): A's share of ``Ŷ − Y`` per batch.
+
+    Request ``shapley-preds``: ``sealed-j`` (A's prediction share from the
+    helper), ``ids-j``; ``shapley-helper-keys``: ``helper-j`` public key.
+    Reply ``shapley-diffs``: ``d-j`` (uint64).
+    """
+
+    def step(request: dict) -> RecordDict:
+        keypair = _session(context, request)
+        params = _params(request)
+        _, Y, _ = _aux_state(context)
+        preds = msg.content["shapley-preds"]
+        keys = msg.content["shapley-helper-keys"]
+        out = {}
+        for j in sorted({k.split("-", 1)[1] for k in preds.keys() if k.startswith("ids-")}):
+            ids = preds[f"ids-{j}"].numpy().astype(np.int64)
+            if ids.size == 0 or ids.min() < 0 or ids.max() >= len(Y):
+                raise Refused(f"job {j}: sample ids out of range")
+            raw = keyshare.open_from(array_to_bytes(preds[f"sealed-{j}"]), recipient=keypair,
+                                     sender_public=bytes(keys[f"helper-{j}"]))
+            (pred_a,) = _unpack_arrays(raw, ("pred",))
+            out[f"d-{j}"] = _arr(masked_difference(pred_a, Y[ids], params.ring_bits))
+        return RecordDict({"shapley-diffs": ArrayRecord(out)})
+
+    return _serve(msg, step)
+
+
+# --- registration -------------------------------------------------------------
+def node_role(context: Context) -> str:
+    """The node config's ``fedeval-role`` (``"client"`` when absent)."""
+    return str(context.node_config.get("fedeval-role", "client"))
+
+
+def register_shapley_handlers(
+    app,
+    *,
+    test_set: Callable[[Context], tuple[np.ndarray, np.ndarray]],
+    role: Callable[[Context], str] = node_role,
+) -> None:
+    """Register the SecSV handlers on a ``ClientApp``.
+
+    Parameters
+    ----------
+    app : flwr.clientapp.ClientApp
+    test_set : callable
+        ``context -> (X_test (M, d) float, y_test (M,) int)`` — this client's
+        test features (within the public ``feature-bound``) and labels.
+    role : callable, default=:func:`node_role`
+        ``context -> "client" | "shapley-aux"``.
+
+    Also wrap the train handler with :func:`shapley_record_mod`.
+    """
+
+    def _client_only(context: Context) -> None:
+        if role(context) != "client":
+            raise Refused(f"this node is the auxiliary server ({role(context)!r}), not a data client")
+
+    def _aux_only(context: Context) -> None:
+        if role(context) != "shapley-aux":
+            raise Refused("this node is not the auxiliary server")
+
+    def guarded(check, handler):
+        def run(msg: Message, context: Context) -> Message:
+            try:
+                check(context)
+            except Refused as exc:
+                return _error_reply(msg, exc)
+            return handler(msg, context)
+        return run
+
+    @app.query("fedeval_role")
+    def _role(msg: Message, context: Context) -> Message:
+        return role_reply(msg, role(context))
+
+    @app.query("shapley_hello")
+    def _hello(msg: Message, context: Context) -> Message:
+        r = role(context)
+        if r != "client":
+            return hello(msg, context, r)
+        X, _ = test_set(context)
+        return hello(msg, context, r, num_test=len(X), n_features=int(np.shape(X)[1]))
+
+    app.query("shapley_keygen")(guarded(_client_only, keygen))
+    app.query("shapley_share")(guarded(_client_only, lambda m, c: share_data(m, c, *test_set(c))))
+    app.query("shapley_models")(guarded(_client_only, encrypt_models))
+    app.query("shapley_helper")(guarded(_client_only, helper))
+    app.query("shapley_aux_setup")(guarded(_aux_only, aux_setup))
+    app.query("shapley_aux_eval")(guarded(_aux_only, aux_eval))
+    app.query("shapley_aux_diff")(guarded(_aux_only, aux_diff))

@@ -1,0 +1,552 @@
+"""SecSV contribution phase: secure Federated Shapley Values after training (server P side).
+
+Zheng, Cao, Yoshikawa, "Secure Shapley Value for Cross-Silo Federated
+Learning", PVLDB 16(7) 2023: Algorithm 3 (SecSV), 4 (Π_Sec), 5 (Matrix
+Reducing), 6–7 (SampleSkip). The ServerApp is the **principal server P**; the
+**auxiliary server A** is a SuperNode whose node config says
+``fedeval-role="shapley-aux"`` (run by a party that does not collude with
+P); the data clients are the other nodes. Handlers:
+:mod:`flwr_fedeval.clients.shapley_handlers`; protocol steps:
+:mod:`flwr_fedeval.shapley.parties`.
+
+=====  =================================  =======================================================
+step   message (to)                       what
+=====  =================================  =======================================================
+0      ``query.fedeval_role`` (all)       roles (:func:`discover_roles`; run before training so
+                                          that A is left out of FedAvg, :class:`NodeSubsetGrid`)
+1      ``query.shapley_hello`` (C, A)     X25519 keys; sizes, features, classes, recorded rounds
+2      ``query.shapley_keygen`` (leader)  CKKS keys of the clients; public context to P
+3      ``query.shapley_share`` (C)        test-set shares: P's in the clear, A's sealed for A
+4      ``query.shapley_aux_setup`` (A)    A opens and keeps its shares
+5      ``query.shapley_models`` (I^t)     per round: encrypted local models (Matrix Reducing)
+6      ``query.shapley_aux_eval`` (A)     per round and coalition size: A's products
+7      ``query.shapley_helper`` (C)       P adds its products; helpers decrypt and share Ŷ
+8      ``query.shapley_aux_diff`` (A)     A's share of Ŷ − Y; P learns the correct-prediction mask
+=====  =================================  =======================================================
+
+Coalitions are evaluated by increasing size, one exchange of steps 6–8 per
+size, all coalitions of that size at once; with SampleSkip a sample both
+halves of a split predict correctly is not evaluated (Theorem 6.3: the
+utility of a linear classifier does not change).
+
+Failures: a data client or A that fails steps 1–6 or 8 ends the phase with
+:class:`ShapleyPhaseError` naming every node and reason — Shapley values over
+a smaller set of players would be values of a different game, so none are
+reported. A helper that fails step 7 is replaced by another eligible client
+(never the owner of the batch) and the batch re-sent; the phase only fails
+when no eligible helper is left.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from flwr_fedeval.clients.shapley_handlers import REQUEST_KEY, ROLES
+from flwr_fedeval.fhe.backend import load_context, pack_blobs, unpack_blobs
+from flwr_fedeval.messages import (
+    QUERY_FEDEVAL_ROLE,
+    QUERY_SHAPLEY_AUX_DIFF,
+    QUERY_SHAPLEY_AUX_EVAL,
+    QUERY_SHAPLEY_AUX_SETUP,
+    QUERY_SHAPLEY_HELLO,
+    QUERY_SHAPLEY_HELPER,
+    QUERY_SHAPLEY_KEYGEN,
+    QUERY_SHAPLEY_MODELS,
+    QUERY_SHAPLEY_SHARE,
+    array_to_bytes,
+    bytes_to_array,
+)
+from flwr_fedeval.shapley.fsv import coalitions, find_skippable, fsv_from_utilities
+from flwr_fedeval.shapley.matrix_reducing import max_batch
+from flwr_fedeval.shapley.parties import (
+    add_products,
+    aggregate_model,
+    correct_mask,
+    masked_difference,
+    plan_batches,
+    server_plaintexts,
+    server_products,
+)
+from flwr_fedeval.shapley.secsv import SecSVParams, pick_helper, quantize_weights, shapley_ckks_params
+from flwr_fedeval.strategies.exchange import exchange
+
+__all__ = ["NodeSubsetGrid", "SecSVPhase", "ShapleyPhaseError", "ShapleyPhaseResult", "discover_roles"]
+
+_LABEL = "Shapley phase"
+
+
+class ShapleyPhaseError(RuntimeError):
+    """The phase could not compute the FSVs; ``failed`` maps node ID → reason."""
+
+    def __init__(self, step: str, failed: dict[int, str]) -> None:
+        self.step = step
+        self.failed = dict(failed)
+        super().__init__(f"Shapley phase aborted at {step}: {self.failed} (no Shapley values reported)")
+
+
+class NodeSubsetGrid:
+    """A view of a Flower ``Grid`` that hides some nodes from ``get_node_ids``.
+
+    Lets Flower's strategies train on the data clients only, while the
+    auxiliary server A stays connected to the same run. Everything else is
+    delegated to the wrapped grid.
+    """
+
+    def __init__(self, grid: Grid, exclude: Iterable[int]) -> None:
+        self._grid = grid
+        self._exclude = frozenset(int(n) for n in exclude)
+
+    def get_node_ids(self) -> list[int]:
+        return [n for n in self._grid.get_node_ids() if n not in self._exclude]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
+def discover_roles(grid: Grid, *, timeout: float = 600.0) -> dict[int, str]:
+    """``{node_id: role}`` of every connected node (``query.fedeval_role``).
+
+    Raises
+    ------
+    ShapleyPhaseError
+        A node did not answer or answered an unknown role.
+    """
+    failed: dict[int, str] = {}
+
+    def parse(node: int, content: RecordDict) -> str:
+        role = str(content["role"]["role"])
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        return role
+
+    nodes = list(grid.get_node_ids())
+    roles = exchange(grid, {n: RecordDict() for n in nodes}, QUERY_FEDEVAL_ROLE, parse, failed,
+                     what="role", phase="roles", timeout=timeout, label=_LABEL)
+    if failed:
+        raise ShapleyPhaseError("role discovery", failed)
+    return roles
+
+
+@dataclass
+class ShapleyPhaseResult:
+    """Federated Shapley values of the clients (SecSV), and what it took.
+
+    Attributes
+    ----------
+    fsv : dict of int to float
+        Node ID → ``FSV_i = Σ_t φ_i^t`` (accuracy points; Σ_i FSV_i =
+        ``v(I^T) − 1/n_classes``).
+    ssv : ndarray of shape (n_rounds, n_clients)
+        Single-round SVs, columns in the order of ``clients``.
+    utilities : list of dict
+        Per round, ``{tuple(sorted node IDs): accuracy}`` of every coalition.
+    empty_utilities : list of float
+    rounds, clients : list of int
+    weights : dict of int to int
+        Integer FedAvg weights used (8-bit quantised example counts).
+    aux_node, leader : int
+    stats : dict
+        ``seconds``, ``bytes_sent``/``bytes_received`` (array payloads, P's
+        view), ``evaluated_samples``/``skipped_samples`` ((sample, coalition)
+        pairs), ``batches``, ``helper_replacements``.
+    """
+
+    fsv: dict[int, float]
+    ssv: np.ndarray
+    utilities: list[dict]
+    empty_utilities: list[float]
+    rounds: list[int]
+    clients: list[int]
+    weights: dict[int, int]
+    aux_node: int
+    leader: int
+    sample_skip: bool
+    stats: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "method": "secsv" + ("+sampleskip" if self.sample_skip else ""),
+            "fsv": {str(k): v for k, v in self.fsv.items()},
+            "ssv": self.ssv.tolist(),
+            "utilities": [{"-".join(map(str, k)): v for k, v in u.items()} for u in self.utilities],
+            "empty_utilities": self.empty_utilities,
+            "rounds": self.rounds,
+            "clients": self.clients,
+            "weights": {str(k): v for k, v in self.weights.items()},
+            "aux_node": self.aux_node,
+            "leader": self.leader,
+            "stats": self.stats,
+        }
+
+
+def _payload_bytes(content: RecordDict) -> int:
+    total = 0
+    for rec in content.values():
+        if isinstance(rec, ArrayRecord):
+            total += sum(len(a.data) for a in rec.values())
+    return total
+
+
+class SecSVPhase:
+    """Secure Federated Shapley Values with two non-colluding servers (Zheng et al. 2023, Alg. 3).
+
+    Parameters
+    ----------
+    sample_skip : bool, default=True
+        SampleSkip (Algorithms 6–7).
+    binary_margin : bool, default=True
+        With 2 classes evaluate the single row ``θ_1 − θ_0`` (same decision,
+        twice the samples per ciphertext).
+    model_bound : float, default=8.0
+        Public bound on ``|θ|``; clients refuse to encrypt larger models.
+    feature_bound : float, default=1.0
+        Public bound on ``|x|`` of the test features; clients refuse larger ones.
+    data_frac_bits, model_frac_bits, weight_bits : int
+        Fixed point (see :class:`~flwr_fedeval.shapley.secsv.SecSVParams`); the
+        ring ``Z_{2^k}`` and the limbs follow from the bounds (``for_bounds``).
+    min_nodes : int, default=2
+    timeout : float, default=600
+        Seconds per exchange.
+    """
+
+    def __init__(self, *, sample_skip: bool = True, binary_margin: bool = True, model_bound: float = 8.0,
+                 feature_bound: float = 1.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
+                 weight_bits: int = 8, min_nodes: int = 2, timeout: float = 600.0) -> None:
+        if not (model_bound > 0 and feature_bound > 0):
+            raise ValueError("model_bound and feature_bound must be > 0")
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 2:
+            raise ValueError(f"min_nodes must be an integer >= 2 (a helper must not own the batch), got {min_nodes!r}")
+        self.sample_skip = bool(sample_skip)
+        self.binary_margin = bool(binary_margin)
+        self.bounds = dict(model_bound=float(model_bound), feature_bound=float(feature_bound),
+                           data_frac_bits=int(data_frac_bits), model_frac_bits=int(model_frac_bits),
+                           weight_bits=int(weight_bits))
+        self.min_nodes = min_nodes
+        self.timeout = float(timeout)
+
+    def summary(self) -> str:
+        return (f"SecSV (two servers, Matrix Reducing{', SampleSkip' if self.sample_skip else ''}), "
+                f"|θ| ≤ {self.bounds['model_bound']}, |x| ≤ {self.bounds['feature_bound']}")
+
+    # -- plumbing -------------------------------------------------------------
+    def _exchange(self, grid, contents: dict[int, RecordDict], mtype: str, parse, step: str, *,
+                  allow_failures: bool = False) -> tuple[dict[int, Any], dict[int, str]]:
+        for c in contents.values():
+            c[REQUEST_KEY] = ConfigRecord(dict(self._request, **dict(c.get(REQUEST_KEY, {}))))
+            self._stats["bytes_sent"] += _payload_bytes(c)
+        failed: dict[int, str] = {}
+
+        def counted(node, content):
+            self._stats["bytes_received"] += _payload_bytes(content)
+            return parse(node, content)
+
+        valid = exchange(grid, contents, mtype, counted, failed, what=step, phase=step,
+                         timeout=self.timeout, label=_LABEL)
+        self._stats["messages"] += len(contents)
+        if failed and not allow_failures:
+            raise ShapleyPhaseError(step, failed)
+        return valid, failed
+
+    # -- the phase ------------------------------------------------------------
+    def run(self, grid: Grid, *, clients: Iterable[int] | None = None,
+            aux_node: int | None = None) -> ShapleyPhaseResult:
+        """Run steps 1–8 and return the clients' FSVs.
+
+        ``clients``/``aux_node`` default to :func:`discover_roles`.
+
+        Raises
+        ------
+        ShapleyPhaseError
+            A node failed a step (see the module docstring), or no auxiliary
+            server is connected.
+        ValueError
+            Fewer than ``min_nodes`` clients, inconsistent models, or public
+            bounds that fit no fixed-point parameters.
+        """
+        t0 = time.perf_counter()
+        if clients is None or aux_node is None:
+            roles = discover_roles(grid, timeout=self.timeout)
+            auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
+            if not auxes:
+                raise ShapleyPhaseError("role discovery", {0: "no node has fedeval-role = 'shapley-aux' "
+                                                               "(the auxiliary server A)"})
+            aux_node = auxes[0] if aux_node is None else aux_node
+            clients = [n for n, r in roles.items() if r == "client"] if clients is None else clients
+        clients = sorted(int(c) for c in clients)
+        aux = int(aux_node)
+        if aux in clients:
+            raise ValueError("the auxiliary server cannot be a data client")
+        if len(clients) < self.min_nodes:
+            raise ValueError(f"{len(clients)} clients, the phase needs at least {self.min_nodes}")
+        self._stats = {"bytes_sent": 0, "bytes_received": 0, "messages": 0, "batches": 0,
+                       "evaluated_samples": 0, "skipped_samples": 0, "helper_replacements": 0}
+        self._request = {"session": secrets.token_hex(16)}
+
+        # step 1
+        hello, _ = self._exchange(grid, {n: RecordDict() for n in clients + [aux]}, QUERY_SHAPLEY_HELLO,
+                                  lambda n, c: dict(c["shapley-hello"]), "hello")
+        self._check_roles(hello, clients, aux)
+        info = {n: hello[n] for n in clients}
+        n_features = {int(i["n-features"]) for i in info.values()}
+        n_classes = {int(i["n-classes"]) for i in info.values()}
+        if len(n_features) != 1 or len(n_classes) != 1:
+            raise ValueError(f"clients disagree on the model: features {sorted(n_features)}, classes {sorted(n_classes)}")
+        (d,), (c,) = n_features, n_classes
+        n_test = {n: int(info[n]["num-test"]) for n in clients}
+        if sum(n_test.values()) == 0:
+            raise ValueError("no client has test samples")
+        params = SecSVParams.for_bounds(n_features=d, max_clients=len(clients), ckks=shapley_ckks_params(),
+                                        **self.bounds)
+        d_out = 1 if (self.binary_margin and c == 2) else c
+        m = max_batch(params.ckks.slot_count, d_out)
+        weights = quantize_weights({n: int(info[n]["num-examples"]) for n in clients}, bits=params.weight_bits)
+        self._request.update({k.replace("_", "-"): v for k, v in params.to_config().items()})
+        self._request.update({"m": m, "d-out": d_out, "n-classes": c})
+        pk = {n: bytes(hello[n]["public-key"]) for n in clients + [aux]}
+        log(INFO, "%s: %s; %d clients, aux server node %d, ring Z_2^%d, %d limbs of %d bits, m=%d, d_out=%d",
+            _LABEL, self.summary(), len(clients), aux, params.ring_bits, params.n_limbs, params.limb_bits, m, d_out)
+
+        # step 2
+        leader = secrets.choice(clients)
+        peers = ConfigRecord({str(n): pk[n] for n in clients if n != leader})
+        keyrep, _ = self._exchange(grid, {leader: RecordDict({"shapley-peers": peers})}, QUERY_SHAPLEY_KEYGEN,
+                                   lambda n, ct: (array_to_bytes(ct["shapley-context"]["public"]),
+                                                  {k: array_to_bytes(v) for k, v in ct["shapley-bundles"].items()}),
+                                   "keygen")
+        public_bytes, bundles = keyrep[leader]
+        ctx = load_context(public_bytes)
+        if ctx.is_private:
+            raise ShapleyPhaseError("keygen", {leader: "the public context carries a secret key"})
+        if ctx.params != params.ckks:
+            raise ShapleyPhaseError("keygen", {leader: f"CKKS parameters {ctx.params} differ from {params.ckks}"})
+        missing = [n for n in clients if n != leader and str(n) not in bundles]
+        if missing:
+            raise ShapleyPhaseError("keygen", {leader: f"no key bundle for nodes {missing}"})
+
+        # step 3
+        extra = {"leader-public-key": pk[leader], "aux-public-key": pk[aux]}
+        contents = {}
+        for n in clients:
+            rd = RecordDict({REQUEST_KEY: ConfigRecord(extra)})
+            if n != leader:
+                rd["shapley-bundle"] = ArrayRecord({"sealed": bytes_to_array(bundles[str(n)])})
+            contents[n] = rd
+
+        def parse_share(n, ct):
+            rec = ct["shapley-share"]
+            x, y = rec["x"].numpy(), rec["y"].numpy()
+            if x.dtype != np.uint64 or y.dtype != np.uint64 or x.shape != (n_test[n], d + 1) or y.shape != (n_test[n],):
+                raise ValueError(f"share shapes {x.shape}/{y.shape} (uint64 expected), announced {n_test[n]} samples")
+            return x, y, array_to_bytes(rec["sealed-aux"])
+
+        shares, _ = self._exchange(grid, contents, QUERY_SHAPLEY_SHARE, parse_share, "share")
+        self.X_P = np.vstack([shares[n][0] for n in clients])
+        self.y_P = np.concatenate([shares[n][1] for n in clients])
+        self.owners = np.concatenate([np.full(n_test[n], n, dtype=np.int64) for n in clients])
+        M = len(self.y_P)
+
+        # step 4
+        aux_content = RecordDict({
+            REQUEST_KEY: ConfigRecord({"order": clients}),
+            "shapley-context": ArrayRecord({"public": bytes_to_array(public_bytes)}),
+            "shapley-aux-shares": ArrayRecord({f"sealed-{n}": bytes_to_array(shares[n][2]) for n in clients}),
+            "shapley-aux-keys": ConfigRecord({str(n): pk[n] for n in clients}),
+        })
+        got, _ = self._exchange(grid, {aux: aux_content}, QUERY_SHAPLEY_AUX_SETUP,
+                                lambda n, ct: int(ct["shapley-aux"]["samples"]), "aux setup")
+        if got[aux] != M:
+            raise ShapleyPhaseError("aux setup", {aux: f"holds {got[aux]} samples, P holds {M}"})
+
+        # steps 5-8, round by round
+        self._ctx, self._params, self._m, self._d_out, self._pk, self._clients = ctx, params, m, d_out, pk, clients
+        self._full_plain: dict[bytes, list] = {}
+        self._full_keys = {np.arange(M)[pos].tobytes() for pos in plan_batches(self.owners, m, clients)}
+        self._helper_turn = 0
+        self._failed_helpers: set[int] = set()
+        rounds = sorted({int(r) for n in clients for r in info[n]["rounds"]})
+        players, utilities, done = [], [], []
+        for t in rounds:
+            members = [n for n in clients if t in {int(r) for r in info[n]["rounds"]}]
+            if not members:
+                continue
+            utilities.append(self._round(grid, t, members, weights, aux, M))
+            players.append(members)
+            done.append(t)
+            log(INFO, "%s: round %d, %d coalitions, v(I^t) = %.4f", _LABEL, t, len(utilities[-1]),
+                utilities[-1][frozenset(members)])
+        res = fsv_from_utilities(utilities, players, n_classes=c)
+        self._stats["seconds"] = time.perf_counter() - t0
+        self._stats["samples"] = M
+        log(INFO, "%s: FSV %s (%.1f s, %d (sample, coalition) pairs evaluated, %d skipped, %.1f MB sent, "
+            "%.1f MB received)", _LABEL, " ".join(f"node {n}: {v:+.4f}" for n, v in zip(res.clients, res.fsv)),
+            self._stats["seconds"], self._stats["evaluated_samples"], self._stats["skipped_samples"],
+            self._stats["bytes_sent"] / 1e6, self._stats["bytes_received"] / 1e6)
+        return ShapleyPhaseResult(
+            fsv={int(n): float(v) for n, v in zip(res.clients, res.fsv)}, ssv=res.ssv,
+            utilities=[{tuple(sorted(S)): float(v) for S, v in u.items()} for u in res.utilities],
+            empty_utilities=res.empty_utilities, rounds=done,
+            clients=res.clients, weights=weights, aux_node=aux, leader=leader, sample_skip=self.sample_skip,
+            stats=dict(self._stats))
+
+    @staticmethod
+    def _check_roles(hello: dict, clients: list[int], aux: int) -> None:
+        wrong = {n: f"role {hello[n]['role']!r}" for n in clients if hello[n]["role"] != "client"}
+        if hello[aux]["role"] != "shapley-aux":
+            wrong[aux] = f"role {hello[aux]['role']!r}, expected 'shapley-aux'"
+        if wrong:
+            raise ShapleyPhaseError("hello", wrong)
+
+    def _round(self, grid, t: int, members: list[int], weights: dict[int, int], aux: int, M: int) -> dict:
+        """Steps 5–8 for round ``t``: utilities of every coalition of ``members``."""
+        d_in = self._params.n_features + 1
+
+        def parse_model(n, ct):
+            blobs = unpack_blobs(array_to_bytes(ct["shapley-model"]["cts"]), expected=d_in)
+            return blobs, [self._ctx.deserialize_ciphertext(b) for b in blobs]
+
+        enc, _ = self._exchange(
+            grid, {n: RecordDict({REQUEST_KEY: ConfigRecord({"round": t, "weight": weights[n]})}) for n in members},
+            QUERY_SHAPLEY_MODELS, parse_model, f"models of round {t}")
+        models = {n: enc[n][1] for n in members}
+        forward = ArrayRecord({str(n): bytes_to_array(pack_blobs(enc[n][0])) for n in members})
+        correct: dict[frozenset, np.ndarray] = {}
+        utilities: dict[frozenset, float] = {}
+        for size in range(1, len(members) + 1):
+            jobs = []   # (coalition, sample ids of one batch, positions into the coalition mask)
+            masks = {}
+            for S in coalitions(members, min_size=size):
+                if len(S) != size:
+                    continue
+                skip = (find_skippable(S, correct) if (self.sample_skip and size > 1)
+                        else np.zeros(M, dtype=bool))
+                idx = np.flatnonzero(~skip)
+                masks[S] = skip.copy()
+                self._stats["skipped_samples"] += int(skip.sum())
+                self._stats["evaluated_samples"] += int(idx.size)
+                for pos in plan_batches(self.owners[idx], self._m, self._clients):
+                    jobs.append((S, idx[pos]))
+            if jobs:
+                ok = self._secure_test(grid, t, jobs, models, forward if size == 1 else None, aux)
+                for (S, ids), res in zip(jobs, ok):
+                    masks[S][ids] = res
+            for S, mask in masks.items():
+                correct[S] = mask
+                utilities[S] = float(mask.mean())
+        return utilities
+
+    def _secure_test(self, grid, t: int, jobs: list, models: dict, forward, aux: int) -> list[np.ndarray]:
+        """Π_Sec (Algorithm 4) for a list of (coalition, batch) jobs; correct-prediction masks."""
+        p, ctx, k = self._params, self._ctx, self._params.ring_bits
+        self._stats["batches"] += len(jobs)
+        # step 6 (A): its half of every product
+        job_rec = {}
+        for j, (S, ids) in enumerate(jobs):
+            job_rec[f"members-{j}"] = Array(np.array(sorted(S), dtype=np.int64))
+            job_rec[f"ids-{j}"] = Array(ids.astype(np.int64))
+        content = RecordDict({REQUEST_KEY: ConfigRecord({"round": t}), "shapley-jobs": ArrayRecord(job_rec)})
+        if forward is not None:
+            content["shapley-round-models"] = forward
+
+        def parse_products(n, ct):
+            rec = ct["shapley-products"]
+            return [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(array_to_bytes(rec[f"cts-{j}"]),
+                                                                        expected=p.n_limbs)]
+                    for j in range(len(jobs))]
+
+        from_aux, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_EVAL, parse_products,
+                                     f"aux products, round {t}")
+        # step 7 (P): own half, sum; helpers decrypt
+        agg: dict[frozenset, list] = {}
+        layer_plain: dict[bytes, list] = {}
+        totals = []
+        for j, (S, ids) in enumerate(jobs):
+            if S not in agg:
+                agg[S] = aggregate_model(ctx, [models[n] for n in sorted(S)])
+            key = ids.tobytes()
+            cache = self._full_plain if key in self._full_keys else layer_plain
+            if key not in cache:
+                cache[key] = server_plaintexts(ctx, self.X_P[ids], p, m=self._m, d_out=self._d_out)
+            totals.append(add_products(ctx, server_products(ctx, agg[S], cache[key]), from_aux[aux][j]))
+        preds = self._helpers(grid, jobs, totals)
+        # step 8 (A): its share of Ŷ − Y
+        rec, keys = {}, {}
+        for j, (S, ids) in enumerate(jobs):
+            rec[f"sealed-{j}"] = bytes_to_array(preds[j][1])
+            rec[f"ids-{j}"] = Array(ids.astype(np.int64))
+            keys[f"helper-{j}"] = self._pk[preds[j][2]]
+        content = RecordDict({"shapley-preds": ArrayRecord(rec), "shapley-helper-keys": ConfigRecord(keys)})
+
+        def parse_diffs(n, ct):
+            out = []
+            for j, (S, ids) in enumerate(jobs):
+                dj = ct["shapley-diffs"][f"d-{j}"].numpy()
+                if dj.dtype != np.uint64 or dj.shape != ids.shape:
+                    raise ValueError(f"difference share {j} has {dj.dtype} {dj.shape}, expected uint64 {ids.shape}")
+                out.append(dj)
+            return out
+
+        diffs, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_DIFF, parse_diffs, f"aux differences, round {t}")
+        return [correct_mask(masked_difference(preds[j][0], self.y_P[ids], k), diffs[aux][j], k)
+                for j, (S, ids) in enumerate(jobs)]
+
+    def _helpers(self, grid, jobs: list, totals: list) -> list[tuple[np.ndarray, bytes, int]]:
+        """Step 7: send each batch to a helper client that owns none of it (and, when possible, is
+        outside the coalition); replace failing helpers for the rest of the phase. Returns ``(pred_P, sealed pred_A, helper)``."""
+        failed_helpers = self._failed_helpers      # a helper that failed once is not asked again
+        pending = list(range(len(jobs)))
+        out: dict[int, tuple] = {}
+        while pending:
+            assign: dict[int, list[int]] = {}
+            for j in pending:
+                S, ids = jobs[j]
+                owners = set(self.owners[ids].tolist())
+                try:
+                    h, _ = pick_helper(self._clients, owners | failed_helpers, set(S), self._helper_turn)
+                except ValueError:
+                    raise ShapleyPhaseError("helper decryption", {n: "failed as helper" for n in failed_helpers}
+                                            | {0: f"no eligible helper left for a batch owned by {sorted(owners)}"})
+                self._helper_turn += 1
+                assign.setdefault(h, []).append(j)
+            contents = {}
+            for h, js in assign.items():
+                rec = {}
+                for j in js:
+                    rec[f"cts-{j}"] = bytes_to_array(pack_blobs([self._ctx.serialize_ciphertext(c) for c in totals[j]]))
+                    rec[f"n-{j}"] = Array(np.array([len(jobs[j][1])], dtype=np.int64))
+                contents[h] = RecordDict({REQUEST_KEY: ConfigRecord({"aux-public-key": self._pk[self._aux_key()]}),
+                                          "shapley-batches": ArrayRecord(rec)})
+
+            def parse(h, ct, assign=assign):
+                rec = ct["shapley-pred"]
+                res = {}
+                for j in assign[h]:
+                    pred = rec[f"p-{j}"].numpy()
+                    if pred.dtype != np.uint64 or pred.shape != jobs[j][1].shape:
+                        raise ValueError(f"prediction share {j}: {pred.dtype} {pred.shape}")
+                    res[j] = (pred, array_to_bytes(rec[f"a-{j}"]), h)
+                return res
+
+            valid, failed = self._exchange(grid, contents, QUERY_SHAPLEY_HELPER, parse, "helper decryption",
+                                           allow_failures=True)
+            for res in valid.values():
+                out.update(res)
+            if failed:
+                failed_helpers |= set(failed)
+                self._stats["helper_replacements"] += sum(len(assign[h]) for h in failed)
+                log(WARNING, "%s: helpers %s failed (not asked again); their %d batches go to other clients", _LABEL,
+                    sorted(failed), sum(len(assign[h]) for h in failed))
+            pending = [j for j in pending if j not in out]
+        return [out[j] for j in range(len(jobs))]
+
+    def _aux_key(self) -> int:
+        return next(n for n in self._pk if n not in self._clients)
