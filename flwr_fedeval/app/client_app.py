@@ -14,6 +14,7 @@ from flwr.clientapp import ClientApp
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
 from flwr_fedeval.clients import dp_handlers, fhe_handlers
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
+from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.messages import counts_to_record
@@ -22,15 +23,46 @@ app = ClientApp()
 register_xmkckks_handlers(app)  # query.xmk_keygen, query.xmk_pdec (secure aggregation)
 
 
+def _aux_partition(context: Context) -> int:
+    return int(context.run_config.get("shapley-aux-partition-id", -1))
+
+
+def node_role(context: Context) -> str:
+    """``"shapley-aux"`` for the auxiliary server of the Shapley phase, else ``"client"``.
+
+    The node config's ``fedeval-role`` decides (deployment: ``flower-supernode
+    --node-config 'fedeval-role="shapley-aux"'``); in simulation, where nodes
+    only get a partition id, run config ``shapley-aux-partition-id`` names it.
+    """
+    if "fedeval-role" in context.node_config:
+        return str(context.node_config["fedeval-role"])
+    aux = _aux_partition(context)
+    if aux >= 0 and int(context.node_config.get("partition-id", -1)) == aux:
+        return "shapley-aux"
+    return "client"
+
+
 def _partition(context: Context) -> tuple[int, int]:
+    """This data client's ``(partition id, number of data partitions)``.
+
+    With ``shapley-aux-partition-id`` set, that simulation node holds no data
+    and the others are renumbered ``0..num-partitions-2``.
+    """
+    if node_role(context) != "client":
+        raise ValueError(f"this node is the auxiliary server of the Shapley phase ({node_role(context)!r}): "
+                         "it holds no data and does not train or evaluate")
     try:
-        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+        pid, num = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     except KeyError as exc:
         raise ValueError(
             "node config must define 'partition-id' and 'num-partitions' "
             "(simulation sets them; on a SuperNode pass --node-config "
             "\"partition-id=0 num-partitions=3\")"
         ) from exc
+    aux = _aux_partition(context)
+    if 0 <= aux < num and "fedeval-role" not in context.node_config:
+        return (pid - 1 if pid > aux else pid), num - 1
+    return pid, num
 
 
 def _setup(msg: Message, context: Context):
@@ -42,7 +74,7 @@ def _setup(msg: Message, context: Context):
     return cfg, data, adapter
 
 
-@app.train(mods=[xmkckks_mod])
+@app.train(mods=[xmkckks_mod, shapley_record_mod])
 def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local train split."""
     cfg, data, adapter = _setup(msg, context)
@@ -153,3 +185,15 @@ def evaluate_fhe_counts(msg: Message, context: Context) -> Message:
 def query_fhe_result(msg: Message, context: Context) -> Message:
     """FHE AUC step 6: decrypt, divide, verify; report only if configured."""
     return fhe_handlers.decrypt_result(msg, context)
+
+
+# --- secure Shapley values (flwr_fedeval.clients.shapley_handlers) -----------
+def _shapley_test_set(context: Context) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels of this client's test split (shared with the two servers)."""
+    cfg = JobConfig.from_run_config(dict(context.run_config))
+    pid, num = _partition(context)
+    data = load_client_data(cfg, pid, num)
+    return data.x_test.reshape(len(data.y_test), -1), data.y_test
+
+
+register_shapley_handlers(app, test_set=_shapley_test_set, role=node_role)

@@ -126,3 +126,24 @@ def write_results(
         fig.savefig(folder / "roc.png", dpi=120)
         plt.close(fig)
     return folder
+
+
+def write_fsv_chart(folder: Path, fsv: dict[int, float], *, title: str) -> Path:
+    """Bar chart of the Federated Shapley Value per client (``fsv.png`` in ``folder``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nodes = sorted(fsv)
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(nodes)), 3.5))
+    ax.bar(range(len(nodes)), [fsv[n] for n in nodes], color="tab:blue")
+    ax.set_xticks(range(len(nodes)), [f"client {i}\n{str(n)[:6]}" for i, n in enumerate(nodes)], fontsize=8)
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_ylabel("FSV (accuracy)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = folder / "fsv.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -14,10 +14,11 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_fedeval.app.harness import pooled_reference_auc, score_histogram, write_results
+from flwr_fedeval.app.harness import pooled_reference_auc, score_histogram, write_fsv_chart, write_results
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.metrics.auc import roc_points
 from flwr_fedeval.strategies.phases import make_auc_phase
+from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 
 app = ServerApp()
@@ -78,6 +79,19 @@ def main(grid: Grid, context: Context) -> None:
     cfg = JobConfig.from_run_config(dict(context.run_config))
     t_start = time.perf_counter()
     initial = ArrayRecord(build_model(cfg).get_weights())
+    aux_node = None
+    if cfg.shapley != "none":
+        # The auxiliary server A of the Shapley phase stays out of training and the AUC phase.
+        roles = discover_roles(grid, timeout=cfg.step_timeout)
+        auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
+        if len(auxes) != 1:
+            raise ValueError(
+                f"shapley = '{cfg.shapley}' needs exactly one node with fedeval-role = 'shapley-aux' "
+                f"(the auxiliary server), found {len(auxes)}: start one SuperNode with --node-config "
+                "'fedeval-role=\"shapley-aux\"', or in simulation add a node and set shapley-aux-partition-id")
+        aux_node = auxes[0]
+        log(INFO, "Shapley phase: node %d is the auxiliary server A; %d data clients", aux_node, len(roles) - 1)
+        grid = NodeSubsetGrid(grid, [aux_node])
 
     strategy = make_strategy(cfg)
     result = strategy.start(
@@ -102,6 +116,19 @@ def main(grid: Grid, context: Context) -> None:
     t_train = time.perf_counter() - t_start
 
     auc_result = make_auc_phase(cfg).run(grid, result.arrays)
+    shapley = None
+    if aux_node is not None:
+        t_sv = time.perf_counter()
+        shapley = SecSVPhase(
+            sample_skip=cfg.shapley_sample_skip,
+            model_bound=cfg.shapley_model_bound,
+            feature_bound=cfg.shapley_feature_bound,
+            data_frac_bits=cfg.shapley_frac_bits,
+            model_frac_bits=cfg.shapley_frac_bits,
+            min_nodes=max(2, cfg.min_nodes),
+            timeout=cfg.step_timeout,
+        ).run(grid, clients=grid.get_node_ids(), aux_node=aux_node)
+        t_sv = time.perf_counter() - t_sv
 
     # Harness reference (not part of the protocol): pooled roc_auc_score.
     num_partitions = len(list(grid.get_node_ids()))
@@ -131,6 +158,14 @@ def main(grid: Grid, context: Context) -> None:
             abs(auc_result.auc - ref_auc),
         )
     ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score)
+    if shapley is not None:
+        last = shapley.utilities[-1][tuple(shapley.clients)]
+        pooled_acc = float(((y_score >= 0.5).astype(int) == y_true).mean())
+        log(INFO, "FINAL Federated Shapley Values (SecSV%s, %d rounds, %.1f s): %s | sum %.6f = v(I^T) %.6f - "
+            "1/2 | v(I^T) (coalition model, 8-bit weights) vs pooled accuracy of the global model: %.6f",
+            "+SampleSkip" if shapley.sample_skip else "", len(shapley.rounds), t_sv,
+            " ".join(f"client {i} ({n}): {shapley.fsv[n]:+.4f}" for i, n in enumerate(shapley.clients)),
+            sum(shapley.fsv.values()), last, pooled_acc)
     from sklearn.metrics import roc_curve
 
     ref_fpr, ref_tpr, _ = roc_curve(y_true, y_score)
@@ -150,8 +185,11 @@ def main(grid: Grid, context: Context) -> None:
             "train_metrics": train_hist,
             "evaluate_metrics": eval_hist,
             "wall_time_s": {"training": t_train, "total": wall},
+            **({"shapley": shapley.to_json()} if shapley is not None else {}),
         },
         roc=roc_points(auc_result.counts) if auc_result.counts is not None else None,
         reference_roc=(ref_fpr, ref_tpr),
     )
+    if shapley is not None:
+        write_fsv_chart(folder, shapley.fsv, title=f"Federated Shapley Values (SecSV), {cfg.dataset}")
     log(INFO, "Results written to %s (wall time %.1f s)", folder, wall)

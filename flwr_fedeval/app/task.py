@@ -27,7 +27,9 @@ XRAY_TASKS = {
 }
 
 _CHOICES = {
-    "dataset": ("breast-cancer", "chest-xray"),
+    "dataset": ("breast-cancer", "chest-xray", "bank-marketing"),
+    "model": ("default", "logreg"),
+    "shapley": ("none", "secsv"),
     "xray_task": tuple(XRAY_TASKS),
     "partitioning": ("iid", "dirichlet"),
     "auc_method": ("plain", "dpauc-laplace", "dpauc-rr", "fedauc-rr", "fedauc-laplace", "fhe"),
@@ -59,6 +61,7 @@ class JobConfig:
     seed: int = 42
     dataset: str = "breast-cancer"
     data_dir: str = ""
+    model: str = "default"
     xray_task: str = "pneumonia-vs-normal"
     image_size: int = 128
     partitioning: str = "iid"
@@ -84,6 +87,12 @@ class JobConfig:
     xmk_max_abs_value: float = 65536.0
     xmk_rekey: str = "every-round"
     step_timeout: float = 600.0
+    shapley: str = "none"
+    shapley_sample_skip: bool = True
+    shapley_model_bound: float = 8.0
+    shapley_feature_bound: float = 16.0
+    shapley_frac_bits: int = 10
+    shapley_aux_partition_id: int = -1
     output_dir: str = "outputs"
 
     @classmethod
@@ -150,8 +159,33 @@ class JobConfig:
                 raise ValueError("config 'xmk-max-abs-value' must be a finite number >= 1")
         if not self.step_timeout > 0:
             raise ValueError("config 'step-timeout' must be > 0 (seconds)")
-        if self.dataset == "chest-xray" and not self.data_dir:
-            raise ValueError("config 'data-dir' must name the chest-xray folder when dataset = 'chest-xray'")
+        if self.dataset in ("chest-xray", "bank-marketing") and not self.data_dir:
+            raise ValueError(f"config 'data-dir' must name the {self.dataset} data when dataset = '{self.dataset}'")
+        if self.dataset == "chest-xray" and self.model == "logreg":
+            raise ValueError("config 'model' = 'logreg' is for the tabular data sets, not 'chest-xray'")
+        if self.shapley != "none":
+            self._validate_shapley()
+
+    def _validate_shapley(self) -> None:
+        """``shapley-*`` keys: SecSV needs a linear model and fixed-point bounds that fit."""
+        if self.model != "logreg":
+            raise ValueError("config 'shapley' = 'secsv' evaluates linear classifiers only (Zheng et al. 2023): "
+                             "set 'model' = 'logreg'")
+        if self.secure_aggregation != "none":
+            raise ValueError("config 'shapley' needs the clients' example counts as FedAvg weights: "
+                             "use it with 'secure-aggregation' = 'none'")
+        if not 1 <= self.shapley_frac_bits <= 20:
+            raise ValueError("config 'shapley-frac-bits' must be in [1, 20]")
+        if self.shapley_aux_partition_id < -1:
+            raise ValueError("config 'shapley-aux-partition-id' must be -1 (none) or a partition id")
+        from flwr_fedeval.shapley.secsv import SecSVParams
+
+        try:
+            SecSVParams.for_bounds(n_features=64, max_clients=16, model_bound=self.shapley_model_bound,
+                                   feature_bound=self.shapley_feature_bound,
+                                   data_frac_bits=self.shapley_frac_bits, model_frac_bits=self.shapley_frac_bits)
+        except ValueError as exc:
+            raise ValueError(f"config 'shapley-model-bound'/'shapley-feature-bound'/'shapley-frac-bits': {exc}") from None
 
     def _validate_fhe(self) -> None:
         """``fhe-*`` keys: splits, slots, threshold, and the backend this Python can run."""
@@ -188,6 +222,13 @@ def _load_pooled(dataset: str, data_dir: str, xray_task: str, image_size: int):
         from flwr_fedeval.data.tabular import load_breast_cancer_data
 
         return load_breast_cancer_data()
+    if dataset == "bank-marketing":
+        from flwr_fedeval.data.bank_marketing import load_bank_marketing
+
+        x, y, _ = load_bank_marketing(data_dir)
+        lo, hi = x.min(axis=0), x.max(axis=0)          # public value ranges of the file
+        x = (x - lo) / np.where(hi > lo, hi - lo, 1.0)
+        return x.astype(np.float32), y, ["no", "yes"]
     from flwr_fedeval.data.images import load_image_folder
 
     return load_image_folder(
@@ -227,7 +268,8 @@ def build_model(cfg: JobConfig) -> Any:
     from flwr_fedeval.clients.models import build_mlp, build_seed_cnn
 
     keras.utils.set_random_seed(cfg.seed)
-    if cfg.dataset == "breast-cancer":
+    if cfg.dataset in ("breast-cancer", "bank-marketing"):
         x, _, _ = load_pooled_data(cfg)
-        return build_mlp(x.shape[1], learning_rate=cfg.learning_rate)
+        hidden = () if cfg.model == "logreg" else (32, 16)   # logreg: one softmax Dense layer
+        return build_mlp(x.shape[1], hidden_units=hidden, learning_rate=cfg.learning_rate)
     return build_seed_cnn((cfg.image_size, cfg.image_size, 1), learning_rate=cfg.learning_rate)

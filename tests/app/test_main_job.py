@@ -98,3 +98,38 @@ def test_score_histogram_counts_each_class_on_both_scales():
     assert sum(h["linear"]["positive"]) == 3 and sum(h["linear"]["negative"]) == 2
     assert sum(h["logit"]["positive"]) == 3 and h["logit"]["positive"][-1] == 2  # 1.0 and 0.99999 saturate
     assert h["saturated_fraction"] == pytest.approx(3 / 5)
+
+
+@pytest.mark.slow
+def test_main_job_with_secure_shapley_values(tmp_path):
+    """Simulation-style roles: partition 3 of 4 is the auxiliary server A (no data, no training)."""
+    run_config = {"num-server-rounds": 2, "local-epochs": 3, "learning-rate": 0.01, "output-dir": str(tmp_path), "model": "logreg",
+                  "shapley": "secsv", "shapley-aux-partition-id": 3}
+    grid = InProcessGrid(client_app, 4, run_config)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    server_app.main(grid, ctx)
+
+    (folder,) = list(tmp_path.iterdir())
+    result = json.loads((folder / "results.json").read_text())
+    aux = grid.node_ids[3]
+    sv = result["shapley"]
+    assert sv["aux_node"] == aux and len(sv["clients"]) == 3 and aux not in sv["clients"]
+    assert result["num_clients"] == 3 and sv["rounds"] == [1, 2]
+    full = sv["utilities"][-1]["-".join(map(str, sorted(sv["clients"])))]
+    assert sum(sv["fsv"].values()) == pytest.approx(full - 0.5, abs=1e-9)   # efficiency over the run
+    assert full > 0.8                                                      # a trained model
+    assert (folder / "fsv.png").stat().st_size > 1000
+    aux_types = {t for n, t, ok in grid.log if n == aux}
+    assert "train" not in aux_types and not any(t.startswith("evaluate") for t in aux_types)
+    assert result["num_test_samples"] > 100      # 3 data partitions of breast cancer, 20 % test
+
+
+def test_shapley_config_needs_a_linear_model():
+    from flwr_fedeval.app.task import JobConfig
+
+    with pytest.raises(ValueError, match="logreg"):
+        JobConfig.from_run_config({"shapley": "secsv"})
+    with pytest.raises(ValueError, match="secure-aggregation"):
+        JobConfig.from_run_config({"shapley": "secsv", "model": "logreg", "secure-aggregation": "xmkckks"})
+    with pytest.raises(ValueError, match="no fixed-point parameters fit"):
+        JobConfig.from_run_config({"shapley": "secsv", "model": "logreg", "shapley-feature-bound": 1e9})
