@@ -3,12 +3,14 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 NUM_CLIENTS ?= 5
 XRAY_DIR ?= ../shared/data/chest-xray
+BANK_DIR ?= ../shared/data/bank-marketing
 
-.PHONY: help setup run run-xray test test-fast test-openfhe bench clean
+.PHONY: help setup run run-xray run-shapley test test-fast test-openfhe bench clean
 
 help:
 	@echo "make run        main job: flwr run . on the embedded breast-cancer data ($(NUM_CLIENTS) clients)"
 	@echo "make run-xray   main job on the chest X-rays in $(XRAY_DIR) (seed CNN, pneumonia vs normal)"
+	@echo "make run-shapley secure Shapley values (SecSV) on bank marketing in $(BANK_DIR): $(NUM_CLIENTS) clients + aux server"
 	@echo "make test       the whole test suite (what CI runs)"
 	@echo "make test-fast  the suite without tests marked slow"
 	@echo "make bench      the benchmarks (JSON in benchmarks/results/)"
@@ -21,6 +23,9 @@ run: setup
 
 run-xray: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) "dataset='chest-xray' data-dir='$(abspath $(XRAY_DIR))' local-epochs=2 decision-point-spacing='logit'" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
+
+run-shapley: setup
+	@scripts/run-local.sh $$(( $(NUM_CLIENTS) + 1 )) "dataset='bank-marketing' data-dir='$(abspath $(BANK_DIR))' model='logreg' partitioning='dirichlet' dirichlet-alpha=0.5 num-server-rounds=10 local-epochs=1 batch-size=64 learning-rate=0.01 shapley='secsv' shapley-feature-bound=1.0 shapley-aux-partition-id=$(NUM_CLIENTS) min-nodes=$(NUM_CLIENTS)" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
 test: setup
 	@scripts/run-tests.sh

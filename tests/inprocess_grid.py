@@ -85,7 +85,10 @@ class InProcessGrid(Grid):
         TaskIdentity.run_id = 1
         TaskIdentity.node_id = 1  # SUPERLINK_NODE_ID
         TaskIdentity.task_id = 1
-        self.node_ids = [secrets.randbits(62) + 1 for _ in range(num_nodes)]
+        # Node IDs as the deployment engine assigns them: random unsigned 64-bit (half of
+        # them above the int64 range, so code that stores them in int64 arrays fails here too).
+        self.node_ids = [secrets.randbits(64) | (1 << 63) if i % 2 else secrets.randbits(63) + 1
+                         for i in range(num_nodes)]
         node_configs = node_configs or [
             {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
         ]

@@ -79,19 +79,20 @@ def main(grid: Grid, context: Context) -> None:
     cfg = JobConfig.from_run_config(dict(context.run_config))
     t_start = time.perf_counter()
     initial = ArrayRecord(build_model(cfg).get_weights())
-    aux_node = None
-    if cfg.shapley != "none":
-        # The auxiliary server A of the Shapley phase stays out of training and the AUC phase.
-        roles = discover_roles(grid, timeout=cfg.step_timeout)
-        auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
-        if len(auxes) != 1:
-            raise ValueError(
-                f"shapley = '{cfg.shapley}' needs exactly one node with fedeval-role = 'shapley-aux' "
-                f"(the auxiliary server), found {len(auxes)}: start one SuperNode with --node-config "
-                "'fedeval-role=\"shapley-aux\"', or in simulation add a node and set shapley-aux-partition-id")
-        aux_node = auxes[0]
-        log(INFO, "Shapley phase: node %d is the auxiliary server A; %d data clients", aux_node, len(roles) - 1)
-        grid = NodeSubsetGrid(grid, [aux_node])
+    # Nodes with fedeval-role = "shapley-aux" (the auxiliary server A of the Shapley
+    # phase) hold no data: they stay out of training and of the AUC phase.
+    roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none")
+    auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
+    if cfg.shapley != "none" and len(auxes) != 1:
+        raise ValueError(
+            f"shapley = '{cfg.shapley}' needs exactly one node with fedeval-role = 'shapley-aux' "
+            f"(the auxiliary server), found {len(auxes)}: start one SuperNode with --node-config "
+            "'fedeval-role=\"shapley-aux\"', or in simulation add a node and set shapley-aux-partition-id")
+    aux_node = auxes[0] if cfg.shapley != "none" else None
+    if auxes:
+        log(INFO, "Node(s) %s: auxiliary server of the Shapley phase; %d data clients", auxes,
+            len(roles) - len(auxes))
+        grid = NodeSubsetGrid(grid, auxes)
 
     strategy = make_strategy(cfg)
     result = strategy.start(

@@ -391,7 +391,7 @@ def aux_setup(msg: Message, context: Context) -> Message:
     """``query.shapley_aux_setup``: open A's shares of every test set, keep them.
 
     Request ``shapley-aux-shares``: ``sealed-<c>`` per client in sample-id
-    order (``shapley.order``, a list of node IDs) and ``shapley-aux-keys``
+    order (``shapley.order``, node IDs as strings: they are 64-bit unsigned) and ``shapley-aux-keys``
     (``{str(node_id): X25519 public key}``); ``shapley-context.public``.
     Reply ``shapley-aux``: ``samples`` (M).
     """
@@ -416,6 +416,7 @@ def aux_setup(msg: Message, context: Context) -> Message:
         X, Y = np.vstack(xs), np.concatenate(ys)
         context.state[STATE_AUX] = ArrayRecord({"x": _arr(X), "y": _arr(Y),
                                                 "context": msg.content["shapley-context"]["public"]})
+        context.state[STATE_AUX + ".order"] = ConfigRecord({"order": [str(n) for n in request["order"]]})
         log(INFO, "Shapley phase: auxiliary server holds shares of %d test samples", len(Y))
         return RecordDict({"shapley-aux": ConfigRecord({"samples": int(len(Y))})})
 
@@ -432,7 +433,8 @@ def _aux_state(context: Context):
 def aux_eval(msg: Message, context: Context) -> Message:
     """``query.shapley_aux_eval`` (Algorithm 4 step 4): A's products for every (coalition, batch).
 
-    Request ``shapley-jobs``: ``members-j`` (node IDs), ``ids-j`` (sample
+    Request ``shapley-jobs``: ``members-j`` (indices into the client order of
+    ``query.shapley_aux_setup``), ``ids-j`` (sample
     IDs, ≤ m); optionally ``shapley-round-models`` (``<node>``: packed
     ciphertexts), kept for the following requests of the same round.
     Reply ``shapley-products``: ``cts-j`` (packed, one ciphertext per limb).
@@ -443,6 +445,7 @@ def aux_eval(msg: Message, context: Context) -> Message:
         params = _params(request)
         m, d_out, _ = _layout(request)
         X, _, ctx = _aux_state(context)
+        order = list(context.state[STATE_AUX + ".order"]["order"])
         if "shapley-round-models" in msg.content:
             context.state[STATE_AUX_MODELS] = msg.content["shapley-round-models"]
             context.state[STATE_AUX_MODELS + ".round"] = ConfigRecord({"round": int(request["round"])})
@@ -458,8 +461,11 @@ def aux_eval(msg: Message, context: Context) -> Message:
         out = {}
         for j in sorted({k.split("-", 1)[1] for k in jobs.keys() if k.startswith("ids-")}):
             ids = jobs[f"ids-{j}"].numpy().astype(np.int64)
-            members = tuple(str(int(n)) for n in jobs[f"members-{j}"].numpy())
-            if not members or any(n not in models for n in members):
+            index = jobs[f"members-{j}"].numpy().astype(np.int64)
+            if index.size == 0 or index.min() < 0 or index.max() >= len(order):
+                raise Refused(f"job {j}: member indices {index.tolist()} outside 0..{len(order) - 1}")
+            members = tuple(order[i] for i in index)
+            if any(n not in models for n in members):
                 raise Refused(f"job {j}: coalition {members} has members without a model")
             if ids.size == 0 or ids.size > m or ids.min() < 0 or ids.max() >= len(X):
                 raise Refused(f"job {j}: {ids.size} sample ids outside 1..{m} or out of range")

@@ -113,13 +113,16 @@ class NodeSubsetGrid:
         return getattr(self._grid, name)
 
 
-def discover_roles(grid: Grid, *, timeout: float = 600.0) -> dict[int, str]:
+def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True) -> dict[int, str]:
     """``{node_id: role}`` of every connected node (``query.fedeval_role``).
+
+    With ``strict=False`` a node that does not answer counts as a ``"client"``
+    (logged), e.g. a ClientApp without the Shapley handlers.
 
     Raises
     ------
     ShapleyPhaseError
-        A node did not answer or answered an unknown role.
+        (``strict``) A node did not answer or answered an unknown role.
     """
     failed: dict[int, str] = {}
 
@@ -132,9 +135,9 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0) -> dict[int, str]:
     nodes = list(grid.get_node_ids())
     roles = exchange(grid, {n: RecordDict() for n in nodes}, QUERY_FEDEVAL_ROLE, parse, failed,
                      what="role", phase="roles", timeout=timeout, label=_LABEL)
-    if failed:
+    if failed and strict:
         raise ShapleyPhaseError("role discovery", failed)
-    return roles
+    return {**{n: "client" for n in failed}, **roles}
 
 
 @dataclass
@@ -352,12 +355,13 @@ class SecSVPhase:
         shares, _ = self._exchange(grid, contents, QUERY_SHAPLEY_SHARE, parse_share, "share")
         self.X_P = np.vstack([shares[n][0] for n in clients])
         self.y_P = np.concatenate([shares[n][1] for n in clients])
-        self.owners = np.concatenate([np.full(n_test[n], n, dtype=np.int64) for n in clients])
+        # Owner of every sample as an index into ``clients`` (node IDs are 64-bit unsigned).
+        self.owners = np.concatenate([np.full(n_test[n], i, dtype=np.int64) for i, n in enumerate(clients)])
         M = len(self.y_P)
 
         # step 4
         aux_content = RecordDict({
-            REQUEST_KEY: ConfigRecord({"order": clients}),
+            REQUEST_KEY: ConfigRecord({"order": [str(n) for n in clients]}),
             "shapley-context": ArrayRecord({"public": bytes_to_array(public_bytes)}),
             "shapley-aux-shares": ArrayRecord({f"sealed-{n}": bytes_to_array(shares[n][2]) for n in clients}),
             "shapley-aux-keys": ConfigRecord({str(n): pk[n] for n in clients}),
@@ -370,7 +374,7 @@ class SecSVPhase:
         # steps 5-8, round by round
         self._ctx, self._params, self._m, self._d_out, self._pk, self._clients = ctx, params, m, d_out, pk, clients
         self._full_plain: dict[bytes, list] = {}
-        self._full_keys = {np.arange(M)[pos].tobytes() for pos in plan_batches(self.owners, m, clients)}
+        self._full_keys = {np.arange(M)[pos].tobytes() for pos in plan_batches(self.owners, m, range(len(clients)))}
         self._helper_turn = 0
         self._failed_helpers: set[int] = set()
         rounds = sorted({int(r) for n in clients for r in info[n]["rounds"]})
@@ -433,7 +437,7 @@ class SecSVPhase:
                 masks[S] = skip.copy()
                 self._stats["skipped_samples"] += int(skip.sum())
                 self._stats["evaluated_samples"] += int(idx.size)
-                for pos in plan_batches(self.owners[idx], self._m, self._clients):
+                for pos in plan_batches(self.owners[idx], self._m, range(len(self._clients))):
                     jobs.append((S, idx[pos]))
             if jobs:
                 ok = self._secure_test(grid, t, jobs, models, forward if size == 1 else None, aux)
@@ -451,7 +455,7 @@ class SecSVPhase:
         # step 6 (A): its half of every product
         job_rec = {}
         for j, (S, ids) in enumerate(jobs):
-            job_rec[f"members-{j}"] = Array(np.array(sorted(S), dtype=np.int64))
+            job_rec[f"members-{j}"] = Array(np.array([self._clients.index(n) for n in sorted(S)], dtype=np.int64))
             job_rec[f"ids-{j}"] = Array(ids.astype(np.int64))
         content = RecordDict({REQUEST_KEY: ConfigRecord({"round": t}), "shapley-jobs": ArrayRecord(job_rec)})
         if forward is not None:
@@ -509,7 +513,7 @@ class SecSVPhase:
             assign: dict[int, list[int]] = {}
             for j in pending:
                 S, ids = jobs[j]
-                owners = set(self.owners[ids].tolist())
+                owners = {self._clients[i] for i in set(self.owners[ids].tolist())}
                 try:
                     h, _ = pick_helper(self._clients, owners | failed_helpers, set(S), self._helper_turn)
                 except ValueError:

@@ -4,7 +4,10 @@ One SuperLink and three SuperNodes are started as real processes (Flower
 1.41 command line tools from this project's venv), the Flower App in the repo
 root is submitted with ``flwr run <repo> <connection>`` against the
 SuperLink's Control API, and one xMK-CKKS secure-aggregation round of the
-small breast-cancer MLP is run, followed by the AUC phase.
+small breast-cancer MLP is run, followed by the AUC phase; a fourth SuperNode
+with ``fedeval-role="shapley-aux"`` stays out of it. A second run trains a
+logistic regression for two rounds and runs the SecSV phase, with that node
+as the auxiliary server.
 
 Everything lives in the test's tmp dir: a throwaway CA and a server
 certificate for 127.0.0.1/localhost (``cryptography``), one FLWR_HOME per
@@ -50,13 +53,17 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NUM_NODES = 3
-# Hard bound for the whole test (start-up + training + AUC phase); measured
-# ~3.5 min on the 2-core dev machine under load. Overridable for slower hosts.
-BUDGET_S = float(os.environ.get("FEDEVAL_DEPLOYMENT_BUDGET_S", 8 * 60))
+# Hard bound for the whole test (start-up + both runs); measured
+# ~3.5 min for run 1 alone on the 2-core dev machine under load. Overridable for slower hosts.
+BUDGET_S = float(os.environ.get("FEDEVAL_DEPLOYMENT_BUDGET_S", 12 * 60))
 RESERVED_PORTS = {39091, 39092, 39093, 8000, 9091, 9092, 9093, 9094}  # flwr defaults
 MARKER = "FEDEVAL_DEPLOYMENT_TEST_TOKEN"
 RUN_CONFIG = (
     "num-server-rounds=1 local-epochs=1 secure-aggregation='xmkckks' "
+    "num-decision-points=20 min-nodes=3 dataset='breast-cancer'"
+)
+SHAPLEY_RUN_CONFIG = (
+    "num-server-rounds=2 local-epochs=3 learning-rate=0.01 model='logreg' shapley='secsv' "
     "num-decision-points=20 min-nodes=3 dataset='breast-cancer'"
 )
 
@@ -316,12 +323,51 @@ def cluster(tmp_path):
 
 
 # ----------------------------------------------------------------------- test
-def test_secure_aggregation_round_on_deployment_engine_with_tls(cluster, tmp_path):
+def _flwr_run(cluster, tmp_path: Path, cli_home: Path, run_config: str, name: str, deadline: float) -> tuple[str, str]:
+    """``flwr run <repo> deploytest --stream``; returns (CLI output, run id) after checking the final status."""
+    cli_log = tmp_path / "logs" / f"{name}.log"
+    cluster.logs[name] = cli_log
+    with open(cli_log, "wb") as out:
+        cli = subprocess.Popen(
+            [str(cluster.bin / "flwr"), "run", str(REPO_ROOT), "deploytest",
+             "--run-config", run_config, "--stream"],
+            cwd=tmp_path,
+            env=cluster.env(cli_home),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        cluster.procs[name] = cli
+        try:
+            cli.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    if cli.returncode is None:
+        pytest.fail(f"{name} did not finish within the {BUDGET_S:.0f} s budget\n{cluster.tails()}")
+    stream = cli_log.read_text(errors="replace")
+    assert cli.returncode == 0, f"{name} failed ({cli.returncode})\n{cluster.tails()}"
+    m = re.search(r"Successfully started run (\d+)", stream)
+    assert m, f"no run id in the CLI output\n{cluster.tails()}"
+    run_id = m.group(1)
+
+    # The run's final status, from the Control API.
+    ls = subprocess.run(
+        [str(cluster.bin / "flwr"), "ls", "deploytest", "--run-id", run_id, "--format", "json"],
+        cwd=tmp_path, env=cluster.env(cli_home), capture_output=True, text=True, timeout=120,
+    )
+    runs = json.loads(ls.stdout[ls.stdout.index("{"):])["runs"]
+    assert [r["status"] for r in runs] == ["finished:completed"], f"{runs}\n{cluster.tails()}"
+    return stream, run_id
+
+
+def test_secure_aggregation_and_shapley_on_deployment_engine_with_tls(cluster, tmp_path):
+    """Three data SuperNodes and one auxiliary server (``fedeval-role="shapley-aux"``):
+    run 1 = one xMK-CKKS round + AUC phase (A stays out), run 2 = logreg + the SecSV phase."""
     t0 = time.monotonic()
     deadline = t0 + BUDGET_S
     ca, cert, key = _make_certificates(tmp_path / "certs")
-    superlink_port, *clientappio_ports = _free_ports(1 + NUM_NODES)
-    out_dir = tmp_path / "outputs"
+    superlink_port, *clientappio_ports = _free_ports(2 + NUM_NODES)
 
     # SuperLink: Fleet + Control + Runtime (ServerAppIo) APIs over HTTPS on one port.
     cluster.start(
@@ -342,13 +388,15 @@ def test_secure_aggregation_round_on_deployment_engine_with_tls(cluster, tmp_pat
     _wait_for_port(superlink_port, deadline, cluster, "superlink")
 
     for k, port in enumerate(clientappio_ports):
+        node_config = (f"partition-id={k} num-partitions={NUM_NODES}" if k < NUM_NODES
+                       else 'fedeval-role="shapley-aux"')
         cluster.start(
             f"supernode-{k}",
             [
                 "flower-supernode",
                 "--superlink", f"127.0.0.1:{superlink_port}",
                 "--root-certificates", str(ca),
-                "--node-config", f"partition-id={k} num-partitions={NUM_NODES}",
+                "--node-config", node_config,
                 "--isolation", "subprocess",
                 "--host", "127.0.0.1",
                 "--port", str(port),
@@ -356,7 +404,7 @@ def test_secure_aggregation_round_on_deployment_engine_with_tls(cluster, tmp_pat
             ],
             tmp_path / f"home-supernode-{k}",
         )
-    for k in range(NUM_NODES):  # registered with the SuperLink over TLS
+    for k in range(NUM_NODES + 1):  # registered with the SuperLink over TLS
         cluster.wait_for_log(f"supernode-{k}", r"SuperNode ID: \d+", deadline)
     t_up = time.monotonic() - t0
 
@@ -369,58 +417,37 @@ def test_secure_aggregation_round_on_deployment_engine_with_tls(cluster, tmp_pat
         f'address = "127.0.0.1:{superlink_port}"\n'
         f'root-certificates = "{ca}"\n'
     )
-    run_config = f"{RUN_CONFIG} output-dir='{out_dir}'"
-    cli_log = tmp_path / "logs" / "flwr-run.log"
-    cluster.logs["flwr-run"] = cli_log
-    with open(cli_log, "wb") as out:
-        cli = subprocess.Popen(
-            [str(cluster.bin / "flwr"), "run", str(REPO_ROOT), "deploytest",
-             "--run-config", run_config, "--stream"],
-            cwd=tmp_path,
-            env=cluster.env(cli_home),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        cluster.procs["flwr-run"] = cli
-        try:
-            cli.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    if cli.returncode is None:
-        pytest.fail(
-            f"the run did not finish within {BUDGET_S:.0f} s (set up in {t_up:.0f} s)\n"
-            f"{cluster.tails()}"
-        )
+
+    # Run 1: secure aggregation; the auxiliary server is left out of training and the AUC phase.
+    out_dir = tmp_path / "outputs-secagg"
+    stream, run_id = _flwr_run(cluster, tmp_path, cli_home, f"{RUN_CONFIG} output-dir='{out_dir}'",
+                               "flwr-run-secagg", deadline)
     t_run = time.monotonic() - t0 - t_up
-    stream = cli_log.read_text(errors="replace")
-    assert cli.returncode == 0, f"flwr run failed ({cli.returncode})\n{cluster.tails()}"
-    m = re.search(r"Successfully started run (\d+)", stream)
-    assert m, f"no run id in the CLI output\n{cluster.tails()}"
-    run_id = m.group(1)
-
-    # The run's final status, from the Control API.
-    ls = subprocess.run(
-        [str(cluster.bin / "flwr"), "ls", "deploytest", "--run-id", run_id, "--format", "json"],
-        cwd=tmp_path, env=cluster.env(cli_home), capture_output=True, text=True, timeout=120,
-    )
-    runs = json.loads(ls.stdout[ls.stdout.index("{"):])["runs"]
-    assert [r["status"] for r in runs] == ["finished:completed"], f"{runs}\n{cluster.tails()}"
-
-    # The ServerApp's log (streamed to the CLI): the secure round and the AUC phase.
     assert re.search(
         r"aggregate_train: 3 encrypted updates summed and decrypted", stream
     ), f"no successful secure round in the ServerApp log\n{cluster.tails(), stream}"
     assert "secure aggregation aborted" not in stream, stream
+    assert re.search(r"auxiliary server of the Shapley phase; 3 data clients", stream), stream
     assert re.search(r"FINAL federated AUC \(.*3 clients\)", stream), stream
-
     (result_file,) = list(out_dir.glob("*/results.json"))
     result = json.loads(result_file.read_text())
     assert result["num_clients"] == 3
     assert result["config"]["secure-aggregation"] == "xmkckks"
     assert 0.0 <= result["federated_auc"] <= 1.0
+
+    # Run 2: the SecSV phase, with A on its own SuperNode (a process per message, state in the SuperNode).
+    out_dir = tmp_path / "outputs-shapley"
+    t1 = time.monotonic()
+    stream, _ = _flwr_run(cluster, tmp_path, cli_home, f"{SHAPLEY_RUN_CONFIG} output-dir='{out_dir}'",
+                          "flwr-run-shapley", deadline)
+    t_shapley = time.monotonic() - t1
+    assert "FINAL Federated Shapley Values (SecSV+SampleSkip, 2 rounds" in stream, f"{stream}\n{cluster.tails()}"
+    (result_file,) = list(out_dir.glob("*/results.json"))
+    sv = json.loads(result_file.read_text())["shapley"]
+    assert len(sv["clients"]) == 3 and sv["aux_node"] not in sv["clients"] and sv["rounds"] == [1, 2]
+    full = sv["utilities"][-1]["-".join(map(str, sorted(sv["clients"])))]
+    assert sum(sv["fsv"].values()) == pytest.approx(full - 0.5, abs=1e-9)
     print(
-        f"deployment run: processes up in {t_up:.1f} s, run {run_id} took {t_run:.1f} s, "
-        f"federated AUC {result['federated_auc']:.4f}"
+        f"deployment runs: processes up in {t_up:.1f} s, secure-aggregation run {run_id} took {t_run:.1f} s "
+        f"(federated AUC {result['federated_auc']:.4f}), Shapley run {t_shapley:.1f} s (FSV {sv['fsv']})"
     )
