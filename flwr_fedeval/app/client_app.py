@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
-from flwr_fedeval.clients import dp_handlers, fhe_handlers
+from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
@@ -141,24 +141,32 @@ def local_test_labels(context: Context) -> np.ndarray:
 @app.evaluate("dpauc_laplace")
 def evaluate_dpauc_laplace(msg: Message, context: Context) -> Message:
     """DPAUC_Lap: Laplace-noised threshold counts (charged to this node's budget)."""
+    from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
+
     return dp_handlers.dpauc_laplace(msg, context, *local_test_scores(msg, context))
 
 
 @app.evaluate("dpauc_rr")
 def evaluate_dpauc_rr(msg: Message, context: Context) -> Message:
     """DPAUC_RR: threshold counts of the randomized-response labels."""
+    from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
+
     return dp_handlers.dpauc_rr(msg, context, *local_test_scores(msg, context))
 
 
 @app.evaluate("fedauc_scores")
 def evaluate_fedauc_scores(msg: Message, context: Context) -> Message:
     """FedAUC round 1: shuffled scores of the local test split."""
+    from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
+
     return dp_handlers.fedauc_scores(msg, context, *local_test_scores(msg, context))
 
 
 @app.evaluate("fedauc_stats")
 def evaluate_fedauc_stats(msg: Message, context: Context) -> Message:
     """FedAUC round 2: (localSum, localP, localN) from the global ranks."""
+    from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
+
     return dp_handlers.fedauc_stats(msg, context, local_test_labels(context), None)
 
 

@@ -162,9 +162,10 @@ def main(grid: Grid, context: Context) -> None:
     if shapley is not None:
         last = shapley.utilities[-1][tuple(shapley.clients)]
         pooled_acc = float(((y_score >= 0.5).astype(int) == y_true).mean())
-        log(INFO, "FINAL Federated Shapley Values (SecSV%s, %d rounds, %.1f s): %s | sum %.6f = v(I^T) %.6f - "
+        n_rounds = len(shapley.rounds)
+        log(INFO, "FINAL Federated Shapley Values (SecSV%s, %d round%s, %.1f s): %s | sum %.6f = v(I^T) %.6f - "
             "1/2 | v(I^T) (coalition model, 8-bit weights) vs pooled accuracy of the global model: %.6f",
-            "+SampleSkip" if shapley.sample_skip else "", len(shapley.rounds), t_sv,
+            "+SampleSkip" if shapley.sample_skip else "", n_rounds, "" if n_rounds == 1 else "s", t_sv,
             " ".join(f"client {i} ({n}): {shapley.fsv[n]:+.4f}" for i, n in enumerate(shapley.clients)),
             sum(shapley.fsv.values()), last, pooled_acc)
     from sklearn.metrics import roc_curve

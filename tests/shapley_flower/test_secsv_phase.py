@@ -190,3 +190,21 @@ def test_linear_model_matrix_accepts_dense_layers_only():
         linear_model_matrix([np.ones((4, 8)), np.ones(8), np.ones((8, 2)), np.ones(2)])
     with pytest.raises(ValueError, match="NaN"):
         linear_model_matrix([np.full((4, 1), np.nan), np.zeros(1)])
+
+
+def _ask(grid, node, message_type, request):
+    msg = Message(content=RecordDict({"shapley": ConfigRecord(request)}), dst_node_id=node,
+                  message_type=message_type)
+    (reply,) = grid.send_and_receive([msg])
+    return reply
+
+
+def test_nodes_refuse_other_sessions_and_other_roles(trained):
+    grid, aux = trained
+    client = next(n for n in grid.node_ids if n != aux)
+    reply = _ask(grid, client, "query.shapley_models", {"session": "not-this-one", "round": 1})
+    assert reply.has_error() and "session" in reply.error.reason
+    reply = _ask(grid, aux, "query.shapley_helper", {"session": "x"})
+    assert reply.has_error() and "not a data client" in reply.error.reason
+    reply = _ask(grid, client, "query.shapley_aux_eval", {"session": "x"})
+    assert reply.has_error() and "not the auxiliary server" in reply.error.reason
