@@ -58,6 +58,7 @@ from flwr_fedeval.shapley.fsv import (
 from flwr_fedeval.shapley.matrix_reducing import max_batch
 from flwr_fedeval.shapley.parties import (
     add_products,
+    choose_batches,
     correct_mask,
     encrypt_model,
     helper_predict,
@@ -361,17 +362,24 @@ class SecSV:
         return server_products(ctx, enc_model, plains)
 
     def secure_test(self, S: frozenset, enc_P: list, enc_A: list, idx: np.ndarray) -> np.ndarray:
-        """Π_Sec(⟦θ_S⟧, (D', D'')) on the samples ``idx``: boolean mask of correct predictions."""
+        """Π_Sec(⟦θ_S⟧, (D', D'')) on the samples ``idx``: boolean mask of correct predictions.
+
+        Batches come from :func:`~flwr_fedeval.shapley.parties.choose_batches` (the
+        cached whole-test-set batches, or the samples gathered into new ones)."""
         p = self.params
         k = p.ring_bits
-        correct = np.zeros(len(idx), dtype=bool)
-        whole = len(idx) == len(self.y) and bool(np.array_equal(idx, np.arange(len(self.y))))
-        for n, pos in enumerate(plan_batches(self.owners[idx], self.m, self.clients)):
-            ids = idx[pos]
+        idx = np.asarray(idx, dtype=np.int64)
+        if not hasattr(self, "_full_batches"):
+            self._full_batches = [np.arange(len(self.y))[pos]
+                                  for pos in plan_batches(self.owners, self.m, self.clients)]
+            self._full_keys = {b.tobytes() for b in self._full_batches}
+        by_id = np.zeros(len(self.y), dtype=bool)
+        for ids in choose_batches(idx, self.owners, self.m, self.clients, self._full_batches):
             self.stats.batches += 1
-            res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids], ("A", n) if whole else None)  # step 4
+            key = ids.tobytes() if ids.tobytes() in self._full_keys else None
+            res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids], key and ("A", key))  # step 4
             res_A = [self._wire.send(self.ctx_A, self.ctx_P, c) for c in res_A]
-            res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids], ("P", n) if whole else None)  # step 5
+            res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids], key and ("P", key))  # step 5
             total = add_products(self.ctx_P, res_P, res_A)                              # step 6
             helper, fb = pick_helper(self.clients, set(self.owners[ids].tolist()), set(S), self._helper_turn)
             self._helper_turn += 1
@@ -381,9 +389,9 @@ class SecSV:
             self.stats.decryptions += len(total)
             pred_P, pred_A = share(pred, k)                                             # step 11
             diff_A = masked_difference(pred_A, self.y_A[ids], k)                        # step 12 (A -> P)
-            correct[pos] = correct_mask(masked_difference(pred_P, self.y_P[ids], k), diff_A, k)  # 13-14
+            by_id[ids] = correct_mask(masked_difference(pred_P, self.y_P[ids], k), diff_A, k)  # 13-14
             self.stats.bytes_sent += 3 * len(ids) * math.ceil(k / 8)
-        return correct
+        return by_id[idx]
 
     # -- Algorithm 3, steps 4-13 / Algorithm 6 ------------------------------
     def round_evaluation(self, models: Mapping[int, np.ndarray], weights: Mapping[int, int],

@@ -71,6 +71,7 @@ from flwr_fedeval.shapley.matrix_reducing import max_batch
 from flwr_fedeval.shapley.parties import (
     add_products,
     aggregate_model,
+    choose_batches,
     correct_mask,
     masked_difference,
     plan_batches,
@@ -374,7 +375,8 @@ class SecSVPhase:
         # steps 5-8, round by round
         self._ctx, self._params, self._m, self._d_out, self._pk, self._clients = ctx, params, m, d_out, pk, clients
         self._full_plain: dict[bytes, list] = {}
-        self._full_keys = {np.arange(M)[pos].tobytes() for pos in plan_batches(self.owners, m, range(len(clients)))}
+        self._full_batches = [np.arange(M)[pos] for pos in plan_batches(self.owners, m, range(len(clients)))]
+        self._full_keys = {b.tobytes() for b in self._full_batches}
         self._helper_turn = 0
         self._failed_helpers: set[int] = set()
         rounds = sorted({int(r) for n in clients for r in info[n]["rounds"]})
@@ -437,12 +439,13 @@ class SecSVPhase:
                 masks[S] = skip.copy()
                 self._stats["skipped_samples"] += int(skip.sum())
                 self._stats["evaluated_samples"] += int(idx.size)
-                for pos in plan_batches(self.owners[idx], self._m, range(len(self._clients))):
-                    jobs.append((S, idx[pos]))
+                for ids in choose_batches(idx, self.owners, self._m, range(len(self._clients)), self._full_batches):
+                    jobs.append((S, ids))
             if jobs:
                 ok = self._secure_test(grid, t, jobs, models, forward if size == 1 else None, aux)
                 for (S, ids), res in zip(jobs, ok):
-                    masks[S][ids] = res
+                    use = ~masks[S][ids]      # results of skipped samples in a cached batch are not used
+                    masks[S][ids[use]] = res[use]
             for S, mask in masks.items():
                 correct[S] = mask
                 utilities[S] = float(mask.mean())
