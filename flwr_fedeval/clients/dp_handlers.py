@@ -44,8 +44,7 @@ from typing import Any
 
 import numpy as np
 from diffprivlib import BudgetAccountant
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from flwr_fedeval.dp import (
     BudgetError,
@@ -60,6 +59,7 @@ from flwr_fedeval.dp import (
     fedauc_unshuffle_ranks,
     randomize_labels,
 )
+from flwr_fedeval.clients.replies import error_reply
 from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.messages import counts_to_record, local_stats_to_record, noisy_counts_to_record
 
@@ -153,9 +153,7 @@ def _random_state(context: Context, cfg: _Settings):
 
 
 def _error_reply(msg: Message, exc: BaseException) -> Message:
-    reason = f"{type(exc).__name__}: {exc}"
-    logger.warning("DP AUC request %s refused: %s", msg.metadata.message_type, reason)
-    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+    return error_reply(msg, exc, "DP AUC")
 
 
 def _dp_request(msg: Message, context: Context, step: Callable[[_Settings, BudgetAccountant, Any], RecordDict]) -> Message:

@@ -46,14 +46,14 @@ use the clients as a decryption oracle.
 from __future__ import annotations
 
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import INFO
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.logger import log
 
 from flwr_fedeval import keyshare
+from flwr_fedeval.clients.replies import error_reply, serve
 from flwr_fedeval.fhe.auc import (
     FHEAUCConfig,
     client_decrypt_auc,
@@ -121,19 +121,15 @@ class _Refused(ValueError):
 
 
 def _error_reply(msg: Message, exc: BaseException) -> Message:
-    reason = f"{type(exc).__name__}: {exc}"
-    log(WARNING, "FHE AUC request %s refused: %s", msg.metadata.message_type, reason)
-    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+    return error_reply(msg, exc, "FHE AUC")
 
 
 def _serve(msg: Message, step: Callable[[dict], RecordDict]) -> Message:
-    """Run ``step(request)``; protocol and validation errors become error replies."""
-    try:
-        request = dict(msg.content[REQUEST_KEY])
-        return Message(content=step(request), reply_to=msg)
-    except (TamperingDetectedError, FHEError, ValueError, KeyError, TypeError) as exc:
-        # UndefinedAUCError, KeyShareError and SerializationError are ValueErrors.
-        return _error_reply(msg, exc)
+    """Run ``step(request)``; protocol and validation errors become error replies.
+
+    (UndefinedAUCError, KeyShareError and SerializationError are ValueErrors.)"""
+    return serve(msg, REQUEST_KEY, step, errors=(TamperingDetectedError, FHEError, ValueError, TypeError),
+                 label="FHE AUC")
 
 
 def _session(request: dict) -> str:

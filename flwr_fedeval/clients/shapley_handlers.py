@@ -48,14 +48,14 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
-from logging import INFO, WARNING
+from logging import INFO
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.logger import log
 
 from flwr_fedeval import keyshare
+from flwr_fedeval.clients.replies import error_reply, serve
 from flwr_fedeval.fhe.backend import FHEError, create_context, load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.messages import array_to_bytes, bytes_to_array
 from flwr_fedeval.shapley.parties import (
@@ -104,17 +104,11 @@ class Refused(ValueError):
 
 
 def _error_reply(msg: Message, exc: BaseException) -> Message:
-    reason = f"{type(exc).__name__}: {exc}"
-    log(WARNING, "Shapley request %s refused: %s", msg.metadata.message_type, reason)
-    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+    return error_reply(msg, exc, "Shapley")
 
 
 def _serve(msg: Message, step: Callable[[dict], RecordDict]) -> Message:
-    try:
-        request = dict(msg.content[REQUEST_KEY])
-        return Message(content=step(request), reply_to=msg)
-    except (FHEError, ValueError, KeyError, TypeError) as exc:
-        return _error_reply(msg, exc)
+    return serve(msg, REQUEST_KEY, step, errors=(FHEError, ValueError, TypeError), label="Shapley")
 
 
 def _session(context: Context, request: dict) -> keyshare.KeyPair:
