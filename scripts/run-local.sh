@@ -27,6 +27,22 @@ trap stop_superlink EXIT
 
 overrides="output-dir='$ROOT/outputs'"
 for extra in "$@"; do overrides="$overrides $extra"; done
+log=$(mktemp)
+trap 'rm -f "$log"; stop_superlink' EXIT
 flwr run . --stream \
   --federation-config "num-supernodes=$NUM_SUPERNODES" \
-  --run-config "$overrides"
+  --run-config "$overrides" | tee "$log"
+
+# `flwr run --stream` exits 0 even when the ServerApp fails: ask the SuperLink.
+run_id=$(grep -oE 'Successfully started run [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
+if [ -z "$run_id" ]; then
+  echo "run-local: no run was started (see the output above)" >&2
+  exit 1
+fi
+status=$(flwr ls local --run-id "$run_id" --format json 2>/dev/null |
+  python -c 'import json, sys; t = sys.stdin.read(); print(json.loads(t[t.index("{"):])["runs"][0]["status"])' ||
+  echo unknown)
+if [ "$status" != "finished:completed" ]; then
+  echo "run-local: run $run_id ended with status '$status'" >&2
+  exit 1
+fi

@@ -297,7 +297,8 @@ def share_data(msg: Message, context: Context, X_test: np.ndarray, y_test: np.nd
     Request: ``shapley`` (session, public SecSV parameters, ``leader-public-key``,
     ``aux-public-key``) and, except for the leader, ``shapley-bundle.sealed``.
     Reply ``shapley-share``: ``x`` (M, d_in) and ``y`` (M,) uint64 — P's share —
-    and ``sealed-aux`` (A's share, sealed for A).
+    and ``sealed-aux`` (A's share, sealed for A). Refuses (before any work) if a
+    recorded model or a test feature exceeds the public bounds.
     """
 
     def step(request: dict) -> RecordDict:
@@ -308,6 +309,12 @@ def share_data(msg: Message, context: Context, X_test: np.ndarray, y_test: np.nd
                                             recipient=kp, sender_public=bytes(request["leader-public-key"]))
             context.state[STATE_SECRET] = ArrayRecord({"context": bytes_to_array(secrets_.secret_context)})
         _secret_context(context)                          # refuse early without a key
+        _, d_out, n_classes = _layout(request)
+        for rnd, theta in recorded_models(context).items():   # refuse now, not rounds later
+            try:
+                model_matrix(theta, 1, params, n_classes=n_classes, d_out=d_out)
+            except ValueError as exc:
+                raise Refused(f"local model of round {rnd}: {exc}") from None
         (x_p, y_p), (x_a, y_a) = share_test_set(X_test, np.asarray(y_test, dtype=np.int64), params)
         sealed = keyshare.seal_for(_pack_arrays(x=x_a, y=y_a), sender=kp,
                                    recipient_public=bytes(request["aux-public-key"]))
