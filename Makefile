@@ -25,7 +25,7 @@ run-xray: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) "dataset='chest-xray' data-dir='$(abspath $(XRAY_DIR))' local-epochs=2 decision-point-spacing='logit'" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
 run-shapley: setup
-	@scripts/run-local.sh $$(( $(NUM_CLIENTS) + 1 )) "dataset='bank-marketing' data-dir='$(abspath $(BANK_DIR))' model='logreg' partitioning='dirichlet' dirichlet-alpha=0.5 num-server-rounds=10 local-epochs=1 batch-size=64 learning-rate=0.01 shapley='secsv' shapley-feature-bound=1.0 shapley-aux-partition-id=$(NUM_CLIENTS) min-nodes=$(NUM_CLIENTS)" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
+	@scripts/run-local.sh $$(( $(NUM_CLIENTS) + 1 )) "dataset='bank-marketing' data-dir='$(abspath $(BANK_DIR))' model='logreg' partitioning='dirichlet' dirichlet-alpha=0.5 num-server-rounds=10 local-epochs=1 batch-size=64 learning-rate=0.01 shapley='secsv' shapley-feature-bound=1.0 shapley-model-bound=32.0 shapley-aux-partition-id=$(NUM_CLIENTS) min-nodes=$(NUM_CLIENTS)" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
 test: setup
 	@scripts/run-tests.sh
