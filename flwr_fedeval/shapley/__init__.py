@@ -4,7 +4,8 @@
 * :mod:`.matrix_reducing` — Algorithm 5 (rotation-free HE matrix product);
 * :mod:`.sharing` — additive secret shares over Z_{2^k} with fixed point;
 * :mod:`.secsv` — two-server SecSV (Algorithms 3, 4, 6, 7);
-* :mod:`.hesv` — one-server HESV (Algorithms 1, 2).
+* :mod:`.hesv` — one-server HESV (Algorithms 1, 2);
+* :mod:`.parties` — SecSV one function per party and step (used by the Flower phase).
 
 No flwr and no TensorFlow imports.
 """
@@ -15,6 +16,7 @@ from flwr_fedeval.shapley.fsv import (
     fedavg,
     federated_shapley,
     find_skippable,
+    fsv_from_utilities,
     predict,
     round_utilities,
     sample_skip_utilities,
@@ -28,6 +30,7 @@ __all__ = [
     "fedavg",
     "federated_shapley",
     "find_skippable",
+    "fsv_from_utilities",
     "matrix_reducing",
     "predict",
     "reduce_data",
