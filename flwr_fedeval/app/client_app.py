@@ -74,7 +74,14 @@ def _setup(msg: Message, context: Context):
     return cfg, data, adapter
 
 
-@app.train(mods=[xmkckks_mod, shapley_record_mod])
+def _shapley_mod(msg: Message, context: Context, call_next) -> Message:
+    """Keep the local models (:func:`shapley_record_mod`) only in runs with ``shapley != "none"``."""
+    if JobConfig.from_run_config(dict(context.run_config)).shapley == "none":
+        return call_next(msg, context)
+    return shapley_record_mod(msg, context, call_next)
+
+
+@app.train(mods=[xmkckks_mod, _shapley_mod])
 def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local train split."""
     cfg, data, adapter = _setup(msg, context)

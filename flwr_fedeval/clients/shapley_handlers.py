@@ -47,6 +47,7 @@ fingerprints are logged for an out-of-band check).
 from __future__ import annotations
 
 import io
+import secrets
 from collections.abc import Callable, Sequence
 from logging import INFO
 
@@ -82,6 +83,7 @@ __all__ = [
     "linear_model_matrix",
     "node_role",
     "register_shapley_handlers",
+    "recorded_model",
     "recorded_models",
     "role_reply",
     "share_data",
@@ -181,12 +183,10 @@ def shapley_record_mod(msg: Message, context: Context, call_next) -> Message:
     ``mods=[xmkckks_mod, shapley_record_mod]``). After the handler replies,
     its ``"arrays"`` (the local model ``θ_i^t``) are stored under
     ``shapley.models.<server-round>`` and ``num-examples`` is remembered;
-    nothing else changes, and nothing leaves the node. Inactive when the
-    run config sets ``shapley = "none"``.
+    nothing else changes, and nothing leaves the node.
     """
     reply = call_next(msg, context)
-    if (msg.metadata.message_type != "train" or reply.has_error()
-            or str(context.run_config.get("shapley", "secsv")) == "none"):
+    if msg.metadata.message_type != "train" or reply.has_error():
         return reply
     config = msg.content["config"] if "config" in msg.content else {}
     if "server-round" not in config or "arrays" not in reply.content:
@@ -203,10 +203,16 @@ def recorded_rounds(context: Context) -> list[int]:
     return [int(r) for r in context.state[STATE_ROUNDS]["rounds"]] if STATE_ROUNDS in context.state else []
 
 
+def recorded_model(context: Context, rnd: int) -> np.ndarray:
+    """``θ (n_classes, d+1)`` of round ``rnd`` as :func:`shapley_record_mod` kept it."""
+    if rnd not in recorded_rounds(context):
+        raise Refused(f"no model recorded for round {rnd}")
+    return linear_model_matrix(context.state[f"{STATE_MODELS}.{rnd}"].to_numpy_ndarrays())
+
+
 def recorded_models(context: Context) -> dict[int, np.ndarray]:
     """``{round: θ (n_classes, d+1)}`` of the models :func:`shapley_record_mod` kept."""
-    return {t: linear_model_matrix(context.state[f"{STATE_MODELS}.{t}"].to_numpy_ndarrays())
-            for t in recorded_rounds(context)}
+    return {t: recorded_model(context, t) for t in recorded_rounds(context)}
 
 
 # --- every node --------------------------------------------------------------
@@ -271,7 +277,8 @@ def keygen(msg: Message, context: Context) -> Message:
         peers = {str(k): bytes(v) for k, v in dict(msg.content["shapley-peers"]).items()}
         ctx = create_context(params=shapley_ckks_params())
         secret = ctx.secret_bytes()
-        bundles = keyshare.seal_bundle(secret, keyshare.generate_keypair().private, sender=kp, recipients=peers)
+        # SecSV needs no common seed; the bundle format carries one, so it is fresh random bytes.
+        bundles = keyshare.seal_bundle(secret, secrets.token_bytes(32), sender=kp, recipients=peers)
         context.state[STATE_SECRET] = ArrayRecord({"context": bytes_to_array(secret)})
         log(INFO, "Shapley phase: leader, CKKS keys for %d other clients", len(peers))
         return RecordDict({
@@ -282,13 +289,20 @@ def keygen(msg: Message, context: Context) -> Message:
     return _serve(msg, step)
 
 
+def _checked_params(ctx):
+    """Refuse a context whose CKKS parameters are not the (HE-Standard, 128-bit) Shapley set."""
+    if ctx.params != shapley_ckks_params():
+        raise Refused(f"CKKS parameters {ctx.params} are not the Shapley set {shapley_ckks_params()}")
+    return ctx
+
+
 def _secret_context(context: Context):
     if STATE_SECRET not in context.state:
         raise Refused("no CKKS secret context for this phase")
     ctx = load_context(array_to_bytes(context.state[STATE_SECRET]["context"]))
     if not ctx.is_private:
         raise Refused("the stored context holds no secret key")
-    return ctx
+    return _checked_params(ctx)
 
 
 def share_data(msg: Message, context: Context, X_test: np.ndarray, y_test: np.ndarray) -> Message:
@@ -344,10 +358,7 @@ def encrypt_models(msg: Message, context: Context) -> Message:
         _session(context, request)
         params = _params(request)
         m, d_out, n_classes = _layout(request)
-        rnd = int(request["round"])
-        if rnd not in recorded_rounds(context):
-            raise Refused(f"no model recorded for round {rnd}")
-        theta = recorded_models(context)[rnd]
+        theta = recorded_model(context, int(request["round"]))
         A = model_matrix(theta, int(request["weight"]), params, n_classes=n_classes, d_out=d_out)
         ctx = _secret_context(context)
         blobs = [ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)]
@@ -400,7 +411,7 @@ def aux_setup(msg: Message, context: Context) -> Message:
     def step(request: dict) -> RecordDict:
         keypair = _session(context, request)
         params = _params(request)
-        ctx = load_context(array_to_bytes(msg.content["shapley-context"]["public"]))
+        ctx = _checked_params(load_context(array_to_bytes(msg.content["shapley-context"]["public"])))
         if ctx.is_private:
             raise Refused("the auxiliary server must not receive a secret key")
         keys = dict(msg.content["shapley-aux-keys"])
@@ -410,7 +421,8 @@ def aux_setup(msg: Message, context: Context) -> Message:
             raw = keyshare.open_from(array_to_bytes(shares[f"sealed-{node}"]), recipient=keypair,
                                      sender_public=bytes(keys[node]))
             x, y = _unpack_arrays(raw, ("x", "y"))
-            if x.dtype != np.uint64 or x.ndim != 2 or x.shape[1] != params.n_features + 1 or y.shape != (len(x),):
+            if (x.dtype != np.uint64 or y.dtype != np.uint64 or x.ndim != 2
+                    or x.shape[1] != params.n_features + 1 or y.shape != (len(x),)):
                 raise Refused(f"share of node {node} has shapes {x.shape}/{y.shape}")
             xs.append(x)
             ys.append(y)

@@ -34,6 +34,7 @@ import numpy as np
 from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context
 from flwr_fedeval.shapley.fsv import FSVResult, RoundEvaluation, coalitions, federated_shapley
 from flwr_fedeval.shapley.matrix_reducing import max_batch, reduce_data, reduce_model
+from flwr_fedeval.shapley.parties import check_test_set
 from flwr_fedeval.shapley.secsv import ShapleyStats, _Wire, pick_helper, shapley_ckks_params
 
 __all__ = ["HESV"]
@@ -61,11 +62,7 @@ class HESV:
     def __init__(self, X: np.ndarray, y: np.ndarray, owners: np.ndarray, *, n_classes: int,
                  ckks: CKKSParams | None = None, batch_size: int | None = None,
                  binary_margin: bool = False) -> None:
-        X = np.asarray(X, dtype=np.float64)
-        y = np.asarray(y, dtype=np.int64)
-        owners = np.asarray(owners, dtype=np.int64)
-        if X.ndim != 2 or y.shape != (X.shape[0],) or owners.shape != y.shape:
-            raise ValueError(f"X (M, d), y (M,), owners (M,) expected, got {X.shape}, {y.shape}, {owners.shape}")
+        X, y, owners = check_test_set(X, y, owners)
         self.X, self.y, self.owners = X, y, owners
         self.n_classes = int(n_classes)
         self.d_out = 1 if (binary_margin and self.n_classes == 2) else self.n_classes

@@ -39,6 +39,7 @@ from flwr_fedeval.shapley.sharing import encode_fixed, reconstruct, share, to_si
 __all__ = [
     "ENCODE_COST",
     "add_products",
+    "check_test_set",
     "choose_batches",
     "aggregate_model",
     "correct_mask",
@@ -52,6 +53,22 @@ __all__ = [
     "server_products",
     "share_test_set",
 ]
+
+
+def check_test_set(X, y, owners) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The union of the test sets as ``X (M, d)`` float64, ``y (M,)`` and ``owners (M,)`` int64.
+
+    Raises
+    ------
+    ValueError
+        If the shapes do not match.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.int64)
+    owners = np.asarray(owners, dtype=np.int64)
+    if X.ndim != 2 or y.shape != (X.shape[0],) or owners.shape != y.shape:
+        raise ValueError(f"X (M, d), y (M,), owners (M,) expected, got {X.shape}, {y.shape}, {owners.shape}")
+    return X, y, owners
 
 
 def model_matrix(theta: np.ndarray, weight: int, params, *, n_classes: int, d_out: int) -> np.ndarray:

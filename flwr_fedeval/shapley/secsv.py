@@ -58,6 +58,7 @@ from flwr_fedeval.shapley.fsv import (
 from flwr_fedeval.shapley.matrix_reducing import max_batch
 from flwr_fedeval.shapley.parties import (
     add_products,
+    check_test_set,
     choose_batches,
     correct_mask,
     encrypt_model,
@@ -292,11 +293,7 @@ class SecSV:
     def __init__(self, X: np.ndarray, y: np.ndarray, owners: np.ndarray, *, n_classes: int,
                  params: SecSVParams | None = None, batch_size: int | None = None,
                  binary_margin: bool = False) -> None:
-        X = np.asarray(X, dtype=np.float64)
-        y = np.asarray(y, dtype=np.int64)
-        owners = np.asarray(owners, dtype=np.int64)
-        if X.ndim != 2 or y.shape != (X.shape[0],) or owners.shape != y.shape:
-            raise ValueError(f"X (M, d), y (M,), owners (M,) expected, got {X.shape}, {y.shape}, {owners.shape}")
+        X, y, owners = check_test_set(X, y, owners)
         self.params = params or SecSVParams(n_features=X.shape[1])
         if self.params.n_features != X.shape[1]:
             raise ValueError(f"params.n_features={self.params.n_features} but X has {X.shape[1]} features")

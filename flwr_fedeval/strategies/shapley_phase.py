@@ -374,20 +374,19 @@ class SecSVPhase:
 
         # steps 5-8, round by round
         self._ctx, self._params, self._m, self._d_out, self._pk, self._clients = ctx, params, m, d_out, pk, clients
+        self._aux, self._index = aux, {n: i for i, n in enumerate(clients)}
         self._full_plain: dict[bytes, list] = {}
         self._full_batches = [np.arange(M)[pos] for pos in plan_batches(self.owners, m, range(len(clients)))]
         self._full_keys = {b.tobytes() for b in self._full_batches}
         self._helper_turn = 0
         self._failed_helpers: set[int] = set()
-        rounds = sorted({int(r) for n in clients for r in info[n]["rounds"]})
-        players, utilities, done = [], [], []
-        for t in rounds:
-            members = [n for n in clients if t in {int(r) for r in info[n]["rounds"]}]
-            if not members:
-                continue
+        recorded = {n: {int(r) for r in info[n]["rounds"]} for n in clients}
+        rounds = sorted(set().union(*recorded.values()))
+        players, utilities = [], []
+        for t in rounds:       # every round in the union has at least one member
+            members = [n for n in clients if t in recorded[n]]
             utilities.append(self._round(grid, t, members, weights, aux, M))
             players.append(members)
-            done.append(t)
             log(INFO, "%s: round %d, %d coalitions, v(I^t) = %.4f", _LABEL, t, len(utilities[-1]),
                 utilities[-1][frozenset(members)])
         res = fsv_from_utilities(utilities, players, n_classes=c)
@@ -400,7 +399,7 @@ class SecSVPhase:
         return ShapleyPhaseResult(
             fsv={int(n): float(v) for n, v in zip(res.clients, res.fsv)}, ssv=res.ssv,
             utilities=[{tuple(sorted(S)): float(v) for S, v in u.items()} for u in res.utilities],
-            empty_utilities=res.empty_utilities, rounds=done,
+            empty_utilities=res.empty_utilities, rounds=rounds,
             clients=res.clients, weights=weights, aux_node=aux, leader=leader, sample_skip=self.sample_skip,
             stats=dict(self._stats))
 
@@ -417,14 +416,15 @@ class SecSVPhase:
         d_in = self._params.n_features + 1
 
         def parse_model(n, ct):
-            blobs = unpack_blobs(array_to_bytes(ct["shapley-model"]["cts"]), expected=d_in)
-            return blobs, [self._ctx.deserialize_ciphertext(b) for b in blobs]
+            packed = ct["shapley-model"]["cts"]
+            return packed, [self._ctx.deserialize_ciphertext(b)
+                            for b in unpack_blobs(array_to_bytes(packed), expected=d_in)]
 
         enc, _ = self._exchange(
             grid, {n: RecordDict({REQUEST_KEY: ConfigRecord({"round": t, "weight": weights[n]})}) for n in members},
             QUERY_SHAPLEY_MODELS, parse_model, f"models of round {t}")
         models = {n: enc[n][1] for n in members}
-        forward = ArrayRecord({str(n): bytes_to_array(pack_blobs(enc[n][0])) for n in members})
+        forward = ArrayRecord({str(n): enc[n][0] for n in members})   # checked above, relayed as received
         correct: dict[frozenset, np.ndarray] = {}
         utilities: dict[frozenset, float] = {}
         for size in range(1, len(members) + 1):
@@ -458,7 +458,7 @@ class SecSVPhase:
         # step 6 (A): its half of every product
         job_rec = {}
         for j, (S, ids) in enumerate(jobs):
-            job_rec[f"members-{j}"] = Array(np.array([self._clients.index(n) for n in sorted(S)], dtype=np.int64))
+            job_rec[f"members-{j}"] = Array(np.array([self._index[n] for n in sorted(S)], dtype=np.int64))
             job_rec[f"ids-{j}"] = Array(ids.astype(np.int64))
         content = RecordDict({REQUEST_KEY: ConfigRecord({"round": t}), "shapley-jobs": ArrayRecord(job_rec)})
         if forward is not None:
@@ -530,7 +530,7 @@ class SecSVPhase:
                 for j in js:
                     rec[f"cts-{j}"] = bytes_to_array(pack_blobs([self._ctx.serialize_ciphertext(c) for c in totals[j]]))
                     rec[f"n-{j}"] = Array(np.array([len(jobs[j][1])], dtype=np.int64))
-                contents[h] = RecordDict({REQUEST_KEY: ConfigRecord({"aux-public-key": self._pk[self._aux_key()]}),
+                contents[h] = RecordDict({REQUEST_KEY: ConfigRecord({"aux-public-key": self._pk[self._aux]}),
                                           "shapley-batches": ArrayRecord(rec)})
 
             def parse(h, ct, assign=assign):
@@ -554,6 +554,3 @@ class SecSVPhase:
                     sorted(failed), sum(len(assign[h]) for h in failed))
             pending = [j for j in pending if j not in out]
         return [out[j] for j in range(len(jobs))]
-
-    def _aux_key(self) -> int:
-        return next(n for n in self._pk if n not in self._clients)

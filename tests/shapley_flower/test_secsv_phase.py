@@ -208,3 +208,24 @@ def test_nodes_refuse_other_sessions_and_other_roles(trained):
     assert reply.has_error() and "not a data client" in reply.error.reason
     reply = _ask(grid, client, "query.shapley_aux_eval", {"session": "x"})
     assert reply.has_error() and "not the auxiliary server" in reply.error.reason
+
+
+def test_auxiliary_server_refuses_a_context_with_other_ckks_parameters(trained):
+    from flwr.app import ArrayRecord as AR
+
+    from flwr_fedeval.fhe.backend import CKKSParams, create_context
+    from flwr_fedeval.messages import bytes_to_array
+    from flwr_fedeval.shapley.secsv import SecSVParams
+
+    grid, aux = trained
+    SecSVPhase().run(grid)                                   # leaves a session at every node
+    session = grid.contexts[aux].state["shapley.keypair"]["session"]
+    weak = create_context(params=CKKSParams(coeff_mod_bit_sizes=(60, 40, 40, 60), scale_bits=40))
+    msg = Message(content=RecordDict({
+        "shapley": ConfigRecord({"session": session, "order": [],
+                                 **{k.replace("_", "-"): v for k, v in SecSVParams.for_bounds(
+                                     n_features=D, max_clients=3).to_config().items()}}),
+        "shapley-context": AR({"public": bytes_to_array(weak.public_bytes(rotation_keys=False))}),
+    }), dst_node_id=aux, message_type="query.shapley_aux_setup")
+    (reply,) = grid.send_and_receive([msg])
+    assert reply.has_error() and "not the Shapley set" in reply.error.reason
