@@ -3,13 +3,15 @@
 # script owns: its own FLWR_HOME (.flwr-home/) and stopped again at the end.
 # Usage: scripts/run-local.sh [NUM_SUPERNODES] [run-config overrides...]
 #   e.g. scripts/run-local.sh 5 "dataset='chest-xray' data-dir='../shared/data/chest-xray'"
+# env RUN_VENV (default .venv) and RUN_FLWR_HOME (default .flwr-home) select another venv
+# (make run-openfhe: .venv-py310, flwr 1.30) and its own Flower home.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 NUM_SUPERNODES=${1:-5}
 shift || true
-export PATH="$ROOT/.venv/bin:$PATH"
-export FLWR_HOME="$ROOT/.flwr-home"
+export PATH="$ROOT/${RUN_VENV:-.venv}/bin:$PATH"   # RUN_VENV=.venv-py310: the OpenFHE venv
+export FLWR_HOME="${RUN_FLWR_HOME:-$ROOT/.flwr-home}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p "$FLWR_HOME"

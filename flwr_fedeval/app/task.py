@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -193,12 +192,13 @@ class JobConfig:
             raise ValueError("config 'fhe-splits' must be >= 2")
         if not (self.fhe_metrics_threshold < 0 or 0.0 <= self.fhe_metrics_threshold <= 1.0):
             raise ValueError("config 'fhe-metrics-threshold' must be in [0, 1], or < 0 for none")
-        if self.fhe_backend == "openfhe" and sys.version_info[:2] != (3, 10):
-            raise ValueError(
-                "config 'fhe-backend' = 'openfhe' needs Python 3.10 (the openfhe wheel is cp310-only) "
-                f"and this job runs on Python {sys.version_info[0]}.{sys.version_info[1]}: use 'tenseal' "
-                "(OpenFHE is tested with the protocol layers only, scripts/test-openfhe.sh)"
-            )
+        if self.fhe_backend == "openfhe":
+            from flwr_fedeval._extras import MissingExtraError
+
+            try:  # the aggregator (this ServerApp) and every client need the engine
+                import flwr_fedeval.fhe.openfhe_backend  # noqa: F401
+            except MissingExtraError as exc:
+                raise ValueError(f"config 'fhe-backend' = 'openfhe': {exc}") from None
         from flwr_fedeval.fhe.backend import CKKSParams
 
         n = self.num_decision_points
@@ -263,8 +263,9 @@ def load_client_data(cfg: JobConfig, partition_id: int, num_partitions: int) -> 
 def build_model(cfg: JobConfig) -> Any:
     """The compiled Keras model for ``cfg.dataset`` (seeded initialisation)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
+    from flwr_fedeval._extras import require
 
+    keras = require("keras", purpose="the App's models")
     from flwr_fedeval.clients.models import build_mlp, build_seed_cnn
 
     keras.utils.set_random_seed(cfg.seed)
