@@ -38,7 +38,7 @@ fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 RUN_VENV="$VENV" RUN_FLWR_HOME="$ROOT/.flwr-home-py310" scripts/run-local.sh 3 \
-  "auc-method='fhe' fhe-backend='openfhe' fhe-auc='malicious' num-server-rounds=1 output-dir='$ROOT/outputs/ci-py310'" \
+  "auc-method='fhe' fhe-backend='openfhe' fhe-auc='malicious' num-server-rounds=1" \
   >"$log" 2>&1
 rc=$?
 grep -E "FINAL|ERROR" "$log" | sed 's/\x1b\[[0-9;]*m//g' | sort -u
