@@ -135,9 +135,12 @@ class FHEAUCPhase:
         CKKS engine the key holder uses (OpenFHE needs Python 3.10).
     spacing : {"linear", "logit"}, default="linear"
         See :func:`flwr_fedeval.fhe.counts.decision_points`.
-    share_auc_with_server : bool, default=False
+    share_auc_with_server : bool, default=True
         Expect the clients to report the AUC (and, semi-honest, the threshold
-        metrics). Off, as in the paper, the server learns nothing.
+        metrics). Each client still decides for itself (its own
+        ``share-auc-with-server``, default true like this one, so that the
+        App's FINAL line has a number). Off, as in the paper, the server
+        learns nothing.
     metrics_threshold : float or None, default=None
         Also compute accuracy, precision, recall and F1 at this threshold
         (predicted positive iff score ≥ threshold) through the same phase.
@@ -158,7 +161,7 @@ class FHEAUCPhase:
         n_splits: int = 4,
         backend: str = "tenseal",
         spacing: str = "linear",
-        share_auc_with_server: bool = False,
+        share_auc_with_server: bool = True,
         metrics_threshold: float | None = None,
         min_nodes: int = 2,
         arrayrecord_key: str = "arrays",

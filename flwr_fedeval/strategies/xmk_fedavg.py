@@ -37,8 +37,8 @@ from flwr_fedeval.messages import (
 __all__ = ["RoundAborted", "XMKFedAvg"]
 
 REKEY_CHOICES = ("every-round", "per-client-set")
-#: Default parameter set: n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
-DEFAULT_PARAMETER_SET = "xmk-n4096-q108"
+#: Default parameter set (the protocol layer's): n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
+DEFAULT_PARAMETER_SET = rlwe.DEFAULT_PARAMETER_SET.name
 
 
 class RoundAborted(RuntimeError):
