@@ -113,6 +113,14 @@ def test_two_rounds_with_per_client_set_rekey_reuses_keys():
     assert shapes_init  # initial weights untouched
 
 
+def test_step_times_record_every_configure_and_aggregate_call():
+    strategy = _strategy(3)
+    _run(InProcessGrid(make_app(), 3), strategy, rounds=2)
+    assert [(t.server_round, t.step) for t in strategy.step_times] == [
+        (1, "configure_train"), (1, "aggregate_train"), (2, "configure_train"), (2, "aggregate_train")]
+    assert all(t.wall_s > 0 and t.cpu_s >= 0 for t in strategy.step_times)
+
+
 @pytest.mark.parametrize("step", ["query.xmk_keygen", "train", "query.xmk_pdec"])
 def test_dropout_at_each_step_aborts_then_succeeds_without_that_client(step):
     dropped = {}
