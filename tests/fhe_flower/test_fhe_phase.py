@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message, RecordDict
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
 from flwr_fedeval import keyshare
