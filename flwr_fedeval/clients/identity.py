@@ -29,6 +29,7 @@ from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster, SignedKey
 
 __all__ = [
     "CONFIG_HELP",
+    "key_set_floor",
     "node_identity",
     "server_roster",
     "signed_key_record",
@@ -97,6 +98,21 @@ def node_identity(context: Context) -> tuple[NodeIdentity, Roster]:
         _CACHE.clear()
         _CACHE[stamp] = (ident, roster)
     return _CACHE[stamp]
+
+
+def key_set_floor(context: Context) -> int:
+    """This node's floor on the size of a key set it joins (never below 2).
+
+    Node config ``fedeval-min-clients`` (set by the SuperNode's operator),
+    else node config ``xmk-min-clients``, else run config ``min-nodes``.
+    The run config comes from whoever starts the run; an operator who does
+    not trust it sets the node config.
+    """
+    node, run = dict(context.node_config), dict(context.run_config)
+    value = node.get("fedeval-min-clients", node.get("xmk-min-clients", run.get("min-nodes", 2)))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise IdentityError(f"key-set floor (fedeval-min-clients / min-nodes) must be an integer, got {value!r}")
+    return max(2, int(value))
 
 
 def server_roster(run_config: dict[str, Any]) -> Roster | None:
