@@ -68,12 +68,16 @@ from flwr_fedeval.clients.fhe_handlers import (
     BUNDLES_KEY,
     CONTEXT_KEY,
     COUNTS_KEY,
+    HOLDER_KEY,
+    PEER_SIGNATURES_KEY,
+    PEER_SIGNERS_KEY,
     PEERS_KEY,
     PROTOCOLS,
     PUBKEY_KEY,
     REPORT_KEY,
     REQUEST_KEY,
     RESULT_KEY,
+    SIGNED_PROTOCOL,
 )
 from flwr_fedeval.fhe.auc import (
     FHEAUCConfig,
@@ -83,6 +87,7 @@ from flwr_fedeval.fhe.auc import (
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig, aggregate_auc_malicious, required_slots
 from flwr_fedeval.fhe.backend import BACKENDS, CKKSContext, CKKSParams, load_context, unpack_blobs
 from flwr_fedeval.fhe.counts import decision_points
+from flwr_fedeval.identity import Roster, SignedKey, verify_key
 from flwr_fedeval.messages import (
     EVALUATE_FHE_COUNTS,
     QUERY_FHE_KEYGEN,
@@ -151,6 +156,11 @@ class FHEAUCPhase:
     arrayrecord_key : str, default="arrays"
     timeout : float, default=3600
         Seconds to wait for the replies of each step.
+    roster : flwr_fedeval.identity.Roster, optional
+        The federation's roster. The server uses it only to leave out, and
+        name, nodes whose signed keys do not verify (e.g. a SuperNode that is
+        not in the roster) before they spoil a key set; the clients check
+        every relayed key themselves, with or without it.
     """
 
     method = "fhe"
@@ -168,6 +178,7 @@ class FHEAUCPhase:
         min_nodes: int = 2,
         arrayrecord_key: str = "arrays",
         timeout: float = 3600,
+        roster: Roster | None = None,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
@@ -198,6 +209,7 @@ class FHEAUCPhase:
         self.min_nodes = min_nodes
         self.arrayrecord_key = arrayrecord_key
         self.timeout = timeout
+        self.roster = roster
         #: The public context of the last run (bytes), for inspection; never a secret key.
         self.public_context_bytes: bytes | None = None
 
@@ -228,39 +240,56 @@ class FHEAUCPhase:
 
     # --- step 1 -------------------------------------------------------------------
     def collect_public_keys(self, grid: Grid, nodes: list[int], session: str,
-                            failed: dict[int, str]) -> dict[int, tuple[bytes, int]]:
-        """Step 1: ``{node: (X25519 public key, test-size bucket)}``."""
+                            failed: dict[int, str]) -> dict[int, tuple[bytes, int, SignedKey]]:
+        """Step 1: ``{node: (X25519 public key, test-size bucket, signed key)}``.
 
-        def parse(node: int, content: RecordDict) -> tuple[bytes, int]:
+        With a :attr:`roster`, a node whose signature does not verify is left
+        out (named in ``failed``); two nodes signing as one roster member are
+        both left out."""
+
+        def parse(node: int, content: RecordDict) -> tuple[bytes, int, SignedKey]:
             rec = content[PUBKEY_KEY]
             pk, bucket = rec["public-key"], rec["test-size-bucket"]
             if not isinstance(pk, bytes) or len(pk) != 32:
                 raise ValueError("public key must be 32 bytes")
             if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0 or bucket & (bucket - 1):
                 raise ValueError(f"test-size-bucket must be 0 or a power of two, got {bucket!r}")
-            return pk, bucket
+            signer, sig = rec.get("signer"), rec.get("signature")
+            if not isinstance(signer, str) or not isinstance(sig, bytes):
+                raise ValueError("public key is not signed (signer, signature missing)")
+            if self.roster is not None:
+                verify_key(self.roster, signer, sig, protocol=SIGNED_PROTOCOL, session=session, round=0,
+                           role="client", key=pk)
+            return pk, bucket, SignedKey(signer, pk, sig)
 
         request = RecordDict({REQUEST_KEY: self._request(session)})
         keys = self._exchange(grid, dict.fromkeys(nodes, request), QUERY_FHE_PUBKEY, parse, failed, "public key")
         seen: dict[bytes, int] = {}
+        names: dict[str, int] = {}
         for node in sorted(keys):
-            pk = keys[node][0]
+            pk, signer = keys[node][0], keys[node][2].signer
             if pk in seen:  # two nodes with one key: neither can be addressed safely
                 failed[node] = failed[seen[pk]] = "duplicate X25519 public key"
+            if signer in names:  # the clients would refuse the whole key set
+                failed[node] = failed[names[signer]] = f"two nodes sign as roster member {signer!r}"
             seen[pk] = node
+            names[signer] = node
         return {n: v for n, v in keys.items() if n not in failed}
 
     # --- step 2 -------------------------------------------------------------------
-    def setup_keys(self, grid: Grid, holder: int, peers: dict[int, bytes], session: str,
-                   failed: dict[int, str]) -> tuple[CKKSContext, bytes, dict[int, bytes]] | None:
-        """Step 2: the key holder's public context (loaded, checked) and sealed bundles.
+    def setup_keys(self, grid: Grid, holder: int, peers: dict[int, SignedKey], session: str,
+                   failed: dict[int, str], *, holder_pk: bytes) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey] | None:
+        """Step 2: the key holder's public context (loaded, checked), sealed bundles and
+        its signed key (role ``"key-holder"``).
 
         Returns ``None`` (and records the reason in ``failed``) if the key holder fails.
         """
         content = RecordDict(
             {
                 REQUEST_KEY: self._request(session, backend=self.backend, slots=self.slots),
-                PEERS_KEY: ConfigRecord({str(n): pk for n, pk in peers.items()}),
+                PEERS_KEY: ConfigRecord({str(n): p.key for n, p in peers.items()}),
+                PEER_SIGNERS_KEY: ConfigRecord({str(n): p.signer for n, p in peers.items()}),
+                PEER_SIGNATURES_KEY: ConfigRecord({str(n): p.signature for n, p in peers.items()}),
             }
         )
 
@@ -273,16 +302,27 @@ class FHEAUCPhase:
                 raise ValueError(f"public context is {ctx.backend} with {ctx.slot_count} slots, "
                                  f"expected {self.backend} with >= {self.slots}")
             bundles = {int(k): array_to_bytes(v) for k, v in reply[BUNDLES_KEY].items()}
-            return ctx, public, bundles
+            rec = reply[HOLDER_KEY]
+            signed = SignedKey(str(rec["signer"]), holder_pk, bytes(rec["signature"]))
+            if self.roster is not None:
+                verify_key(self.roster, signed.signer, signed.signature, protocol=SIGNED_PROTOCOL, session=session,
+                           round=0, role="key-holder", key=signed.key)
+            return ctx, public, bundles, signed
 
         got = self._exchange(grid, {holder: content}, QUERY_FHE_KEYGEN, parse, failed, "key setup")
         return got.get(holder)
 
     # --- steps 3-4 ------------------------------------------------------------------
     def collect_counts(self, grid: Grid, arrays: ArrayRecord, ctx: CKKSContext, participants: list[int],
-                       bundles: dict[int, bytes], holder: int, holder_pk: bytes, session: str,
+                       bundles: dict[int, bytes], holder: int, holder_key: SignedKey, session: str,
                        config: FHEAUCConfig, failed: dict[int, str]) -> tuple[dict[int, tuple[bytes, bytes | None]], bytes]:
-        """Steps 3–4: relay the bundles, collect and check the encrypted counts.
+        """Steps 3–4: relay the bundles and the key holder's signed key, collect and check the
+        encrypted counts.
+
+        Every ciphertext must deserialise under the public context and have a
+        fresh ciphertext's slot count, level and scale
+        (:meth:`~flwr_fedeval.fhe.backend.CKKSContext.check_fresh`); a node
+        sending anything else is left out and named, before aggregation.
 
         Returns ``({node: (auc message, metrics message or None)}, nonce)``.
         """
@@ -301,7 +341,9 @@ class FHEAUCPhase:
                     "party-index": index,
                     "n-parties": len(participants),
                     "nonce": nonce,
-                    "holder-public-key": holder_pk,
+                    "holder-public-key": holder_key.key,
+                    "holder-signer": holder_key.signer,
+                    "holder-signature": holder_key.signature,
                     "metrics-threshold": float(metrics_threshold),
                 },
             )
@@ -316,7 +358,8 @@ class FHEAUCPhase:
 
         def check(data: bytes, expected: int) -> bytes:
             for blob in unpack_blobs(data, expected=expected):
-                ctx.deserialize_ciphertext(blob)  # envelope, key set and native format
+                # envelope, key set and native format; then slot count, level and scale
+                ctx.check_fresh(ctx.deserialize_ciphertext(blob))
             return data
 
         def parse(node: int, reply: RecordDict):
@@ -387,7 +430,7 @@ class FHEAUCPhase:
         # 1. public keys
         keys = self.collect_public_keys(grid, nodes, session, failed)
         self._require(keys, failed, "step 1 (public keys)")
-        total_bound = sum(b for _, b in keys.values())
+        total_bound = sum(v[1] for v in keys.values())
         config_kw = {"n_points": int(self.thresholds.size), "max_rows": max(int(total_bound), 1)}
         config: FHEAUCConfig = (MaliciousAUCConfig(n_splits=self.n_splits, **config_kw)
                                 if self.protocol == "malicious" else FHEAUCConfig(**config_kw))
@@ -398,12 +441,12 @@ class FHEAUCPhase:
         while setup is None:
             self._require(candidates, failed, "step 2 (key holder)")
             holder = secrets.choice(candidates)
-            peers = {n: keys[n][0] for n in candidates if n != holder}
-            setup = self.setup_keys(grid, holder, peers, session, failed)
+            peers = {n: keys[n][2] for n in candidates if n != holder}
+            setup = self.setup_keys(grid, holder, peers, session, failed, holder_pk=keys[holder][0])
             candidates.remove(holder)
             if setup is not None:
                 candidates.append(holder)
-        ctx, self.public_context_bytes, bundles = setup
+        ctx, self.public_context_bytes, bundles, holder_key = setup
         participants = sorted(n for n in candidates if n == holder or n in bundles)
         for n in candidates:
             if n not in participants:
@@ -417,7 +460,7 @@ class FHEAUCPhase:
             self._require(participants, failed, "step 4 (encrypted counts)")
             attempts += 1
             valid, _ = self.collect_counts(grid, arrays, ctx, participants, bundles, holder,
-                                           keys[holder][0], session, config, failed)
+                                           holder_key, session, config, failed)
             if len(valid) == len(participants) or self.protocol == "semi-honest":
                 participants = sorted(valid)
                 break
