@@ -146,6 +146,7 @@ class JobConfig:
     xmk_max_abs_value: float = 65536.0
     xmk_rekey: str = "every-round"
     step_timeout: float = 600.0
+    identity_dir: str = ""
     shapley: str = "none"
     shapley_sample_skip: bool = True
     shapley_model_bound: float = 8.0
