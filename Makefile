@@ -18,6 +18,9 @@ help:
 setup:
 	@scripts/bootstrap.sh
 
+# RUN_CONFIG="key=value ..." overrides any key, also one a target sets (the later value wins);
+# run-local.sh checks config, data and every client's split before Flower starts, and gives
+# each run its own SuperLink (own FLWR_HOME and port), so two runs can go at once.
 run: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 

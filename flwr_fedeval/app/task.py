@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from flwr_fedeval.data.partition import ClientSplit, client_split
+from flwr_fedeval.data.partition import ClientSplit, client_split, partition_indices
 
-__all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "SEED_CNN_MIN_IMAGE_SIZE", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
+__all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "SEED_CNN_MIN_IMAGE_SIZE", "clear_data_cache",
+           "client_partitions", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
 
 #: Binary chest X-ray tasks: class folders, negative class first.
 XRAY_TASKS = {
@@ -364,9 +365,34 @@ def load_pooled_data(cfg: JobConfig) -> tuple[np.ndarray, np.ndarray, list[str]]
     return _load_pooled(cfg.dataset, data_dir, cfg.xray_task, cfg.image_size)
 
 
+@functools.lru_cache(maxsize=4)
+def _partitions(dataset: str, data_dir: str, xray_task: str, image_size: int, method: str, alpha: float,
+                seed: int, num_partitions: int) -> tuple[np.ndarray, ...]:
+    _, y, _ = _load_pooled(dataset, data_dir, xray_task, image_size)
+    return tuple(partition_indices(y, num_partitions, method=method, alpha=alpha, seed=seed))  # type: ignore[arg-type]
+
+
+def client_partitions(cfg: JobConfig, num_partitions: int) -> list[np.ndarray]:
+    """Row indices of every client's partition of the pooled data (cached per process)."""
+    data_dir = str(Path(cfg.data_dir).expanduser().resolve()) if cfg.data_dir else ""
+    return list(_partitions(cfg.dataset, data_dir, cfg.xray_task, cfg.image_size, cfg.partitioning,
+                            float(cfg.dirichlet_alpha), cfg.seed, num_partitions))
+
+
 def load_client_data(cfg: JobConfig, partition_id: int, num_partitions: int) -> ClientSplit:
-    """Client ``partition_id``'s own train and test split."""
+    """Client ``partition_id``'s own train and test split.
+
+    The pooled data and the partitioning are cached per process (see
+    :func:`clear_data_cache`); every call returns a new split of them.
+
+    Raises
+    ------
+    PartitionError
+        If the partitioning leaves some client a split smaller than the
+        number of classes (the same one-line error for every client).
+    """
     x, y, _ = load_pooled_data(cfg)
+    parts = client_partitions(cfg, num_partitions)
     return client_split(
         x,
         y,
@@ -376,7 +402,14 @@ def load_client_data(cfg: JobConfig, partition_id: int, num_partitions: int) -> 
         alpha=cfg.dirichlet_alpha,
         test_fraction=cfg.test_fraction,
         seed=cfg.seed,
+        partitions=parts,
     )
+
+
+def clear_data_cache() -> None:
+    """Forget the pooled data and partitionings this process loaded (a new run may see new files)."""
+    _partitions.cache_clear()
+    _load_pooled.cache_clear()
 
 
 def build_model(cfg: JobConfig) -> Any:
