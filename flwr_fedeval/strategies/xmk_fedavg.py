@@ -143,6 +143,31 @@ class XMKFedAvg(FedAvg):
         ``min_train_nodes``, ``min_available_nodes``, ...).
         ``min_train_nodes`` (default 2) is also the fewest clients a key set
         may have; it is raised to 2 if lower.
+
+    Attributes
+    ----------
+    aborted_attempts : list of (int, RoundAborted)
+        Every aborted attempt with its round; the reason per node is in
+        ``RoundAborted.failed``.
+    step_times : list of StepTime
+        Wall and CPU seconds of every ``configure_train``/``aggregate_train``
+        call (including the waits for the clients' replies).
+
+    Raises
+    ------
+    ValueError
+        At construction: ``parameter_set`` is unknown or weaker than the
+        128-bit HomomorphicEncryption.org bound, ``max_abs_value`` is not a
+        finite number ≥ 1, ``rekey`` is not one of its choices, or
+        ``max_attempts < 1``.
+    flwr_fedeval.rlwe.NoiseBudgetError
+        From ``configure_train``/``aggregate_train`` (and so from ``start``):
+        ``scale_bits`` (or, when unset, any scale) does not fit the noise
+        budget for the number of clients and ``max_abs_value`` (see
+        :meth:`scale_bits_for`).
+        A failed or malformed client reply never raises: the attempt aborts
+        (:class:`RoundAborted`, recorded in ``aborted_attempts``), the round
+        is re-keyed and re-run, or left unchanged.
     """
 
     def __init__(
