@@ -380,6 +380,45 @@ class CKKSContext(ABC):
                              f"got {len(cts)} and {len(plains)}")
         return self.add_many([self.multiply_plain(c, p) for c, p in zip(cts, plains)])
 
+    # -- checks on received ciphertexts (issue 12) -------------------------
+    def ciphertext_layout(self, ct: Any) -> tuple[int, int, float, int]:
+        """``(slots, level, scale, polynomials)`` of ``ct`` as this backend reports them.
+
+        ``level`` counts the RNS primes the ciphertext still has (TenSEAL) or
+        OpenFHE's level (0 = fresh). Backends override it; the default refuses.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot report ciphertext layouts")
+
+    def fresh_layout(self) -> tuple[int, int, float, int]:
+        """The layout of a fresh ciphertext under this context (what clients send).
+
+        Measured once by encrypting zeros under the (public) key, so it holds
+        for every backend and parameter set."""
+        cached = getattr(self, "_fresh_layout", None)
+        if cached is None:
+            cached = self._fresh_layout = self.ciphertext_layout(self.encrypt([0.0]))
+        return cached
+
+    def check_fresh(self, ct: Any) -> Any:
+        """Refuse a received ciphertext whose slot count, level, scale or size is not a fresh one's.
+
+        Aggregating ciphertexts of different levels or scales raises inside
+        the CKKS library (or, worse, computes a wrong number); a server checks
+        every ciphertext with this before aggregation so that one bad node is
+        left out and named.
+
+        Raises
+        ------
+        SerializationError
+            Naming the field that differs, e.g. ``"slot count 2048, expected 4096"``.
+        """
+        got, want = self.ciphertext_layout(ct), self.fresh_layout()
+        for name, g, w in zip(("slot count", "level", "scale", "polynomial count"), got, want):
+            if g != w:
+                raise SerializationError(f"ciphertext {name} {g}, expected {w} (a fresh ciphertext under the "
+                                         f"public context)")
+        return ct
+
     # -- serialization ----------------------------------------------------
     @abstractmethod
     def serialize_ciphertext(self, ct: Any) -> bytes:

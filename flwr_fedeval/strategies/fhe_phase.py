@@ -42,8 +42,11 @@ expects the clients to report it (each client decides with its *own*
 verification fails (malicious protocol) replies ``TamperingDetectedError``;
 the phase then raises :class:`TamperingReportedError` naming those clients.
 
-Public count scale ``K``: every client reports a power-of-two upper bound of
-its test-set size at step 1; ``K = suggest_count_scale(Σ bounds)``.
+Count encoding: every client reports a power-of-two upper bound of its
+test-set size at step 1; their sum is the public pooled bound ``max_rows``
+from which every client derives the count scale ``K``
+(:class:`~flwr_fedeval.fhe.auc.FHEAUCConfig`); a client whose counts exceed
+it refuses.
 """
 
 from __future__ import annotations
@@ -65,22 +68,26 @@ from flwr_fedeval.clients.fhe_handlers import (
     BUNDLES_KEY,
     CONTEXT_KEY,
     COUNTS_KEY,
+    HOLDER_KEY,
+    PEER_SIGNATURES_KEY,
+    PEER_SIGNERS_KEY,
     PEERS_KEY,
     PROTOCOLS,
     PUBKEY_KEY,
     REPORT_KEY,
     REQUEST_KEY,
     RESULT_KEY,
+    SIGNED_PROTOCOL,
 )
 from flwr_fedeval.fhe.auc import (
     FHEAUCConfig,
     aggregate_auc,
     aggregate_threshold_metrics,
-    suggest_count_scale,
 )
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig, aggregate_auc_malicious, required_slots
 from flwr_fedeval.fhe.backend import BACKENDS, CKKSContext, CKKSParams, load_context, unpack_blobs
 from flwr_fedeval.fhe.counts import decision_points
+from flwr_fedeval.identity import Roster, SignedKey, verify_key
 from flwr_fedeval.messages import (
     EVALUATE_FHE_COUNTS,
     QUERY_FHE_KEYGEN,
@@ -135,9 +142,12 @@ class FHEAUCPhase:
         CKKS engine the key holder uses (OpenFHE needs Python 3.10).
     spacing : {"linear", "logit"}, default="linear"
         See :func:`flwr_fedeval.fhe.counts.decision_points`.
-    share_auc_with_server : bool, default=False
+    share_auc_with_server : bool, default=True
         Expect the clients to report the AUC (and, semi-honest, the threshold
-        metrics). Off, as in the paper, the server learns nothing.
+        metrics). Each client still decides for itself (its own
+        ``share-auc-with-server``, default true like this one, so that the
+        App's FINAL line has a number). Off, as in the paper, the server
+        learns nothing.
     metrics_threshold : float or None, default=None
         Also compute accuracy, precision, recall and F1 at this threshold
         (predicted positive iff score ≥ threshold) through the same phase.
@@ -146,6 +156,11 @@ class FHEAUCPhase:
     arrayrecord_key : str, default="arrays"
     timeout : float, default=3600
         Seconds to wait for the replies of each step.
+    roster : flwr_fedeval.identity.Roster, optional
+        The federation's roster. The server uses it only to leave out, and
+        name, nodes whose signed keys do not verify (e.g. a SuperNode that is
+        not in the roster) before they spoil a key set; the clients check
+        every relayed key themselves, with or without it.
     """
 
     method = "fhe"
@@ -158,11 +173,12 @@ class FHEAUCPhase:
         n_splits: int = 4,
         backend: str = "tenseal",
         spacing: str = "linear",
-        share_auc_with_server: bool = False,
+        share_auc_with_server: bool = True,
         metrics_threshold: float | None = None,
         min_nodes: int = 2,
         arrayrecord_key: str = "arrays",
         timeout: float = 3600,
+        roster: Roster | None = None,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
@@ -193,6 +209,7 @@ class FHEAUCPhase:
         self.min_nodes = min_nodes
         self.arrayrecord_key = arrayrecord_key
         self.timeout = timeout
+        self.roster = roster
         #: The public context of the last run (bytes), for inspection; never a secret key.
         self.public_context_bytes: bytes | None = None
 
@@ -223,39 +240,56 @@ class FHEAUCPhase:
 
     # --- step 1 -------------------------------------------------------------------
     def collect_public_keys(self, grid: Grid, nodes: list[int], session: str,
-                            failed: dict[int, str]) -> dict[int, tuple[bytes, int]]:
-        """Step 1: ``{node: (X25519 public key, test-size bucket)}``."""
+                            failed: dict[int, str]) -> dict[int, tuple[bytes, int, SignedKey]]:
+        """Step 1: ``{node: (X25519 public key, test-size bucket, signed key)}``.
 
-        def parse(node: int, content: RecordDict) -> tuple[bytes, int]:
+        With a :attr:`roster`, a node whose signature does not verify is left
+        out (named in ``failed``); two nodes signing as one roster member are
+        both left out."""
+
+        def parse(node: int, content: RecordDict) -> tuple[bytes, int, SignedKey]:
             rec = content[PUBKEY_KEY]
             pk, bucket = rec["public-key"], rec["test-size-bucket"]
             if not isinstance(pk, bytes) or len(pk) != 32:
                 raise ValueError("public key must be 32 bytes")
             if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0 or bucket & (bucket - 1):
                 raise ValueError(f"test-size-bucket must be 0 or a power of two, got {bucket!r}")
-            return pk, bucket
+            signer, sig = rec.get("signer"), rec.get("signature")
+            if not isinstance(signer, str) or not isinstance(sig, bytes):
+                raise ValueError("public key is not signed (signer, signature missing)")
+            if self.roster is not None:
+                verify_key(self.roster, signer, sig, protocol=SIGNED_PROTOCOL, session=session, round=0,
+                           role="client", key=pk)
+            return pk, bucket, SignedKey(signer, pk, sig)
 
         request = RecordDict({REQUEST_KEY: self._request(session)})
         keys = self._exchange(grid, dict.fromkeys(nodes, request), QUERY_FHE_PUBKEY, parse, failed, "public key")
         seen: dict[bytes, int] = {}
+        names: dict[str, int] = {}
         for node in sorted(keys):
-            pk = keys[node][0]
+            pk, signer = keys[node][0], keys[node][2].signer
             if pk in seen:  # two nodes with one key: neither can be addressed safely
                 failed[node] = failed[seen[pk]] = "duplicate X25519 public key"
+            if signer in names:  # the clients would refuse the whole key set
+                failed[node] = failed[names[signer]] = f"two nodes sign as roster member {signer!r}"
             seen[pk] = node
+            names[signer] = node
         return {n: v for n, v in keys.items() if n not in failed}
 
     # --- step 2 -------------------------------------------------------------------
-    def setup_keys(self, grid: Grid, holder: int, peers: dict[int, bytes], session: str,
-                   failed: dict[int, str]) -> tuple[CKKSContext, bytes, dict[int, bytes]] | None:
-        """Step 2: the key holder's public context (loaded, checked) and sealed bundles.
+    def setup_keys(self, grid: Grid, holder: int, peers: dict[int, SignedKey], session: str,
+                   failed: dict[int, str], *, holder_pk: bytes) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey] | None:
+        """Step 2: the key holder's public context (loaded, checked), sealed bundles and
+        its signed key (role ``"key-holder"``).
 
         Returns ``None`` (and records the reason in ``failed``) if the key holder fails.
         """
         content = RecordDict(
             {
                 REQUEST_KEY: self._request(session, backend=self.backend, slots=self.slots),
-                PEERS_KEY: ConfigRecord({str(n): pk for n, pk in peers.items()}),
+                PEERS_KEY: ConfigRecord({str(n): p.key for n, p in peers.items()}),
+                PEER_SIGNERS_KEY: ConfigRecord({str(n): p.signer for n, p in peers.items()}),
+                PEER_SIGNATURES_KEY: ConfigRecord({str(n): p.signature for n, p in peers.items()}),
             }
         )
 
@@ -268,21 +302,32 @@ class FHEAUCPhase:
                 raise ValueError(f"public context is {ctx.backend} with {ctx.slot_count} slots, "
                                  f"expected {self.backend} with >= {self.slots}")
             bundles = {int(k): array_to_bytes(v) for k, v in reply[BUNDLES_KEY].items()}
-            return ctx, public, bundles
+            rec = reply[HOLDER_KEY]
+            signed = SignedKey(str(rec["signer"]), holder_pk, bytes(rec["signature"]))
+            if self.roster is not None:
+                verify_key(self.roster, signed.signer, signed.signature, protocol=SIGNED_PROTOCOL, session=session,
+                           round=0, role="key-holder", key=signed.key)
+            return ctx, public, bundles, signed
 
         got = self._exchange(grid, {holder: content}, QUERY_FHE_KEYGEN, parse, failed, "key setup")
         return got.get(holder)
 
     # --- steps 3-4 ------------------------------------------------------------------
     def collect_counts(self, grid: Grid, arrays: ArrayRecord, ctx: CKKSContext, participants: list[int],
-                       bundles: dict[int, bytes], holder: int, holder_pk: bytes, session: str,
+                       bundles: dict[int, bytes], holder: int, holder_key: SignedKey, session: str,
                        config: FHEAUCConfig, failed: dict[int, str]) -> tuple[dict[int, tuple[bytes, bytes | None]], bytes]:
-        """Steps 3–4: relay the bundles, collect and check the encrypted counts.
+        """Steps 3–4: relay the bundles and the key holder's signed key, collect and check the
+        encrypted counts.
+
+        Every ciphertext must deserialise under the public context and have a
+        fresh ciphertext's slot count, level and scale
+        (:meth:`~flwr_fedeval.fhe.backend.CKKSContext.check_fresh`); a node
+        sending anything else is left out and named, before aggregation.
 
         Returns ``({node: (auc message, metrics message or None)}, nonce)``.
         """
         nonce = secrets.token_bytes(16)
-        per_client = 4 if self.protocol == "malicious" else 2
+        per_client = 6 if self.protocol == "malicious" else 3
         metrics_threshold = -1.0 if self.metrics_threshold is None else self.metrics_threshold
         contents = {}
         for index, node in enumerate(participants):
@@ -291,12 +336,14 @@ class FHEAUCPhase:
                 protocol=self.protocol,
                 **{
                     "n-points": int(self.thresholds.size),
-                    "count-scale": float(config.count_scale),
+                    "max-rows": int(config.max_rows),
                     "n-splits": int(self.n_splits),
                     "party-index": index,
                     "n-parties": len(participants),
                     "nonce": nonce,
-                    "holder-public-key": holder_pk,
+                    "holder-public-key": holder_key.key,
+                    "holder-signer": holder_key.signer,
+                    "holder-signature": holder_key.signature,
                     "metrics-threshold": float(metrics_threshold),
                 },
             )
@@ -311,7 +358,8 @@ class FHEAUCPhase:
 
         def check(data: bytes, expected: int) -> bytes:
             for blob in unpack_blobs(data, expected=expected):
-                ctx.deserialize_ciphertext(blob)  # envelope, key set and native format
+                # envelope, key set and native format; then slot count, level and scale
+                ctx.check_fresh(ctx.deserialize_ciphertext(blob))
             return data
 
         def parse(node: int, reply: RecordDict):
@@ -402,8 +450,8 @@ class FHEAUCPhase:
         # 1. public keys
         keys = self.collect_public_keys(grid, nodes, session, failed)
         self._require(keys, failed, "step 1 (public keys)")
-        total_bound = sum(b for _, b in keys.values())
-        config_kw = {"n_points": int(self.thresholds.size), "count_scale": suggest_count_scale(max(total_bound, 1))}
+        total_bound = sum(v[1] for v in keys.values())
+        config_kw = {"n_points": int(self.thresholds.size), "max_rows": max(int(total_bound), 1)}
         config: FHEAUCConfig = (MaliciousAUCConfig(n_splits=self.n_splits, **config_kw)
                                 if self.protocol == "malicious" else FHEAUCConfig(**config_kw))
 
@@ -413,12 +461,12 @@ class FHEAUCPhase:
         while setup is None:
             self._require(candidates, failed, "step 2 (key holder)")
             holder = secrets.choice(candidates)
-            peers = {n: keys[n][0] for n in candidates if n != holder}
-            setup = self.setup_keys(grid, holder, peers, session, failed)
+            peers = {n: keys[n][2] for n in candidates if n != holder}
+            setup = self.setup_keys(grid, holder, peers, session, failed, holder_pk=keys[holder][0])
             candidates.remove(holder)
             if setup is not None:
                 candidates.append(holder)
-        ctx, self.public_context_bytes, bundles = setup
+        ctx, self.public_context_bytes, bundles, holder_key = setup
         participants = sorted(n for n in candidates if n == holder or n in bundles)
         for n in candidates:
             if n not in participants:
@@ -432,7 +480,7 @@ class FHEAUCPhase:
             self._require(participants, failed, "step 4 (encrypted counts)")
             attempts += 1
             valid, _ = self.collect_counts(grid, arrays, ctx, participants, bundles, holder,
-                                           keys[holder][0], session, config, failed)
+                                           holder_key, session, config, failed)
             if len(valid) == len(participants) or self.protocol == "semi-honest":
                 participants = sorted(valid)
                 break
@@ -475,6 +523,7 @@ class FHEAUCPhase:
             "variant": self.protocol,
             "backend": self.backend,
             "num_decision_points": int(self.thresholds.size),
+            "max_rows": int(config.max_rows),
             "count_scale": float(config.count_scale),
             "key_holder": int(holder),
             "public_context_bytes": len(self.public_context_bytes or b""),
@@ -486,10 +535,12 @@ class FHEAUCPhase:
         }
         if self.protocol == "malicious":
             details["n_splits"] = self.n_splits
-        auc = math.nan
+        auc = bound = math.nan
         if self.share_auc_with_server and shared:
             values = np.array([r["auc"] for r in shared.values()])
             auc = float(np.median(values))
+            bounds = [r["resolution-bound"] for r in shared.values() if "resolution-bound" in r]
+            bound = float(np.median(bounds)) if bounds else math.nan
             if values.max() - values.min() > _REPORT_SPREAD:
                 log(WARNING, "FHE AUC phase: client reports differ by %.3g: %s", values.max() - values.min(),
                     {n: r["auc"] for n, r in shared.items()})
@@ -526,4 +577,5 @@ class FHEAUCPhase:
             failed=dict(failed),
             method=self.method,
             details=details,
+            resolution_bound=bound,
         )

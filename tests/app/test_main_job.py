@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod

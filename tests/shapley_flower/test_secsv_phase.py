@@ -10,7 +10,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.clients.shapley_handlers import (
     linear_model_matrix,
