@@ -13,8 +13,9 @@ seed, same total number of epochs:
 * ``he``: ``XMKFedAvg`` (xMK-CKKS secure aggregation).
 
 Both FL modes call ``strategy.start(...)`` (the strategy of the main job,
-``make_strategy``) over the serializing in-process grid with the main job's
-ClientApp; only the strategy differs. Reported per run:
+``make_strategy``) over the serializing in-process grid
+(:class:`flwr_fedeval.testing.InProcessGrid`) with the main job's ClientApp;
+only the strategy differs. Reported per run:
 
 * accuracy, precision, recall, F1 of the positive class at threshold 0.5
   (scikit-learn) on the pooled client test splits (FL: final global model;
@@ -22,8 +23,8 @@ ClientApp; only the strategy differs. Reported per run:
 * wall and CPU time per run and per FL round (all clients run one after the
   other in this process), an estimate with clients in parallel (server time +
   the slowest client of every message batch), the HE/plain ratios, and the
-  HE strategy's own step times (``XMKFedAvg.step_times``) minus the client
-  calls inside them;
+  time of each xMK-CKKS protocol step (``XMKFedAvg.timer``) minus the client
+  calls inside it;
 * memory: ``tracemalloc`` peaks (Python and numpy; TensorFlow's buffers are
   not seen) of the largest ClientApp call and of the server code between
   client calls, and the process peak RSS (``resource``, includes TensorFlow);
@@ -67,16 +68,10 @@ MODES = ("local", "plain", "he")
 MODE_LABEL = {"local": "Local", "plain": "Plain FL", "he": "HE FL (xMK-CKKS)"}
 METRIC_KEYS = ("accuracy", "precision", "recall", "f1")
 MB = 2.0**20
-
-
-def grid_class():
-    """The serializing in-process grid (public as ``flwr_fedeval.testing`` once that lands)."""
-    try:
-        from flwr_fedeval.testing import InProcessGrid
-    except ImportError:  # until then: the test helper of this repository
-        sys.path.insert(0, str(REPO / "tests"))
-        from inprocess_grid import InProcessGrid
-    return InProcessGrid
+#: XMKFedAvg protocol steps (``timer`` names) -> the client calls that run inside them here.
+HE_STEPS = ("step 1 (key generation)", "step 2 (sum of the encrypted updates)", "step 3 (partial decryption)",
+            "step 4 (decoding)")
+CLIENT_CALLS_IN_STEP = {HE_STEPS[0]: "query.xmk_keygen", HE_STEPS[2]: "query.xmk_pdec"}
 
 
 # --------------------------------------------------------------------------- metrics
@@ -107,10 +102,17 @@ def summarize(per_client: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]
 
 
 class Meter:
-    """Times and tracemalloc peaks of ClientApp calls and of the server code between them."""
+    """Times and tracemalloc peaks of ClientApp calls and of the server code between them.
+
+    Per FL round (between two ``evaluate_fn`` calls of the strategy): wall and
+    CPU time, the client calls by message type, the slowest client of every
+    message batch, and the strategy's own step timings (``timer.timings`` of
+    :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg`) added in the round.
+    """
 
     def __init__(self, trace: bool) -> None:
         self.trace = trace
+        self.timer = None  # the strategy's StepTimer, if it has one
         self.rounds: list[dict[str, Any]] = []
         self.cur: dict[str, Any] | None = None
         self.batch: list[float] | None = None
@@ -151,14 +153,18 @@ class Meter:
     def round_boundary(self, last: bool) -> None:
         """End the current FL round (if any) and start the next one unless ``last``."""
         now, cpu = time.perf_counter(), time.process_time()
+        timings = self.timer.timings if self.timer is not None else []
         if self.cur is not None:
             c = self.cur
             c["wall_s"], c["cpu_s"] = now - c.pop("t0"), cpu - c.pop("c0")
             c["parallel_est_s"] = c["wall_s"] - c["client_wall_s"] + sum(c.pop("batch_max"))
             c["round"] = len(self.rounds) + 1
+            c["strategy_steps_s"] = {}
+            for name, seconds in timings[c.pop("timings_start"):]:
+                c["strategy_steps_s"][name] = c["strategy_steps_s"].get(name, 0.0) + seconds
             self.rounds.append(c)
         self.cur = None if last else {"t0": now, "c0": cpu, "client_wall_s": 0.0, "client_cpu_s": 0.0,
-                                      "batch_max": [], "client_calls": {}}
+                                      "batch_max": [], "client_calls": {}, "timings_start": len(timings)}
 
     def memory(self) -> dict[str, float | None]:
         self.server_peak = max(self.server_peak, self._peak_since_reset() - self._base)
@@ -209,13 +215,14 @@ def run_fl(cfg, n: int, mode: str, meter: Meter, run_dir: Path, progress) -> dic
     from flwr_fedeval.app.client_app import app as client_app
     from flwr_fedeval.app.server_app import make_strategy
     from flwr_fedeval.app.task import build_model
+    from flwr_fedeval.testing import InProcessGrid
 
     tag = f"{mode}-n{n}"
 
     def measured_app(msg, context):
         return meter.client_call(lambda: client_app(msg, context), msg.metadata.message_type)
 
-    class BatchGrid(grid_class()):
+    class BatchGrid(InProcessGrid):
         """Marks each batch of messages (for the clients-in-parallel estimate)."""
 
         def push_messages(self, messages):
@@ -244,26 +251,24 @@ def run_fl(cfg, n: int, mode: str, meter: Meter, run_dir: Path, progress) -> dic
 
     grid = BatchGrid(measured_app, n, cfg.as_dict(), fault=keep_round1_client_models)
     strategy = make_strategy(cfg)
+    meter.timer = getattr(strategy, "timer", None)
     t0, c0 = time.perf_counter(), time.process_time()
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(build_model(cfg).get_weights()),
                             num_rounds=cfg.num_server_rounds,
                             train_config=ConfigRecord({"local-epochs": cfg.local_epochs}), evaluate_fn=snapshot)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     bar.close()
-    steps = [vars(t) for t in getattr(strategy, "step_times", [])]
-    for r in meter.rounds:  # HE: server-side seconds of each strategy step, client calls inside it removed
-        inside = {"configure_train": ("query.xmk_keygen",), "aggregate_train": ("query.xmk_pdec",)}
-        for s in steps:
-            if s["server_round"] == r["round"]:
-                clients = sum(r["client_calls"].get(k, {}).get("wall_s", 0.0) for k in inside.get(s["step"], ()))
-                r.setdefault("server_steps_s", {})[s["step"]] = s["wall_s"] - clients
+    for r in meter.rounds:  # HE: server-side seconds of each protocol step (the client calls inside it removed)
+        calls = r["client_calls"]
+        r["server_steps_s"] = {name: seconds - calls.get(CLIENT_CALLS_IN_STEP.get(name), {}).get("wall_s", 0.0)
+                               for name, seconds in r["strategy_steps_s"].items()}
     return {"wall_s": wall, "cpu_s": cpu, "rounds": meter.rounds,
             "rounds_wall_s": sum(r["wall_s"] for r in meter.rounds),
             "parallel_est_s": sum(r["parallel_est_s"] for r in meter.rounds),
             "rounds_completed": sorted(int(k) for k in result.train_metrics_clientapp),
             "aborted_attempts": [{"round": r, "step": e.step, "failed": {str(k): v for k, v in e.failed.items()}}
                                  for r, e in getattr(strategy, "aborted_attempts", [])],
-            "step_times": steps, "bytes_up": int(sum(grid.bytes_up.values())),
+            "bytes_up": int(sum(grid.bytes_up.values())),
             "bytes_down": int(sum(grid.bytes_down.values()))}
 
 
@@ -400,11 +405,13 @@ def markdown(rows, rat, det, he_steps, settings) -> str:
                         f"{q['accuracy_points']:+.2f}", f"{q['f1_points']:+.2f}"] for n, q in rat.items()],
                       align="rrrrrr")]
     if he_steps:
-        lines += ["", "HE server steps per round (`XMKFedAvg.step_times` minus the client calls inside them; "
-                  "mean over rounds, wall s):", "", markdown_table(
-                      ["clients", "configure_train (key set)", "aggregate_train (sum, decrypt, decode)",
-                       "client train call (incl. encryption)", "client partial decryption"],
-                      [[n, *(fmt(v, ".2f") for v in vals)] for n, vals in he_steps.items()], align="rrrrr")]
+        lines += ["", "xMK-CKKS steps per round, wall s, mean over rounds: server side of each protocol step "
+                  "(`XMKFedAvg.timer`, the client calls inside it removed) and one client's calls:", "",
+                  markdown_table(["clients", "server: key generation", "server: sum", "server: partial decryption",
+                                  "server: decoding", "client: train (incl. encryption)",
+                                  "client: partial decryption"],
+                                 [[n, *(fmt(v, ".2f") for v in vals)] for n, vals in he_steps.items()],
+                                 align="rrrrrrr")]
     if det:
         lines += ["", "Determinism (max |difference| per weight of the global models; exact64 = float64 weighted "
                   "mean of the plain run's round-1 client models, which the HE run trains identically):", "",
@@ -433,8 +440,7 @@ def he_step_means(runs: dict[tuple[str, int], dict]) -> dict[int, list[float | N
             return lambda x: (x["client_calls"][kind]["wall_s"] / x["client_calls"][kind]["n"]
                               if kind in x["client_calls"] else None)
 
-        out[n] = [mean(lambda x: x.get("server_steps_s", {}).get("configure_train")),
-                  mean(lambda x: x.get("server_steps_s", {}).get("aggregate_train")),
+        out[n] = [*(mean(lambda x, step=step: x.get("server_steps_s", {}).get(step)) for step in HE_STEPS),
                   mean(per_call("train")), mean(per_call("query.xmk_pdec"))]
     return out
 
@@ -449,7 +455,7 @@ def plot(rows):
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     by = {(r["mode"], r["clients"]): r for r in rows}
     panels = [("pooled_accuracy", "accuracy (pooled test)"), ("pooled_f1", "F1, covid (pooled test)"),
-              ("round_wall_s", "mean FL round wall time (s)")]
+              ("round_cpu_s", "mean FL round CPU time (s)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(10, 3.2))
     width = 0.8 / len(modes)
     colors = {"local": "#999999", "plain": "#1f77b4", "he": "#d62728"}
@@ -461,8 +467,8 @@ def plot(rows):
         ax.set_xticks(np.arange(len(ns)), [str(n) for n in ns])
         ax.set_xlabel("clients")
         ax.set_title(title, fontsize=9)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     return fig
 
 
