@@ -125,6 +125,18 @@ class CKKSParams:
     ~1e-6 after mask, too coarse for the 1e-6 AUC target).
     Default OpenFHE set (the paper's): ``n = 2^14``, Δ = 2^50, first modulus
     60 bits, ``HEStd_128_classic``, depth 3 (2 used + 1 spare).
+
+    Raises
+    ------
+    ValueError
+        If ``backend`` is unknown; ``poly_modulus_degree`` is not a power of
+        two in [1024, 32768]; ``scale_bits`` is outside [20, 59]; for
+        TenSEAL, fewer than 4 primes are given, their bit sizes sum above the
+        128-bit bound of ``n`` (HomomorphicEncryption.org standard, ternary
+        secret: 27/54/109/218/438/881 bits for n = 2^10…2^15), or a
+        ``batch_size`` is set; for OpenFHE, ``batch_size`` is neither 0 nor a
+        power of two in [2, n/2], or ``mult_depth < 2``. (OpenFHE checks the
+        security level of its own moduli when the context is created.)
     """
 
     backend: str = "tenseal"

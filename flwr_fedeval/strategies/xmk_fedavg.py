@@ -8,7 +8,6 @@ only the sum of the clients' encrypted, example-weighted updates and
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from flwr_fedeval.messages import (
     bytes_to_array,
 )
 
-__all__ = ["RoundAborted", "StepTime", "XMKFedAvg"]
+__all__ = ["RoundAborted", "XMKFedAvg"]
 
 REKEY_CHOICES = ("every-round", "per-client-set")
 #: Default parameter set (the protocol layer's): n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
@@ -50,35 +49,6 @@ class RoundAborted(RuntimeError):
         self.failed = failed
         detail = "; ".join(f"node {n}: {r}" for n, r in failed.items())
         super().__init__(f"{step} failed for {len(failed)} node(s): {detail}")
-
-
-@dataclass(frozen=True)
-class StepTime:
-    """Duration of one strategy step (``configure_train`` or ``aggregate_train``) of one round.
-
-    ``wall_s`` and ``cpu_s`` (this process, all threads) are seconds and include
-    waiting for the clients' replies (and their work, when they run in-process).
-    """
-
-    server_round: int
-    step: str
-    wall_s: float
-    cpu_s: float
-
-
-def _timed(method):
-    """Append a :class:`StepTime` of every call of a strategy step to ``self.step_times``."""
-
-    @functools.wraps(method)
-    def wrapper(self, server_round, *args, **kwargs):
-        t0, c0 = time.perf_counter(), time.process_time()
-        try:
-            return method(self, server_round, *args, **kwargs)
-        finally:
-            self.step_times.append(StepTime(server_round, method.__name__, time.perf_counter() - t0,
-                                            time.process_time() - c0))
-
-    return wrapper
 
 
 @dataclass
@@ -143,6 +113,32 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         ``min_train_nodes``, ``min_available_nodes``, ...).
         ``min_train_nodes`` (default 2) is also the fewest clients a key set
         may have; it is raised to 2 if lower.
+
+    Attributes
+    ----------
+    aborted_attempts : list of (int, RoundAborted)
+        Every aborted attempt with its round; the reason per node is in
+        ``RoundAborted.failed``.
+    timer : StepTimer
+        ``timer.timings``: ``(step, seconds)`` of every protocol step run so
+        far (key generation, sum, partial decryption, decoding; waits for the
+        clients' replies included), in order; each is also logged at INFO.
+
+    Raises
+    ------
+    ValueError
+        At construction: ``parameter_set`` is unknown or weaker than the
+        128-bit HomomorphicEncryption.org bound, ``max_abs_value`` is not a
+        finite number ≥ 1, ``rekey`` is not one of its choices, or
+        ``max_attempts < 1``.
+    flwr_fedeval.rlwe.NoiseBudgetError
+        From ``configure_train``/``aggregate_train`` (and so from ``start``):
+        ``scale_bits`` (or, when unset, any scale) does not fit the noise
+        budget for the number of clients and ``max_abs_value`` (see
+        :meth:`scale_bits_for`).
+        A failed or malformed client reply never raises: the attempt aborts
+        (:class:`RoundAborted`, recorded in ``aborted_attempts``), the round
+        is re-keyed and re-run, or left unchanged.
     """
 
     def __init__(
@@ -179,8 +175,6 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         self._key_cache: dict[tuple[int, ...], _KeySet] = {}
         #: Every aborted attempt, for logs and tests: (round, RoundAborted).
         self.aborted_attempts: list[tuple[int, RoundAborted]] = []
-        #: Duration of every configure_train/aggregate_train call, in call order.
-        self.step_times: list[StepTime] = []
 
     # ------------------------------------------------------------------ info
     def summary(self) -> None:
@@ -208,7 +202,6 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         return self.scale_bits
 
     # ------------------------------------------------------------ training
-    @_timed
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -224,7 +217,6 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             self._record_abort(exc)
             return []
 
-    @_timed
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -113,12 +113,13 @@ def test_two_rounds_with_per_client_set_rekey_reuses_keys():
     assert shapes_init  # initial weights untouched
 
 
-def test_step_times_record_every_configure_and_aggregate_call():
+def test_timer_records_each_protocol_step_of_each_round():
     strategy = _strategy(3)
     _run(InProcessGrid(make_app(), 3), strategy, rounds=2)
-    assert [(t.server_round, t.step) for t in strategy.step_times] == [
-        (1, "configure_train"), (1, "aggregate_train"), (2, "configure_train"), (2, "aggregate_train")]
-    assert all(t.wall_s > 0 and t.cpu_s >= 0 for t in strategy.step_times)
+    steps = ["step 1 (key generation)", "step 2 (sum of the encrypted updates)", "step 3 (partial decryption)",
+             "step 4 (decoding)"]
+    assert [name for name, _ in strategy.timer.timings] == steps * 2
+    assert all(seconds > 0 for _, seconds in strategy.timer.timings)
 
 
 @pytest.mark.parametrize("step", ["query.xmk_keygen", "train", "query.xmk_pdec"])
