@@ -90,10 +90,10 @@ def bench_point(keys: _Keys, setting: str, m: int, n: int, s: int, repeats: int)
     from flwr_fedeval.metrics.auc import auc_from_counts
 
     counts = _counts(m, n, seed=1000 * m + n)
-    scale = fa.suggest_count_scale(80 * m)
+    rows = 120 * m  # public bound: every client has at most 120 test rows
     if setting == "semi-honest":
-        client, server, pub_len, sec_len = keys.get(n + 1)
-        cfg = fa.FHEAUCConfig(n_points=n, count_scale=scale)
+        client, server, pub_len, sec_len = keys.get(n + 2)
+        cfg = fa.FHEAUCConfig(n_points=n, max_rows=rows)
 
         def encrypt(i):
             return fa.client_encrypt_counts(client, counts[i], config=cfg)
@@ -105,7 +105,7 @@ def bench_point(keys: _Keys, setting: str, m: int, n: int, s: int, repeats: int)
             return fa.client_decrypt_auc(client, res, config=cfg).auc
     else:
         client, server, pub_len, sec_len = keys.get(am.required_slots(n, s))
-        cfg = am.MaliciousAUCConfig(n_points=n, count_scale=scale, n_splits=s)
+        cfg = am.MaliciousAUCConfig(n_points=n, max_rows=rows, n_splits=s)
         seed = am.new_seed()
 
         def encrypt(i):

@@ -15,7 +15,7 @@ both server options (``no-clip`` = the FHE paper's numbers, ``clip-sort`` = the
 DPAUC authors' code). 15 clients, IID and label-Dirichlet(``--alpha``)
 partitions. One CKKS key set serves every row (it has enough slots for the
 largest N; key generation is the slow part). The public count scale is what
-the FHE phase uses: ``suggest_count_scale`` of the sum of the clients'
+the FHE phase uses: the count scale derived from the sum of the clients'
 power-of-two test-size buckets. CKKS backend: ``FHE_BACKEND`` (default tenseal).
 
 Scores: standardised logistic regression trained on 10^4 random rows; the
@@ -93,7 +93,7 @@ class FHEKeys:
         t0 = time.perf_counter()
         bound = sum(0 if n <= 0 else 1 << (int(n) - 1).bit_length() for n in client_sizes)  # as the clients report
         cfg = fhe_auc.FHEAUCConfig(n_points=int(counts[0].tp.size),
-                                   count_scale=fhe_auc.suggest_count_scale(max(bound, 1)))
+                                   max_rows=max(int(bound), 1))
         msgs = [fhe_auc.client_encrypt_counts(self.client, c, config=cfg) for c in counts]
         result = fhe_auc.aggregate_auc(self.server, msgs, config=cfg)
         value = fhe_auc.client_decrypt_auc(self.client, result, config=cfg).auc
@@ -158,7 +158,7 @@ def _markdown(rows: list[dict], ref_rows: list[dict], args, keys: FHEKeys, stats
         f"{' and '.join(spacings)}. FHE = semi-honest protocol (`flwr_fedeval.fhe.auc`) run end to end, one evaluation "
         f"per row, backend `{keys.params.backend}` (n = {keys.params.poly_modulus_degree}, {keys.params.slot_count} "
         f"slots, one key set for all rows, key generation {keys.keygen_seconds:.1f} s); count scale K = "
-        "`suggest_count_scale` of the clients' power-of-two size buckets. `|FHE−plain|` is the CKKS error; "
+        "the count scale derived from the sum of the clients' power-of-two size buckets. `|FHE−plain|` is the CKKS error; "
         f"`|FHE−skl|` is the error against sklearn (target ≤ {TARGET:g}, **bold** where missed); `½q` is its "
         "bound from the trapezoid alone (q = fraction of positive–negative pairs between the same two decision "
         "points). "
