@@ -25,6 +25,8 @@ def test_main_job_runs_and_federated_auc_matches_pooled_reference(tmp_path):
     assert result["num_test_samples"] > 100
     assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.01
     assert result["federated_auc"] > 0.8  # training did something
+    assert 0 <= result["resolution_bound"] <= 0.5
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= result["resolution_bound"] + 1e-9
     assert set(result["train_metrics"]) == {"1", "2"}
     # every node took part in train (2 rounds), evaluate (2) and the AUC phase
     for node in grid.node_ids:
