@@ -14,6 +14,13 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p "$FLWR_HOME"
 
+# Node identities (issue 12): one signing key per simulated node and the roster, made once
+# per node count; the FHE AUC and SecSV phases refuse to run without them.
+IDS="$ROOT/.fedeval-ids/$NUM_SUPERNODES"
+if [ ! -f "$IDS/roster.json" ]; then
+  python -m flwr_fedeval.keys create --out "$IDS" --nodes "$NUM_SUPERNODES" >/dev/null
+fi
+
 stop_superlink() {
   # The local SuperLink started by `flwr run` keeps running after the run;
   # stop it unless it was already running (another run of ours still uses it).
@@ -25,7 +32,7 @@ ALREADY_RUNNING=0
 pgrep -f "flower-superlink.*$FLWR_HOME" >/dev/null 2>&1 && ALREADY_RUNNING=1
 trap stop_superlink EXIT
 
-overrides="output-dir='$ROOT/outputs'"
+overrides="output-dir='$ROOT/outputs' identity-dir='$IDS'"
 for extra in "$@"; do overrides="$overrides $extra"; done
 log=$(mktemp)
 trap 'rm -f "$log"; stop_superlink' EXIT

@@ -16,6 +16,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_fedeval.app.harness import pooled_reference_auc, score_histogram, write_fsv_chart, write_results
 from flwr_fedeval.app.task import JobConfig, build_model
+from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.metrics.auc import roc_points
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
@@ -77,11 +78,21 @@ def _log_threshold_metrics(details: dict, y_true, y_score) -> dict | None:
 def main(grid: Grid, context: Context) -> None:
     """Train with FedAvg for ``num-server-rounds``, then run the AUC phase."""
     cfg = JobConfig.from_run_config(dict(context.run_config))
+    # Secure phases need node identities (issue 12): refuse before round 1 without a roster.
+    roster = server_roster(dict(context.run_config))
+    secure = [k for k, on in (("auc-method = 'fhe'", cfg.auc_method == "fhe"),
+                              (f"shapley = '{cfg.shapley}'", cfg.shapley != "none")) if on]
+    if secure and roster is None:
+        raise ValueError(f"{' and '.join(secure)} need node identities and a roster: set run config "
+                         f"'identity-dir' (simulation) or 'fedeval-roster' (the ServerApp's copy of the roster); "
+                         f"every node: {CONFIG_HELP}")
     t_start = time.perf_counter()
     initial = ArrayRecord(build_model(cfg).get_weights())
     # Nodes with fedeval-role = "shapley-aux" (the auxiliary server A of the Shapley
     # phase) hold no data: they stay out of training and of the AUC phase.
-    roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none")
+    refused: dict[int, str] = {}
+    roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none", roster=roster,
+                           refused=refused)
     auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
     if cfg.shapley != "none" and len(auxes) != 1:
         raise ValueError(
@@ -92,7 +103,10 @@ def main(grid: Grid, context: Context) -> None:
     if auxes:
         log(INFO, "Node(s) %s: auxiliary server of the Shapley phase; %d data clients", auxes,
             len(roles) - len(auxes))
-        grid = NodeSubsetGrid(grid, auxes)
+    if refused:
+        log(INFO, "Node(s) %s refused (not in the roster): left out of training and every phase", sorted(refused))
+    if auxes or refused:
+        grid = NodeSubsetGrid(grid, auxes + sorted(refused))
 
     strategy = make_strategy(cfg)
     result = strategy.start(
@@ -116,7 +130,7 @@ def main(grid: Grid, context: Context) -> None:
         )
     t_train = time.perf_counter() - t_start
 
-    auc_result = make_auc_phase(cfg).run(grid, result.arrays)
+    auc_result = make_auc_phase(cfg, roster).run(grid, result.arrays)
     shapley = None
     if aux_node is not None:
         t_sv = time.perf_counter()
@@ -128,6 +142,7 @@ def main(grid: Grid, context: Context) -> None:
             model_frac_bits=cfg.shapley_frac_bits,
             min_nodes=max(2, cfg.min_nodes),
             timeout=cfg.step_timeout,
+            roster=roster,
         ).run(grid, clients=grid.get_node_ids(), aux_node=aux_node)
         t_sv = time.perf_counter() - t_sv
 
@@ -181,6 +196,7 @@ def main(grid: Grid, context: Context) -> None:
             "reference_roc_auc_score": ref_auc,
             "num_clients": len(auc_result.contributors),
             "failed_nodes": auc_result.failed,
+            **({"refused_nodes": {str(k): v for k, v in refused.items()}} if refused else {}),
             **({"reference_threshold_metrics": ref_threshold_metrics} if ref_threshold_metrics else {}),
             "num_test_samples": int(y_true.size),
             "reference_score_histogram": score_histogram(y_true, y_score),

@@ -206,3 +206,38 @@ def test_node_outside_the_roster_is_left_out_by_a_server_with_the_roster(tmp_pat
     assert intruder not in result.contributors and "unknown signer 'intruder'" in result.failed[intruder]
     assert abs(result.auc - _plain_auc(grid, arrays, grid.node_ids[:3])) <= 1e-6
     assert np.isfinite(result.auc)
+
+
+def test_role_discovery_with_a_roster_refuses_nodes_outside_it(tmp_path):
+    from flwr_fedeval.strategies.shapley_phase import discover_roles
+
+    create(tmp_path, ["intruder"])
+    configs = [{"partition-id": i, "num-partitions": 4} for i in range(2)] + [
+        {"partition-id": 2, "num-partitions": 4, "fedeval-identity-key": str(tmp_path / "intruder.key"),
+         "fedeval-roster": str(tmp_path / "roster.json")},
+        {"partition-id": 3, "num-partitions": 4, "fedeval-identity-key": "", "fedeval-roster": ""}]
+    grid = InProcessGrid(client_app, 4, {"identity-dir": IDENTITY_DIR}, node_configs=configs)
+    configs[3]["partition-id"] = 3
+    grid.contexts[grid.node_ids[3]].run_config["identity-dir"] = ""          # this node has no identity at all
+    refused: dict[int, str] = {}
+    roles = discover_roles(grid, roster=Roster.load(ROSTER_PATH), refused=refused)
+    assert sorted(roles) == sorted(grid.node_ids[:2])
+    assert "unknown signer 'intruder'" in refused[grid.node_ids[2]]
+    assert "identity-dir" in refused[grid.node_ids[3]]
+    # without a roster nobody is refused
+    assert sorted(discover_roles(grid)) == sorted(grid.node_ids)
+
+
+def test_main_job_refuses_secure_phases_without_a_roster_before_training(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    from flwr_fedeval.app import server_app
+
+    for run_config in ({"auc-method": "fhe"}, {"shapley": "secsv", "model": "logreg"}):
+        grid = InProcessGrid(client_app, 2, run_config)
+        ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={**run_config, "output-dir": str(tmp_path)})
+        with pytest.raises(ValueError, match="identity-dir") as info:
+            server_app.main(grid, ctx)
+        assert "fedeval-roster" in str(info.value)
+        assert grid.log == []                     # refused before any message
