@@ -77,7 +77,7 @@ def _op_costs(repeats: int) -> dict:
 def _phase(n_clients: int, n_points: int) -> dict:
     from flwr.app import ArrayRecord, Context, Message
     from flwr.clientapp import ClientApp
-    from inprocess_grid import InProcessGrid
+    from flwr_fedeval.testing import InProcessGrid
 
     from flwr_fedeval import identity
     from flwr_fedeval.clients import fhe_handlers

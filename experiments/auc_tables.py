@@ -27,8 +27,9 @@ row (it includes the training rows, which does not matter for comparing AUC
 larger N, to show where the 1e-3 target against sklearn is reachable.
 
 Writes ``experiments/results/auc_tables.{csv,md,png}`` (and
-``auc_tables_reference.csv``).
-Usage: ``python experiments/auc_tables.py [--runs 100] [--spacing both] [--data ../shared/data/bank-marketing/bank-full.csv]``
+``auc_tables_reference.csv``); ``--docs`` also publishes the tables and the
+figure in ``docs/results.md`` (:func:`flwr_fedeval.reporting.publish`).
+Usage: ``python experiments/auc_tables.py [--runs 100] [--spacing both] [--data ../shared/data/bank-marketing/bank-full.csv] [--docs]``
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -49,6 +51,7 @@ from flwr_fedeval.fhe import auc as fhe_auc  # noqa: E402
 from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context  # noqa: E402
 from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points, threshold_counts  # noqa: E402
 from flwr_fedeval.metrics.auc import auc_from_counts  # noqa: E402
+from flwr_fedeval.reporting import publish  # noqa: E402
 
 SIZES = (100, 1_000, 10_000, None)  # None = full data set
 N_POINTS = (25, 50, 100)
@@ -260,6 +263,8 @@ def main() -> None:
                     help="extra FHE/plaintext-only rows at this N (no DP) to show where the 1e-3 target is "
                          "reached; 0 = none")
     ap.add_argument("--out", default=str(REPO / "experiments" / "results"))
+    ap.add_argument("--docs", nargs="?", const=str(REPO / "docs"),
+                    help="also publish the tables and the figure in DOCS/results.md")
     args = ap.parse_args()
     spacings = SPACINGS if args.spacing == "both" else (args.spacing,)
 
@@ -285,56 +290,57 @@ def main() -> None:
     stats = {"neg_median": float(np.median(scores[y == 0])), "pos_median": float(np.median(scores[y == 1])),
              "frac_logit7": float(np.mean(np.abs(logit) <= 7))}
     rows, ref_rows = [], []
-    for partition_name, dirichlet in (("iid", None), (f"dirichlet{args.alpha:g}", args.alpha)):
-        for size in SIZES:
-            test = np.arange(y.size) if size is None else rng.choice(rest, size, replace=False)
-            yt, st = y[test], scores[test]
-            parts = partition(yt, args.clients, np.random.RandomState(1), dirichlet)
-            sk = roc_auc_score(yt, st)
-            tf = tf_auc(yt, st)
-            for spacing in spacings:
-                for n_points in N_POINTS:
-                    theta = decision_points(n_points, spacing=spacing)
-                    counts = [threshold_counts(yt[p], st[p], theta) for p in parts]
-                    plain = auc_from_counts(sum(counts[1:], counts[0]))
-                    fhe, scale, fhe_s = keys.auc(counts, [p.size for p in parts])
-                    row = {"partition": partition_name, "spacing": spacing, "test_size": int(yt.size),
-                           "N": n_points, "positives": int(yt.sum()), "sklearn": sk, "tf_keras_1000": tf,
-                           "plaintext": plain, "fhe": fhe, "fhe_minus_plain_abs": _err(fhe, plain),
-                           "fhe_minus_sklearn_abs": _err(fhe, sk), "plain_minus_sklearn_abs": _err(plain, sk),
-                           "same_bin_pair_frac": same_bin_pair_fraction(yt, st, theta),
-                           "fhe_count_scale": scale, "fhe_seconds": fhe_s}
-                    for eps in EPSILONS:
-                        params = DPAUCLaplaceParams(eps, n_points)
-                        vals = {c: [] for c in CLIPPINGS}
-                        for run in range(args.runs):
-                            noisy = [dpauc_laplace_client(c, params, random_state=(run * 1000 + k) * 7 + int(eps))
-                                     for k, c in enumerate(counts)]
-                            for c in CLIPPINGS:
-                                vals[c].append(dpauc_laplace_server(noisy, clipping=c, epsilon=eps).auc)
+    cells = [(name, dirichlet, size) for name, dirichlet in (("iid", None), (f"dirichlet{args.alpha:g}", args.alpha))
+             for size in SIZES]
+    for partition_name, dirichlet, size in tqdm(cells, desc="auc_tables", unit="test set"):
+        test = np.arange(y.size) if size is None else rng.choice(rest, size, replace=False)
+        yt, st = y[test], scores[test]
+        parts = partition(yt, args.clients, np.random.RandomState(1), dirichlet)
+        sk = roc_auc_score(yt, st)
+        tf = tf_auc(yt, st)
+        for spacing in spacings:
+            for n_points in N_POINTS:
+                theta = decision_points(n_points, spacing=spacing)
+                counts = [threshold_counts(yt[p], st[p], theta) for p in parts]
+                plain = auc_from_counts(sum(counts[1:], counts[0]))
+                fhe, scale, fhe_s = keys.auc(counts, [p.size for p in parts])
+                row = {"partition": partition_name, "spacing": spacing, "test_size": int(yt.size),
+                       "N": n_points, "positives": int(yt.sum()), "sklearn": sk, "tf_keras_1000": tf,
+                       "plaintext": plain, "fhe": fhe, "fhe_minus_plain_abs": _err(fhe, plain),
+                       "fhe_minus_sklearn_abs": _err(fhe, sk), "plain_minus_sklearn_abs": _err(plain, sk),
+                       "same_bin_pair_frac": same_bin_pair_fraction(yt, st, theta),
+                       "fhe_count_scale": scale, "fhe_seconds": fhe_s}
+                for eps in EPSILONS:
+                    params = DPAUCLaplaceParams(eps, n_points)
+                    vals = {c: [] for c in CLIPPINGS}
+                    for run in range(args.runs):
+                        noisy = [dpauc_laplace_client(c, params, random_state=(run * 1000 + k) * 7 + int(eps))
+                                 for k, c in enumerate(counts)]
                         for c in CLIPPINGS:
-                            v = np.asarray(vals[c])
-                            row[f"dpauc_eps{eps:g}_{c}_mean"] = float(np.nanmean(v))
-                            row[f"dpauc_eps{eps:g}_{c}_std"] = float(np.nanstd(v))
-                    rows.append(row)
-                    print(f"{partition_name:12s} {spacing:6s} size={yt.size:6d} N={n_points:3d} sklearn={sk:.4f} "
-                          f"plain={plain:.4f} fhe={fhe:.6f} (|fhe-plain|={row['fhe_minus_plain_abs']:.1e}, "
-                          f"{fhe_s:.2f} s) eps1 no-clip={row['dpauc_eps1_no-clip_mean']:.4g}"
-                          f"±{row['dpauc_eps1_no-clip_std']:.3g} eps8 clip={row['dpauc_eps8_clip-sort_mean']:.4f}"
-                          f"±{row['dpauc_eps8_clip-sort_std']:.3g}", flush=True)
-                if args.reference_n:
-                    theta = decision_points(args.reference_n, spacing=spacing)
-                    counts = [threshold_counts(yt[p], st[p], theta) for p in parts]
-                    plain = auc_from_counts(sum(counts[1:], counts[0]))
-                    fhe, scale, fhe_s = keys.auc(counts, [p.size for p in parts])
-                    ref_rows.append({"partition": partition_name, "spacing": spacing, "test_size": int(yt.size),
-                                     "N": args.reference_n, "sklearn": sk, "plaintext": plain, "fhe": fhe,
-                                     "fhe_minus_plain_abs": _err(fhe, plain), "fhe_minus_sklearn_abs": _err(fhe, sk),
-                                     "plain_minus_sklearn_abs": _err(plain, sk),
-                                     "same_bin_pair_frac": same_bin_pair_fraction(yt, st, theta),
-                                     "fhe_count_scale": scale, "fhe_seconds": fhe_s})
-                    print(f"{partition_name:12s} {spacing:6s} size={yt.size:6d} N={args.reference_n} (reference) "
-                          f"plain={plain:.6f} fhe={fhe:.6f} |fhe-sklearn|={_err(fhe, sk):.1e}", flush=True)
+                            vals[c].append(dpauc_laplace_server(noisy, clipping=c, epsilon=eps).auc)
+                    for c in CLIPPINGS:
+                        v = np.asarray(vals[c])
+                        row[f"dpauc_eps{eps:g}_{c}_mean"] = float(np.nanmean(v))
+                        row[f"dpauc_eps{eps:g}_{c}_std"] = float(np.nanstd(v))
+                rows.append(row)
+                tqdm.write(f"{partition_name:12s} {spacing:6s} size={yt.size:6d} N={n_points:3d} sklearn={sk:.4f} "
+                           f"plain={plain:.4f} fhe={fhe:.6f} (|fhe-plain|={row['fhe_minus_plain_abs']:.1e}, "
+                           f"{fhe_s:.2f} s) eps1 no-clip={row['dpauc_eps1_no-clip_mean']:.4g}"
+                           f"±{row['dpauc_eps1_no-clip_std']:.3g} eps8 clip={row['dpauc_eps8_clip-sort_mean']:.4f}"
+                           f"±{row['dpauc_eps8_clip-sort_std']:.3g}")
+            if args.reference_n:
+                theta = decision_points(args.reference_n, spacing=spacing)
+                counts = [threshold_counts(yt[p], st[p], theta) for p in parts]
+                plain = auc_from_counts(sum(counts[1:], counts[0]))
+                fhe, scale, fhe_s = keys.auc(counts, [p.size for p in parts])
+                ref_rows.append({"partition": partition_name, "spacing": spacing, "test_size": int(yt.size),
+                                 "N": args.reference_n, "sklearn": sk, "plaintext": plain, "fhe": fhe,
+                                 "fhe_minus_plain_abs": _err(fhe, plain), "fhe_minus_sklearn_abs": _err(fhe, sk),
+                                 "plain_minus_sklearn_abs": _err(plain, sk),
+                                 "same_bin_pair_frac": same_bin_pair_fraction(yt, st, theta),
+                                 "fhe_count_scale": scale, "fhe_seconds": fhe_s})
+                tqdm.write(f"{partition_name:12s} {spacing:6s} size={yt.size:6d} N={args.reference_n} (reference) "
+                           f"plain={plain:.6f} fhe={fhe:.6f} |fhe-sklearn|={_err(fhe, sk):.1e}")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -378,8 +384,14 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(out / "auc_tables.png", dpi=120)
     elapsed = time.time() - t_start
-    (out / "auc_tables.md").write_text(_markdown(rows, ref_rows, args, keys, stats, elapsed))
+    md = _markdown(rows, ref_rows, args, keys, stats, elapsed)
+    (out / "auc_tables.md").write_text(md)
     print(f"wrote {out}/auc_tables.csv, .md, .png in {elapsed:.0f} s")
+    if args.docs:
+        title, body = md.split("\n", 1)
+        body = body.replace("\n## ", "\n### ")  # subsections of the published section
+        print(f"published {publish('auc-tables', title.lstrip('# ') + ' (experiments/auc_tables.py)', body, docs_dir=args.docs, figures={'': fig})}")
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,15 @@ deployment engine's serialization.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from flwr_fedeval.fhe.counts import ConfusionCounts
 
 __all__ = [
+    "ReplyCode",
     "EVALUATE_THRESHOLD_COUNTS",
     "counts_to_record",
     "counts_from_record",
@@ -39,6 +42,33 @@ EVALUATE_FEDAUC_SCORES = "evaluate.fedauc_scores"
 #: FedAUC round 2: global ranks of those shuffled scores + DP parameters in,
 #: (localSum, localP, localN) out.
 EVALUATE_FEDAUC_STATS = "evaluate.fedauc_stats"
+
+
+class ReplyCode(IntEnum):
+    """Machine-readable codes of failures (``flwr.app.Error.code``).
+
+    Our client handlers send the first four in their error replies
+    (:func:`flwr_fedeval.clients.replies.error_reply`); the server assigns the
+    last two itself. The server classifies failures by these codes, never by
+    the reason text. They start at 1000 so that they never collide with
+    Flower's own ``flwr.common.constant.ErrorCode`` values (0-99), which the
+    engines use for errors they report (e.g. an exception a ClientApp raised).
+    """
+
+    #: The node will not serve the request (wrong session, missing state,
+    #: values out of the public bounds, malformed bytes, bad configuration).
+    REFUSED = 1000
+    #: The node's differential-privacy budget cannot pay for the request.
+    BUDGET_EXHAUSTED = 1001
+    #: A verification of the malicious FHE AUC protocol failed on the node.
+    TAMPERING_DETECTED = 1002
+    #: The pooled test data has a single class: the AUC is undefined.
+    UNDEFINED_AUC = 1003
+    #: (server) No reply within the step's timeout.
+    TIMEOUT = 1100
+    #: (server) The reply could not be parsed or failed the server's checks.
+    MALFORMED_REPLY = 1101
+
 
 _COUNT_FIELDS = ("tp", "fp", "tn", "fn")
 

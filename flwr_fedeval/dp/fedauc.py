@@ -177,7 +177,7 @@ class FedAUCLaplaceParams:
     sensitivity : {"local", "global"}, default="local"
         ``Δ_localSum``: ``"local"`` = the client's maximum rank (LocalLaplace,
         §5.2), ``"global"`` = ``M-1`` for every client (GlobalLaplace, Appendix N).
-    allocation : {"alpha", "orthogonal"}, default="alpha"
+    allocation : {"alpha", "orthogonal"}, default="orthogonal"
         ``"alpha"``: independent noise, ``ε_localSum = αε``,
         ``ε_localP = (1-α)ε`` (§5.2). ``"orthogonal"``: decomposition
         ``r = u′ + v′`` with ``⟨u,y⟩`` at ``βε`` and ``⟨v′,y⟩`` at ``(1-β)ε``
@@ -195,7 +195,7 @@ class FedAUCLaplaceParams:
     alpha: float
     beta: float | str
 
-    def __init__(self, epsilon: float, *, sensitivity: str = "local", allocation: str = "alpha",
+    def __init__(self, epsilon: float, *, sensitivity: str = "local", allocation: str = "orthogonal",
                  alpha: float = 0.5, beta: float | str = "adaptive"):
         epsilon = check_epsilon(epsilon)
         if sensitivity not in ("local", "global"):

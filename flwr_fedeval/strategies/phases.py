@@ -44,14 +44,8 @@ def _make_dp_phase(cfg: Any) -> Any:
         return dp_phases.DPAUCRRPhase(cfg.num_decision_points, spacing=cfg.decision_point_spacing, **common)
     if cfg.auc_method == "fedauc-rr":
         return dp_phases.FedAUCRRPhase(**common)
-    allocation = cfg.fedauc_allocation
-    return dp_phases.FedAUCLaplacePhase(
-        sensitivity=cfg.fedauc_sensitivity,
-        allocation="alpha" if allocation == "alpha" else "orthogonal",
-        alpha=cfg.fedauc_split if allocation == "alpha" else 0.5,
-        beta="adaptive" if allocation == "adaptive" else cfg.fedauc_split,
-        **common,
-    )
+    return dp_phases.FedAUCLaplacePhase(sensitivity=cfg.fedauc_sensitivity, allocation=cfg.fedauc_allocation,
+                                        alpha=cfg.fedauc_alpha, beta=cfg.fedauc_beta, **common)
 
 
 def _make_fhe_phase(cfg: Any, roster: Any = None) -> Any:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 from identities import IDENTITY_DIR
-from inprocess_grid import InProcessGrid
+
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app

@@ -15,7 +15,7 @@ import pytest
 import tenseal as ts
 from flwr.app import ArrayRecord
 from identities import IDENTITY_DIR, ROSTER_PATH
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval import keyshare
 from flwr_fedeval.app.client_app import app as client_app
@@ -138,7 +138,7 @@ def test_clients_refuse_a_substituted_key_holder(grid, arrays, how):
     else:   # a real client's key with its step-1 signature (role "client"), not a key holder's
         holder_key = keys[nodes[0]][2]
     failed: dict[int, str] = {}
-    config = FHEAUCConfig(n_points=N, count_scale=1024.0)
+    config = FHEAUCConfig(n_points=N, max_rows=1024)
     valid, _ = phase.collect_counts(grid, arrays, load_context(ckks.public_bytes()), nodes, bundles, holder=0,
                                     holder_key=holder_key, session=session, config=config, failed=failed)
     assert valid == {}                                   # no client encrypted anything under the server's key

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message, RecordDict
 from identities import IDENTITY_DIR
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
 from flwr_fedeval import keyshare
@@ -145,10 +145,10 @@ class _TamperingPhase(FHEAUCPhase):
 
     def aggregate(self, ctx, messages, config):
         if self.how == "swap-runs":
-            blobs = unpack_blobs(super().aggregate(ctx, messages, config), expected=4)
-            return pack_blobs([blobs[2], blobs[3], blobs[0], blobs[1]])
+            blobs = unpack_blobs(super().aggregate(ctx, messages, config), expected=6)
+            return pack_blobs([*blobs[3:], *blobs[:3]])
         # "add-constant": a fresh encryption (public key) added to client 0's X of run 0
-        blobs = unpack_blobs(messages[0], expected=4)
+        blobs = unpack_blobs(messages[0], expected=6)
         ct = ctx.add_many([ctx.deserialize_ciphertext(blobs[0]), ctx.encrypt([0.5] * ctx.slot_count)])
         altered = pack_blobs([ctx.serialize_ciphertext(ct), *blobs[1:]])
         return super().aggregate(ctx, [altered, *messages[1:]], config)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
@@ -111,6 +111,14 @@ def test_two_rounds_with_per_client_set_rekey_reuses_keys():
     expected = _plain_fedavg(w1_arrays, range(3), 2)
     assert np.max(np.abs(_flat(result.arrays.to_numpy_ndarrays()) - expected)) <= 2e-6
     assert shapes_init  # initial weights untouched
+
+
+def test_step_times_record_every_configure_and_aggregate_call():
+    strategy = _strategy(3)
+    _run(InProcessGrid(make_app(), 3), strategy, rounds=2)
+    assert [(t.server_round, t.step) for t in strategy.step_times] == [
+        (1, "configure_train"), (1, "aggregate_train"), (2, "configure_train"), (2, "aggregate_train")]
+    assert all(t.wall_s > 0 and t.cpu_s >= 0 for t in strategy.step_times)
 
 
 @pytest.mark.parametrize("step", ["query.xmk_keygen", "train", "query.xmk_pdec"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_secsv_phase import app, make_grid, train_two_rounds  # noqa: E402

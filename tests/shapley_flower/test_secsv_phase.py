@@ -11,7 +11,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 from identities import IDENTITY_DIR
-from inprocess_grid import InProcessGrid
+
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.clients.shapley_handlers import (
     linear_model_matrix,

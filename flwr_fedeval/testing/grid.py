@@ -1,0 +1,176 @@
+"""The serializing in-process Grid (see :mod:`flwr_fedeval.testing` for usage)."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.common.serde import (
+    context_from_proto,
+    context_to_proto,
+    message_from_proto,
+    message_to_proto,
+)
+from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=E0611
+from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=E0611
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+__all__ = ["Fault", "InProcessGrid"]
+
+#: ``fault(node_id, instruction, reply) -> reply | None``: return the reply
+#: (possibly altered) or ``None`` to drop it (the node times out).
+Fault = Callable[[int, Message, Message], "Message | None"]
+
+
+def _roundtrip_message(msg: Message) -> tuple[Message, int]:
+    data = message_to_proto(msg).SerializeToString()
+    proto = ProtoMessage()
+    proto.ParseFromString(data)
+    return message_from_proto(proto), len(data)
+
+
+def _roundtrip_context(ctx: Context) -> Context:
+    data = context_to_proto(ctx).SerializeToString()
+    proto = ProtoContext()
+    proto.ParseFromString(data)
+    return context_from_proto(proto)
+
+
+class InProcessGrid(Grid):
+    """Grid over ``num_nodes`` in-process nodes running ``client_app``, serializing every message.
+
+    ``send_and_receive`` delivers each instruction synchronously: the
+    instruction is serialized and parsed back (as the SuperLink would), the
+    ClientApp runs in this process with the node's ``Context`` (also
+    serialized and parsed back, before and after), and the reply goes through
+    the same round trip. An exception raised by the ClientApp becomes an
+    error reply with code ``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``, as in the
+    engines. ``timeout`` is ignored (there is no waiting); a dropped reply
+    (see ``fault``) is simply missing from the result, as a timed-out node's.
+
+    Node IDs are random unsigned 64-bit integers, half of them above the int64
+    range, as the deployment engine assigns them.
+
+    Parameters
+    ----------
+    client_app : flwr.clientapp.ClientApp
+    num_nodes : int
+    run_config : dict
+        The run config every node sees (kebab-case keys).
+    node_configs : list of dict, optional
+        Per-node config; default ``{"partition-id": i, "num-partitions": num_nodes}``.
+    fault : callable, optional
+        Hook to drop or alter replies (see :data:`Fault`); may also be set
+        later as ``grid.fault`` (e.g. once ``grid.node_ids`` are known).
+
+    Attributes
+    ----------
+    node_ids : list of int
+        The nodes' IDs, in partition order (``node_ids[i]`` has partition ``i``).
+    contexts : dict of int to flwr.app.Context
+        Each node's ``Context`` (its ``state`` persists across messages).
+    bytes_down, bytes_up : dict of int to int
+        Serialized bytes sent to / received from each node.
+    log : list of (node_id, message_type, ok)
+    """
+
+    def __init__(
+        self,
+        client_app: Any,
+        num_nodes: int,
+        run_config: dict | None = None,
+        *,
+        node_configs: list[dict] | None = None,
+        fault: Fault | None = None,
+    ) -> None:
+        self.client_app = client_app
+        self._run = Run.create_empty(run_id=1)
+        # The ServerApp process identity that Message() reads (set by the runtime in deployment).
+        TaskIdentity.run_id = 1
+        TaskIdentity.node_id = 1  # SUPERLINK_NODE_ID
+        TaskIdentity.task_id = 1
+        # Node IDs as the deployment engine assigns them: random unsigned 64-bit (half of
+        # them above the int64 range, so code that stores them in int64 arrays fails here too).
+        self.node_ids = [secrets.randbits(64) | (1 << 63) if i % 2 else secrets.randbits(63) + 1
+                         for i in range(num_nodes)]
+        node_configs = node_configs or [
+            {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
+        ]
+        self.contexts = {
+            nid: Context(
+                run_id=1,
+                node_id=nid,
+                node_config=dict(cfg),
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+            )
+            for nid, cfg in zip(self.node_ids, node_configs)
+        }
+        self.fault = fault
+        self._replies: dict[str, Message] = {}
+        self._ids = itertools.count(1)
+        self.bytes_down = dict.fromkeys(self.node_ids, 0)
+        self.bytes_up = dict.fromkeys(self.node_ids, 0)
+        self.log: list[tuple[int, str, bool]] = []
+
+    # --- Grid API ---------------------------------------------------------
+    def set_run(self, run: Run) -> None:  # noqa: D102
+        self._run = run
+
+    @property
+    def run(self) -> Run:  # noqa: D102
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return list(self.node_ids)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        ids = []
+        for msg in messages:
+            msg_id = f"msg-{next(self._ids)}"
+            msg.metadata.__dict__["_message_id"] = msg_id
+            msg.metadata.__dict__["_run_id"] = self._run.run_id
+            node = msg.metadata.dst_node_id
+            if node not in self.contexts:
+                raise ValueError(f"unknown destination node {node}")
+            delivered, size = _roundtrip_message(msg)
+            self.bytes_down[node] += size
+            reply = self._execute(node, delivered)
+            if self.fault is not None and reply is not None:
+                reply = self.fault(node, delivered, reply)
+            if reply is not None:
+                reply.metadata.__dict__["_message_id"] = f"reply-{msg_id}"
+                received, size = _roundtrip_message(reply)
+                self.bytes_up[node] += size
+                self._replies[msg_id] = received
+            self.log.append((node, msg.metadata.message_type, reply is not None and not reply.has_error()))
+            ids.append(msg_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:  # noqa: D102
+        return self.pull_messages(self.push_messages(messages))
+
+    # --- internals ----------------------------------------------------------
+    def _execute(self, node: int, msg: Message) -> Message:
+        context = _roundtrip_context(self.contexts[node])
+        try:
+            reply = self.client_app(msg, context)
+        except Exception as exc:  # reported as an error reply, as the engines do
+            return Message(
+                Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"),
+                reply_to=msg,
+            )
+        self.contexts[node] = _roundtrip_context(context)
+        return reply
