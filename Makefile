@@ -40,4 +40,4 @@ bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
 
 clean:
-	rm -rf .flwr-home outputs .pytest_cache
+	rm -rf .flwr-home outputs .pytest_cache .fedeval-ids

@@ -148,6 +148,7 @@ class JobConfig:
     xmk_rekey: str = "every-round"
     step_timeout: float = 600.0
     identity_dir: str = ""
+    fedeval_roster: str = ""
     shapley: str = "none"
     shapley_sample_skip: bool = True
     shapley_model_bound: float = 8.0

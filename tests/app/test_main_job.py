@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
+from identities import IDENTITY_DIR
+
 from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import server_app
@@ -106,7 +108,7 @@ def test_score_histogram_counts_each_class_on_both_scales():
 def test_main_job_with_secure_shapley_values(tmp_path):
     """Simulation-style roles: partition 3 of 4 is the auxiliary server A (no data, no training)."""
     run_config = {"num-server-rounds": 2, "local-epochs": 3, "learning-rate": 0.01, "output-dir": str(tmp_path), "model": "logreg",
-                  "shapley": "secsv", "shapley-aux-partition-id": 3}
+                  "shapley": "secsv", "shapley-aux-partition-id": 3, "identity-dir": IDENTITY_DIR}
     grid = InProcessGrid(client_app, 4, run_config)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     server_app.main(grid, ctx)
