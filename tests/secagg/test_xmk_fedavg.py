@@ -61,7 +61,7 @@ def test_two_rounds_with_per_client_set_rekey_reuses_keys():
     assert shapes_init  # initial weights untouched
 
 
-@pytest.mark.parametrize("step", ["query.xmk_keygen", "train", "query.xmk_pdec"])
+@pytest.mark.parametrize("step", ["query.xmk_keygen", "query.xmk_reveal", "train", "query.xmk_pdec"])
 def test_dropout_at_each_step_aborts_then_succeeds_without_that_client(step):
     dropped = {}
 
