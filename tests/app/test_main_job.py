@@ -72,6 +72,7 @@ def test_main_job_with_xmkckks_secure_aggregation(tmp_path):
         "local-epochs": 3,
         "secure-aggregation": "xmkckks",
         "output-dir": str(tmp_path),
+        "identity-dir": IDENTITY_DIR,
     }
     seen = []
 
@@ -90,7 +91,7 @@ def test_main_job_with_xmkckks_secure_aggregation(tmp_path):
     assert result["train_metrics"]["2"]["num-examples"] > 0  # Σ n_i, decrypted
     assert len(seen) == 6 and all("arrays" not in r.content for r in seen)
     types = {t for _, t, _ in grid.log}
-    assert {"query.xmk_keygen", "query.xmk_pdec"} <= types
+    assert {"query.xmk_keygen", "query.xmk_reveal", "query.xmk_pdec"} <= types
 
 
 def test_score_histogram_counts_each_class_on_both_scales():
