@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -312,13 +311,14 @@ class JobConfig:
             out.append("config 'fhe-splits' must be >= 2")
         if not (self.fhe_metrics_threshold < 0 or 0.0 <= self.fhe_metrics_threshold <= 1.0):
             out.append("config 'fhe-metrics-threshold' must be in [0, 1], or < 0 for none")
-        if self.fhe_backend == "openfhe" and sys.version_info[:2] != (3, 10):
-            out.append(
-                "config 'fhe-backend' = 'openfhe' needs Python 3.10 (the openfhe wheel is cp310-only) "
-                f"and this job runs on Python {sys.version_info[0]}.{sys.version_info[1]}: use 'tenseal' "
-                "(OpenFHE is tested with the protocol layers only, scripts/test-openfhe.sh)"
-            )
-            return out
+        if self.fhe_backend == "openfhe":
+            from flwr_fedeval._extras import MissingExtraError
+
+            try:  # the aggregator (this ServerApp) and every client need the engine
+                import flwr_fedeval.fhe.openfhe_backend  # noqa: F401
+            except MissingExtraError as exc:
+                out.append(f"config 'fhe-backend' = 'openfhe': {exc}")
+                return out
         from flwr_fedeval.fhe.backend import CKKSParams
 
         n = self.num_decision_points
@@ -416,8 +416,9 @@ def clear_data_cache() -> None:
 def build_model(cfg: JobConfig) -> Any:
     """The compiled Keras model for ``cfg.dataset`` (seeded initialisation)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
+    from flwr_fedeval._extras import require
 
+    keras = require("keras", purpose="the App's models")
     from flwr_fedeval.clients.models import build_mlp, build_seed_cnn
 
     keras.utils.set_random_seed(cfg.seed)
