@@ -19,6 +19,7 @@ from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.metrics.auc import roc_points
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
+from flwr_fedeval.strategies.base import ReadableFedAvg
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 
 app = ServerApp()
@@ -41,7 +42,7 @@ def make_strategy(cfg: JobConfig) -> FedAvg:
             step_timeout=cfg.step_timeout,
             **common,
         )
-    return FedAvg(**common)
+    return ReadableFedAvg(**common)  # FedAvg, failures logged one line per distinct reason
 
 
 def _metric_history(history: dict) -> dict[int, dict[str, float]]:

@@ -58,7 +58,31 @@ from flwr.common.logger import log
 from flwr_fedeval import keyshare
 from flwr_fedeval.clients.replies import error_reply, serve
 from flwr_fedeval.fhe.backend import FHEError, create_context, load_context, pack_blobs, unpack_blobs
-from flwr_fedeval.messages import array_to_bytes, bytes_to_array
+from flwr_fedeval.messages import (
+    ROLES,
+    ROLE_KEY,
+    SHAPLEY_AUX_KEY,
+    SHAPLEY_AUX_KEYS_KEY,
+    SHAPLEY_AUX_SHARES_KEY,
+    SHAPLEY_BATCHES_KEY,
+    SHAPLEY_BUNDLES_KEY,
+    SHAPLEY_BUNDLE_KEY,
+    SHAPLEY_CONTEXT_KEY,
+    SHAPLEY_DIFFS_KEY,
+    SHAPLEY_HELLO_KEY,
+    SHAPLEY_HELPER_KEYS_KEY,
+    SHAPLEY_JOBS_KEY,
+    SHAPLEY_MODEL_KEY,
+    SHAPLEY_PEERS_KEY,
+    SHAPLEY_PREDS_KEY,
+    SHAPLEY_PRED_KEY,
+    SHAPLEY_PRODUCTS_KEY,
+    SHAPLEY_REQUEST_KEY,
+    SHAPLEY_ROUND_MODELS_KEY,
+    SHAPLEY_SHARE_KEY,
+    array_to_bytes,
+    bytes_to_array,
+)
 from flwr_fedeval.shapley.parties import (
     aggregate_model,
     encrypt_model,
@@ -91,8 +115,7 @@ __all__ = [
     "encrypt_models",
 ]
 
-ROLES = ("client", "shapley-aux")
-REQUEST_KEY = "shapley"
+REQUEST_KEY = SHAPLEY_REQUEST_KEY
 STATE_MODELS = "shapley.models"          # ArrayRecord per round: "shapley.models.<t>"
 STATE_ROUNDS = "shapley.rounds"          # ConfigRecord: rounds (list), num-examples
 STATE_KEYPAIR = "shapley.keypair"
@@ -220,7 +243,7 @@ def role_reply(msg: Message, role: str) -> Message:
     """``query.fedeval_role``: this node's role."""
     if role not in ROLES:
         return _error_reply(msg, Refused(f"unknown role {role!r}, expected one of {ROLES}"))
-    return Message(content=RecordDict({"role": ConfigRecord({"role": role})}), reply_to=msg)
+    return Message(content=RecordDict({ROLE_KEY: ConfigRecord({"role": role})}), reply_to=msg)
 
 
 def hello(msg: Message, context: Context, role: str, *, num_test: int = 0, n_features: int = 0) -> Message:
@@ -257,7 +280,7 @@ def hello(msg: Message, context: Context, role: str, *, num_test: int = 0, n_fea
                         "num-test": int(num_test), "n-features": int(n_features),
                         "n-classes": int(n_classes), "rounds": sorted(models)})
         log(INFO, "Shapley phase: %s, X25519 fingerprint %s", role, keyshare.fingerprint(kp.public))
-        return RecordDict({"shapley-hello": ConfigRecord(out)})
+        return RecordDict({SHAPLEY_HELLO_KEY: ConfigRecord(out)})
 
     return _serve(msg, step)
 
@@ -274,7 +297,7 @@ def keygen(msg: Message, context: Context) -> Message:
 
     def step(request: dict) -> RecordDict:
         kp = _session(context, request)
-        peers = {str(k): bytes(v) for k, v in dict(msg.content["shapley-peers"]).items()}
+        peers = {str(k): bytes(v) for k, v in dict(msg.content[SHAPLEY_PEERS_KEY]).items()}
         ctx = create_context(params=shapley_ckks_params())
         secret = ctx.secret_bytes()
         # SecSV needs no common seed; the bundle format carries one, so it is fresh random bytes.
@@ -282,8 +305,8 @@ def keygen(msg: Message, context: Context) -> Message:
         context.state[STATE_SECRET] = ArrayRecord({"context": bytes_to_array(secret)})
         log(INFO, "Shapley phase: leader, CKKS keys for %d other clients", len(peers))
         return RecordDict({
-            "shapley-context": ArrayRecord({"public": bytes_to_array(ctx.public_bytes(rotation_keys=False))}),
-            "shapley-bundles": ArrayRecord({n: bytes_to_array(b) for n, b in bundles.items()}),
+            SHAPLEY_CONTEXT_KEY: ArrayRecord({"public": bytes_to_array(ctx.public_bytes(rotation_keys=False))}),
+            SHAPLEY_BUNDLES_KEY: ArrayRecord({n: bytes_to_array(b) for n, b in bundles.items()}),
         })
 
     return _serve(msg, step)
@@ -318,8 +341,8 @@ def share_data(msg: Message, context: Context, X_test: np.ndarray, y_test: np.nd
     def step(request: dict) -> RecordDict:
         kp = _session(context, request)
         params = _params(request)
-        if "shapley-bundle" in msg.content:
-            secrets_ = keyshare.open_bundle(array_to_bytes(msg.content["shapley-bundle"]["sealed"]),
+        if SHAPLEY_BUNDLE_KEY in msg.content:
+            secrets_ = keyshare.open_bundle(array_to_bytes(msg.content[SHAPLEY_BUNDLE_KEY]["sealed"]),
                                             recipient=kp, sender_public=bytes(request["leader-public-key"]))
             context.state[STATE_SECRET] = ArrayRecord({"context": bytes_to_array(secrets_.secret_context)})
         _secret_context(context)                          # refuse early without a key
@@ -332,7 +355,7 @@ def share_data(msg: Message, context: Context, X_test: np.ndarray, y_test: np.nd
         (x_p, y_p), (x_a, y_a) = share_test_set(X_test, np.asarray(y_test, dtype=np.int64), params)
         sealed = keyshare.seal_for(_pack_arrays(x=x_a, y=y_a), sender=kp,
                                    recipient_public=bytes(request["aux-public-key"]))
-        return RecordDict({"shapley-share": ArrayRecord(
+        return RecordDict({SHAPLEY_SHARE_KEY: ArrayRecord(
             {"x": _arr(x_p), "y": _arr(y_p),
              "sealed-aux": bytes_to_array(sealed)})})
 
@@ -362,7 +385,7 @@ def encrypt_models(msg: Message, context: Context) -> Message:
         A = model_matrix(theta, int(request["weight"]), params, n_classes=n_classes, d_out=d_out)
         ctx = _secret_context(context)
         blobs = [ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)]
-        return RecordDict({"shapley-model": ArrayRecord({"cts": bytes_to_array(pack_blobs(blobs))})})
+        return RecordDict({SHAPLEY_MODEL_KEY: ArrayRecord({"cts": bytes_to_array(pack_blobs(blobs))})})
 
     return _serve(msg, step)
 
@@ -381,7 +404,7 @@ def helper(msg: Message, context: Context) -> Message:
         params = _params(request)
         m, d_out, _ = _layout(request)
         ctx = _secret_context(context)
-        batches = msg.content["shapley-batches"]
+        batches = msg.content[SHAPLEY_BATCHES_KEY]
         jobs = sorted({k.split("-", 1)[1] for k in batches.keys() if k.startswith("cts-")})
         out = {}
         for j in jobs:
@@ -393,7 +416,7 @@ def helper(msg: Message, context: Context) -> Message:
             out[f"p-{j}"] = _arr(pred_p)
             out[f"a-{j}"] = bytes_to_array(keyshare.seal_for(
                 _pack_arrays(pred=pred_a), sender=kp, recipient_public=bytes(request["aux-public-key"])))
-        return RecordDict({"shapley-pred": ArrayRecord(out)})
+        return RecordDict({SHAPLEY_PRED_KEY: ArrayRecord(out)})
 
     return _serve(msg, step)
 
@@ -411,11 +434,11 @@ def aux_setup(msg: Message, context: Context) -> Message:
     def step(request: dict) -> RecordDict:
         keypair = _session(context, request)
         params = _params(request)
-        ctx = _checked_params(load_context(array_to_bytes(msg.content["shapley-context"]["public"])))
+        ctx = _checked_params(load_context(array_to_bytes(msg.content[SHAPLEY_CONTEXT_KEY]["public"])))
         if ctx.is_private:
             raise Refused("the auxiliary server must not receive a secret key")
-        keys = dict(msg.content["shapley-aux-keys"])
-        shares = msg.content["shapley-aux-shares"]
+        keys = dict(msg.content[SHAPLEY_AUX_KEYS_KEY])
+        shares = msg.content[SHAPLEY_AUX_SHARES_KEY]
         xs, ys = [], []
         for node in [str(n) for n in request["order"]]:
             raw = keyshare.open_from(array_to_bytes(shares[f"sealed-{node}"]), recipient=keypair,
@@ -428,10 +451,10 @@ def aux_setup(msg: Message, context: Context) -> Message:
             ys.append(y)
         X, Y = np.vstack(xs), np.concatenate(ys)
         context.state[STATE_AUX] = ArrayRecord({"x": _arr(X), "y": _arr(Y),
-                                                "context": msg.content["shapley-context"]["public"]})
+                                                "context": msg.content[SHAPLEY_CONTEXT_KEY]["public"]})
         context.state[STATE_AUX + ".order"] = ConfigRecord({"order": [str(n) for n in request["order"]]})
         log(INFO, "Shapley phase: auxiliary server holds shares of %d test samples", len(Y))
-        return RecordDict({"shapley-aux": ConfigRecord({"samples": int(len(Y))})})
+        return RecordDict({SHAPLEY_AUX_KEY: ConfigRecord({"samples": int(len(Y))})})
 
     return _serve(msg, step)
 
@@ -459,8 +482,8 @@ def aux_eval(msg: Message, context: Context) -> Message:
         m, d_out, _ = _layout(request)
         X, _, ctx = _aux_state(context)
         order = list(context.state[STATE_AUX + ".order"]["order"])
-        if "shapley-round-models" in msg.content:
-            context.state[STATE_AUX_MODELS] = msg.content["shapley-round-models"]
+        if SHAPLEY_ROUND_MODELS_KEY in msg.content:
+            context.state[STATE_AUX_MODELS] = msg.content[SHAPLEY_ROUND_MODELS_KEY]
             context.state[STATE_AUX_MODELS + ".round"] = ConfigRecord({"round": int(request["round"])})
         if (STATE_AUX_MODELS not in context.state
                 or int(context.state[STATE_AUX_MODELS + ".round"]["round"]) != int(request["round"])):
@@ -468,7 +491,7 @@ def aux_eval(msg: Message, context: Context) -> Message:
         stored = context.state[STATE_AUX_MODELS]
         models = {node: [ctx.deserialize_ciphertext(b) for b in unpack_blobs(array_to_bytes(stored[node]))]
                   for node in stored.keys()}
-        jobs = msg.content["shapley-jobs"]
+        jobs = msg.content[SHAPLEY_JOBS_KEY]
         plain_cache: dict[bytes, list] = {}
         agg_cache: dict[tuple, list] = {}
         out = {}
@@ -489,7 +512,7 @@ def aux_eval(msg: Message, context: Context) -> Message:
                 plain_cache[key] = server_plaintexts(ctx, X[ids], params, m=m, d_out=d_out)
             prods = server_products(ctx, agg_cache[members], plain_cache[key])
             out[f"cts-{j}"] = bytes_to_array(pack_blobs([ctx.serialize_ciphertext(c) for c in prods]))
-        return RecordDict({"shapley-products": ArrayRecord(out)})
+        return RecordDict({SHAPLEY_PRODUCTS_KEY: ArrayRecord(out)})
 
     return _serve(msg, step)
 
@@ -506,8 +529,8 @@ def aux_diff(msg: Message, context: Context) -> Message:
         keypair = _session(context, request)
         params = _params(request)
         _, Y, _ = _aux_state(context)
-        preds = msg.content["shapley-preds"]
-        keys = msg.content["shapley-helper-keys"]
+        preds = msg.content[SHAPLEY_PREDS_KEY]
+        keys = msg.content[SHAPLEY_HELPER_KEYS_KEY]
         out = {}
         for j in sorted({k.split("-", 1)[1] for k in preds.keys() if k.startswith("ids-")}):
             ids = preds[f"ids-{j}"].numpy().astype(np.int64)
@@ -517,7 +540,7 @@ def aux_diff(msg: Message, context: Context) -> Message:
                                      sender_public=bytes(keys[f"helper-{j}"]))
             (pred_a,) = _unpack_arrays(raw, ("pred",))
             out[f"d-{j}"] = _arr(masked_difference(pred_a, Y[ids], params.ring_bits))
-        return RecordDict({"shapley-diffs": ArrayRecord(out)})
+        return RecordDict({SHAPLEY_DIFFS_KEY: ArrayRecord(out)})
 
     return _serve(msg, step)
 
