@@ -85,7 +85,10 @@ SCORES_KEY = "scores"
 FEDAUC_KEY = "fedauc"
 #: Reply (FedAUC round 2): ConfigRecord ``local-sum``, ``local-p``, ``local-n``.
 STATS_KEY = "stats"
-#: Reply: Flower's default MetricRecord key.
+#: Flower's default record keys (``FedAvg(arrayrecord_key=..., configrecord_key=...)``):
+#: the model's ArrayRecord, the train config, and the reply's MetricRecord.
+ARRAYS_KEY = "arrays"
+CONFIG_KEY = "config"
 METRICS_KEY = "metrics"
 
 _COUNT_FIELDS = ("tp", "fp", "tn", "fn")

@@ -59,6 +59,9 @@ from flwr_fedeval import keyshare
 from flwr_fedeval.clients.replies import error_reply, serve
 from flwr_fedeval.fhe.backend import FHEError, create_context, load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.messages import (
+    ARRAYS_KEY,
+    CONFIG_KEY,
+    METRICS_KEY,
     ROLES,
     ROLE_KEY,
     SHAPLEY_AUX_KEY,
@@ -211,13 +214,13 @@ def shapley_record_mod(msg: Message, context: Context, call_next) -> Message:
     reply = call_next(msg, context)
     if msg.metadata.message_type != "train" or reply.has_error():
         return reply
-    config = msg.content["config"] if "config" in msg.content else {}
-    if "server-round" not in config or "arrays" not in reply.content:
+    config = msg.content[CONFIG_KEY] if CONFIG_KEY in msg.content else {}
+    if "server-round" not in config or ARRAYS_KEY not in reply.content:
         return reply
     rnd = int(config["server-round"])
-    context.state[f"{STATE_MODELS}.{rnd}"] = ArrayRecord(reply.content["arrays"].to_numpy_ndarrays())
+    context.state[f"{STATE_MODELS}.{rnd}"] = ArrayRecord(reply.content[ARRAYS_KEY].to_numpy_ndarrays())
     rounds = sorted(set(recorded_rounds(context)) | {rnd})
-    num = int(reply.content["metrics"]["num-examples"]) if "metrics" in reply.content else 0
+    num = int(reply.content[METRICS_KEY]["num-examples"]) if METRICS_KEY in reply.content else 0
     context.state[STATE_ROUNDS] = ConfigRecord({"rounds": rounds, "num-examples": num})
     return reply
 

@@ -19,6 +19,7 @@ from flwr.serverapp import Grid
 
 from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points
 from flwr_fedeval.messages import (
+    ARRAYS_KEY,
     COUNTS_KEY,
     EVALUATE_THRESHOLD_COUNTS,
     EVALUATION_KEY,
@@ -105,7 +106,7 @@ class PlaintextAUCPhase(EvaluationPhase):
         *,
         spacing: str = "linear",
         min_nodes: int = 2,
-        arrayrecord_key: str = "arrays",
+        arrayrecord_key: str = ARRAYS_KEY,
         timeout: float = 3600,
     ) -> None:
         super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)

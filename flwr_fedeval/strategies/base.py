@@ -36,7 +36,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import validate_message_reply_consistency
 
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
 
 __all__ = [
     "EvaluationPhase",
@@ -284,7 +284,7 @@ class EvaluationPhase:
     #: Prefix of the log lines.
     label = "AUC phase"
 
-    def __init__(self, *, min_nodes: int = 2, arrayrecord_key: str = "arrays", timeout: float = 3600,
+    def __init__(self, *, min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600,
                  min_nodes_floor: int = 1) -> None:
         if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < min_nodes_floor:
             raise ValueError(f"min_nodes must be an integer >= {min_nodes_floor}, got {min_nodes!r}")

@@ -70,6 +70,7 @@ from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig, aggregate_auc_mal
 from flwr_fedeval.fhe.backend import BACKENDS, CKKSContext, CKKSParams, load_context, unpack_blobs
 from flwr_fedeval.fhe.counts import decision_points
 from flwr_fedeval.messages import (
+    ARRAYS_KEY,
     ReplyCode,
     EVALUATE_FHE_COUNTS,
     EVALUATION_KEY,
@@ -162,7 +163,7 @@ class FHEAUCPhase(EvaluationPhase):
         share_auc_with_server: bool = False,
         metrics_threshold: float | None = None,
         min_nodes: int = 2,
-        arrayrecord_key: str = "arrays",
+        arrayrecord_key: str = ARRAYS_KEY,
         timeout: float = 3600,
     ) -> None:
         super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)

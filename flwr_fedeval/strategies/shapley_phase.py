@@ -300,7 +300,8 @@ class SecSVPhase(EvaluationPhase):
     Raises
     ------
     ValueError
-        A bound is not > 0, ``min_nodes`` < 2 or ``timeout`` is not > 0.
+        A bound is not > 0, a number of bits is not an integer >= 1,
+        ``min_nodes`` < 2 or ``timeout`` is not > 0.
     """
 
     method = "secsv"
@@ -312,6 +313,10 @@ class SecSVPhase(EvaluationPhase):
         super().__init__(min_nodes=min_nodes, timeout=timeout, min_nodes_floor=2)
         if not (model_bound > 0 and feature_bound > 0):
             raise ValueError("model_bound and feature_bound must be > 0")
+        for name, bits in (("data_frac_bits", data_frac_bits), ("model_frac_bits", model_frac_bits),
+                           ("weight_bits", weight_bits)):
+            if isinstance(bits, bool) or not isinstance(bits, int) or bits < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {bits!r}")
         self.sample_skip = bool(sample_skip)
         self.binary_margin = bool(binary_margin)
         self.bounds = dict(model_bound=float(model_bound), feature_bound=float(feature_bound),
