@@ -35,6 +35,9 @@ _PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
 def merge_overrides(*lists: str) -> dict[str, Any]:
     """Merge Flower ``key=value`` lists; a key given again takes the later value.
 
+    Values are TOML (``1``, ``0.5``, ``true``, ``'text'``); an unquoted word
+    that is not TOML (``data-dir=/data/bank``) is taken as a string.
+
     Raises
     ------
     ConfigError
@@ -54,7 +57,10 @@ def merge_overrides(*lists: str) -> dict[str, Any]:
             try:
                 merged[key] = tomllib.loads(f"v = {raw}")["v"]
             except tomllib.TOMLDecodeError:
-                problems.append(f"run config '{key}': {raw} is not a TOML value (quote strings: {key}='...')")
+                if raw[0] in "'\"[{":
+                    problems.append(f"run config '{key}': {raw} is not a TOML value (quote strings: {key}='...')")
+                else:
+                    merged[key] = raw  # an unquoted word such as a path: a string
     if problems:
         raise ConfigError(problems)
     return merged

@@ -24,9 +24,14 @@ def test_format_and_merge_round_trip(value):
 
 def test_garbage_is_refused_with_one_line():
     with pytest.raises(ConfigError) as err:
-        merge_overrides("local-epochs=1 oops", "dataset=chest xray")
-    assert len(err.value.problems) >= 2
+        merge_overrides("local-epochs=1 oops", "dataset=chest xray", "seed='7")
+    assert len(err.value.problems) >= 3
     assert any("'oops'" in p for p in err.value.problems)
+
+
+def test_unquoted_words_are_strings():
+    assert merge_overrides("data-dir=/work/shared/data/bank-marketing dataset=bank-marketing seed=3") == {
+        "data-dir": "/work/shared/data/bank-marketing", "dataset": "bank-marketing", "seed": 3}
 
 
 def test_every_problem_is_reported_one_line_each(capsys):
