@@ -66,6 +66,15 @@ def test_missing_data_folder_is_caught_on_the_server_side(tmp_path):
         check_run({"dataset": "bank-marketing", "data-dir": str(tmp_path)}, 3)
 
 
+def test_output_dir_must_be_writable(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="'output-dir'"):
+        check_run({"output-dir": str(blocker / "sub")}, 3)
+    check_run({"output-dir": str(tmp_path / "new" / "dir")}, 3)
+    assert not (tmp_path / "new").exists()          # checked, not created
+
+
 def test_shapley_aux_node_is_not_a_data_client():
     cfg = check_run({"shapley-aux-partition-id": 2}, 3)
     assert isinstance(cfg, JobConfig)
