@@ -132,9 +132,10 @@ def main() -> None:
           f"{max(np.abs(m).max() for r in history for m in r.values()):.2f}, max |theta_1 - theta_0| "
           f"{max(np.abs(m[1] - m[0]).max() for r in history for m in r.values()):.2f}")
     w = quantize_weights(counts, bits=6)
-    # 2 limbs of 18 bits; 10 fractional bits each for data and model; |θ| <= model_bound (checked by clients)
+    # 2 limbs of 18 bits; 10 fractional bits each for data and model; |θ| <= model_bound (checked by clients);
+    # |x| <= 1 (min-max scaled features; the library default bound is 16)
     params = SecSVParams(ring_bits=36, limb_bits=18, data_frac_bits=args.data_frac_bits, model_frac_bits=10,
-                         weight_bits=6, model_bound=args.model_bound, max_clients=args.clients,
+                         weight_bits=6, model_bound=args.model_bound, feature_bound=1.0, max_clients=args.clients,
                          n_features=X.shape[1])
 
     rows, result = [], {"setup": {

@@ -196,8 +196,10 @@ def local_stats_from_record(record: ConfigRecord, num_samples: int) -> tuple[flo
     return values[0], values[1], values[2]
 
 # --- xMK-CKKS secure aggregation (DESIGN.md §3) -----------------------------
-#: Step 1: key generation; the reply carries the public share b_i.
+#: Step 1: key generation; the reply carries a signed commitment to b_i and the mask key.
 QUERY_XMK_KEYGEN = "query.xmk_keygen"
+#: Step 1b: the signed commitments in; the reply opens b_i and the X25519 mask key.
+QUERY_XMK_REVEAL = "query.xmk_reveal"
 #: Step 3: partial decryption of the summed C1; the reply carries D_i.
 QUERY_XMK_PDEC = "query.xmk_pdec"
 #: Record keys of the secure-aggregation messages.

@@ -6,12 +6,14 @@
 #   e.g. scripts/run-local.sh 5 "dataset='chest-xray' data-dir='../shared/data/chest-xray'"
 # Override lists are merged left to right (a later key=value wins), checked
 # before Flower starts (flwr_fedeval.app.preflight: one line per problem).
+# env RUN_VENV (default .venv) selects another venv (make run-openfhe: .venv-py310,
+# flwr 1.30) and RUN_FLWR_HOME (default .flwr-home) the base of its Flower homes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 NUM_SUPERNODES=${1:-5}
 shift || true
-export PATH="$ROOT/.venv/bin:$PATH"
+export PATH="$ROOT/${RUN_VENV:-.venv}/bin:$PATH"   # RUN_VENV=.venv-py310: the OpenFHE venv
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export TF_CPP_MIN_LOG_LEVEL=2
@@ -33,7 +35,7 @@ overrides=$(python -m flwr_fedeval.app.preflight --num-supernodes "$NUM_SUPERNOD
 
 # A SuperLink of our own: FLWR_HOME per run and a free port (flwr >= 1.41 reads
 # FLWR_LOCAL_SUPERLINK_HTTP_API_PORT; the SuperLink listens on that port only).
-export FLWR_HOME="$ROOT/.flwr-home/$$"
+export FLWR_HOME="${RUN_FLWR_HOME:-$ROOT/.flwr-home}/$$"
 mkdir -p "$FLWR_HOME"
 free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(free_port)

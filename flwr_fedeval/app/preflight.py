@@ -118,15 +118,15 @@ def job_problems(cfg: JobConfig, num_clients: int | None) -> list[str]:
     """
     problems = _data_problems(cfg)
     if not problems and num_clients is not None:
-        from flwr_fedeval.data.partition import PartitionError, check_partitions, partition_indices
+        from flwr_fedeval.app.task import client_partitions
+        from flwr_fedeval.data.partition import PartitionError, check_partitions
 
         if num_clients < cfg.min_nodes:
             problems.append(f"{num_clients} data client(s), fewer than min-nodes = {cfg.min_nodes}")
         else:
             try:
                 _, y, _ = load_pooled_data(cfg)
-                parts = partition_indices(y, num_clients, method=cfg.partitioning,  # type: ignore[arg-type]
-                                          alpha=cfg.dirichlet_alpha, seed=cfg.seed)
+                parts = client_partitions(cfg, num_clients)
                 check_partitions(y, parts, test_fraction=cfg.test_fraction, method=cfg.partitioning)
             except PartitionError as exc:
                 problems.append(str(exc))

@@ -7,7 +7,7 @@ Run with ``flwr run .`` (see README). Configuration keys are in
 from __future__ import annotations
 
 import time
-from logging import INFO
+from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
@@ -18,7 +18,7 @@ from flwr_fedeval.app.harness import pooled_reference_auc, score_histogram, writ
 from flwr_fedeval.app.task import ConfigError, JobConfig, build_model
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
-from flwr_fedeval.metrics.auc import roc_points
+from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
@@ -183,14 +183,18 @@ def main(grid: Grid, context: Context) -> None:
     else:
         log(
             INFO,
-            "FINAL federated AUC (%s, N=%d, %d clients): %.6f | pooled roc_auc_score: %.6f | |diff| %.6f",
+            "FINAL federated AUC (%s, N=%d, %d clients): %.6f | resolution bound: %.4g | "
+            "pooled roc_auc_score: %.6f | |diff| %.6f",
             auc_result.label,
             cfg.num_decision_points,
             len(auc_result.contributors),
             auc_result.auc,
+            auc_result.resolution_bound,
             ref_auc,
             abs(auc_result.auc - ref_auc),
         )
+    if auc_result.resolution_bound > RESOLUTION_WARN_THRESHOLD:  # nan: unknown, no warning
+        log(WARNING, "FINAL federated AUC: %s", resolution_advice(auc_result.resolution_bound))
     ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score)
     if shapley is not None:
         last = shapley.utilities[-1][tuple(shapley.clients)]
@@ -211,6 +215,7 @@ def main(grid: Grid, context: Context) -> None:
             "auc_method": auc_result.method,
             "auc_details": auc_result.details,
             "federated_auc": auc_result.auc,
+            "resolution_bound": None if auc_result.resolution_bound != auc_result.resolution_bound else auc_result.resolution_bound,
             "reference_roc_auc_score": ref_auc,
             "num_clients": len(auc_result.contributors),
             "failed_nodes": auc_result.failed,

@@ -9,16 +9,16 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flwr_fedeval.data.partition import ClientSplit, client_split
+from flwr_fedeval.data.partition import ClientSplit, client_split, partition_indices
 
-__all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "SEED_CNN_MIN_IMAGE_SIZE", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
+__all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "SEED_CNN_MIN_IMAGE_SIZE", "clear_data_cache",
+           "client_partitions", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
 
 #: Binary chest X-ray tasks: class folders, negative class first.
 XRAY_TASKS = {
@@ -311,13 +311,14 @@ class JobConfig:
             out.append("config 'fhe-splits' must be >= 2")
         if not (self.fhe_metrics_threshold < 0 or 0.0 <= self.fhe_metrics_threshold <= 1.0):
             out.append("config 'fhe-metrics-threshold' must be in [0, 1], or < 0 for none")
-        if self.fhe_backend == "openfhe" and sys.version_info[:2] != (3, 10):
-            out.append(
-                "config 'fhe-backend' = 'openfhe' needs Python 3.10 (the openfhe wheel is cp310-only) "
-                f"and this job runs on Python {sys.version_info[0]}.{sys.version_info[1]}: use 'tenseal' "
-                "(OpenFHE is tested with the protocol layers only, scripts/test-openfhe.sh)"
-            )
-            return out
+        if self.fhe_backend == "openfhe":
+            from flwr_fedeval._extras import MissingExtraError
+
+            try:  # the aggregator (this ServerApp) and every client need the engine
+                import flwr_fedeval.fhe.openfhe_backend  # noqa: F401
+            except MissingExtraError as exc:
+                out.append(f"config 'fhe-backend' = 'openfhe': {exc}")
+                return out
         from flwr_fedeval.fhe.backend import CKKSParams
 
         n = self.num_decision_points
@@ -365,9 +366,34 @@ def load_pooled_data(cfg: JobConfig) -> tuple[np.ndarray, np.ndarray, list[str]]
     return _load_pooled(cfg.dataset, data_dir, cfg.xray_task, cfg.image_size)
 
 
+@functools.lru_cache(maxsize=4)
+def _partitions(dataset: str, data_dir: str, xray_task: str, image_size: int, method: str, alpha: float,
+                seed: int, num_partitions: int) -> tuple[np.ndarray, ...]:
+    _, y, _ = _load_pooled(dataset, data_dir, xray_task, image_size)
+    return tuple(partition_indices(y, num_partitions, method=method, alpha=alpha, seed=seed))  # type: ignore[arg-type]
+
+
+def client_partitions(cfg: JobConfig, num_partitions: int) -> list[np.ndarray]:
+    """Row indices of every client's partition of the pooled data (cached per process)."""
+    data_dir = str(Path(cfg.data_dir).expanduser().resolve()) if cfg.data_dir else ""
+    return list(_partitions(cfg.dataset, data_dir, cfg.xray_task, cfg.image_size, cfg.partitioning,
+                            float(cfg.dirichlet_alpha), cfg.seed, num_partitions))
+
+
 def load_client_data(cfg: JobConfig, partition_id: int, num_partitions: int) -> ClientSplit:
-    """Client ``partition_id``'s own train and test split."""
+    """Client ``partition_id``'s own train and test split.
+
+    The pooled data and the partitioning are cached per process (see
+    :func:`clear_data_cache`); every call returns a new split of them.
+
+    Raises
+    ------
+    PartitionError
+        If the partitioning leaves some client a split smaller than the
+        number of classes (the same one-line error for every client).
+    """
     x, y, _ = load_pooled_data(cfg)
+    parts = client_partitions(cfg, num_partitions)
     return client_split(
         x,
         y,
@@ -377,14 +403,22 @@ def load_client_data(cfg: JobConfig, partition_id: int, num_partitions: int) -> 
         alpha=cfg.dirichlet_alpha,
         test_fraction=cfg.test_fraction,
         seed=cfg.seed,
+        partitions=parts,
     )
+
+
+def clear_data_cache() -> None:
+    """Forget the pooled data and partitionings this process loaded (a new run may see new files)."""
+    _partitions.cache_clear()
+    _load_pooled.cache_clear()
 
 
 def build_model(cfg: JobConfig) -> Any:
     """The compiled Keras model for ``cfg.dataset`` (seeded initialisation)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
+    from flwr_fedeval._extras import require
 
+    keras = require("keras", purpose="the App's models")
     from flwr_fedeval.clients.models import build_mlp, build_seed_cnn
 
     keras.utils.set_random_seed(cfg.seed)

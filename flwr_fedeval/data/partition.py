@@ -153,8 +153,11 @@ def partition_indices(
     list of ndarray of dtype int64
         ``num_partitions`` disjoint, sorted index arrays covering all rows.
     """
-    from datasets import Dataset
-    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+    from flwr_fedeval._extras import require
+
+    Dataset = require("datasets", extra="app", purpose="partitioning (flwr-datasets)").Dataset
+    partitioner = require("flwr_datasets.partitioner", extra="app", purpose="partitioning (flwr-datasets)")
+    DirichletPartitioner, IidPartitioner = partitioner.DirichletPartitioner, partitioner.IidPartitioner
 
     _check_partition_args(num_partitions)
     y = np.asarray(y)

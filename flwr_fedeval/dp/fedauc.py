@@ -257,6 +257,22 @@ def fedauc_laplace_client(
         With ``epsilon = inf`` exactly :func:`fedauc_local_stats`. An empty
         client returns ``(0, 0, 0)`` without noise (nothing to protect).
 
+    Raises
+    ------
+    TypeError
+        If ``params`` is not a :class:`FedAUCLaplaceParams`, or ``accountant``
+        is neither ``None`` nor a diffprivlib ``BudgetAccountant``.
+    ValueError
+        If ``ranks`` and ``labels`` are not 1-D of equal length, a label is not
+        0 or 1, or a rank is negative; with ``sensitivity="global"``, if
+        ``max_rank`` is missing or a rank exceeds it; with
+        ``allocation="orthogonal"``, if a fixed β of 1 leaves the non-zero
+        component ``‖v′‖∞`` without budget; if ``sampler`` is unknown and noise
+        is drawn (checked after the accountant was charged).
+    diffprivlib.utils.BudgetError
+        If the accountant cannot afford ``params.epsilon``; nothing is drawn
+        and the accountant is unchanged.
+
     Notes
     -----
     ``"alpha"``: ``localSum′ = Σ r y + Lap(Δ/(αε))``, ``localP′ = P + Lap(1/((1-α)ε))``.

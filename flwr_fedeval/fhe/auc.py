@@ -362,6 +362,8 @@ def aggregate_auc(ctx: CKKSContext, messages: Sequence[bytes], *, config: FHEAUC
         The *public* context (no secret key needed or expected).
     messages : sequence of bytes
         One :func:`client_encrypt_counts` message per client.
+    config : FHEAUCConfig
+        Public protocol parameters; ``mask_range`` bounds the random mask c.
 
     Returns
     -------
@@ -370,8 +372,14 @@ def aggregate_auc(ctx: CKKSContext, messages: Sequence[bytes], *, config: FHEAUC
 
     Raises
     ------
-    SerializationError
-        If a message is not three ciphertexts of this key set.
+    ValueError
+        If ``messages`` is empty.
+    flwr_fedeval.fhe.backend.SerializationError
+        If a message is not exactly three framed ciphertexts of this backend
+        (the message names the client's index in ``messages``).
+    flwr_fedeval.fhe.backend.ContextMismatchError
+        If a ciphertext was made under another key set or backend (a
+        subclass of ``SerializationError``; also names the index).
     """
     loaded = _load_client_messages(ctx, messages, 3)
     a = ctx.add_many([m[0] for m in loaded])

@@ -65,8 +65,9 @@ class AUCPhaseResult:
 
     @property
     def label(self) -> str:
-        """``method`` plus its variant and ε when recorded, e.g. ``dpauc-laplace[clip-sort, eps=1]``."""
-        extra = [str(self.details[k]) for k in ("variant",) if k in self.details]
+        """``method`` plus its variant, CKKS engine and ε when recorded, e.g.
+        ``dpauc-laplace[clip-sort, eps=1]``, ``fhe[malicious, openfhe]``."""
+        extra = [str(self.details[k]) for k in ("variant", "backend") if k in self.details]
         if "epsilon" in self.details:
             extra.append(f"eps={self.details['epsilon']:g}")
         return f"{self.method}[{', '.join(extra)}]" if extra else self.method

@@ -411,6 +411,26 @@ class FHEAUCPhase:
     def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
         """Steps 1–6 over every node of ``grid``.
 
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+            Every node of it is asked to take part.
+        arrays : ArrayRecord
+            The global model the clients score their test sets with.
+
+        Returns
+        -------
+        AUCPhaseResult
+            ``auc``: the median of the AUCs the clients chose to report
+            (``share-auc-with-server``), ``nan`` when none did (only the
+            clients know it then); ``counts`` is ``None`` (the server never
+            sees counts); ``contributors``: the node IDs whose encrypted counts
+            are in the result; ``failed``: node ID → reason for every node
+            left out; ``details``: protocol, backend, N, count scale, key
+            holder, public-context size, step-4 attempts, aggregation and
+            phase seconds, who decrypted and who reported, and the threshold
+            metrics when enabled and reported.
+
         Raises
         ------
         RuntimeError

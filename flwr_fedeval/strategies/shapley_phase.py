@@ -260,12 +260,21 @@ class SecSVPhase:
         Fixed point (see :class:`~flwr_fedeval.shapley.secsv.SecSVParams`); the
         ring ``Z_{2^k}`` and the limbs follow from the bounds (``for_bounds``).
     min_nodes : int, default=2
+        Fewest data clients the phase runs with (a helper must not own the
+        batch it decrypts).
     timeout : float, default=600
         Seconds per exchange.
     roster : flwr_fedeval.identity.Roster, optional
         The federation's roster: P checks the signed hello keys and aborts
         naming a node whose key does not verify (e.g. one not in the roster).
         The nodes check every relayed key themselves, with or without it.
+
+    Raises
+    ------
+    ValueError
+        If ``model_bound`` or ``feature_bound`` is not > 0, or ``min_nodes``
+        is not an integer ≥ 2. Bounds that fit no fixed-point parameters are
+        refused when :meth:`run` derives them (``SecSVParams.for_bounds``).
     """
 
     def __init__(self, *, sample_skip: bool = True, binary_margin: bool = True, model_bound: float = 8.0,

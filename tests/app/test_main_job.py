@@ -27,6 +27,8 @@ def test_main_job_runs_and_federated_auc_matches_pooled_reference(tmp_path):
     assert result["num_test_samples"] > 100
     assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.01
     assert result["federated_auc"] > 0.8  # training did something
+    assert 0 <= result["resolution_bound"] <= 0.5
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= result["resolution_bound"] + 1e-9
     assert set(result["train_metrics"]) == {"1", "2"}
     # every node took part in train (2 rounds), evaluate (2) and the AUC phase
     for node in grid.node_ids:
@@ -70,6 +72,7 @@ def test_main_job_with_xmkckks_secure_aggregation(tmp_path):
         "local-epochs": 3,
         "secure-aggregation": "xmkckks",
         "output-dir": str(tmp_path),
+        "identity-dir": IDENTITY_DIR,
     }
     seen = []
 
@@ -88,7 +91,7 @@ def test_main_job_with_xmkckks_secure_aggregation(tmp_path):
     assert result["train_metrics"]["2"]["num-examples"] > 0  # Σ n_i, decrypted
     assert len(seen) == 6 and all("arrays" not in r.content for r in seen)
     types = {t for _, t, _ in grid.log}
-    assert {"query.xmk_keygen", "query.xmk_pdec"} <= types
+    assert {"query.xmk_keygen", "query.xmk_reveal", "query.xmk_pdec"} <= types
 
 
 def test_score_histogram_counts_each_class_on_both_scales():

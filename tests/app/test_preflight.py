@@ -86,3 +86,20 @@ def test_seed_cnn_minimum_image_size_is_the_real_one():
     assert seed_cnn_feature_side(36) == 1 and seed_cnn_feature_side(35) == 0
     assert JobConfig(dataset="chest-xray", data_dir="x", image_size=36).problems() == []
     assert JobConfig(image_size=28).problems() == []    # tabular data: no CNN
+
+
+def test_server_app_refuses_before_round_1(tmp_path):
+    """`flwr run .` without run-local.sh: the ServerApp's own check, before any train message."""
+    from flwr.app import Context, RecordDict
+    from inprocess_grid import InProcessGrid
+
+    from flwr_fedeval.app import server_app
+    from flwr_fedeval.app.client_app import app as client_app
+
+    run_config = {"output-dir": str(tmp_path)}
+    grid = InProcessGrid(client_app, 100, run_config)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    with pytest.raises(ConfigError) as err:
+        server_app.main(grid, ctx)
+    assert len(err.value.problems) == 1 and "100 clients" in err.value.problems[0]
+    assert {t for _, t, _ in grid.log} <= {"query.fedeval_role"}   # nothing trained or evaluated
