@@ -2,7 +2,7 @@
 
 Writes, into ``DIR`` (created with mode 0700 if missing):
 
-* ``<name>.key`` — one private key per node: ECDSA P-384, OpenSSH format,
+* ``<name>.key`` — one private key per node: ECDSA P-256, OpenSSH format,
   mode 0600. The same file works as ``flower-supernode
   --auth-supernode-private-key`` and as the node config
   ``fedeval-identity-key``;

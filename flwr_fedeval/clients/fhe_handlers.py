@@ -202,10 +202,10 @@ def _protocol_config(params: dict) -> FHEAUCConfig:
     protocol = params["protocol"]
     if protocol not in PROTOCOLS:
         raise _Refused(f"request 'protocol' must be one of {PROTOCOLS}, got {protocol!r}")
-    n, k = _int(params, "n-points", 2), float(params["count-scale"])
+    n, rows = _int(params, "n-points", 2), _int(params, "max-rows", 1)
     if protocol == "malicious":
-        return MaliciousAUCConfig(n_points=n, count_scale=k, n_splits=_int(params, "n-splits", 2))
-    return FHEAUCConfig(n_points=n, count_scale=k)
+        return MaliciousAUCConfig(n_points=n, max_rows=rows, n_splits=_int(params, "n-splits", 2))
+    return FHEAUCConfig(n_points=n, max_rows=rows)
 
 
 # --- step 1 ----------------------------------------------------------------------
@@ -216,8 +216,8 @@ def pubkey(msg: Message, context: Context, num_test_samples: int) -> Message:
     ``fhe-pubkey.signer`` (this node's roster name), ``fhe-pubkey.signature``
     (over ``("fhe-auc", session, 0, "client", public key)``) and
     ``fhe-pubkey.test-size-bucket`` (the smallest power of two ≥ the number of
-    local test samples; 0 for none), from which the server picks the public
-    count scale ``K``.
+    local test samples; 0 for none); their sum is the public pooled bound
+    ``max_rows`` the count encoding is derived from.
 
     Raises (as an error reply) :class:`~flwr_fedeval.identity.IdentityError`
     if this node has no identity key and roster.
@@ -298,13 +298,13 @@ def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: 
 
     Request: the global model (scored by the caller into ``y_true``,
     ``y_score``), ``evaluation.thresholds`` (N,), ``fhe.session``,
-    ``fhe.protocol``, ``fhe.n-points``, ``fhe.count-scale``, ``fhe.n-splits``,
+    ``fhe.protocol``, ``fhe.n-points``, ``fhe.max-rows``, ``fhe.n-splits``,
     ``fhe.party-index``, ``fhe.n-parties``, ``fhe.nonce``,
     ``fhe.holder-public-key``, ``fhe.holder-signer``, ``fhe.holder-signature``
     (the key holder's key, checked against the roster for role
     ``"key-holder"`` before the bundle is opened), ``fhe.metrics-threshold``
     (< 0: none) and, for every client but the key holder, ``fhe-bundle.sealed``. Reply:
-    ``fhe-counts.auc`` (2 ciphertexts semi-honest, 4 malicious) and, with a
+    ``fhe-counts.auc`` (3 ciphertexts semi-honest, 6 malicious) and, with a
     threshold, ``fhe-counts.metrics`` (1 ciphertext of ``[TP, FP, TN, FN]``).
     """
 
@@ -331,7 +331,9 @@ def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: 
         thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
         if thresholds.shape != (config.n_points,):
             raise _Refused(f"{thresholds.size} thresholds, request says n-points = {config.n_points}")
-        counts = threshold_counts(y_true, y_score, thresholds)
+        # Decision points inside [0, 1]: probabilities (guarded); otherwise real-valued scores (logits).
+        probability = bool(thresholds.size) and 0.0 <= thresholds.min() and thresholds.max() <= 1.0
+        counts = threshold_counts(y_true, y_score, thresholds, score_range=(0.0, 1.0) if probability else None)
         n_parties = _int(request, "n-parties", 1)
         party = _int(request, "party-index", 0)
         nonce = bytes(request["nonce"])
@@ -356,7 +358,7 @@ def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: 
                 "seed": seed,
                 "protocol": str(request["protocol"]),
                 "n-points": config.n_points,
-                "count-scale": float(config.count_scale),
+                "max-rows": int(config.max_rows),
                 "n-splits": int(getattr(config, "n_splits", 0)),
                 "party-index": party,
                 "n-parties": n_parties,
@@ -402,16 +404,17 @@ def decrypt_result(msg: Message, context: Context) -> Message:
             if isinstance(config, MaliciousAUCConfig):
                 out = client_decrypt_auc_malicious(ctx, data, config=config, seed=bytes(st["seed"]),
                                                    n_parties=int(st["n-parties"]), nonce=bytes(st["nonce"]))
-                auc = out.auc
             else:
-                auc = client_decrypt_auc(ctx, data, config=config).auc
+                out = client_decrypt_auc(ctx, data, config=config)
+            auc, bound = out.auc, out.resolution_bound
             metrics = None
             if float(st["metrics-threshold"]) >= 0 and "metrics" in result:
                 metrics = client_decrypt_threshold_metrics(ctx, array_to_bytes(result["metrics"]), config=config)
             shared = _share(context)
         finally:
             _forget(context)
-        log(INFO, "FHE AUC (%s, N=%d): global AUC %.6f%s", st["protocol"], config.n_points, auc,
+        log(INFO, "FHE AUC (%s, N=%d): global AUC %.6f (resolution bound %.2g)%s", st["protocol"],
+            config.n_points, auc, bound,
             " (verified: both runs agree)" if isinstance(config, MaliciousAUCConfig) else "")
         verified_metrics = not isinstance(config, MaliciousAUCConfig)
         if metrics is not None:
@@ -421,6 +424,7 @@ def decrypt_result(msg: Message, context: Context) -> Message:
         report: dict = {"status": "ok", "shared": shared}
         if shared:
             report["auc"] = float(auc)
+            report["resolution-bound"] = float(bound)
             if metrics is not None and verified_metrics:
                 report.update({k: float(v) for k, v in zip(_METRICS, metrics)})
         return RecordDict({REPORT_KEY: ConfigRecord(report)})

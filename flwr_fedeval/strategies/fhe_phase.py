@@ -42,8 +42,11 @@ expects the clients to report it (each client decides with its *own*
 verification fails (malicious protocol) replies ``TamperingDetectedError``;
 the phase then raises :class:`TamperingReportedError` naming those clients.
 
-Public count scale ``K``: every client reports a power-of-two upper bound of
-its test-set size at step 1; ``K = suggest_count_scale(Σ bounds)``.
+Count encoding: every client reports a power-of-two upper bound of its
+test-set size at step 1; their sum is the public pooled bound ``max_rows``
+from which every client derives the count scale ``K``
+(:class:`~flwr_fedeval.fhe.auc.FHEAUCConfig`); a client whose counts exceed
+it refuses.
 """
 
 from __future__ import annotations
@@ -80,7 +83,6 @@ from flwr_fedeval.fhe.auc import (
     FHEAUCConfig,
     aggregate_auc,
     aggregate_threshold_metrics,
-    suggest_count_scale,
 )
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig, aggregate_auc_malicious, required_slots
 from flwr_fedeval.fhe.backend import BACKENDS, CKKSContext, CKKSParams, load_context, unpack_blobs
@@ -140,9 +142,12 @@ class FHEAUCPhase:
         CKKS engine the key holder uses (OpenFHE needs Python 3.10).
     spacing : {"linear", "logit"}, default="linear"
         See :func:`flwr_fedeval.fhe.counts.decision_points`.
-    share_auc_with_server : bool, default=False
+    share_auc_with_server : bool, default=True
         Expect the clients to report the AUC (and, semi-honest, the threshold
-        metrics). Off, as in the paper, the server learns nothing.
+        metrics). Each client still decides for itself (its own
+        ``share-auc-with-server``, default true like this one, so that the
+        App's FINAL line has a number). Off, as in the paper, the server
+        learns nothing.
     metrics_threshold : float or None, default=None
         Also compute accuracy, precision, recall and F1 at this threshold
         (predicted positive iff score ≥ threshold) through the same phase.
@@ -168,7 +173,7 @@ class FHEAUCPhase:
         n_splits: int = 4,
         backend: str = "tenseal",
         spacing: str = "linear",
-        share_auc_with_server: bool = False,
+        share_auc_with_server: bool = True,
         metrics_threshold: float | None = None,
         min_nodes: int = 2,
         arrayrecord_key: str = "arrays",
@@ -322,7 +327,7 @@ class FHEAUCPhase:
         Returns ``({node: (auc message, metrics message or None)}, nonce)``.
         """
         nonce = secrets.token_bytes(16)
-        per_client = 4 if self.protocol == "malicious" else 2
+        per_client = 6 if self.protocol == "malicious" else 3
         metrics_threshold = -1.0 if self.metrics_threshold is None else self.metrics_threshold
         contents = {}
         for index, node in enumerate(participants):
@@ -331,7 +336,7 @@ class FHEAUCPhase:
                 protocol=self.protocol,
                 **{
                     "n-points": int(self.thresholds.size),
-                    "count-scale": float(config.count_scale),
+                    "max-rows": int(config.max_rows),
                     "n-splits": int(self.n_splits),
                     "party-index": index,
                     "n-parties": len(participants),
@@ -406,6 +411,26 @@ class FHEAUCPhase:
     def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
         """Steps 1–6 over every node of ``grid``.
 
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+            Every node of it is asked to take part.
+        arrays : ArrayRecord
+            The global model the clients score their test sets with.
+
+        Returns
+        -------
+        AUCPhaseResult
+            ``auc``: the median of the AUCs the clients chose to report
+            (``share-auc-with-server``), ``nan`` when none did (only the
+            clients know it then); ``counts`` is ``None`` (the server never
+            sees counts); ``contributors``: the node IDs whose encrypted counts
+            are in the result; ``failed``: node ID → reason for every node
+            left out; ``details``: protocol, backend, N, count scale, key
+            holder, public-context size, step-4 attempts, aggregation and
+            phase seconds, who decrypted and who reported, and the threshold
+            metrics when enabled and reported.
+
         Raises
         ------
         RuntimeError
@@ -426,7 +451,7 @@ class FHEAUCPhase:
         keys = self.collect_public_keys(grid, nodes, session, failed)
         self._require(keys, failed, "step 1 (public keys)")
         total_bound = sum(v[1] for v in keys.values())
-        config_kw = {"n_points": int(self.thresholds.size), "count_scale": suggest_count_scale(max(total_bound, 1))}
+        config_kw = {"n_points": int(self.thresholds.size), "max_rows": max(int(total_bound), 1)}
         config: FHEAUCConfig = (MaliciousAUCConfig(n_splits=self.n_splits, **config_kw)
                                 if self.protocol == "malicious" else FHEAUCConfig(**config_kw))
 
@@ -498,6 +523,7 @@ class FHEAUCPhase:
             "variant": self.protocol,
             "backend": self.backend,
             "num_decision_points": int(self.thresholds.size),
+            "max_rows": int(config.max_rows),
             "count_scale": float(config.count_scale),
             "key_holder": int(holder),
             "public_context_bytes": len(self.public_context_bytes or b""),
@@ -509,10 +535,12 @@ class FHEAUCPhase:
         }
         if self.protocol == "malicious":
             details["n_splits"] = self.n_splits
-        auc = math.nan
+        auc = bound = math.nan
         if self.share_auc_with_server and shared:
             values = np.array([r["auc"] for r in shared.values()])
             auc = float(np.median(values))
+            bounds = [r["resolution-bound"] for r in shared.values() if "resolution-bound" in r]
+            bound = float(np.median(bounds)) if bounds else math.nan
             if values.max() - values.min() > _REPORT_SPREAD:
                 log(WARNING, "FHE AUC phase: client reports differ by %.3g: %s", values.max() - values.min(),
                     {n: r["auc"] for n, r in shared.items()})
@@ -549,4 +577,5 @@ class FHEAUCPhase:
             failed=dict(failed),
             method=self.method,
             details=details,
+            resolution_bound=bound,
         )

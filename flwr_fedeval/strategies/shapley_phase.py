@@ -51,8 +51,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_fedeval.clients.shapley_handlers import REQUEST_KEY, ROLES
+from flwr_fedeval.clients.shapley_handlers import REQUEST_KEY, ROLES, SIGNED_PROTOCOL, SIGNED_ROLE
 from flwr_fedeval.fhe.backend import load_context, pack_blobs, unpack_blobs
+from flwr_fedeval.identity import IdentityError, Roster, verify_key
 from flwr_fedeval.messages import (
     QUERY_FEDEVAL_ROLE,
     QUERY_SHAPLEY_AUX_DIFF,
@@ -114,11 +115,19 @@ class NodeSubsetGrid:
         return getattr(self._grid, name)
 
 
-def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True) -> dict[int, str]:
+def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, roster: Roster | None = None,
+                   refused: dict[int, str] | None = None) -> dict[int, str]:
     """``{node_id: role}`` of every connected node (``query.fedeval_role``).
 
     With ``strict=False`` a node that does not answer counts as a ``"client"``
     (logged), e.g. a ClientApp without the Shapley handlers.
+
+    With a ``roster``, every node must sign its role (with a fresh nonce) as
+    a distinct roster member; a node that does not — e.g. an extra SuperNode
+    whose key is not in the roster — is left out of the result and put in
+    ``refused`` (node ID → reason), so the caller can keep it out of
+    training and every phase. (The nodes check every relayed key
+    themselves; this only keeps strangers from spoiling key sets.)
 
     Raises
     ------
@@ -126,19 +135,49 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True) -
         (``strict``) A node did not answer or answered an unknown role.
     """
     failed: dict[int, str] = {}
+    nonce = secrets.token_hex(16)
 
-    def parse(node: int, content: RecordDict) -> str:
-        role = str(content["role"]["role"])
+    def parse(node: int, content: RecordDict) -> tuple[str, str | None, str | None]:
+        rec = content["role"]
+        role = str(rec["role"])
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
-        return role
+        if roster is None:
+            return role, None, None
+        signer, sig = rec.get("signer"), rec.get("signature")
+        if not isinstance(signer, str) or not isinstance(sig, bytes):
+            return role, None, f"no signed identity ({rec.get('identity-error', 'node sent none')})"
+        try:
+            verify_key(roster, signer, sig, protocol="fedeval-role", session=nonce, round=0, role=role,
+                       key=roster.public_key_bytes(signer))
+        except IdentityError as exc:
+            return role, None, str(exc)
+        return role, signer, None
 
     nodes = list(grid.get_node_ids())
-    roles = exchange(grid, {n: RecordDict() for n in nodes}, QUERY_FEDEVAL_ROLE, parse, failed,
-                     what="role", phase="roles", timeout=timeout, label=_LABEL)
+    request = RecordDict({"role": ConfigRecord({"nonce": nonce})})
+    got = exchange(grid, dict.fromkeys(nodes, request), QUERY_FEDEVAL_ROLE, parse, failed,
+                   what="role", phase="roles", timeout=timeout, label=_LABEL)
     if failed and strict:
         raise ShapleyPhaseError("role discovery", failed)
-    return {**{n: "client" for n in failed}, **roles}
+    roles = {**{n: "client" for n in failed}, **{n: r for n, (r, _, _) in got.items()}}
+    if roster is not None:
+        out = {} if refused is None else refused
+        signers: dict[str, int] = {}
+        for n in sorted(got):
+            _, signer, why = got[n]
+            if why is not None:
+                out[n] = why
+            elif signer in signers:
+                out[n] = out[signers[signer]] = f"two nodes sign as roster member {signer!r}"
+            else:
+                signers[signer] = n
+        out.update({n: f"no role reply: {why}" for n, why in failed.items()})
+        for n in out:
+            roles.pop(n, None)
+        if out:
+            log(WARNING, "%s: node(s) left out, not authenticated against the roster: %s", _LABEL, out)
+    return roles
 
 
 @dataclass
@@ -213,19 +252,35 @@ class SecSVPhase:
         twice the samples per ciphertext).
     model_bound : float, default=8.0
         Public bound on ``|θ|``; clients refuse to encrypt larger models.
-    feature_bound : float, default=1.0
+    feature_bound : float, default=16.0
         Public bound on ``|x|`` of the test features; clients refuse larger ones.
+        16 holds standardised features (the embedded breast-cancer data reach
+        |z| = 12.07) as well as [0, 1]-scaled ones; it costs 4 ring bits over 1.
     data_frac_bits, model_frac_bits, weight_bits : int
         Fixed point (see :class:`~flwr_fedeval.shapley.secsv.SecSVParams`); the
         ring ``Z_{2^k}`` and the limbs follow from the bounds (``for_bounds``).
     min_nodes : int, default=2
+        Fewest data clients the phase runs with (a helper must not own the
+        batch it decrypts).
     timeout : float, default=600
         Seconds per exchange.
+    roster : flwr_fedeval.identity.Roster, optional
+        The federation's roster: P checks the signed hello keys and aborts
+        naming a node whose key does not verify (e.g. one not in the roster).
+        The nodes check every relayed key themselves, with or without it.
+
+    Raises
+    ------
+    ValueError
+        If ``model_bound`` or ``feature_bound`` is not > 0, or ``min_nodes``
+        is not an integer ≥ 2. Bounds that fit no fixed-point parameters are
+        refused when :meth:`run` derives them (``SecSVParams.for_bounds``).
     """
 
     def __init__(self, *, sample_skip: bool = True, binary_margin: bool = True, model_bound: float = 8.0,
-                 feature_bound: float = 1.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
-                 weight_bits: int = 8, min_nodes: int = 2, timeout: float = 600.0) -> None:
+                 feature_bound: float = 16.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
+                 weight_bits: int = 8, min_nodes: int = 2, timeout: float = 600.0,
+                 roster: Roster | None = None) -> None:
         if not (model_bound > 0 and feature_bound > 0):
             raise ValueError("model_bound and feature_bound must be > 0")
         if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 2:
@@ -237,6 +292,7 @@ class SecSVPhase:
                            weight_bits=int(weight_bits))
         self.min_nodes = min_nodes
         self.timeout = float(timeout)
+        self.roster = roster
 
     def summary(self) -> str:
         return (f"SecSV (two servers, Matrix Reducing{', SampleSkip' if self.sample_skip else ''}), "
@@ -300,6 +356,7 @@ class SecSVPhase:
         hello, _ = self._exchange(grid, {n: RecordDict() for n in clients + [aux]}, QUERY_SHAPLEY_HELLO,
                                   lambda n, c: dict(c["shapley-hello"]), "hello")
         self._check_roles(hello, clients, aux)
+        self._check_signatures(hello)
         info = {n: hello[n] for n in clients}
         n_features = {int(i["n-features"]) for i in info.values()}
         n_classes = {int(i["n-classes"]) for i in info.values()}
@@ -322,12 +379,21 @@ class SecSVPhase:
 
         # step 2
         leader = secrets.choice(clients)
-        peers = ConfigRecord({str(n): pk[n] for n in clients if n != leader})
-        keyrep, _ = self._exchange(grid, {leader: RecordDict({"shapley-peers": peers})}, QUERY_SHAPLEY_KEYGEN,
+        others = [n for n in clients if n != leader]
+        keyrep, _ = self._exchange(grid, {leader: RecordDict(self._signed_keys("shapley-peers", others, hello))},
+                                   QUERY_SHAPLEY_KEYGEN,
                                    lambda n, ct: (array_to_bytes(ct["shapley-context"]["public"]),
-                                                  {k: array_to_bytes(v) for k, v in ct["shapley-bundles"].items()}),
+                                                  {k: array_to_bytes(v) for k, v in ct["shapley-bundles"].items()},
+                                                  dict(ct["shapley-leader"])),
                                    "keygen")
-        public_bytes, bundles = keyrep[leader]
+        public_bytes, bundles, leader_sig = keyrep[leader]
+        if self.roster is not None:
+            try:
+                verify_key(self.roster, str(leader_sig["signer"]), bytes(leader_sig["signature"]),
+                           protocol=SIGNED_PROTOCOL, session=self._request["session"], round=0, role="key-holder",
+                           key=pk[leader])
+            except IdentityError as exc:
+                raise ShapleyPhaseError("keygen", {leader: str(exc)}) from None
         ctx = load_context(public_bytes)
         if ctx.is_private:
             raise ShapleyPhaseError("keygen", {leader: "the public context carries a secret key"})
@@ -338,7 +404,9 @@ class SecSVPhase:
             raise ShapleyPhaseError("keygen", {leader: f"no key bundle for nodes {missing}"})
 
         # step 3
-        extra = {"leader-public-key": pk[leader], "aux-public-key": pk[aux]}
+        extra = {"leader-public-key": pk[leader], "leader-signer": str(leader_sig["signer"]),
+                 "leader-signature": bytes(leader_sig["signature"]), "aux-public-key": pk[aux],
+                 "aux-signer": str(hello[aux]["signer"]), "aux-signature": bytes(hello[aux]["signature"])}
         contents = {}
         for n in clients:
             rd = RecordDict({REQUEST_KEY: ConfigRecord(extra)})
@@ -365,7 +433,7 @@ class SecSVPhase:
             REQUEST_KEY: ConfigRecord({"order": [str(n) for n in clients]}),
             "shapley-context": ArrayRecord({"public": bytes_to_array(public_bytes)}),
             "shapley-aux-shares": ArrayRecord({f"sealed-{n}": bytes_to_array(shares[n][2]) for n in clients}),
-            "shapley-aux-keys": ConfigRecord({str(n): pk[n] for n in clients}),
+            **self._signed_keys("shapley-aux-keys", clients, hello),
         })
         got, _ = self._exchange(grid, {aux: aux_content}, QUERY_SHAPLEY_AUX_SETUP,
                                 lambda n, ct: int(ct["shapley-aux"]["samples"]), "aux setup")
@@ -402,6 +470,35 @@ class SecSVPhase:
             empty_utilities=res.empty_utilities, rounds=rounds,
             clients=res.clients, weights=weights, aux_node=aux, leader=leader, sample_skip=self.sample_skip,
             stats=dict(self._stats))
+
+    def _check_signatures(self, hello: dict) -> None:
+        """With a roster: every hello key signed by a distinct roster member for its role."""
+        failed: dict[int, str] = {}
+        signers: dict[str, int] = {}
+        for n, h in hello.items():
+            signer, sig = h.get("signer"), h.get("signature")
+            if not isinstance(signer, str) or not isinstance(sig, bytes):
+                failed[n] = "X25519 key is not signed (signer, signature missing)"
+                continue
+            if signer in signers:
+                failed[n] = failed[signers[signer]] = f"two nodes sign as roster member {signer!r}"
+            signers[signer] = n
+            if self.roster is None:
+                continue
+            try:
+                verify_key(self.roster, signer, sig, protocol=SIGNED_PROTOCOL, session=self._request["session"],
+                           round=0, role=SIGNED_ROLE[h["role"]], key=bytes(h["public-key"]))
+            except IdentityError as exc:
+                failed[n] = str(exc)
+        if failed:
+            raise ShapleyPhaseError("hello", failed)
+
+    @staticmethod
+    def _signed_keys(record: str, nodes: list[int], hello: dict) -> dict[str, ConfigRecord]:
+        """``record`` (``{node: key}``) with ``record-signers`` and ``record-signatures`` as relayed from hello."""
+        return {record: ConfigRecord({str(n): bytes(hello[n]["public-key"]) for n in nodes}),
+                f"{record}-signers": ConfigRecord({str(n): str(hello[n]["signer"]) for n in nodes}),
+                f"{record}-signatures": ConfigRecord({str(n): bytes(hello[n]["signature"]) for n in nodes})}
 
     @staticmethod
     def _check_roles(hello: dict, clients: list[int], aux: int) -> None:

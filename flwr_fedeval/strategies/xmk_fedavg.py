@@ -44,8 +44,8 @@ from flwr_fedeval.messages import (
 __all__ = ["RoundAborted", "XMKFedAvg"]
 
 REKEY_CHOICES = ("every-round", "per-client-set")
-#: Default parameter set: n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
-DEFAULT_PARAMETER_SET = "xmk-n4096-q108"
+#: Default parameter set (the protocol layer's): n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
+DEFAULT_PARAMETER_SET = rlwe.DEFAULT_PARAMETER_SET.name
 
 
 class RoundAborted(RuntimeError):
@@ -146,6 +146,32 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         ``min_train_nodes``, ``min_available_nodes``, ...).
         ``min_train_nodes`` (default 2) is also the fewest clients a key set
         may have; it is raised to 2 if lower.
+
+    Attributes
+    ----------
+    aborted_attempts : list of (int, RoundAborted)
+        Every aborted attempt with its round; the reason per node is in
+        ``RoundAborted.failed``.
+    timer : StepTimer
+        ``timer.timings``: ``(step, seconds)`` of every protocol step run so
+        far (key generation, sum, partial decryption, decoding; waits for the
+        clients' replies included), in order; each is also logged at INFO.
+
+    Raises
+    ------
+    ValueError
+        At construction: ``parameter_set`` is unknown or weaker than the
+        128-bit HomomorphicEncryption.org bound, ``max_abs_value`` is not a
+        finite number ≥ 1, ``rekey`` is not one of its choices, or
+        ``max_attempts < 1``.
+    flwr_fedeval.rlwe.NoiseBudgetError
+        From ``configure_train``/``aggregate_train`` (and so from ``start``):
+        ``scale_bits`` (or, when unset, any scale) does not fit the noise
+        budget for the number of clients and ``max_abs_value`` (see
+        :meth:`scale_bits_for`).
+        A failed or malformed client reply never raises: the attempt aborts
+        (:class:`RoundAborted`, recorded in ``aborted_attempts``), the round
+        is re-keyed and re-run, or left unchanged.
     """
 
     def __init__(

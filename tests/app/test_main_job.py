@@ -27,6 +27,8 @@ def test_main_job_runs_and_federated_auc_matches_pooled_reference(tmp_path):
     assert result["num_test_samples"] > 100
     assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.01
     assert result["federated_auc"] > 0.8  # training did something
+    assert 0 <= result["resolution_bound"] <= 0.5
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= result["resolution_bound"] + 1e-9
     assert set(result["train_metrics"]) == {"1", "2"}
     # every node took part in train (2 rounds), evaluate (2) and the AUC phase
     for node in grid.node_ids:
@@ -107,7 +109,7 @@ def test_score_histogram_counts_each_class_on_both_scales():
 def test_main_job_with_secure_shapley_values(tmp_path):
     """Simulation-style roles: partition 3 of 4 is the auxiliary server A (no data, no training)."""
     run_config = {"num-server-rounds": 2, "local-epochs": 3, "learning-rate": 0.01, "output-dir": str(tmp_path), "model": "logreg",
-                  "shapley": "secsv", "shapley-aux-partition-id": 3}
+                  "shapley": "secsv", "shapley-aux-partition-id": 3, "identity-dir": IDENTITY_DIR}
     grid = InProcessGrid(client_app, 4, run_config)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     server_app.main(grid, ctx)

@@ -151,7 +151,7 @@ def test_key_format_is_flower_supernode_auth_format(tmp_path):
     """The private key loads the way ``flower-supernode --auth-supernode-private-key`` loads it."""
     path = NodeIdentity.generate("node-0").save(tmp_path / "node-0.key")
     key = serialization.load_ssh_private_key(path.read_bytes(), None)
-    assert isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP384R1)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1)
     from flwr.supercore.primitives.asymmetric import uses_nist_ec_curve
 
     assert uses_nist_ec_curve(key.public_key())

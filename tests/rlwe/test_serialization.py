@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.rlwe.params import DEFAULT_PARAMETER_SET as P
+from flwr_fedeval.rlwe.params import get_parameter_set
+
+P = get_parameter_set("xmk-n4096-q93")  # q108 (the default) is the "other" set below
 from flwr_fedeval.rlwe.serialization import HEADER_SIZE
 
 

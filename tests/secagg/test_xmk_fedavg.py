@@ -61,6 +61,15 @@ def test_two_rounds_with_per_client_set_rekey_reuses_keys():
     assert shapes_init  # initial weights untouched
 
 
+def test_timer_records_each_protocol_step_of_each_round():
+    strategy = _strategy(3)
+    _run(InProcessGrid(make_app(), 3, RUN_CONFIG), strategy, rounds=2)
+    steps = ["step 1 (key generation)", "step 2 (sum of the encrypted updates)", "step 3 (partial decryption)",
+             "step 4 (decoding)"]
+    assert [name for name, _ in strategy.timer.timings] == steps * 2
+    assert all(seconds > 0 for _, seconds in strategy.timer.timings)
+
+
 @pytest.mark.parametrize("step", ["query.xmk_keygen", "query.xmk_reveal", "train", "query.xmk_pdec"])
 def test_dropout_at_each_step_aborts_then_succeeds_without_that_client(step):
     dropped = {}
