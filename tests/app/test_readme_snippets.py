@@ -25,6 +25,7 @@ from sklearn.metrics import roc_auc_score
 from flwr_fedeval.fhe.counts import decision_points, threshold_counts
 from flwr_fedeval.metrics.auc import auc_from_counts
 from flwr_fedeval.testing import InProcessGrid
+from identities import IDENTITY_DIR, ROSTER_PATH
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 W_TRUE = np.array([1.5, -1.0, 0.8, -0.5], dtype=np.float32)
@@ -125,9 +126,10 @@ def test_quickstart_adds_xmkckks_fhe_and_dp_in_at_most_15_lines(task, capsys, mo
     monkeypatch.setattr(FHEAUCPhase, "run", lambda self, grid, arrays: evaluated.append(arrays) or run(self, grid, arrays))
     client = _exec(blocks["quickstart-client"])
     server = _exec(blocks["quickstart-server"])
-    grid = InProcessGrid(client["app"], NUM_CLIENTS)
+    grid = InProcessGrid(client["app"], NUM_CLIENTS, {"identity-dir": IDENTITY_DIR})
     with flwr_records() as records:
-        server["main"](grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+        server["main"](grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                     run_config={"identity-dir": IDENTITY_DIR}))
     fhe_auc, dp_auc = map(float, re.search(r"FHE AUC ([\d.]+), DPAUC_Lap AUC ([\d.-]+)",
                                            capsys.readouterr().out).groups())
     types_ok = {(t, ok) for _, t, ok in grid.log}
@@ -166,7 +168,8 @@ def _trained(grid, rounds=1):
 def test_each_auc_phase_snippet_runs_as_written(task, name):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
-    grid = InProcessGrid(_client(blocks, name, quick), NUM_CLIENTS, {"dp-budget": 2.0})
+    grid = InProcessGrid(_client(blocks, name, quick), NUM_CLIENTS,
+                         {"dp-budget": 2.0, "identity-dir": IDENTITY_DIR})
     result = _trained(grid)
     ns = _exec(blocks[f"{name}-server"], {"grid": grid, "result": result})
     y, s = _pooled(result.arrays)
@@ -184,7 +187,8 @@ def test_each_auc_phase_snippet_runs_as_written(task, name):
 def test_xmkckks_snippet_runs_as_written(task):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
-    grid = InProcessGrid(_client(blocks, "xmkckks", quick, train_plain=False), NUM_CLIENTS)
+    grid = InProcessGrid(_client(blocks, "xmkckks", quick, train_plain=False), NUM_CLIENTS,
+                         {"identity-dir": IDENTITY_DIR})
     start = types.SimpleNamespace(arrays=ArrayRecord(load_model().get_weights()))
     ns = _exec(blocks["xmkckks-server"], {"grid": grid, "result": start})
     assert ("query.xmk_pdec", True) in {(t, ok) for _, t, ok in grid.log}
@@ -197,7 +201,11 @@ def test_shapley_snippet_runs_as_written(task):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
     app = _client(blocks, "shapley", quick, train_plain=False)
-    configs = [{"partition-id": i} for i in range(NUM_CLIENTS)] + [{"fedeval-role": "shapley-aux"}]
+    # deployment-style node config: each node's own key and the roster (README "Node identities")
+    keys = [{"fedeval-identity-key": f"{IDENTITY_DIR}/node-{i}.key", "fedeval-roster": ROSTER_PATH}
+            for i in range(NUM_CLIENTS + 1)]
+    configs = [{"partition-id": i, **keys[i]} for i in range(NUM_CLIENTS)] + [
+        {"fedeval-role": "shapley-aux", **keys[NUM_CLIENTS]}]
     grid = InProcessGrid(app, NUM_CLIENTS + 1, node_configs=configs)
     ns = _exec(blocks["shapley-server"], {"grid": grid, "initial": ArrayRecord(load_model().get_weights())})
     fsv = ns["fsv"]
