@@ -11,6 +11,7 @@ help:
 	@echo "make run        main job: flwr run . on the embedded breast-cancer data ($(NUM_CLIENTS) clients)"
 	@echo "make run-xray   main job on the chest X-rays in $(XRAY_DIR) (seed CNN, pneumonia vs normal)"
 	@echo "make run-shapley secure Shapley values (SecSV) on bank marketing in $(BANK_DIR): $(NUM_CLIENTS) clients + aux server"
+	@echo "make run-openfhe main job, FHE AUC (FHE_AUC=malicious|semi-honest) on OpenFHE: Python 3.10 venv, flwr 1.30"
 	@echo "make test       the whole test suite (what CI runs)"
 	@echo "make test-fast  the suite without tests marked slow"
 	@echo "make bench      the benchmarks (JSON in benchmarks/results/)"
@@ -18,6 +19,9 @@ help:
 setup:
 	@scripts/bootstrap.sh
 
+# RUN_CONFIG="key=value ..." overrides any key, also one a target sets (the later value wins);
+# run-local.sh checks config, data and every client's split before Flower starts, and gives
+# each run its own SuperLink (own FLWR_HOME and port), so two runs can go at once.
 run: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
@@ -37,4 +41,19 @@ bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
 
 clean:
-	rm -rf .flwr-home outputs .pytest_cache
+	rm -rf .flwr-home outputs .pytest_cache .fedeval-ids
+
+# --- Python 3.10 / flwr 1.30 / OpenFHE (issue 13) ---
+.PHONY: run-openfhe test-openfhe test-wheel
+FHE_AUC ?= malicious
+
+run-openfhe:  ## main job with the FHE AUC phase on OpenFHE (builds .venv-py310: Python 3.10, flwr 1.30)
+	@scripts/bootstrap-py310.sh
+	@RUN_VENV=.venv-py310 RUN_FLWR_HOME="$(CURDIR)/.flwr-home-py310" OMP_NUM_THREADS=1 \
+	  scripts/run-local.sh $(NUM_CLIENTS) "auc-method='fhe' fhe-backend='openfhe' fhe-auc='$(FHE_AUC)'" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
+
+test-openfhe:  ## the Python 3.10 / flwr 1.30 / OpenFHE CI leg
+	@scripts/test-openfhe.sh
+
+test-wheel:  ## the core wheel (no extras) in a clean Python 3.12 venv
+	@scripts/test-wheel.sh

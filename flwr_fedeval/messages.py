@@ -217,8 +217,10 @@ def local_stats_from_record(record: ConfigRecord, num_samples: int) -> tuple[flo
     return values[0], values[1], values[2]
 
 # --- xMK-CKKS secure aggregation (DESIGN.md §3) -----------------------------
-#: Step 1: key generation; the reply carries the public share b_i.
+#: Step 1: key generation; the reply carries a signed commitment to b_i and the mask key.
 QUERY_XMK_KEYGEN = "query.xmk_keygen"
+#: Step 1b: the signed commitments in; the reply opens b_i and the X25519 mask key.
+QUERY_XMK_REVEAL = "query.xmk_reveal"
 #: Step 3: partial decryption of the summed C1; the reply carries D_i.
 QUERY_XMK_PDEC = "query.xmk_pdec"
 #: Record keys of the secure-aggregation messages.
@@ -259,6 +261,16 @@ FHE_REQUEST_KEY = "fhe"
 FHE_PUBKEY_KEY = "fhe-pubkey"
 #: Request of step 2: ConfigRecord ``{str(node_id): public key}`` of the other clients.
 FHE_PEERS_KEY = "fhe-peers"
+#: Request of step 2: ConfigRecords ``{str(node_id): roster name}`` and ``{str(node_id): signature}``
+#: of the peers' keys (as each peer signed it at step 1).
+FHE_PEER_SIGNERS_KEY = "fhe-peer-signers"
+FHE_PEER_SIGNATURES_KEY = "fhe-peer-signatures"
+#: Reply of step 2: ConfigRecord ``signer``, ``signature``: the key holder's X25519 key signed
+#: for role ``"key-holder"``.
+FHE_HOLDER_KEY = "fhe-holder"
+#: ``protocol`` field of the signed key statements (:func:`flwr_fedeval.identity.key_statement`);
+#: the phase has no rounds: ``round`` is 0, the session id binds the keys to one run.
+FHE_SIGNED_PROTOCOL = "fhe-auc"
 #: Reply of step 2: ArrayRecord ``public`` (public context, uint8).
 FHE_CONTEXT_KEY = "fhe-context"
 #: Reply of step 2: ArrayRecord ``{str(node_id): sealed bundle}``; request of step 3: ``sealed``.
@@ -295,6 +307,8 @@ SHAPLEY_HELLO_KEY = "shapley-hello"
 SHAPLEY_PEERS_KEY = "shapley-peers"
 #: Reply of keygen / request of aux setup: ArrayRecord ``public`` (public CKKS context).
 SHAPLEY_CONTEXT_KEY = "shapley-context"
+#: Reply of keygen: ConfigRecord, the leader's X25519 key signed for role ``"key-holder"``.
+SHAPLEY_LEADER_KEY = "shapley-leader"
 #: Reply of keygen: ArrayRecord ``{str(node_id): sealed bundle}``; request of share: ``sealed``.
 SHAPLEY_BUNDLES_KEY = "shapley-bundles"
 SHAPLEY_BUNDLE_KEY = "shapley-bundle"
@@ -320,3 +334,13 @@ SHAPLEY_PREDS_KEY = "shapley-preds"
 SHAPLEY_HELPER_KEYS_KEY = "shapley-helper-keys"
 #: Reply of aux diff: ArrayRecord ``d-<j>``.
 SHAPLEY_DIFFS_KEY = "shapley-diffs"
+#: Relayed keys are signed (:mod:`flwr_fedeval.identity`): a record ``<key>`` of relayed keys
+#: comes with ConfigRecords ``<key>-signers`` (roster names) and ``<key>-signatures``.
+SIGNERS_SUFFIX = "-signers"
+SIGNATURES_SUFFIX = "-signatures"
+#: ``protocol`` of the SecSV signed key statements; ``round`` is 0 (the session id binds a key to one phase).
+SHAPLEY_SIGNED_PROTOCOL = "secsv"
+#: Signing role per node role.
+SHAPLEY_SIGNED_ROLE = {"client": "client", "shapley-aux": "aux"}
+#: ``protocol`` of the signed role statement of ``query.fedeval_role``.
+ROLE_PROTOCOL = "fedeval-role"

@@ -108,7 +108,9 @@ def write_results(
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(_jsonable(payload), indent=2))
     if roc is not None:
-        import matplotlib
+        from flwr_fedeval._extras import require
+
+        matplotlib = require("matplotlib", purpose="the ROC plot")
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -130,7 +132,9 @@ def write_results(
 
 def write_fsv_chart(folder: Path, fsv: dict[int, float], *, title: str) -> Path:
     """Bar chart of the Federated Shapley Value per client (``fsv.png`` in ``folder``)."""
-    import matplotlib
+    from flwr_fedeval._extras import require
+
+    matplotlib = require("matplotlib", purpose="the Shapley chart")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

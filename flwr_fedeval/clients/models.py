@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from flwr_fedeval._extras import require
+
 __all__ = ["SEED_CNN_NUM_PARAMETERS", "build_seed_cnn", "build_mlp", "compile_classifier"]
 
 #: Parameter count of :func:`build_seed_cnn` at its default input and classes.
@@ -17,7 +19,7 @@ SEED_CNN_NUM_PARAMETERS = 949_002
 
 def compile_classifier(model: Any, learning_rate: float = 1e-3) -> Any:
     """Compile ``model`` for integer labels with Adam and accuracy."""
-    import keras
+    keras = require("keras", purpose="the Keras models")
 
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
@@ -52,8 +54,8 @@ def build_seed_cnn(
 
     Source: Walskaar, Tran, Catak 2023, §4.2.
     """
-    import keras
-    from keras import layers, regularizers
+    keras = require("keras", purpose="the Keras models")
+    layers, regularizers = keras.layers, keras.regularizers
 
     model = keras.Sequential(
         [
@@ -85,8 +87,8 @@ def build_mlp(
     learning_rate: float = 1e-3,
 ) -> Any:
     """A small dense classifier for tabular data, compiled (softmax output)."""
-    import keras
-    from keras import layers
+    keras = require("keras", purpose="the Keras models")
+    layers = keras.layers
 
     stack = [keras.Input(shape=(num_features,))]
     stack += [layers.Dense(units, activation="relu") for units in hidden_units]

@@ -84,7 +84,9 @@ def load_bank_marketing(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray
         If the file is not the expected format: missing columns, missing
         values, non-numeric numeric columns, unknown categories or targets.
     """
-    import pandas as pd  # data layer only; keep import cost off the protocol layers
+    from flwr_fedeval._extras import require
+
+    pd = require("pandas", purpose="the bank-marketing loader")  # keep import cost off the protocol layers
 
     path = Path(path)
     if path.is_dir():

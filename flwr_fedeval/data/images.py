@@ -67,7 +67,10 @@ def load_image_folder(
     ImageLoadError
         If a file cannot be decoded (the message gives its full path).
     """
-    from PIL import Image, UnidentifiedImageError  # local: only this loader needs PIL
+    from flwr_fedeval._extras import require
+
+    PIL_Image = require("PIL.Image", purpose="the image-folder loader")  # local: only this loader needs PIL
+    Image, UnidentifiedImageError = PIL_Image, PIL_Image.UnidentifiedImageError
 
     root = Path(root).expanduser()
     if not root.is_dir():

@@ -107,9 +107,18 @@ class CKKSParams:
         for 128-bit classical security (218 bits at n = 8192, 438 at 16384).
     mult_depth : int
         OpenFHE only: multiplicative depth. The protocols need 2 (ct×ct, then
-        the mask); the default keeps one spare level.
+        the mask), which is the default (no spare level, as the TenSEAL set).
     first_mod_bits : int
         OpenFHE only: size of the first (decryption) modulus.
+    num_large_digits : int
+        OpenFHE only: ``dnum`` of HYBRID key switching (0 = OpenFHE's choice).
+        One RNS limb per digit (``mult_depth + 1``) keeps the special modulus
+        P to one prime, so Q·P fits the 128-bit bound of n = 2^13.
+    scaling : {"fixed-manual", "flexible-auto"}
+        OpenFHE only: ``fixed-manual`` rescales right after every product, so
+        rotations run on fewer RNS limbs and results leave with one limb (the
+        result is mod-reduced before download); ``flexible-auto`` (the paper's)
+        rescales lazily.
     batch_size : int, default=0
         OpenFHE only: number of slots ``B`` (power of two ≤ n/2; 0 = n/2).
         With sparse packing the B slots repeat cyclically, so a sum over all
@@ -123,8 +132,29 @@ class CKKSParams:
     the last level must stay below ``2^(60-49-1) = 1024`` in magnitude. The
     usual ``[60, 40, 40, 60]``/2^40 set is 512× less precise (relative error
     ~1e-6 after mask, too coarse for the 1e-6 AUC target).
-    Default OpenFHE set (the paper's): ``n = 2^14``, Δ = 2^50, first modulus
-    60 bits, ``HEStd_128_classic``, depth 3 (2 used + 1 spare).
+    Default OpenFHE set: ``n = 2^13``, Δ = 2^45, first modulus 55 bits,
+    depth 2, HYBRID key switching with dnum = 3, fixed-manual rescaling:
+    log2 Q = 145 plus one special prime, within the 218-bit bound of n = 2^13
+    (HomomorphicEncryption.org, 128-bit classical: OpenFHE refuses the set
+    under ``HEStd_128_classic`` otherwise, and refuses 46/56 bits); the same
+    decryption headroom 2^9 as the paper's set. (BV key switching, which
+    needs no special prime, was measured 10-100× noisier at the digit sizes
+    that keep its keys under 40 MiB.)
+    Ciphertexts are 2.7× smaller than with the paper's set (``n = 2^14``,
+    depth 3, HYBRID, flexible-auto: :meth:`paper_openfhe`), and the aggregator
+    ~4× faster (``benchmarks/bench_fhe_auc.py``).
+
+    Raises
+    ------
+    ValueError
+        If ``backend`` is unknown; ``poly_modulus_degree`` is not a power of
+        two in [1024, 32768]; ``scale_bits`` is outside [20, 59]; for
+        TenSEAL, fewer than 4 primes are given, their bit sizes sum above the
+        128-bit bound of ``n`` (HomomorphicEncryption.org standard, ternary
+        secret: 27/54/109/218/438/881 bits for n = 2^10…2^15), or a
+        ``batch_size`` is set; for OpenFHE, ``batch_size`` is neither 0 nor a
+        power of two in [2, n/2], or ``mult_depth < 2``. (OpenFHE checks the
+        security level of its own moduli when the context is created.)
     """
 
     backend: str = "tenseal"
@@ -134,6 +164,8 @@ class CKKSParams:
     mult_depth: int = 3
     first_mod_bits: int = 60
     batch_size: int = 0
+    num_large_digits: int = 3
+    scaling: str = "fixed-manual"
 
     # HomomorphicEncryption.org standard, 128-bit classical, ternary secret.
     _MAX_LOGQ = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
@@ -166,20 +198,36 @@ class CKKSParams:
                 raise ValueError(f"batch_size must be 0 or a power of two in [2, n/2={n // 2}], got {b!r}")
             if self.mult_depth < 2:
                 raise ValueError(f"mult_depth must be >= 2, got {self.mult_depth!r}")
+            if isinstance(self.num_large_digits, bool) or not isinstance(self.num_large_digits, int) \
+                    or self.num_large_digits < 0:
+                raise ValueError(f"num_large_digits must be an integer >= 0, got {self.num_large_digits!r}")
+            if self.scaling not in ("fixed-manual", "flexible-auto"):
+                raise ValueError(f"scaling must be 'fixed-manual' or 'flexible-auto', got {self.scaling!r}")
 
     @classmethod
     def default(cls, backend: str | None = None) -> "CKKSParams":
         """The default (128-bit) parameter set of ``backend``."""
         backend = backend or default_backend()
         if backend == "openfhe":
-            return cls(backend="openfhe", poly_modulus_degree=16384, scale_bits=50,
-                       coeff_mod_bit_sizes=(), mult_depth=3, first_mod_bits=60)
+            return cls(backend="openfhe", poly_modulus_degree=8192, scale_bits=45,
+                       coeff_mod_bit_sizes=(), mult_depth=2, first_mod_bits=55,
+                       num_large_digits=3, scaling="fixed-manual")
         return cls(backend="tenseal")
 
     @classmethod
-    def for_slots(cls, needed_slots: int, backend: str | None = None) -> "CKKSParams":
-        """Default parameters of ``backend`` with the smallest batch holding ``needed_slots``."""
-        p = cls.default(backend)
+    def paper_openfhe(cls) -> "CKKSParams":
+        """The FHE AUC paper's OpenFHE set (Baykara et al. 2025, §VII), for comparison:
+        ``n = 2^14``, Δ = 2^50, first modulus 60 bits, depth 3, HYBRID key
+        switching (OpenFHE's dnum), flexible-auto rescaling."""
+        return cls(backend="openfhe", poly_modulus_degree=16384, scale_bits=50,
+                   coeff_mod_bit_sizes=(), mult_depth=3, first_mod_bits=60,
+                   num_large_digits=0, scaling="flexible-auto")
+
+    @classmethod
+    def for_slots(cls, needed_slots: int, backend: str | None = None, *,
+                  base: "CKKSParams | None" = None) -> "CKKSParams":
+        """Default parameters of ``backend`` (or ``base``) with the smallest batch holding ``needed_slots``."""
+        p = base if base is not None else cls.default(backend)
         if needed_slots > p.poly_modulus_degree // 2:
             raise ValueError(f"{needed_slots} slots exceed the {p.poly_modulus_degree // 2} of n={p.poly_modulus_degree}")
         if p.backend != "openfhe":
@@ -199,6 +247,8 @@ class CKKSParams:
         try:
             d = json.loads(bytes(data).decode())
             d["coeff_mod_bit_sizes"] = tuple(d["coeff_mod_bit_sizes"])
+            d.setdefault("num_large_digits", 0)  # contexts serialized before these fields
+            d.setdefault("scaling", "flexible-auto")
             return cls(**d)
         except (ValueError, KeyError, TypeError) as exc:
             raise SerializationError(f"invalid CKKS parameters in context: {exc}") from None
@@ -367,6 +417,45 @@ class CKKSContext(ABC):
             raise ValueError(f"dot_plain needs equally many (>= 1) ciphertexts and plaintexts, "
                              f"got {len(cts)} and {len(plains)}")
         return self.add_many([self.multiply_plain(c, p) for c, p in zip(cts, plains)])
+
+    # -- checks on received ciphertexts (issue 12) -------------------------
+    def ciphertext_layout(self, ct: Any) -> tuple[int, int, float, int]:
+        """``(slots, level, scale, polynomials)`` of ``ct`` as this backend reports them.
+
+        ``level`` counts the RNS primes the ciphertext still has (TenSEAL) or
+        OpenFHE's level (0 = fresh). Backends override it; the default refuses.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot report ciphertext layouts")
+
+    def fresh_layout(self) -> tuple[int, int, float, int]:
+        """The layout of a fresh ciphertext under this context (what clients send).
+
+        Measured once by encrypting zeros under the (public) key, so it holds
+        for every backend and parameter set."""
+        cached = getattr(self, "_fresh_layout", None)
+        if cached is None:
+            cached = self._fresh_layout = self.ciphertext_layout(self.encrypt([0.0]))
+        return cached
+
+    def check_fresh(self, ct: Any) -> Any:
+        """Refuse a received ciphertext whose slot count, level, scale or size is not a fresh one's.
+
+        Aggregating ciphertexts of different levels or scales raises inside
+        the CKKS library (or, worse, computes a wrong number); a server checks
+        every ciphertext with this before aggregation so that one bad node is
+        left out and named.
+
+        Raises
+        ------
+        SerializationError
+            Naming the field that differs, e.g. ``"slot count 2048, expected 4096"``.
+        """
+        got, want = self.ciphertext_layout(ct), self.fresh_layout()
+        for name, g, w in zip(("slot count", "level", "scale", "polynomial count"), got, want):
+            if g != w:
+                raise SerializationError(f"ciphertext {name} {g}, expected {w} (a fresh ciphertext under the "
+                                         f"public context)")
+        return ct
 
     # -- serialization ----------------------------------------------------
     @abstractmethod

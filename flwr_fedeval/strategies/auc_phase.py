@@ -9,6 +9,7 @@ phases replace exactly this step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from logging import INFO
 
@@ -25,7 +26,7 @@ from flwr_fedeval.messages import (
     EVALUATION_KEY,
     counts_from_record,
 )
-from flwr_fedeval.metrics.auc import auc_from_counts
+from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
 from flwr_fedeval.strategies.base import EvaluationPhase
 
 __all__ = ["AUCPhaseResult", "PlaintextAUCPhase"]
@@ -52,6 +53,10 @@ class AUCPhaseResult:
         What else a reader of the number needs (JSON-serialisable), e.g. for
         the DP phases ``variant`` (clipping / sensitivity option), ``epsilon``,
         ``defined`` and the intermediate public values.
+    resolution_bound : float
+        Certified ``|AUC_true − auc| <= resolution_bound``
+        (:func:`flwr_fedeval.metrics.auc.resolution_bound`); ``nan`` when
+        the phase does not know it (DP phases, FHE AUC not shared).
     """
 
     auc: float
@@ -61,11 +66,13 @@ class AUCPhaseResult:
     failed: dict[int, str] = field(default_factory=dict)
     method: str = "plain"
     details: dict = field(default_factory=dict)
+    resolution_bound: float = math.nan
 
     @property
     def label(self) -> str:
-        """``method`` plus its variant and ε when recorded, e.g. ``dpauc-laplace[clip-sort, eps=1]``."""
-        extra = [str(self.details[k]) for k in ("variant",) if k in self.details]
+        """``method`` plus its variant, CKKS engine and ε when recorded, e.g.
+        ``dpauc-laplace[clip-sort, eps=1]``, ``fhe[malicious, openfhe]``."""
+        extra = [str(self.details[k]) for k in ("variant", "backend") if k in self.details]
         if "epsilon" in self.details:
             extra.append(f"eps={self.details['epsilon']:g}")
         return f"{self.method}[{', '.join(extra)}]" if extra else self.method
@@ -154,6 +161,8 @@ class PlaintextAUCPhase(EvaluationPhase):
         for node in contributors[1:]:
             total = total + valid[node]
         auc = auc_from_counts(total)
-        log(INFO, "AUC phase (plain): %d clients, %d decision points, global AUC %.6f",
-            len(contributors), self.thresholds.size, auc)
-        return AUCPhaseResult(auc, self.thresholds, total, contributors, self.failures.reasons())
+        bound = resolution_bound(total)
+        log(INFO, "AUC phase (plain): %d clients, %d decision points, global AUC %.6f (resolution bound %.2g)",
+            len(contributors), self.thresholds.size, auc, bound)
+        return AUCPhaseResult(auc, self.thresholds, total, contributors, self.failures.reasons(),
+                              resolution_bound=bound)

@@ -42,8 +42,11 @@ expects the clients to report it (each client decides with its *own*
 verification fails (malicious protocol) replies ``TamperingDetectedError``;
 the phase then raises :class:`TamperingReportedError` naming those clients.
 
-Public count scale ``K``: every client reports a power-of-two upper bound of
-its test-set size at step 1; ``K = suggest_count_scale(Σ bounds)``.
+Count encoding: every client reports a power-of-two upper bound of its
+test-set size at step 1; their sum is the public pooled bound ``max_rows``
+from which every client derives the count scale ``K``
+(:class:`~flwr_fedeval.fhe.auc.FHEAUCConfig`); a client whose counts exceed
+it refuses.
 """
 
 from __future__ import annotations
@@ -64,11 +67,11 @@ from flwr_fedeval.fhe.auc import (
     FHEAUCConfig,
     aggregate_auc,
     aggregate_threshold_metrics,
-    suggest_count_scale,
 )
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig, aggregate_auc_malicious, required_slots
 from flwr_fedeval.fhe.backend import BACKENDS, CKKSContext, CKKSParams, load_context, unpack_blobs
 from flwr_fedeval.fhe.counts import decision_points
+from flwr_fedeval.identity import Roster, SignedKey, verify_key
 from flwr_fedeval.messages import (
     ARRAYS_KEY,
     ReplyCode,
@@ -78,12 +81,16 @@ from flwr_fedeval.messages import (
     FHE_BUNDLES_KEY,
     FHE_CONTEXT_KEY,
     FHE_COUNTS_KEY,
+    FHE_HOLDER_KEY,
+    FHE_PEER_SIGNATURES_KEY,
+    FHE_PEER_SIGNERS_KEY,
     FHE_PEERS_KEY,
     FHE_PROTOCOLS,
     FHE_PUBKEY_KEY,
     FHE_REPORT_KEY,
     FHE_REQUEST_KEY,
     FHE_RESULT_KEY,
+    FHE_SIGNED_PROTOCOL,
     QUERY_FHE_KEYGEN,
     QUERY_FHE_PUBKEY,
     QUERY_FHE_RESULT,
@@ -136,9 +143,12 @@ class FHEAUCPhase(EvaluationPhase):
         CKKS engine the key holder uses (OpenFHE needs Python 3.10).
     spacing : {"linear", "logit"}, default="linear"
         See :func:`flwr_fedeval.fhe.counts.decision_points`.
-    share_auc_with_server : bool, default=False
+    share_auc_with_server : bool, default=True
         Expect the clients to report the AUC (and, semi-honest, the threshold
-        metrics). Off, as in the paper, the server learns nothing.
+        metrics). Each client still decides for itself (its own
+        ``share-auc-with-server``, default true like this one, so that the
+        App's FINAL line has a number). Off, as in the paper, the server
+        learns nothing.
     metrics_threshold : float or None, default=None
         Also compute accuracy, precision, recall and F1 at this threshold
         (predicted positive iff score ≥ threshold) through the same phase.
@@ -147,6 +157,11 @@ class FHEAUCPhase(EvaluationPhase):
     arrayrecord_key : str, default="arrays"
     timeout : float, default=3600
         Seconds to wait for the replies of each step.
+    roster : flwr_fedeval.identity.Roster, optional
+        The federation's roster. The server uses it only to leave out, and
+        name, nodes whose signed keys do not verify (e.g. a SuperNode that is
+        not in the roster) before they spoil a key set; the clients check
+        every relayed key themselves, with or without it.
     """
 
     method = "fhe"
@@ -160,11 +175,12 @@ class FHEAUCPhase(EvaluationPhase):
         n_splits: int = 4,
         backend: str = "tenseal",
         spacing: str = "linear",
-        share_auc_with_server: bool = False,
+        share_auc_with_server: bool = True,
         metrics_threshold: float | None = None,
         min_nodes: int = 2,
         arrayrecord_key: str = ARRAYS_KEY,
         timeout: float = 3600,
+        roster: Roster | None = None,
     ) -> None:
         super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         if protocol not in FHE_PROTOCOLS:
@@ -191,6 +207,7 @@ class FHEAUCPhase(EvaluationPhase):
         self.backend = backend
         self.share_auc_with_server = bool(share_auc_with_server)
         self.metrics_threshold = None if metrics_threshold is None else float(metrics_threshold)
+        self.roster = roster
         #: The public context of the last run (bytes), for inspection; never a secret key.
         self.public_context_bytes: bytes | None = None
 
@@ -219,39 +236,56 @@ class FHEAUCPhase(EvaluationPhase):
 
     # --- step 1 -------------------------------------------------------------------
     def collect_public_keys(self, grid: Grid, nodes: list[int], session: str,
-                            failed: Failures) -> dict[int, tuple[bytes, int]]:
-        """Step 1: ``{node: (X25519 public key, test-size bucket)}``."""
+                            failed: Failures) -> dict[int, tuple[bytes, int, SignedKey]]:
+        """Step 1: ``{node: (X25519 public key, test-size bucket, signed key)}``.
 
-        def parse(node: int, content: RecordDict) -> tuple[bytes, int]:
+        With a :attr:`roster`, a node whose signature does not verify is left
+        out (named in ``failed``); two nodes signing as one roster member are
+        both left out."""
+
+        def parse(node: int, content: RecordDict) -> tuple[bytes, int, SignedKey]:
             rec = content[FHE_PUBKEY_KEY]
             pk, bucket = rec["public-key"], rec["test-size-bucket"]
             if not isinstance(pk, bytes) or len(pk) != 32:
                 raise ValueError("public key must be 32 bytes")
             if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0 or bucket & (bucket - 1):
                 raise ValueError(f"test-size-bucket must be 0 or a power of two, got {bucket!r}")
-            return pk, bucket
+            signer, sig = rec.get("signer"), rec.get("signature")
+            if not isinstance(signer, str) or not isinstance(sig, bytes):
+                raise ValueError("public key is not signed (signer, signature missing)")
+            if self.roster is not None:
+                verify_key(self.roster, signer, sig, protocol=FHE_SIGNED_PROTOCOL, session=session, round=0,
+                           role="client", key=pk)
+            return pk, bucket, SignedKey(signer, pk, sig)
 
         request = RecordDict({FHE_REQUEST_KEY: self._request(session)})
         keys = self._exchange(grid, dict.fromkeys(nodes, request), QUERY_FHE_PUBKEY, parse, failed, "public key")
         seen: dict[bytes, int] = {}
+        names: dict[str, int] = {}
         for node in sorted(keys):
-            pk = keys[node][0]
+            pk, signer = keys[node][0], keys[node][2].signer
             if pk in seen:  # two nodes with one key: neither can be addressed safely
                 failed[node] = failed[seen[pk]] = "duplicate X25519 public key"
+            if signer in names:  # the clients would refuse the whole key set
+                failed[node] = failed[names[signer]] = f"two nodes sign as roster member {signer!r}"
             seen[pk] = node
+            names[signer] = node
         return {n: v for n, v in keys.items() if n not in failed}
 
     # --- step 2 -------------------------------------------------------------------
-    def setup_keys(self, grid: Grid, holder: int, peers: dict[int, bytes], session: str,
-                   failed: Failures) -> tuple[CKKSContext, bytes, dict[int, bytes]] | None:
-        """Step 2: the key holder's public context (loaded, checked) and sealed bundles.
+    def setup_keys(self, grid: Grid, holder: int, peers: dict[int, SignedKey], session: str,
+                   failed: Failures, *, holder_pk: bytes) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey] | None:
+        """Step 2: the key holder's public context (loaded, checked), sealed bundles and
+        its signed key (role ``"key-holder"``).
 
         Returns ``None`` (and records the reason in ``failed``) if the key holder fails.
         """
         content = RecordDict(
             {
                 FHE_REQUEST_KEY: self._request(session, backend=self.backend, slots=self.slots),
-                FHE_PEERS_KEY: ConfigRecord({str(n): pk for n, pk in peers.items()}),
+                FHE_PEERS_KEY: ConfigRecord({str(n): p.key for n, p in peers.items()}),
+                FHE_PEER_SIGNERS_KEY: ConfigRecord({str(n): p.signer for n, p in peers.items()}),
+                FHE_PEER_SIGNATURES_KEY: ConfigRecord({str(n): p.signature for n, p in peers.items()}),
             }
         )
 
@@ -264,21 +298,32 @@ class FHEAUCPhase(EvaluationPhase):
                 raise ValueError(f"public context is {ctx.backend} with {ctx.slot_count} slots, "
                                  f"expected {self.backend} with >= {self.slots}")
             bundles = {int(k): array_to_bytes(v) for k, v in reply[FHE_BUNDLES_KEY].items()}
-            return ctx, public, bundles
+            rec = reply[FHE_HOLDER_KEY]
+            signed = SignedKey(str(rec["signer"]), holder_pk, bytes(rec["signature"]))
+            if self.roster is not None:
+                verify_key(self.roster, signed.signer, signed.signature, protocol=FHE_SIGNED_PROTOCOL, session=session,
+                           round=0, role="key-holder", key=signed.key)
+            return ctx, public, bundles, signed
 
         got = self._exchange(grid, {holder: content}, QUERY_FHE_KEYGEN, parse, failed, "key setup")
         return got.get(holder)
 
     # --- steps 3-4 ------------------------------------------------------------------
     def collect_counts(self, grid: Grid, arrays: ArrayRecord, ctx: CKKSContext, participants: list[int],
-                       bundles: dict[int, bytes], holder: int, holder_pk: bytes, session: str,
+                       bundles: dict[int, bytes], holder: int, holder_key: SignedKey, session: str,
                        config: FHEAUCConfig, failed: Failures) -> tuple[dict[int, tuple[bytes, bytes | None]], bytes]:
-        """Steps 3–4: relay the bundles, collect and check the encrypted counts.
+        """Steps 3–4: relay the bundles and the key holder's signed key, collect and check the
+        encrypted counts.
+
+        Every ciphertext must deserialise under the public context and have a
+        fresh ciphertext's slot count, level and scale
+        (:meth:`~flwr_fedeval.fhe.backend.CKKSContext.check_fresh`); a node
+        sending anything else is left out and named, before aggregation.
 
         Returns ``({node: (auc message, metrics message or None)}, nonce)``.
         """
         nonce = secrets.token_bytes(16)
-        per_client = 4 if self.protocol == "malicious" else 2
+        per_client = 6 if self.protocol == "malicious" else 3
         metrics_threshold = -1.0 if self.metrics_threshold is None else self.metrics_threshold
         contents = {}
         for index, node in enumerate(participants):
@@ -287,12 +332,14 @@ class FHEAUCPhase(EvaluationPhase):
                 protocol=self.protocol,
                 **{
                     "n-points": int(self.thresholds.size),
-                    "count-scale": float(config.count_scale),
+                    "max-rows": int(config.max_rows),
                     "n-splits": int(self.n_splits),
                     "party-index": index,
                     "n-parties": len(participants),
                     "nonce": nonce,
-                    "holder-public-key": holder_pk,
+                    "holder-public-key": holder_key.key,
+                    "holder-signer": holder_key.signer,
+                    "holder-signature": holder_key.signature,
                     "metrics-threshold": float(metrics_threshold),
                 },
             )
@@ -307,7 +354,8 @@ class FHEAUCPhase(EvaluationPhase):
 
         def check(data: bytes, expected: int) -> bytes:
             for blob in unpack_blobs(data, expected=expected):
-                ctx.deserialize_ciphertext(blob)  # envelope, key set and native format
+                # envelope, key set and native format; then slot count, level and scale
+                ctx.check_fresh(ctx.deserialize_ciphertext(blob))
             return data
 
         def parse(node: int, reply: RecordDict):
@@ -359,6 +407,26 @@ class FHEAUCPhase(EvaluationPhase):
     def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
         """Steps 1–6 over every node of ``grid``.
 
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+            Every node of it is asked to take part.
+        arrays : ArrayRecord
+            The global model the clients score their test sets with.
+
+        Returns
+        -------
+        AUCPhaseResult
+            ``auc``: the median of the AUCs the clients chose to report
+            (``share-auc-with-server``), ``nan`` when none did (only the
+            clients know it then); ``counts`` is ``None`` (the server never
+            sees counts); ``contributors``: the node IDs whose encrypted counts
+            are in the result; ``failed``: node ID → reason for every node
+            left out; ``details``: protocol, backend, N, count scale, key
+            holder, public-context size, step-4 attempts, aggregation and
+            phase seconds, who decrypted and who reported, and the threshold
+            metrics when enabled and reported.
+
         Raises
         ------
         RuntimeError
@@ -379,8 +447,8 @@ class FHEAUCPhase(EvaluationPhase):
         with self.step("step 1 (public keys)"):
             keys = self.collect_public_keys(grid, nodes, session, failed)
         self._require(keys, failed, "step 1 (public keys)")
-        total_bound = sum(b for _, b in keys.values())
-        config_kw = {"n_points": int(self.thresholds.size), "count_scale": suggest_count_scale(max(total_bound, 1))}
+        total_bound = sum(v[1] for v in keys.values())
+        config_kw = {"n_points": int(self.thresholds.size), "max_rows": max(int(total_bound), 1)}
         config: FHEAUCConfig = (MaliciousAUCConfig(n_splits=self.n_splits, **config_kw)
                                 if self.protocol == "malicious" else FHEAUCConfig(**config_kw))
 
@@ -390,13 +458,13 @@ class FHEAUCPhase(EvaluationPhase):
         while setup is None:
             self._require(candidates, failed, "step 2 (key holder)")
             holder = secrets.choice(candidates)
-            peers = {n: keys[n][0] for n in candidates if n != holder}
+            peers = {n: keys[n][2] for n in candidates if n != holder}
             with self.step("step 2 (key setup)"):
-                setup = self.setup_keys(grid, holder, peers, session, failed)
+                setup = self.setup_keys(grid, holder, peers, session, failed, holder_pk=keys[holder][0])
             candidates.remove(holder)
             if setup is not None:
                 candidates.append(holder)
-        ctx, self.public_context_bytes, bundles = setup
+        ctx, self.public_context_bytes, bundles, holder_key = setup
         participants = sorted(n for n in candidates if n == holder or n in bundles)
         for n in candidates:
             if n not in participants:
@@ -411,7 +479,7 @@ class FHEAUCPhase(EvaluationPhase):
             attempts += 1
             with self.step("steps 3-4 (encrypted counts)"):
                 valid, _ = self.collect_counts(grid, arrays, ctx, participants, bundles, holder,
-                                               keys[holder][0], session, config, failed)
+                                               holder_key, session, config, failed)
             if len(valid) == len(participants) or self.protocol == "semi-honest":
                 participants = sorted(valid)
                 break
@@ -456,6 +524,7 @@ class FHEAUCPhase(EvaluationPhase):
             "variant": self.protocol,
             "backend": self.backend,
             "num_decision_points": int(self.thresholds.size),
+            "max_rows": int(config.max_rows),
             "count_scale": float(config.count_scale),
             "key_holder": int(holder),
             "public_context_bytes": len(self.public_context_bytes or b""),
@@ -467,10 +536,12 @@ class FHEAUCPhase(EvaluationPhase):
         }
         if self.protocol == "malicious":
             details["n_splits"] = self.n_splits
-        auc = math.nan
+        auc = bound = math.nan
         if self.share_auc_with_server and shared:
             values = np.array([r["auc"] for r in shared.values()])
             auc = float(np.median(values))
+            bounds = [r["resolution-bound"] for r in shared.values() if "resolution-bound" in r]
+            bound = float(np.median(bounds)) if bounds else math.nan
             if values.max() - values.min() > _REPORT_SPREAD:
                 log(WARNING, "FHE AUC phase: client reports differ by %.3g: %s", values.max() - values.min(),
                     {n: r["auc"] for n, r in shared.items()})
@@ -507,4 +578,5 @@ class FHEAUCPhase(EvaluationPhase):
             failed=failed.reasons(),
             method=self.method,
             details=details,
+            resolution_bound=bound,
         )

@@ -52,6 +52,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_fedeval.fhe.backend import load_context, pack_blobs, unpack_blobs
+from flwr_fedeval.identity import IdentityError, Roster, verify_key
+from flwr_fedeval.identity import IdentityError, Roster, verify_key
 from flwr_fedeval.messages import (
     ROLE_KEY,
     SHAPLEY_AUX_KEY,
@@ -81,8 +83,14 @@ from flwr_fedeval.messages import (
     QUERY_SHAPLEY_KEYGEN,
     QUERY_SHAPLEY_MODELS,
     QUERY_SHAPLEY_SHARE,
+    ROLE_PROTOCOL,
     ROLES,
+    SHAPLEY_LEADER_KEY,
     SHAPLEY_REQUEST_KEY,
+    SHAPLEY_SIGNED_PROTOCOL,
+    SHAPLEY_SIGNED_ROLE,
+    SIGNATURES_SUFFIX,
+    SIGNERS_SUFFIX,
     array_to_bytes,
     bytes_to_array,
 )
@@ -134,11 +142,19 @@ class NodeSubsetGrid:
         return getattr(self._grid, name)
 
 
-def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True) -> dict[int, str]:
+def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, roster: Roster | None = None,
+                   refused: dict[int, str] | None = None) -> dict[int, str]:
     """``{node_id: role}`` of every connected node (``query.fedeval_role``).
 
     With ``strict=False`` a node that does not answer counts as a ``"client"``
     (logged), e.g. a ClientApp without the Shapley handlers.
+
+    With a ``roster``, every node must sign its role (with a fresh nonce) as
+    a distinct roster member; a node that does not — e.g. an extra SuperNode
+    whose key is not in the roster — is left out of the result and put in
+    ``refused`` (node ID → reason), so the caller can keep it out of
+    training and every phase. (The nodes check every relayed key
+    themselves; this only keeps strangers from spoiling key sets.)
 
     Raises
     ------
@@ -146,19 +162,49 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True) -
         (``strict``) A node did not answer or answered an unknown role.
     """
     failed = Failures()
+    nonce = secrets.token_hex(16)
 
-    def parse(node: int, content: RecordDict) -> str:
-        role = str(content[ROLE_KEY]["role"])
+    def parse(node: int, content: RecordDict) -> tuple[str, str | None, str | None]:
+        rec = content[ROLE_KEY]
+        role = str(rec["role"])
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
-        return role
+        if roster is None:
+            return role, None, None
+        signer, sig = rec.get("signer"), rec.get("signature")
+        if not isinstance(signer, str) or not isinstance(sig, bytes):
+            return role, None, f"no signed identity ({rec.get('identity-error', 'node sent none')})"
+        try:
+            verify_key(roster, signer, sig, protocol=ROLE_PROTOCOL, session=nonce, round=0, role=role,
+                       key=roster.public_key_bytes(signer))
+        except IdentityError as exc:
+            return role, None, str(exc)
+        return role, signer, None
 
     nodes = list(grid.get_node_ids())
-    roles = exchange_replies(grid, {n: RecordDict() for n in nodes}, QUERY_FEDEVAL_ROLE, parse, failed,
-                             step="roles", what="role", timeout=timeout, label=_LABEL)
+    request = RecordDict({ROLE_KEY: ConfigRecord({"nonce": nonce})})
+    got = exchange_replies(grid, dict.fromkeys(nodes, request), QUERY_FEDEVAL_ROLE, parse, failed,
+                           step="roles", what="role", timeout=timeout, label=_LABEL)
     if failed and strict:
         raise ShapleyPhaseError("role discovery", failed.reasons())
-    return {**{n: "client" for n in failed}, **roles}
+    roles = {**{n: "client" for n in failed}, **{n: r for n, (r, _, _) in got.items()}}
+    if roster is not None:
+        out = {} if refused is None else refused
+        signers: dict[str, int] = {}
+        for n in sorted(got):
+            _, signer, why = got[n]
+            if why is not None:
+                out[n] = why
+            elif signer in signers:
+                out[n] = out[signers[signer]] = f"two nodes sign as roster member {signer!r}"
+            else:
+                signers[signer] = n
+        out.update({n: f"no role reply: {why}" for n, why in failed.reasons().items()})
+        for n in out:
+            roles.pop(n, None)
+        if out:
+            log(WARNING, "%s: node(s) left out, not authenticated against the roster: %s", _LABEL, out)
+    return roles
 
 
 @dataclass
@@ -239,8 +285,12 @@ class _SecSVRun:
     pk: dict[int, bytes] = field(default_factory=dict)
     n_test: dict[int, int] = field(default_factory=dict)
     recorded: dict[int, set[int]] = field(default_factory=dict)
+    #: The checked hello replies of every node (relayed keys and their signatures come from here).
+    hello: dict[int, dict] = field(default_factory=dict)
     # step 2 (keygen)
     leader: int = -1
+    #: The leader's X25519 key signed for role "key-holder": ConfigRecord fields ``signer``, ``signature``.
+    leader_sig: dict = field(default_factory=dict)
     ctx: Any = None
     public_context: bytes = b""
     # step 3 (share)
@@ -287,30 +337,41 @@ class SecSVPhase(EvaluationPhase):
         twice the samples per ciphertext).
     model_bound : float, default=8.0
         Public bound on ``|θ|``; clients refuse to encrypt larger models.
-    feature_bound : float, default=1.0
+    feature_bound : float, default=16.0
         Public bound on ``|x|`` of the test features; clients refuse larger ones.
+        16 holds standardised features (the embedded breast-cancer data reach
+        |z| = 12.07) as well as [0, 1]-scaled ones; it costs 4 ring bits over 1.
     data_frac_bits, model_frac_bits, weight_bits : int
         Fixed point (see :class:`~flwr_fedeval.shapley.secsv.SecSVParams`); the
         ring ``Z_{2^k}`` and the limbs follow from the bounds (``for_bounds``).
     min_nodes : int, default=2
-        At least 2: a helper must not own the batch it decrypts.
+        Fewest data clients the phase runs with, at least 2 (a helper must not
+        own the batch it decrypts).
     timeout : float, default=600
         Seconds per exchange.
+    roster : flwr_fedeval.identity.Roster, optional
+        The federation's roster: P checks the signed hello keys and aborts
+        naming a node whose key does not verify (e.g. one not in the roster).
+        The nodes check every relayed key themselves, with or without it.
 
     Raises
     ------
     ValueError
         A bound is not > 0, a number of bits is not an integer >= 1,
-        ``min_nodes`` < 2 or ``timeout`` is not > 0.
+        ``min_nodes`` < 2 or ``timeout`` is not > 0. Bounds that fit no
+        fixed-point parameters are refused when :meth:`run` derives them
+        (``SecSVParams.for_bounds``).
     """
 
     method = "secsv"
     label = _LABEL
 
     def __init__(self, *, sample_skip: bool = True, binary_margin: bool = True, model_bound: float = 8.0,
-                 feature_bound: float = 1.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
-                 weight_bits: int = 8, min_nodes: int = 2, timeout: float = 600.0) -> None:
+                 feature_bound: float = 16.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
+                 weight_bits: int = 8, min_nodes: int = 2, timeout: float = 600.0,
+                 roster: Roster | None = None) -> None:
         super().__init__(min_nodes=min_nodes, timeout=timeout, min_nodes_floor=2)
+        self.roster = roster
         if not (model_bound > 0 and feature_bound > 0):
             raise ValueError("model_bound and feature_bound must be > 0")
         for name, bits in (("data_frac_bits", data_frac_bits), ("model_frac_bits", model_frac_bits),
@@ -331,7 +392,7 @@ class SecSVPhase(EvaluationPhase):
                 ("Minimum nodes", str(self.min_nodes)), ("Timeout per step", f"{self.timeout:g} s")]
 
     # -- plumbing -------------------------------------------------------------
-    def _exchange(self, grid, st: _SecSVRun, contents: dict[int, RecordDict], mtype: str, parse, step: str, *,
+    def _exchange(self, grid, contents: dict[int, RecordDict], mtype: str, parse, step: str, *, st: _SecSVRun,
                   allow_failures: bool = False) -> tuple[dict[int, Any], dict[int, str]]:
         """Send (with the run's public request fields), check, count bytes; a failure ends the phase
         with :class:`ShapleyPhaseError` unless ``allow_failures``."""
@@ -425,9 +486,11 @@ class SecSVPhase(EvaluationPhase):
         """Step 1: roles, X25519 keys, sizes and recorded rounds of every client and A; fixes the
         public parameters (fixed point, CKKS, batch size m, output rows d_out, FedAvg weights)."""
         clients, aux = st.clients, st.aux
-        hello, _ = self._exchange(grid, st, {n: RecordDict() for n in clients + [aux]}, QUERY_SHAPLEY_HELLO,
-                                  lambda n, c: dict(c[SHAPLEY_HELLO_KEY]), "hello")
+        hello, _ = self._exchange(grid, {n: RecordDict() for n in clients + [aux]}, QUERY_SHAPLEY_HELLO,
+                                  lambda n, c: dict(c[SHAPLEY_HELLO_KEY]), "hello", st=st)
         self._check_roles(hello, clients, aux)
+        self._check_signatures(st, hello)
+        st.hello = hello
         info = {n: hello[n] for n in clients}
         n_features = {int(i["n-features"]) for i in info.values()}
         n_classes = {int(i["n-classes"]) for i in info.values()}
@@ -451,6 +514,35 @@ class SecSVPhase(EvaluationPhase):
             _LABEL, self.describe(), len(clients), aux, params.ring_bits, params.n_limbs, params.limb_bits,
             st.m, st.d_out)
 
+    def _check_signatures(self, st: _SecSVRun, hello: dict) -> None:
+        """Every hello key signed by a distinct roster member for its role (checked against the roster if given)."""
+        failed: dict[int, str] = {}
+        signers: dict[str, int] = {}
+        for n, h in hello.items():
+            signer, sig = h.get("signer"), h.get("signature")
+            if not isinstance(signer, str) or not isinstance(sig, bytes):
+                failed[n] = "X25519 key is not signed (signer, signature missing)"
+                continue
+            if signer in signers:
+                failed[n] = failed[signers[signer]] = f"two nodes sign as roster member {signer!r}"
+            signers[signer] = n
+            if self.roster is None:
+                continue
+            try:
+                verify_key(self.roster, signer, sig, protocol=SHAPLEY_SIGNED_PROTOCOL, session=st.request["session"],
+                           round=0, role=SHAPLEY_SIGNED_ROLE[h["role"]], key=bytes(h["public-key"]))
+            except IdentityError as exc:
+                failed[n] = str(exc)
+        if failed:
+            raise ShapleyPhaseError("hello", failed)
+
+    @staticmethod
+    def _signed_keys(record: str, nodes: list[int], hello: dict) -> dict[str, ConfigRecord]:
+        """``record`` (``{node: key}``) with ``record-signers`` and ``record-signatures`` as relayed from hello."""
+        return {record: ConfigRecord({str(n): bytes(hello[n]["public-key"]) for n in nodes}),
+                record + SIGNERS_SUFFIX: ConfigRecord({str(n): str(hello[n]["signer"]) for n in nodes}),
+                record + SIGNATURES_SUFFIX: ConfigRecord({str(n): bytes(hello[n]["signature"]) for n in nodes})}
+
     @staticmethod
     def _check_roles(hello: dict, clients: list[int], aux: int) -> None:
         wrong = {n: f"role {hello[n]['role']!r}" for n in clients if hello[n]["role"] != "client"}
@@ -465,12 +557,21 @@ class SecSVPhase(EvaluationPhase):
         context. Returns the sealed key bundles ``{str(node): bytes}`` for the other clients."""
         clients = st.clients
         leader = secrets.choice(clients)
-        peers = ConfigRecord({str(n): st.pk[n] for n in clients if n != leader})
-        keyrep, _ = self._exchange(grid, st, {leader: RecordDict({SHAPLEY_PEERS_KEY: peers})}, QUERY_SHAPLEY_KEYGEN,
+        others = [n for n in clients if n != leader]
+        request = RecordDict(self._signed_keys(SHAPLEY_PEERS_KEY, others, st.hello))
+        keyrep, _ = self._exchange(grid, {leader: request}, QUERY_SHAPLEY_KEYGEN,
                                    lambda n, ct: (array_to_bytes(ct[SHAPLEY_CONTEXT_KEY]["public"]),
-                                                  {k: array_to_bytes(v) for k, v in ct[SHAPLEY_BUNDLES_KEY].items()}),
-                                   "keygen")
-        public_bytes, bundles = keyrep[leader]
+                                                  {k: array_to_bytes(v) for k, v in ct[SHAPLEY_BUNDLES_KEY].items()},
+                                                  dict(ct[SHAPLEY_LEADER_KEY])),
+                                   "keygen", st=st)
+        public_bytes, bundles, leader_sig = keyrep[leader]
+        if self.roster is not None:
+            try:
+                verify_key(self.roster, str(leader_sig["signer"]), bytes(leader_sig["signature"]),
+                           protocol=SHAPLEY_SIGNED_PROTOCOL, session=st.request["session"], round=0,
+                           role="key-holder", key=st.pk[leader])
+            except IdentityError as exc:
+                raise ShapleyPhaseError("keygen", {leader: str(exc)}) from None
         ctx = load_context(public_bytes)
         if ctx.is_private:
             raise ShapleyPhaseError("keygen", {leader: "the public context carries a secret key"})
@@ -479,7 +580,7 @@ class SecSVPhase(EvaluationPhase):
         missing = [n for n in clients if n != leader and str(n) not in bundles]
         if missing:
             raise ShapleyPhaseError("keygen", {leader: f"no key bundle for nodes {missing}"})
-        st.leader, st.ctx, st.public_context = leader, ctx, public_bytes
+        st.leader, st.leader_sig, st.ctx, st.public_context = leader, leader_sig, ctx, public_bytes
         return bundles
 
     # -- step 3 ---------------------------------------------------------------
@@ -487,7 +588,10 @@ class SecSVPhase(EvaluationPhase):
         """Step 3: every client's test-set shares (P's in the clear, checked; A's sealed for A).
         Returns ``{node: sealed share for A}``."""
         clients, d = st.clients, st.params.n_features
-        extra = {"leader-public-key": st.pk[st.leader], "aux-public-key": st.pk[st.aux]}
+        hello_aux = st.hello[st.aux]
+        extra = {"leader-public-key": st.pk[st.leader], "leader-signer": str(st.leader_sig["signer"]),
+                 "leader-signature": bytes(st.leader_sig["signature"]), "aux-public-key": st.pk[st.aux],
+                 "aux-signer": str(hello_aux["signer"]), "aux-signature": bytes(hello_aux["signature"])}
         contents = {}
         for n in clients:
             rd = RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord(extra)})
@@ -503,7 +607,7 @@ class SecSVPhase(EvaluationPhase):
                 raise ValueError(f"share shapes {x.shape}/{y.shape} (uint64 expected), announced {st.n_test[n]} samples")
             return x, y, array_to_bytes(rec["sealed-aux"])
 
-        shares, _ = self._exchange(grid, st, contents, QUERY_SHAPLEY_SHARE, parse_share, "share")
+        shares, _ = self._exchange(grid, contents, QUERY_SHAPLEY_SHARE, parse_share, "share", st=st)
         st.X_P = np.vstack([shares[n][0] for n in clients])
         st.y_P = np.concatenate([shares[n][1] for n in clients])
         st.owners = np.concatenate([np.full(st.n_test[n], i, dtype=np.int64) for i, n in enumerate(clients)])
@@ -520,10 +624,10 @@ class SecSVPhase(EvaluationPhase):
             SHAPLEY_REQUEST_KEY: ConfigRecord({"order": [str(n) for n in clients]}),
             SHAPLEY_CONTEXT_KEY: ArrayRecord({"public": bytes_to_array(st.public_context)}),
             SHAPLEY_AUX_SHARES_KEY: ArrayRecord({f"sealed-{n}": bytes_to_array(sealed_for_aux[n]) for n in clients}),
-            SHAPLEY_AUX_KEYS_KEY: ConfigRecord({str(n): st.pk[n] for n in clients}),
+            **self._signed_keys(SHAPLEY_AUX_KEYS_KEY, clients, st.hello),
         })
-        got, _ = self._exchange(grid, st, {aux: aux_content}, QUERY_SHAPLEY_AUX_SETUP,
-                                lambda n, ct: int(ct[SHAPLEY_AUX_KEY]["samples"]), "aux setup")
+        got, _ = self._exchange(grid, {aux: aux_content}, QUERY_SHAPLEY_AUX_SETUP,
+                                lambda n, ct: int(ct[SHAPLEY_AUX_KEY]["samples"]), "aux setup", st=st)
         if got[aux] != st.num_samples:
             raise ShapleyPhaseError("aux setup", {aux: f"holds {got[aux]} samples, P holds {st.num_samples}"})
 
@@ -541,10 +645,10 @@ class SecSVPhase(EvaluationPhase):
                             for b in unpack_blobs(array_to_bytes(packed), expected=d_in)]
 
         enc, _ = self._exchange(
-            grid, st,
+            grid,
             {n: RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord({"round": t, "weight": st.weights[n]})})
              for n in members},
-            QUERY_SHAPLEY_MODELS, parse_model, f"models of round {t}")
+            QUERY_SHAPLEY_MODELS, parse_model, f"models of round {t}", st=st)
         models = {n: enc[n][1] for n in members}
         forward = ArrayRecord({str(n): enc[n][0] for n in members})   # checked above, relayed as received
         return models, forward
@@ -613,8 +717,8 @@ class SecSVPhase(EvaluationPhase):
                                                                         expected=p.n_limbs)]
                     for j in range(len(jobs))]
 
-        from_aux, _ = self._exchange(grid, st, {aux: content}, QUERY_SHAPLEY_AUX_EVAL, parse_products,
-                                     f"aux products, round {t}")
+        from_aux, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_EVAL, parse_products,
+                                     f"aux products, round {t}", st=st)
         return from_aux[aux]
 
     def _combine_products(self, st: _SecSVRun, jobs: list, models: dict, from_aux: list) -> list:
@@ -671,8 +775,8 @@ class SecSVPhase(EvaluationPhase):
                     res[j] = (pred, array_to_bytes(rec[f"a-{j}"]), h)
                 return res
 
-            valid, failed = self._exchange(grid, st, contents, QUERY_SHAPLEY_HELPER, parse, "helper decryption",
-                                           allow_failures=True)
+            valid, failed = self._exchange(grid, contents, QUERY_SHAPLEY_HELPER, parse, "helper decryption",
+                                           allow_failures=True, st=st)
             for res in valid.values():
                 out.update(res)
             if failed:
@@ -703,7 +807,7 @@ class SecSVPhase(EvaluationPhase):
                 out.append(dj)
             return out
 
-        diffs, _ = self._exchange(grid, st, {aux: content}, QUERY_SHAPLEY_AUX_DIFF, parse_diffs,
-                                  f"aux differences, round {t}")
+        diffs, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_DIFF, parse_diffs,
+                                  f"aux differences, round {t}", st=st)
         return [correct_mask(masked_difference(preds[j][0], st.y_P[ids], k), diffs[aux][j], k)
                 for j, (S, ids) in enumerate(jobs)]

@@ -1,14 +1,19 @@
 """FedAvg under xMK-CKKS multi-key homomorphic encryption.
 
 Implementation based on Walskaar, Tran, Catak 2023 (Eqs. 1-11) and Ma et al.
-2022 (xMK-CKKS), on Flower's Message API (DESIGN.md §3). The server sees
+2022 (xMK-CKKS), on Flower's Message API (DESIGN.md §3), hardened against a
+deviating server (DESIGN.md §7): signed commit-then-reveal key sets
+(:mod:`flwr_fedeval.rlwe.keyset`) and pairwise zero-sum masks
+(:mod:`flwr_fedeval.rlwe.masking`, Bonawitz et al. 2017). The server sees
 only the sum of the clients' encrypted, example-weighted updates and
-``Σ n_i``; no single party can decrypt one client's update.
+``Σ n_i``; no single party can decrypt one client's update or a partial sum.
+The server is trusted for nothing: every check is the clients'
+(:mod:`flwr_fedeval.clients.xmkckks`); the checks here only name a failing
+node early.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -21,12 +26,14 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
+from flwr_fedeval.rlwe import keyset
 from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures
 from flwr_fedeval.weights import WeightLayout
 from flwr_fedeval.messages import (
     METRICS_KEY,
     QUERY_XMK_KEYGEN,
     QUERY_XMK_PDEC,
+    QUERY_XMK_REVEAL,
     XMK_C1_KEY,
     XMK_CIPHERTEXT_KEY,
     XMK_CONFIG_KEY,
@@ -38,8 +45,8 @@ from flwr_fedeval.messages import (
 __all__ = ["RoundAborted", "XMKFedAvg"]
 
 REKEY_CHOICES = ("every-round", "per-client-set")
-#: Default parameter set: n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
-DEFAULT_PARAMETER_SET = "xmk-n4096-q108"
+#: Default parameter set (the protocol layer's): n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
+DEFAULT_PARAMETER_SET = rlwe.DEFAULT_PARAMETER_SET.name
 
 
 class RoundAborted(RuntimeError):
@@ -53,11 +60,30 @@ class RoundAborted(RuntimeError):
 
 
 @dataclass
-class _KeySet:
+class _Commitments:
+    """Step 1a: every member's signed commitment (names as the members claim them)."""
+
     key_id: str
     seed_a: bytes
+    round: int
     nodes: tuple[int, ...]
+    names: tuple[str, ...]
+    commitments: tuple[bytes, ...]
+    signatures: tuple[bytes, ...]
+
+
+@dataclass
+class _KeySet:
+    """A revealed key set: what every member needs to check and sum b = Σ b_i and derive its mask."""
+
+    key_id: str
+    seed_a: bytes
+    round: int  # the round its commitments were signed for
+    nodes: tuple[int, ...]
+    names: tuple[str, ...]  # roster names, aligned with ``nodes``
     shares: tuple[bytes, ...]  # every b_i, sent so that clients check and sum them
+    mask_keys: tuple[bytes, ...]  # every X25519 mask key
+    transcript_signatures: tuple[bytes, ...]  # every member's signature over the key-set digest
 
 
 @dataclass
@@ -73,12 +99,19 @@ class _RoundState:
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     """Weighted FedAvg whose client updates are aggregated under xMK-CKKS.
 
-    Each round: (1) ``query.xmk_keygen`` to the sampled clients, b = Σ b_i
-    (Eq. 1); (2) ``train`` with b; clients reply Enc(n_i·Δw_i, n_i) (Eq. 6);
-    (3) the server sums the ciphertexts (Eq. 3) and sends C1 with the
-    contributor list in ``query.xmk_pdec``; clients reply D_i = s_i·C1 + e*_i
-    (Eq. 7); (4) the server decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
-    ``w ← w + Σ n_i·Δw_i / Σ n_i``.
+    Each round: (1a) ``query.xmk_keygen`` to the sampled clients: each
+    draws s_i, b_i (Eq. 1) and an X25519 mask key and replies a commitment
+    signed with its roster key; (1b) ``query.xmk_reveal`` relays all signed
+    commitments, each client checks them and opens b_i and its mask key;
+    (2) ``train`` with every opening; each client checks them against the
+    commitments, sums b = Σ b_i itself and replies Enc(n_i·Δw_i, n_i) + r_i
+    (Eq. 6; r_i its pairwise zero-sum mask); (3) the server sums the
+    ciphertexts (Eq. 3) and sends C1 with the key set's members in
+    ``query.xmk_pdec``; each client replies D_i = s_i·C1 + e*_i (Eq. 7) once
+    per key set and round; (4) the server decodes Σ n_i·Δw_i and Σ n_i (Eq. 5;
+    the masks cancel exactly) and sets ``w ← w + Σ n_i·Δw_i / Σ n_i``.
+    Every client needs a roster identity
+    (:func:`flwr_fedeval.clients.identity.node_identity`).
 
     If any client of the key set fails or times out at any step, or replies
     with a malformed ciphertext or share, the attempt aborts (the global
@@ -114,6 +147,32 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         ``min_train_nodes``, ``min_available_nodes``, ...).
         ``min_train_nodes`` (default 2) is also the fewest clients a key set
         may have; it is raised to 2 if lower.
+
+    Attributes
+    ----------
+    aborted_attempts : list of (int, RoundAborted)
+        Every aborted attempt with its round; the reason per node is in
+        ``RoundAborted.failed``.
+    timer : StepTimer
+        ``timer.timings``: ``(step, seconds)`` of every protocol step run so
+        far (key generation, sum, partial decryption, decoding; waits for the
+        clients' replies included), in order; each is also logged at INFO.
+
+    Raises
+    ------
+    ValueError
+        At construction: ``parameter_set`` is unknown or weaker than the
+        128-bit HomomorphicEncryption.org bound, ``max_abs_value`` is not a
+        finite number ≥ 1, ``rekey`` is not one of its choices, or
+        ``max_attempts < 1``.
+    flwr_fedeval.rlwe.NoiseBudgetError
+        From ``configure_train``/``aggregate_train`` (and so from ``start``):
+        ``scale_bits`` (or, when unset, any scale) does not fit the noise
+        budget for the number of clients and ``max_abs_value`` (see
+        :meth:`scale_bits_for`).
+        A failed or malformed client reply never raises: the attempt aborts
+        (:class:`RoundAborted`, recorded in ``aborted_attempts``), the round
+        is re-keyed and re-run, or left unchanged.
     """
 
     def __init__(
@@ -224,36 +283,88 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
 
     # ------------------------------------------------------- protocol steps
     def keygen(self, nodes: list[int]) -> _KeySet:
-        """Step 1: key generation with ``nodes``; b = Σ b_i over all of them (Eq. 1).
+        """Step 1: signed commit (:meth:`commit`) then reveal (:meth:`reveal`) of every b_i and mask key.
+
+        With ``rekey="per-client-set"`` the key set of the same nodes is reused.
 
         Raises
         ------
         RoundAborted
-            A node failed, timed out or sent a malformed public share.
+            A node failed, timed out or sent a malformed reply.
         """
         cached = self._key_cache.get(tuple(nodes))
         if self.rekey == "per-client-set" and cached is not None:
             return cached
+        key_set = self.reveal(self.commit(nodes))
+        self._key_cache = {tuple(nodes): key_set}
+        return key_set
+
+    def commit(self, nodes: list[int]) -> _Commitments:
+        """Step 1a (``query.xmk_keygen``): each node draws s_i, b_i (Eq. 1) and a mask key and
+        replies only a commitment to them, signed with its roster key.
+
+        Raises
+        ------
+        RoundAborted
+            A node failed, timed out, sent a malformed reply, or claims a roster
+            name another node claims too.
+        """
+        state = self._round
+        assert state is not None
         seed_a = rlwe.new_public_seed()
-        key_id = hashlib.sha256(seed_a).hexdigest()[:16]
-        request = ConfigRecord({"params": self.params.name, "seed-a": seed_a, "key-id": key_id})
+        key_id = keyset.key_set_id(self.params, seed_a)
+        request = ConfigRecord({"params": self.params.name, "seed-a": seed_a, "key-id": key_id,
+                                "round": state.server_round})
         replies = self._send(nodes, QUERY_XMK_KEYGEN, RecordDict({XMK_CONFIG_KEY: request}))
 
-        def parse(reply: Message) -> rlwe.PublicKey:
+        def parse(reply: Message) -> tuple[str, bytes, bytes]:
             rec = reply.content[XMK_CONFIG_KEY]
             if rec["key-id"] != key_id:
                 raise ValueError("reply is for another key set")
-            return rlwe.PublicKey.from_bytes(bytes(rec["public-share"]), self.params)
+            signer, h, sig = rec["signer"], rec["commitment"], rec["signature"]
+            if not isinstance(signer, str) or not isinstance(h, bytes) or len(h) != 32 or not isinstance(sig, bytes):
+                raise ValueError("a commitment needs a signer name, 32 bytes and a signature")
+            return signer, h, sig
 
-        shares = self._check_replies("key generation", "public share", nodes, replies, parse)
-        key_set = _KeySet(
-            key_id,
-            seed_a,
-            tuple(nodes),
-            tuple(share.to_bytes() for share in shares),
-        )
-        self._key_cache = {tuple(nodes): key_set}
-        return key_set
+        parsed = self._check_replies("key generation", "commitment", nodes, replies, parse)
+        names = [name for name, _, _ in parsed]
+        dup = {n: f"claims roster name {names[i]!r} like another node" for i, n in enumerate(nodes)
+               if names.count(names[i]) > 1}
+        if dup:
+            raise RoundAborted("key generation", dup)
+        return _Commitments(key_id, seed_a, state.server_round, tuple(nodes), tuple(names),
+                            tuple(h for _, h, _ in parsed), tuple(sig for _, _, sig in parsed))
+
+    def reveal(self, committed: _Commitments) -> _KeySet:
+        """Step 1b (``query.xmk_reveal``): relay every signed commitment; each node checks them
+        all against the roster and opens (b_i, X_i) with its signature over the key-set digest.
+
+        Raises
+        ------
+        RoundAborted
+            A node refused, timed out, or opened keys that do not match its commitment.
+        """
+        nodes = committed.nodes
+        request = ConfigRecord({"key-id": committed.key_id, "round": committed.round,
+                                "signers": list(committed.names), "commitments": list(committed.commitments),
+                                "signatures": list(committed.signatures)})
+        replies = self._send(nodes, QUERY_XMK_REVEAL, RecordDict({XMK_CONFIG_KEY: request}))
+        expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
+
+        def parse(reply: Message) -> tuple[bytes, bytes, bytes, bytes]:
+            rec = reply.content[XMK_CONFIG_KEY]
+            name, h = expected[reply.metadata.src_node_id]
+            if rec["key-id"] != committed.key_id or rec["signer"] != name:
+                raise ValueError("reply is for another key set or member")
+            share, mask_key = bytes(rec["public-share"]), bytes(rec["mask-key"])
+            if keyset.commitment(committed.key_id, share, mask_key) != h:
+                raise ValueError("the opened share or mask key does not match the node's commitment")
+            rlwe.PublicKey.from_bytes(share, self.params)
+            return share, mask_key, bytes(rec["transcript"]), bytes(rec["transcript-signature"])
+
+        parsed = self._check_replies("key reveal", "opening", nodes, replies, parse)
+        return _KeySet(committed.key_id, committed.seed_a, committed.round, nodes, committed.names,
+                       tuple(p[0] for p in parsed), tuple(p[1] for p in parsed), tuple(p[3] for p in parsed))
 
     def train_messages(self, key_set: _KeySet) -> list[Message]:
         """Step 2 (request): global model, train config and the key set to every key holder."""
@@ -264,8 +375,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             {
                 "params": self.params.name,
                 "key-id": key_set.key_id,
-                "seed-a": key_set.seed_a,
+                "round": state.server_round,
+                "signers": list(key_set.names),
                 "public-shares": list(key_set.shares),
+                "mask-keys": list(key_set.mask_keys),
+                "transcript-signatures": list(key_set.transcript_signatures),
                 "scale-bits": self.scale_bits_for(m),
                 "num-clients": m,
                 "max-abs-value": self.max_abs_value,
@@ -309,6 +423,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     def partial_decryptions(self, total: rlwe.Ciphertext) -> list[rlwe.DecryptionShare]:
         """Step 3: ``query.xmk_pdec`` with C1 and the contributor list; D_i from every contributor (Eq. 7).
 
+        Each client decrypts at most once per key set and round, and only for
+        the contributor list of its whole key set: a failed step cannot be retried.
+
         Raises
         ------
         RoundAborted
@@ -324,7 +441,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                     {
                         "params": self.params.name,
                         "key-id": key_set.key_id,
-                        "contributors": [str(n) for n in nodes],
+                        "round": state.server_round,
+                        "contributors": list(key_set.names),
                         "num-clients": len(nodes),
                     }
                 ),
@@ -378,6 +496,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         return WeightLayout.of(state.arrays.to_numpy_ndarrays()).size + 1
 
     def _record_abort(self, exc: RoundAborted) -> None:
+        self._key_cache = {}  # no key set survives a failed attempt (DESIGN.md §8)
         rnd = self._round.server_round if self._round else -1
         self.aborted_attempts.append((rnd, exc))
         log(WARNING, "Round %d: secure aggregation aborted at %s: %d node(s) failed", rnd, exc.step, len(exc.failed))

@@ -9,17 +9,18 @@ from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
-from flwr.common.serde import (
+from flwr.serverapp import Grid
+
+from flwr_fedeval._compat import (  # Flower internals, shimmed for flwr 1.30-1.41
+    ProtoContext,
+    ProtoMessage,
+    Run,
     context_from_proto,
     context_to_proto,
     message_from_proto,
     message_to_proto,
+    set_serverapp_identity,
 )
-from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=E0611
-from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=E0611
-from flwr.serverapp import Grid
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 
 __all__ = ["Fault", "InProcessGrid"]
 
@@ -92,9 +93,7 @@ class InProcessGrid(Grid):
         self.client_app = client_app
         self._run = Run.create_empty(run_id=1)
         # The ServerApp process identity that Message() reads (set by the runtime in deployment).
-        TaskIdentity.run_id = 1
-        TaskIdentity.node_id = 1  # SUPERLINK_NODE_ID
-        TaskIdentity.task_id = 1
+        set_serverapp_identity(run_id=1)
         # Node IDs as the deployment engine assigns them: random unsigned 64-bit (half of
         # them above the int64 range, so code that stores them in int64 arrays fails here too).
         self.node_ids = [secrets.randbits(64) | (1 << 63) if i % 2 else secrets.randbits(63) + 1

@@ -118,3 +118,30 @@ def test_params_refuse_parameters_below_128_bit():
         CKKSParams(backend="tenseal", coeff_mod_bit_sizes=(60, 50, 50, 60))
     with pytest.raises(ValueError, match="batch_size"):
         CKKSParams(backend="openfhe", poly_modulus_degree=16384, batch_size=100)
+
+
+def test_openfhe_parameter_sets_and_their_validation():
+    ours, paper = CKKSParams.default("openfhe"), CKKSParams.paper_openfhe()
+    assert (ours.poly_modulus_degree, ours.mult_depth, ours.scale_bits, ours.first_mod_bits) == (8192, 2, 45, 55)
+    assert (paper.poly_modulus_degree, paper.mult_depth, paper.scale_bits, paper.first_mod_bits) == (16384, 3, 50, 60)
+    assert ours.max_final_value == paper.max_final_value == 2.0 ** 9  # same decryption headroom
+    assert CKKSParams.from_json(ours.to_json()) == ours
+    assert CKKSParams.for_slots(100, "openfhe", base=paper).batch_size == 128
+    with pytest.raises(ValueError, match="scaling"):
+        CKKSParams(backend="openfhe", scaling="auto")
+    with pytest.raises(ValueError, match="num_large_digits"):
+        CKKSParams(backend="openfhe", num_large_digits=-1)
+
+
+def test_openfhe_results_leave_mod_reduced_and_the_paper_set_still_works(backend_name):
+    if backend_name != "openfhe":
+        pytest.skip("OpenFHE engine only (Python 3.10 leg)")
+    for params in (CKKSParams.for_slots(8, "openfhe"), CKKSParams.for_slots(8, base=CKKSParams.paper_openfhe())):
+        holder = create_context(params=params)
+        server = load_context(holder.public_bytes())
+        fresh = server.deserialize_ciphertext(holder.serialize_ciphertext(holder.encrypt([1.5, -2.0, 0.25])))
+        out = server.multiply_plain(server.sum_slots(server.multiply(fresh, fresh)), [3.0])
+        got = holder.decrypt(holder.deserialize_ciphertext(server.serialize_ciphertext(out)))
+        assert abs(got[0] - 3.0 * (1.5 ** 2 + 2.0 ** 2 + 0.25 ** 2)) <= 1e-6
+        if params.scaling == "fixed-manual":  # one RNS limb left: a third of a fresh ciphertext
+            assert len(server.serialize_ciphertext(out)) < 0.4 * len(holder.serialize_ciphertext(fresh))

@@ -2,7 +2,9 @@
 
 The model is the untrained MLP of the main job on the embedded breast-cancer
 data (continuous scores); N is small to keep the suite fast. Each phase run
-makes a fresh TenSEAL key set (~38 MB public context through the grid).
+makes a fresh key set (TenSEAL: ~38 MB public context through the grid).
+The CKKS engine is ``FHE_BACKEND`` (``tenseal``; ``openfhe`` in the Python
+3.10 CI leg, scripts/test-openfhe.sh).
 """
 
 import math
@@ -10,6 +12,7 @@ import math
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message, RecordDict
+from identities import IDENTITY_DIR
 from flwr_fedeval.testing import InProcessGrid
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
@@ -18,7 +21,7 @@ from flwr_fedeval.app.client_app import app as client_app
 from flwr_fedeval.app.client_app import local_test_scores
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.clients import fhe_handlers
-from flwr_fedeval.fhe.backend import NoSecretKeyError, load_context, pack_blobs, unpack_blobs
+from flwr_fedeval.fhe.backend import NoSecretKeyError, default_backend, load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.messages import array_to_bytes
 from flwr_fedeval.metrics.auc import auc_from_counts
@@ -26,6 +29,7 @@ from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, TamperingReportedError
 
 N = 30
+BACKEND = default_backend()
 THRESHOLD = 0.5
 
 
@@ -36,7 +40,7 @@ def arrays():
 
 @pytest.fixture(scope="module")
 def grid():
-    return InProcessGrid(client_app, 3, {"share-auc-with-server": True})
+    return InProcessGrid(client_app, 3, {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR})
 
 
 def _client_scores(grid, arrays):
@@ -74,11 +78,12 @@ def _assert_no_fhe_state(grid):
 
 
 def test_semi_honest_auc_and_threshold_metrics_equal_plaintext_server_holds_no_secret_key(grid, arrays, scores, plain_auc):
-    phase = FHEAUCPhase(N, protocol="semi-honest", share_auc_with_server=True, metrics_threshold=THRESHOLD)
+    phase = FHEAUCPhase(N, backend=BACKEND, protocol="semi-honest", share_auc_with_server=True,
+                        metrics_threshold=THRESHOLD)
     result = phase.run(grid, arrays)
     assert abs(result.auc - plain_auc) <= 1e-6
     assert result.contributors == sorted(grid.node_ids) and result.failed == {}
-    assert result.label == "fhe[semi-honest]"
+    assert result.label == f"fhe[semi-honest, {BACKEND}]"
     assert result.details["auc_known_to"] == "clients and server"
     assert result.details["reported_by"] == sorted(grid.node_ids)
     # private accuracy/precision/recall/F1 = sklearn on the pooled predictions
@@ -105,11 +110,11 @@ def test_semi_honest_auc_and_threshold_metrics_equal_plaintext_server_holds_no_s
 
 
 def test_malicious_auc_equals_plaintext_and_metrics_are_not_reported(grid, arrays, plain_auc):
-    phase = FHEAUCPhase(N, protocol="malicious", n_splits=4, share_auc_with_server=True,
+    phase = FHEAUCPhase(N, backend=BACKEND, protocol="malicious", n_splits=4, share_auc_with_server=True,
                         metrics_threshold=THRESHOLD)
     result = phase.run(grid, arrays)
     assert abs(result.auc - plain_auc) <= 1e-6
-    assert result.label == "fhe[malicious]"
+    assert result.label == f"fhe[malicious, {BACKEND}]"
     assert result.details["n_splits"] == 4 and result.details["attempts_step4"] == 1
     # semi-honest aggregation only: clients keep them (logged as unverified)
     assert result.details["threshold_metrics_verified"] is False
@@ -125,8 +130,8 @@ def test_sealed_bundles_are_opaque_to_the_server(arrays):
             seen["public"] = array_to_bytes(reply.content["fhe-context"]["public"])
         return reply
 
-    grid = InProcessGrid(client_app, 3, {}, fault=spy)
-    FHEAUCPhase(N, share_auc_with_server=True).run(grid, arrays)
+    grid = InProcessGrid(client_app, 3, {"identity-dir": IDENTITY_DIR}, fault=spy)
+    FHEAUCPhase(N, backend=BACKEND, share_auc_with_server=True).run(grid, arrays)
     assert len(seen["bundles"]) == 2
     server = keyshare.generate_keypair()
     for sealed in seen["bundles"].values():
@@ -144,10 +149,10 @@ class _TamperingPhase(FHEAUCPhase):
 
     def aggregate(self, ctx, messages, config):
         if self.how == "swap-runs":
-            blobs = unpack_blobs(super().aggregate(ctx, messages, config), expected=4)
-            return pack_blobs([blobs[2], blobs[3], blobs[0], blobs[1]])
+            blobs = unpack_blobs(super().aggregate(ctx, messages, config), expected=6)
+            return pack_blobs([*blobs[3:], *blobs[:3]])
         # "add-constant": a fresh encryption (public key) added to client 0's X of run 0
-        blobs = unpack_blobs(messages[0], expected=4)
+        blobs = unpack_blobs(messages[0], expected=6)
         ct = ctx.add_many([ctx.deserialize_ciphertext(blobs[0]), ctx.encrypt([0.5] * ctx.slot_count)])
         altered = pack_blobs([ctx.serialize_ciphertext(ct), *blobs[1:]])
         return super().aggregate(ctx, [altered, *messages[1:]], config)
@@ -155,7 +160,7 @@ class _TamperingPhase(FHEAUCPhase):
 
 @pytest.mark.parametrize("how", ["swap-runs", "add-constant"])
 def test_tampering_aggregator_is_detected_by_every_client(grid, arrays, how):
-    phase = _TamperingPhase(how, N, protocol="malicious", share_auc_with_server=True)
+    phase = _TamperingPhase(how, N, backend=BACKEND, protocol="malicious", share_auc_with_server=True)
     with pytest.raises(TamperingReportedError, match="detected tampering") as info:
         phase.run(grid, arrays)
     assert set(info.value.reports) == set(grid.node_ids)
@@ -176,22 +181,22 @@ def test_failing_client_is_named_and_malicious_step_reruns_without_it(arrays):
             rec["auc"] = bytes_to_array(bytes(data))
         return reply
 
-    grid = InProcessGrid(client_app, 3, {}, fault=corrupt)
+    grid = InProcessGrid(client_app, 3, {"identity-dir": IDENTITY_DIR}, fault=corrupt)
     own = _client_scores(grid, arrays)
     bad["node"] = grid.node_ids[1]
-    result = FHEAUCPhase(N, protocol="malicious", share_auc_with_server=True).run(grid, arrays)
+    result = FHEAUCPhase(N, backend=BACKEND, protocol="malicious", share_auc_with_server=True).run(grid, arrays)
     good = [n for n in grid.node_ids if n != bad["node"]]
     assert result.contributors == sorted(good)
     assert "corrupted ciphertext" in result.failed[bad["node"]]
     assert result.details["attempts_step4"] == 2
     assert abs(result.auc - _plain_auc_of(own, good)) <= 1e-6
     with pytest.raises(RuntimeError, match="at least 3"):
-        FHEAUCPhase(N, protocol="semi-honest", min_nodes=3).run(grid, arrays)
+        FHEAUCPhase(N, backend=BACKEND, protocol="semi-honest", min_nodes=3).run(grid, arrays)
 
 
 def test_without_sharing_only_the_clients_learn_the_auc(arrays):
-    grid = InProcessGrid(client_app, 2, {"share-auc-with-server": False})
-    result = FHEAUCPhase(N, share_auc_with_server=True, metrics_threshold=THRESHOLD).run(grid, arrays)
+    grid = InProcessGrid(client_app, 2, {"share-auc-with-server": False, "identity-dir": IDENTITY_DIR})
+    result = FHEAUCPhase(N, backend=BACKEND, share_auc_with_server=True, metrics_threshold=THRESHOLD).run(grid, arrays)
     assert math.isnan(result.auc)
     assert result.details["auc_known_to"] == "clients"
     assert result.details["decrypted_by"] == sorted(grid.node_ids)
@@ -202,8 +207,13 @@ def test_client_defaults_match_job_config_and_bad_fhe_config_is_refused():
     cfg = JobConfig()
     for key, value in fhe_handlers.CLIENT_FHE_DEFAULTS.items():
         assert cfg.as_dict()[key] == value
-    with pytest.raises(ValueError, match="Python 3.10"):
-        JobConfig.from_run_config({"auc-method": "fhe", "fhe-backend": "openfhe"})
+    try:
+        import openfhe  # noqa: F401
+    except ImportError:  # refused with the Python and the extra it needs
+        with pytest.raises(ValueError, match=r"\[openfhe\] extra.*CPython 3\.10"):
+            JobConfig.from_run_config({"auc-method": "fhe", "fhe-backend": "openfhe"})
+    else:
+        assert JobConfig.from_run_config({"auc-method": "fhe", "fhe-backend": "openfhe"}).fhe_backend == "openfhe"
     with pytest.raises(ValueError, match="fhe-splits"):
         JobConfig.from_run_config({"auc-method": "fhe", "fhe-auc": "malicious", "num-decision-points": 1000,
                                    "fhe-splits": 5})
