@@ -23,7 +23,7 @@ from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 app = ClientApp()
 #: This process's loaded data, models and scores (see :mod:`flwr_fedeval.app.node_cache`).
 CACHE = NodeCache()
-register_xmkckks_handlers(app)  # query.xmk_keygen, query.xmk_pdec (secure aggregation)
+register_xmkckks_handlers(app)  # query.xmk_keygen, query.xmk_reveal, query.xmk_pdec (secure aggregation)
 
 
 def _aux_partition(context: Context) -> int:
