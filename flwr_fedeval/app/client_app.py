@@ -11,6 +11,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_fedeval.app.harness import positive_scores
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
 from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
@@ -120,9 +121,11 @@ def local_test_scores(msg: Message, context: Context) -> tuple[np.ndarray, np.nd
     -------
     y_true : ndarray of shape (n_test,), dtype int64
     y_score : ndarray of shape (n_test,), dtype float64, in [0, 1]
+        With logit-spaced decision points, from the pre-softmax logit margin
+        (:func:`flwr_fedeval.app.harness.positive_scores`).
     """
-    _, data, adapter = _setup(msg, context)
-    return data.y_test, adapter.predict_scores(data.x_test)
+    cfg, data, adapter = _setup(msg, context)
+    return data.y_test, positive_scores(cfg, adapter, data.x_test)
 
 
 @app.evaluate("threshold_counts")
@@ -133,7 +136,8 @@ def evaluate_threshold_counts(msg: Message, context: Context) -> Message:
     """
     y_true, scores = local_test_scores(msg, context)
     thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
-    counts = threshold_counts(y_true, scores, thresholds)
+    probability = bool(thresholds.size) and 0.0 <= thresholds.min() and thresholds.max() <= 1.0
+    counts = threshold_counts(y_true, scores, thresholds, score_range=(0.0, 1.0) if probability else None)
     return Message(content=RecordDict({"counts": counts_to_record(counts)}), reply_to=msg)
 
 
