@@ -63,7 +63,7 @@ def test_two_rounds_with_per_client_set_rekey_reuses_keys():
 
 def test_timer_records_each_protocol_step_of_each_round():
     strategy = _strategy(3)
-    _run(InProcessGrid(make_app(), 3), strategy, rounds=2)
+    _run(InProcessGrid(make_app(), 3, RUN_CONFIG), strategy, rounds=2)
     steps = ["step 1 (key generation)", "step 2 (sum of the encrypted updates)", "step 3 (partial decryption)",
              "step 4 (decoding)"]
     assert [name for name, _ in strategy.timer.timings] == steps * 2
