@@ -203,7 +203,7 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
         for n in out:
             roles.pop(n, None)
         if out:
-            log(WARNING, "%s: node(s) left out, not authenticated against the roster: %s", _LABEL, out)
+            log(WARNING, "Role discovery: node(s) left out, not authenticated against the roster: %s", out)
     return roles
 
 
