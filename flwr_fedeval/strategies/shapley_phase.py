@@ -53,7 +53,6 @@ from flwr.serverapp import Grid
 
 from flwr_fedeval.fhe.backend import load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.identity import IdentityError, Roster, verify_key
-from flwr_fedeval.identity import IdentityError, Roster, verify_key
 from flwr_fedeval.messages import (
     ROLE_KEY,
     SHAPLEY_AUX_KEY,
