@@ -19,6 +19,9 @@ help:
 setup:
 	@scripts/bootstrap.sh
 
+# RUN_CONFIG="key=value ..." overrides any key, also one a target sets (the later value wins);
+# run-local.sh checks config, data and every client's split before Flower starts, and gives
+# each run its own SuperLink (own FLWR_HOME and port), so two runs can go at once.
 run: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
@@ -38,7 +41,7 @@ bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
 
 clean:
-	rm -rf .flwr-home outputs .pytest_cache
+	rm -rf .flwr-home outputs .pytest_cache .fedeval-ids
 
 # --- Python 3.10 / flwr 1.30 / OpenFHE (issue 13) ---
 .PHONY: run-openfhe test-openfhe test-wheel

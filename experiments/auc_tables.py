@@ -14,9 +14,14 @@ and ε = 8 (per client, ε′ = ε/(4N)) as mean ± std over ``--runs`` runs, fo
 both server options (``no-clip`` = the FHE paper's numbers, ``clip-sort`` = the
 DPAUC authors' code). 15 clients, IID and label-Dirichlet(``--alpha``)
 partitions. One CKKS key set serves every row (it has enough slots for the
-largest N; key generation is the slow part). The public count scale is what
-the FHE phase uses: ``suggest_count_scale`` of the sum of the clients'
-power-of-two test-size buckets. CKKS backend: ``FHE_BACKEND`` (default tenseal).
+largest N; key generation is the slow part). The public bound on the pooled
+rows is what the FHE phase uses: ``max_rows`` = the sum of the clients'
+power-of-two test-size declarations (each client encrypts with its own
+declaration as ``declared_rows``); the count encoding follows from it.
+CKKS backend: ``FHE_BACKEND`` (default tenseal). Next to every AUC: its
+certified resolution bound ``½q = ½·Σ_b p_b n_b/(P·N)``
+(:func:`flwr_fedeval.metrics.auc.resolution_bound`; the FHE protocol
+computes the same bound under encryption).
 
 Scores: standardised logistic regression trained on 10^4 random rows; the
 10^2..10^4 test sets are drawn from the other 35,211 rows; "full" scores every
@@ -27,8 +32,9 @@ row (it includes the training rows, which does not matter for comparing AUC
 larger N, to show where the 1e-3 target against sklearn is reachable.
 
 Writes ``experiments/results/auc_tables.{csv,md,png}`` (and
-``auc_tables_reference.csv``).
-Usage: ``python experiments/auc_tables.py [--runs 100] [--spacing both] [--data ../shared/data/bank-marketing/bank-full.csv]``
+``auc_tables_reference.csv``); ``--docs`` also publishes the tables and the
+figure in ``docs/results.md`` (:func:`flwr_fedeval.reporting.publish`).
+Usage: ``python experiments/auc_tables.py [--runs 100] [--spacing both] [--data ../shared/data/bank-marketing/bank-full.csv] [--docs]``
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -48,7 +55,8 @@ from flwr_fedeval.dp import DPAUCLaplaceParams, dpauc_laplace_client, dpauc_lapl
 from flwr_fedeval.fhe import auc as fhe_auc  # noqa: E402
 from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context  # noqa: E402
 from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points, threshold_counts  # noqa: E402
-from flwr_fedeval.metrics.auc import auc_from_counts  # noqa: E402
+from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound  # noqa: E402
+from flwr_fedeval.reporting import publish  # noqa: E402
 
 SIZES = (100, 1_000, 10_000, None)  # None = full data set
 N_POINTS = (25, 50, 100)
@@ -88,16 +96,16 @@ class FHEKeys:
             raise RuntimeError("the aggregator's context must not hold the secret key")
         self.keygen_seconds = time.perf_counter() - t0
 
-    def auc(self, counts: list[ConfusionCounts], client_sizes: list[int]) -> tuple[float, float, float]:
-        """(AUC, count scale K, seconds) of one semi-honest FHE evaluation."""
+    def auc(self, counts: list[ConfusionCounts], client_sizes: list[int]) -> tuple[float, float, float, float]:
+        """(AUC, its resolution bound, count scale K, seconds) of one semi-honest FHE evaluation."""
         t0 = time.perf_counter()
-        bound = sum(0 if n <= 0 else 1 << (int(n) - 1).bit_length() for n in client_sizes)  # as the clients report
-        cfg = fhe_auc.FHEAUCConfig(n_points=int(counts[0].tp.size),
-                                   count_scale=fhe_auc.suggest_count_scale(max(bound, 1)))
-        msgs = [fhe_auc.client_encrypt_counts(self.client, c, config=cfg) for c in counts]
+        declared = [0 if n <= 0 else 1 << (int(n) - 1).bit_length() for n in client_sizes]  # as the clients report
+        cfg = fhe_auc.FHEAUCConfig(n_points=int(counts[0].tp.size), max_rows=max(sum(declared), 1))
+        msgs = [fhe_auc.client_encrypt_counts(self.client, c, config=cfg, declared_rows=d)
+                for c, d in zip(counts, declared)]
         result = fhe_auc.aggregate_auc(self.server, msgs, config=cfg)
-        value = fhe_auc.client_decrypt_auc(self.client, result, config=cfg).auc
-        return value, cfg.count_scale, time.perf_counter() - t0
+        res = fhe_auc.client_decrypt_auc(self.client, result, config=cfg)
+        return res.auc, res.resolution_bound, cfg.count_scale, time.perf_counter() - t0
 
 
 def partition(y: np.ndarray, n_clients: int, rng: np.random.RandomState, dirichlet: float | None) -> list[np.ndarray]:
@@ -122,20 +130,6 @@ def _err(a: float, b: float) -> float:
     return abs(a - b)
 
 
-def same_bin_pair_fraction(y: np.ndarray, s: np.ndarray, thresholds: np.ndarray) -> float:
-    """Fraction of (positive, negative) pairs whose scores fall between the same two decision points.
-
-    The trapezoid over the N ROC points counts each such pair as ½ (a tie);
-    ``roc_auc_score`` counts it as 1, 0 or ½ by the exact scores. Hence
-    ``|trapezoid − roc_auc_score| ≤ ½ · fraction`` (diagnostic on the pooled
-    data; nothing the protocol reveals).
-    """
-    bins = np.searchsorted(-np.asarray(thresholds), -s, side="right")
-    pos = np.bincount(bins[y == 1], minlength=thresholds.size + 1).astype(float)
-    neg = np.bincount(bins[y == 0], minlength=thresholds.size + 1).astype(float)
-    return float(pos @ neg / (pos.sum() * neg.sum()))
-
-
 def _markdown(rows: list[dict], ref_rows: list[dict], args, keys: FHEKeys, stats: dict, elapsed: float) -> str:
     def pm(r, eps, c):
         return f"{r[f'dpauc_eps{eps:g}_{c}_mean']:.4g} ± {r[f'dpauc_eps{eps:g}_{c}_std']:.3g}"
@@ -143,25 +137,27 @@ def _markdown(rows: list[dict], ref_rows: list[dict], args, keys: FHEKeys, stats
     spacings = list(dict.fromkeys(r["spacing"] for r in rows))
     fhe_plain_max = max(r["fhe_minus_plain_abs"] for r in rows + ref_rows)
     tf_max = max(abs(r["tf_keras_1000"] - r["sklearn"]) for r in rows)
-    qs = {sp: [r["same_bin_pair_frac"] for r in rows if r["spacing"] == sp] for sp in spacings}
+    qs = {sp: [2 * r["resolution_bound"] for r in rows if r["spacing"] == sp] for sp in spacings}
     q_range = ", ".join(f"{100 * min(v):.1f}–{100 * max(v):.1f} % ({sp})" for sp, v in qs.items())
-    by_cell = {(r["partition"], r["test_size"], r["N"], r["spacing"]): r["same_bin_pair_frac"] for r in rows}
+    by_cell = {(r["partition"], r["test_size"], r["N"], r["spacing"]): r["resolution_bound"] for r in rows}
     cells = [k[:3] for k in by_cell if k[3] == "linear" and (*k[:3], "logit") in by_cell]
     n_pairs = len(cells)
     logit_worse = sum(by_cell[(*c, "logit")] > by_cell[(*c, "linear")] for c in cells)
-    n_bound_ok = sum(0.5 * r["same_bin_pair_frac"] <= TARGET for r in rows)
-    bound_ok = all(r["plain_minus_sklearn_abs"] <= 0.5 * r["same_bin_pair_frac"] + 1e-12 for r in rows + ref_rows)
+    n_bound_ok = sum(r["resolution_bound"] <= TARGET for r in rows)
+    bound_ok = all(r["plain_minus_sklearn_abs"] <= r["resolution_bound"] + 1e-12 for r in rows + ref_rows)
+    fhe_bound_err = max(abs(r["fhe_resolution_bound"] - r["resolution_bound"]) for r in rows + ref_rows)
     lines = [
         "# AUC on bank marketing: sklearn, TF, plaintext, FHE, DPAUC_Lap",
         "",
         f"{args.clients} clients, {args.runs} runs per DP cell, logistic regression scores, decision-point spacing "
         f"{' and '.join(spacings)}. FHE = semi-honest protocol (`flwr_fedeval.fhe.auc`) run end to end, one evaluation "
         f"per row, backend `{keys.params.backend}` (n = {keys.params.poly_modulus_degree}, {keys.params.slot_count} "
-        f"slots, one key set for all rows, key generation {keys.keygen_seconds:.1f} s); count scale K = "
-        "`suggest_count_scale` of the clients' power-of-two size buckets. `|FHE−plain|` is the CKKS error; "
-        f"`|FHE−skl|` is the error against sklearn (target ≤ {TARGET:g}, **bold** where missed); `½q` is its "
-        "bound from the trapezoid alone (q = fraction of positive–negative pairs between the same two decision "
-        "points). "
+        f"slots, one key set for all rows, key generation {keys.keygen_seconds:.1f} s); the count encoding is "
+        "derived from `max_rows` = the sum of the clients' power-of-two size declarations. `|FHE−plain|` is the "
+        f"CKKS error; `|FHE−skl|` is the error against sklearn (target ≤ {TARGET:g}, **bold** where missed); `½q` "
+        "is the certified resolution bound of the trapezoid (`metrics.auc.resolution_bound`; q = fraction of "
+        "positive–negative pairs between the same two decision points); the FHE protocol's own bound equals it "
+        f"within {fhe_bound_err:.0e} in every row. "
         "`no-clip` = FHE paper's computation, `clip-sort` = DPAUC authors' code. ε is per client (ε′ = ε/(4N)). "
         f"Total runtime {elapsed:.0f} s.",
         "",
@@ -230,7 +226,7 @@ def _markdown(rows: list[dict], ref_rows: list[dict], args, keys: FHEKeys, stats
                 lines.append(
                     f"| {r['test_size']} | {r['N']} | {r['sklearn']:.4f} | {r['tf_keras_1000']:.4f} "
                     f"| {r['plaintext']:.4f} | {r['fhe']:.4f} | {r['fhe_minus_plain_abs']:.1e} | {e} "
-                    f"| {0.5 * r['same_bin_pair_frac']:.1e} | {pm(r, 1, 'no-clip')} | {pm(r, 1, 'clip-sort')} | {pm(r, 8, 'no-clip')} "
+                    f"| {r['resolution_bound']:.1e} | {pm(r, 1, 'no-clip')} | {pm(r, 1, 'clip-sort')} | {pm(r, 8, 'no-clip')} "
                     f"| {pm(r, 8, 'clip-sort')} |")
             lines.append("")
     if ref_rows:
@@ -243,7 +239,7 @@ def _markdown(rows: list[dict], ref_rows: list[dict], args, keys: FHEKeys, stats
                 e = f"**{e}**"
             lines.append(f"| {r['partition']} | {r['spacing']} | {r['test_size']} | {r['sklearn']:.4f} "
                          f"| {r['plaintext']:.4f} | {r['fhe']:.4f} | {r['fhe_minus_plain_abs']:.1e} | {e} "
-                         f"| {0.5 * r['same_bin_pair_frac']:.1e} |")
+                         f"| {r['resolution_bound']:.1e} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -260,6 +256,8 @@ def main() -> None:
                     help="extra FHE/plaintext-only rows at this N (no DP) to show where the 1e-3 target is "
                          "reached; 0 = none")
     ap.add_argument("--out", default=str(REPO / "experiments" / "results"))
+    ap.add_argument("--docs", nargs="?", const=str(REPO / "docs"),
+                    help="also publish the tables and the figure in DOCS/results.md")
     args = ap.parse_args()
     spacings = SPACINGS if args.spacing == "both" else (args.spacing,)
 
@@ -285,56 +283,57 @@ def main() -> None:
     stats = {"neg_median": float(np.median(scores[y == 0])), "pos_median": float(np.median(scores[y == 1])),
              "frac_logit7": float(np.mean(np.abs(logit) <= 7))}
     rows, ref_rows = [], []
-    for partition_name, dirichlet in (("iid", None), (f"dirichlet{args.alpha:g}", args.alpha)):
-        for size in SIZES:
-            test = np.arange(y.size) if size is None else rng.choice(rest, size, replace=False)
-            yt, st = y[test], scores[test]
-            parts = partition(yt, args.clients, np.random.RandomState(1), dirichlet)
-            sk = roc_auc_score(yt, st)
-            tf = tf_auc(yt, st)
-            for spacing in spacings:
-                for n_points in N_POINTS:
-                    theta = decision_points(n_points, spacing=spacing)
-                    counts = [threshold_counts(yt[p], st[p], theta) for p in parts]
-                    plain = auc_from_counts(sum(counts[1:], counts[0]))
-                    fhe, scale, fhe_s = keys.auc(counts, [p.size for p in parts])
-                    row = {"partition": partition_name, "spacing": spacing, "test_size": int(yt.size),
-                           "N": n_points, "positives": int(yt.sum()), "sklearn": sk, "tf_keras_1000": tf,
-                           "plaintext": plain, "fhe": fhe, "fhe_minus_plain_abs": _err(fhe, plain),
-                           "fhe_minus_sklearn_abs": _err(fhe, sk), "plain_minus_sklearn_abs": _err(plain, sk),
-                           "same_bin_pair_frac": same_bin_pair_fraction(yt, st, theta),
-                           "fhe_count_scale": scale, "fhe_seconds": fhe_s}
-                    for eps in EPSILONS:
-                        params = DPAUCLaplaceParams(eps, n_points)
-                        vals = {c: [] for c in CLIPPINGS}
-                        for run in range(args.runs):
-                            noisy = [dpauc_laplace_client(c, params, random_state=(run * 1000 + k) * 7 + int(eps))
-                                     for k, c in enumerate(counts)]
-                            for c in CLIPPINGS:
-                                vals[c].append(dpauc_laplace_server(noisy, clipping=c, epsilon=eps).auc)
+    cells = [(name, dirichlet, size) for name, dirichlet in (("iid", None), (f"dirichlet{args.alpha:g}", args.alpha))
+             for size in SIZES]
+    for partition_name, dirichlet, size in tqdm(cells, desc="auc_tables", unit="test set"):
+        test = np.arange(y.size) if size is None else rng.choice(rest, size, replace=False)
+        yt, st = y[test], scores[test]
+        parts = partition(yt, args.clients, np.random.RandomState(1), dirichlet)
+        sk = roc_auc_score(yt, st)
+        tf = tf_auc(yt, st)
+        for spacing in spacings:
+            for n_points in N_POINTS:
+                theta = decision_points(n_points, spacing=spacing)
+                counts = [threshold_counts(yt[p], st[p], theta) for p in parts]
+                plain = auc_from_counts(sum(counts[1:], counts[0]))
+                fhe, fhe_bound, scale, fhe_s = keys.auc(counts, [p.size for p in parts])
+                row = {"partition": partition_name, "spacing": spacing, "test_size": int(yt.size),
+                       "N": n_points, "positives": int(yt.sum()), "sklearn": sk, "tf_keras_1000": tf,
+                       "plaintext": plain, "fhe": fhe, "fhe_minus_plain_abs": _err(fhe, plain),
+                       "fhe_minus_sklearn_abs": _err(fhe, sk), "plain_minus_sklearn_abs": _err(plain, sk),
+                       "resolution_bound": resolution_bound(sum(counts)), "fhe_resolution_bound": fhe_bound,
+                       "fhe_count_scale": scale, "fhe_seconds": fhe_s}
+                for eps in EPSILONS:
+                    params = DPAUCLaplaceParams(eps, n_points)
+                    vals = {c: [] for c in CLIPPINGS}
+                    for run in range(args.runs):
+                        noisy = [dpauc_laplace_client(c, params, random_state=(run * 1000 + k) * 7 + int(eps))
+                                 for k, c in enumerate(counts)]
                         for c in CLIPPINGS:
-                            v = np.asarray(vals[c])
-                            row[f"dpauc_eps{eps:g}_{c}_mean"] = float(np.nanmean(v))
-                            row[f"dpauc_eps{eps:g}_{c}_std"] = float(np.nanstd(v))
-                    rows.append(row)
-                    print(f"{partition_name:12s} {spacing:6s} size={yt.size:6d} N={n_points:3d} sklearn={sk:.4f} "
-                          f"plain={plain:.4f} fhe={fhe:.6f} (|fhe-plain|={row['fhe_minus_plain_abs']:.1e}, "
-                          f"{fhe_s:.2f} s) eps1 no-clip={row['dpauc_eps1_no-clip_mean']:.4g}"
-                          f"±{row['dpauc_eps1_no-clip_std']:.3g} eps8 clip={row['dpauc_eps8_clip-sort_mean']:.4f}"
-                          f"±{row['dpauc_eps8_clip-sort_std']:.3g}", flush=True)
-                if args.reference_n:
-                    theta = decision_points(args.reference_n, spacing=spacing)
-                    counts = [threshold_counts(yt[p], st[p], theta) for p in parts]
-                    plain = auc_from_counts(sum(counts[1:], counts[0]))
-                    fhe, scale, fhe_s = keys.auc(counts, [p.size for p in parts])
-                    ref_rows.append({"partition": partition_name, "spacing": spacing, "test_size": int(yt.size),
-                                     "N": args.reference_n, "sklearn": sk, "plaintext": plain, "fhe": fhe,
-                                     "fhe_minus_plain_abs": _err(fhe, plain), "fhe_minus_sklearn_abs": _err(fhe, sk),
-                                     "plain_minus_sklearn_abs": _err(plain, sk),
-                                     "same_bin_pair_frac": same_bin_pair_fraction(yt, st, theta),
-                                     "fhe_count_scale": scale, "fhe_seconds": fhe_s})
-                    print(f"{partition_name:12s} {spacing:6s} size={yt.size:6d} N={args.reference_n} (reference) "
-                          f"plain={plain:.6f} fhe={fhe:.6f} |fhe-sklearn|={_err(fhe, sk):.1e}", flush=True)
+                            vals[c].append(dpauc_laplace_server(noisy, clipping=c, epsilon=eps).auc)
+                    for c in CLIPPINGS:
+                        v = np.asarray(vals[c])
+                        row[f"dpauc_eps{eps:g}_{c}_mean"] = float(np.nanmean(v))
+                        row[f"dpauc_eps{eps:g}_{c}_std"] = float(np.nanstd(v))
+                rows.append(row)
+                tqdm.write(f"{partition_name:12s} {spacing:6s} size={yt.size:6d} N={n_points:3d} sklearn={sk:.4f} "
+                           f"plain={plain:.4f} fhe={fhe:.6f} (|fhe-plain|={row['fhe_minus_plain_abs']:.1e}, "
+                           f"{fhe_s:.2f} s) eps1 no-clip={row['dpauc_eps1_no-clip_mean']:.4g}"
+                           f"±{row['dpauc_eps1_no-clip_std']:.3g} eps8 clip={row['dpauc_eps8_clip-sort_mean']:.4f}"
+                           f"±{row['dpauc_eps8_clip-sort_std']:.3g}")
+            if args.reference_n:
+                theta = decision_points(args.reference_n, spacing=spacing)
+                counts = [threshold_counts(yt[p], st[p], theta) for p in parts]
+                plain = auc_from_counts(sum(counts[1:], counts[0]))
+                fhe, fhe_bound, scale, fhe_s = keys.auc(counts, [p.size for p in parts])
+                ref_rows.append({"partition": partition_name, "spacing": spacing, "test_size": int(yt.size),
+                                 "N": args.reference_n, "sklearn": sk, "plaintext": plain, "fhe": fhe,
+                                 "fhe_minus_plain_abs": _err(fhe, plain), "fhe_minus_sklearn_abs": _err(fhe, sk),
+                                 "plain_minus_sklearn_abs": _err(plain, sk),
+                                 "resolution_bound": resolution_bound(sum(counts)),
+                                 "fhe_resolution_bound": fhe_bound, "fhe_count_scale": scale, "fhe_seconds": fhe_s})
+                tqdm.write(f"{partition_name:12s} {spacing:6s} size={yt.size:6d} N={args.reference_n} (reference) "
+                           f"plain={plain:.6f} fhe={fhe:.6f} |fhe-sklearn|={_err(fhe, sk):.1e}")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -378,8 +377,14 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(out / "auc_tables.png", dpi=120)
     elapsed = time.time() - t_start
-    (out / "auc_tables.md").write_text(_markdown(rows, ref_rows, args, keys, stats, elapsed))
+    md = _markdown(rows, ref_rows, args, keys, stats, elapsed)
+    (out / "auc_tables.md").write_text(md)
     print(f"wrote {out}/auc_tables.csv, .md, .png in {elapsed:.0f} s")
+    if args.docs:
+        title, body = md.split("\n", 1)
+        body = body.replace("\n## ", "\n### ")  # subsections of the published section
+        print(f"published {publish('auc-tables', title.lstrip('# ') + ' (experiments/auc_tables.py)', body, docs_dir=args.docs, figures={'': fig})}")
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ Blocks
 * ``full``: plaintext and SecSV+SampleSkip on the full test set, all rounds
   (``--full-all``: HESV and SecSV without SampleSkip as well).
 
-Writes ``experiments/results/shapley_bank.{json,csv,png}``.
+Writes ``experiments/results/shapley_bank.{json,csv,png}``; ``--docs`` also
+publishes the table and the chart in ``docs/results.md``
+(:func:`flwr_fedeval.reporting.publish`).
 
 Usage: ``python experiments/shapley_bank.py [path/to/bank-full.csv]``. The
 reported run::
@@ -38,12 +40,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flwr_fedeval.data.bank_marketing import load_bank_marketing  # noqa: E402
 from flwr_fedeval.data.partition import partition_indices  # noqa: E402
+from flwr_fedeval.reporting import markdown_table, publish  # noqa: E402
 from flwr_fedeval.shapley.fsv import federated_shapley  # noqa: E402
 from flwr_fedeval.shapley.hesv import HESV  # noqa: E402
 from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights  # noqa: E402
@@ -95,6 +99,8 @@ def main() -> None:
     ap.add_argument("--model-bound", type=float, default=2.0,
                     help="public bound on |θ| (|θ_1 − θ_0| with --binary-margin); clients check it")
     ap.add_argument("--data-frac-bits", type=int, default=10)
+    ap.add_argument("--docs", nargs="?", const=str(ROOT / "docs"),
+                    help="also publish the table and the chart in DOCS/results.md")
     args = ap.parse_args()
     import logging
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -126,9 +132,10 @@ def main() -> None:
           f"{max(np.abs(m).max() for r in history for m in r.values()):.2f}, max |theta_1 - theta_0| "
           f"{max(np.abs(m[1] - m[0]).max() for r in history for m in r.values()):.2f}")
     w = quantize_weights(counts, bits=6)
-    # 2 limbs of 18 bits; 10 fractional bits each for data and model; |θ| <= model_bound (checked by clients)
+    # 2 limbs of 18 bits; 10 fractional bits each for data and model; |θ| <= model_bound (checked by clients);
+    # |x| <= 1 (min-max scaled features; the library default bound is 16)
     params = SecSVParams(ring_bits=36, limb_bits=18, data_frac_bits=args.data_frac_bits, model_frac_bits=10,
-                         weight_bits=6, model_bound=args.model_bound, max_clients=args.clients,
+                         weight_bits=6, model_bound=args.model_bound, feature_bound=1.0, max_clients=args.clients,
                          n_features=X.shape[1])
 
     rows, result = [], {"setup": {
@@ -151,13 +158,12 @@ def main() -> None:
                        mbytes=round(stats.bytes_sent / 2**20, 1), setup_s=round(stats.setup_seconds, 2),
                        helper_fallbacks=stats.helper_fallbacks)
         rows.append(row)
-        print(f"[{block}] {method:14s} {seconds:8.1f}s (cpu {cpu or 0:.1f}s)  max|dFSV|={err:.2e}  fsv={np.round(res.fsv, 4).tolist()}",
-              flush=True)
+        tqdm.write(f"[{block}] {method:14s} {seconds:8.1f}s (cpu {cpu or 0:.1f}s)  max|dFSV|={err:.2e}  fsv={np.round(res.fsv, 4).tolist()}")
         return row
 
     def secure_runs(block, Xb, yb, ob, R, ref, methods):
         th = ch = None
-        for method in methods:
+        for method in tqdm(methods, desc=f"shapley_bank ({block})", unit="method"):
             t, c = time.perf_counter(), time.process_time()
             if method == "HESV":
                 h = HESV(Xb, yb, ob, n_classes=2, ckks=params.ckks, binary_margin=args.binary_margin)
@@ -224,8 +230,30 @@ def main() -> None:
         fig.tight_layout()
         fig.savefig(out / "shapley_bank.png", dpi=120)
     except ImportError:
+        fig = None
         print("matplotlib not installed: no chart")
     print(f"wrote {out}/shapley_bank.json, .csv, .png")
+    if args.docs:
+        def fmt(v, spec):
+            return "–" if v is None else format(v, spec)
+
+        table = markdown_table(
+            ["block", "method", "wall s", "CPU s", "speedup vs HESV (wall / CPU)", "max |FSV − plaintext|",
+             "batches", "pairs evaluated / skipped", "FSVs"],
+            [[r["block"], r["method"], fmt(r["seconds"], ".1f"), fmt(r["cpu_seconds"], ".1f"),
+              f"{r['speedup_vs_HESV']:.2f}× / {r['cpu_speedup_vs_HESV']:.2f}×" if "speedup_vs_HESV" in r else "–",
+              f"{r['max_abs_err']:.1e}", r.get("batches", "–"),
+              f"{r['evaluated_samples']:,} / {r['skipped_samples']:,}", ", ".join(f"{v:+.4f}" for v in r["fsv"])]
+             for r in rows], align="llrrrrrrl")
+        body = (f"BANK ({X.shape[1]} features, min-max), logistic regression, {args.clients} clients, "
+                f"Dirichlet(0.5), {args.rounds} FedAvg rounds; full test set {len(yt):,} samples"
+                + ("" if args.skip_compare else f", compare block on {len(sub)} samples") + "; FedAvg weights "
+                "quantised to 6 bits in every method"
+                + (f" (the plaintext FSVs with exact example counts differ by ≤ "
+                   f"{result['max_abs_diff_quantised_vs_exact_weights']:.4f})"
+                   if "max_abs_diff_quantised_vs_exact_weights" in result else "") + ". CKKS n = "
+                f"{params.ckks.poly_modulus_degree}. All methods in one run, one after the other.\n\n" + table)
+        print(f"published {publish('shapley-bank', 'Secure Shapley values on BANK (experiments/shapley_bank.py)', body, docs_dir=args.docs, figures={'': fig} if fig is not None else None)}")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,29 @@ recipient_pk), AES-256-GCM with a random 96-bit nonce and the header as
 associated data. Static–static DH authenticates the sender to the recipient
 *provided the public keys themselves are authentic*: the server relays them
 too, so a malicious server could substitute its own keys (man in the
-middle). Compare :func:`fingerprint` out of band, or distribute public keys
-through a PKI, as the paper assumes (Assumption 3).
+middle). The FHE AUC and SecSV phases therefore sign every relayed public
+key with the node's roster key and check it before use
+(:mod:`flwr_fedeval.identity`, DESIGN.md §7); :func:`fingerprint` remains
+for out-of-band comparison.
 
 All randomness comes from ``os.urandom`` (via ``cryptography`` and
 ``secrets``).
+
+Standards: X25519 is the Diffie–Hellman function of RFC 7748 (§5; 32-byte
+raw keys), HKDF-SHA256 the extract-and-expand KDF of RFC 5869, AES-256-GCM
+the AEAD of NIST SP 800-38D (RFC 5116 interface), all from ``cryptography``.
+Relation to HPKE (RFC 9180): the same building blocks as HPKE's suite
+DHKEM(X25519, HKDF-SHA256) / HKDF-SHA256 / AES-256-GCM, and sender
+authentication by a static–static DH as in HPKE's Auth mode, but *not*
+HPKE and not interoperable with it: there is no ephemeral key (HPKE's Base
+and Auth modes draw a fresh ephemeral sender key per message; here a later
+leak of either static private key opens past bundles, so the FHE AUC and
+SecSV phases make fresh key pairs for every run), and the key schedule is the HKDF call
+above (random salt, info = label ‖ sender key ‖ recipient key) instead of
+HPKE's LabeledExtract/LabeledExpand with suite identifiers. An HPKE Base-mode
+API (as in recent ``cryptography`` releases) would leave the sender
+anonymous, so it would need the sender's key to be authenticated otherwise
+(signed keys, DESIGN.md §7).
 """
 
 from __future__ import annotations
@@ -149,7 +167,35 @@ class SharedSecrets(NamedTuple):
 
 
 def seal_bundle(secret_context: bytes, seed: bytes, *, sender: KeyPair, recipients: Mapping[object, bytes]) -> dict:
-    """Seal ``(secret_context, seed)`` for every recipient (``{node_id: bytes}``)."""
+    """Seal ``(secret_context, seed)`` for every recipient.
+
+    Parameters
+    ----------
+    secret_context : bytes
+        The serialized CKKS context with its secret key (any length).
+    seed : bytes
+        The common random seed of the malicious protocol, at least 32 bytes.
+    sender : KeyPair
+        The key holder's X25519 key pair (32 raw bytes each).
+    recipients : mapping of node ID to bytes
+        Each other client's 32-byte X25519 public key.
+
+    Returns
+    -------
+    dict
+        ``{node_id: sealed bytes}``: :func:`seal_for` of ``len(secret_context)``
+        (8 bytes, big-endian) ‖ ``secret_context`` ‖ ``seed``; open with
+        :func:`open_bundle`.
+
+    Raises
+    ------
+    ValueError
+        If ``seed`` is shorter than 32 bytes, a key is not 32 raw bytes, or a
+        recipient key is a low-order X25519 point (the shared secret would be
+        all zeros; raised by ``cryptography``).
+    TypeError
+        If ``secret_context`` or ``seed`` is not bytes-like.
+    """
     if len(seed) < 32:
         raise ValueError("seed must be at least 32 bytes")
     payload = struct.pack(">Q", len(secret_context)) + bytes(secret_context) + bytes(seed)

@@ -1,36 +1,70 @@
 #!/usr/bin/env bash
 # Run the main job with `flwr run .` on a local simulation SuperLink that this
-# script owns: its own FLWR_HOME (.flwr-home/) and stopped again at the end.
+# script owns: its own FLWR_HOME (.flwr-home/<pid>/) and free ports, stopped
+# again at the end, so two runs at once never share a SuperLink.
 # Usage: scripts/run-local.sh [NUM_SUPERNODES] [run-config overrides...]
 #   e.g. scripts/run-local.sh 5 "dataset='chest-xray' data-dir='../shared/data/chest-xray'"
-# env RUN_VENV (default .venv) and RUN_FLWR_HOME (default .flwr-home) select another venv
-# (make run-openfhe: .venv-py310, flwr 1.30) and its own Flower home.
+# Override lists are merged left to right (a later key=value wins), checked
+# before Flower starts (flwr_fedeval.app.preflight: one line per problem).
+# env RUN_VENV (default .venv) selects another venv (make run-openfhe: .venv-py310,
+# flwr 1.30) and RUN_FLWR_HOME (default .flwr-home) the base of its Flower homes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 NUM_SUPERNODES=${1:-5}
 shift || true
 export PATH="$ROOT/${RUN_VENV:-.venv}/bin:$PATH"   # RUN_VENV=.venv-py310: the OpenFHE venv
-export FLWR_HOME="${RUN_FLWR_HOME:-$ROOT/.flwr-home}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export TF_CPP_MIN_LOG_LEVEL=2
+
+# Node identities (issue 12): one signing key per simulated node and the roster, made once
+# per node count; the FHE AUC and SecSV phases refuse to run without them.
+IDS="$ROOT/.fedeval-ids/$NUM_SUPERNODES"
+if [ ! -f "$IDS/roster.json" ]; then   # made aside, then renamed: concurrent runs keep one set
+  mkdir -p -m 700 "$ROOT/.fedeval-ids"
+  tmp_ids=$(mktemp -d "$ROOT/.fedeval-ids/.new.XXXXXX")
+  python -m flwr_fedeval.keys create --out "$tmp_ids/ids" --nodes "$NUM_SUPERNODES" >/dev/null
+  mv -T "$tmp_ids/ids" "$IDS" 2>/dev/null || true
+  rm -rf "$tmp_ids"
+fi
+
+# Check config, data and partitioning first; prints the merged override list.
+overrides=$(python -m flwr_fedeval.app.preflight --num-supernodes "$NUM_SUPERNODES" \
+  "output-dir='$ROOT/outputs' identity-dir='$IDS'" "$@") || exit 2
+
+# A SuperLink of our own: FLWR_HOME per run and a free port (flwr >= 1.41 reads
+# FLWR_LOCAL_SUPERLINK_HTTP_API_PORT; the SuperLink listens on that port only).
+export FLWR_HOME="${RUN_FLWR_HOME:-$ROOT/.flwr-home}/$$"
 mkdir -p "$FLWR_HOME"
+free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(free_port)
+FLWR_LOCAL_CONTROL_API_PORT=$(free_port)
+export FLWR_LOCAL_SUPERLINK_HTTP_API_PORT FLWR_LOCAL_CONTROL_API_PORT
+if ! python -c 'import sys; from flwr.cli import constant as c; sys.exit(not hasattr(c, "LOCAL_SUPERLINK_HTTP_API_PORT"))' 2>/dev/null; then
+  # Older flwr: fixed ports, so one local SuperLink per machine.
+  if pgrep -f flower-superlink >/dev/null 2>&1; then
+    echo "run-local: a flower-superlink already runs on this machine and this flwr uses fixed ports:" \
+         "wait for that run to end (pgrep -af flower-superlink)" >&2
+    exit 1
+  fi
+fi
 
 stop_superlink() {
-  # The local SuperLink started by `flwr run` keeps running after the run;
-  # stop it unless it was already running (another run of ours still uses it).
-  if [ "$ALREADY_RUNNING" = 0 ]; then
-    pkill -f "flower-superlink.*$FLWR_HOME" 2>/dev/null || true
-  fi
+  # The local SuperLink started by `flwr run` keeps running after the run:
+  # stop the one of this FLWR_HOME, then what it spawned (superexec, flwr-simulation,
+  # which talk to it on its port and can outlive it when a run is interrupted).
+  local pids
+  pids=$(pgrep -f "flower-superlink.*--port $FLWR_LOCAL_SUPERLINK_HTTP_API_PORT .*$FLWR_HOME" || true)
+  [ -n "$pids" ] && kill $pids 2>/dev/null || true
+  pids=$(pgrep -f -- "--runtime-api-address 127.0.0.1:$FLWR_LOCAL_SUPERLINK_HTTP_API_PORT( |$)" || true)
+  [ -n "$pids" ] && kill $pids 2>/dev/null || true
+  rm -f "$log"
 }
-ALREADY_RUNNING=0
-pgrep -f "flower-superlink.*$FLWR_HOME" >/dev/null 2>&1 && ALREADY_RUNNING=1
-trap stop_superlink EXIT
-
-overrides="output-dir='$ROOT/outputs'"
-for extra in "$@"; do overrides="$overrides $extra"; done
 log=$(mktemp)
-trap 'rm -f "$log"; stop_superlink' EXIT
+# Keep .flwr-home/<pid>/ (the SuperLink's log) only when the run failed.
+trap 'rc=$?; stop_superlink; [ "$rc" = 0 ] && rm -rf "$FLWR_HOME"; exit $rc' EXIT
+
 flwr run . --stream \
   --federation-config "num-supernodes=$NUM_SUPERNODES" \
   --run-config "$overrides" | tee "$log"

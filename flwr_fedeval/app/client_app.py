@@ -1,8 +1,11 @@
 """The main job's ClientApp: local training, local evaluation, threshold counts.
 
-Every handler rebuilds what it needs from ``context`` (the deployment engine
-starts a fresh process per message, so module globals cannot carry state).
-Data loading is cached per process, which helps simulation.
+Every handler gets what it needs from ``context``; per-node secrets live in
+``context.state``. What a node *loads* (config, data split, model, test
+scores of a global model) is kept in a per-process :class:`NodeCache`, keyed
+by run id, config, partition and a digest of the weights: the simulation
+engine reuses a process for many messages, the deployment engine starts a
+fresh one per message (where the cache is simply empty).
 """
 
 from __future__ import annotations
@@ -11,16 +14,17 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
+from flwr_fedeval.app.harness import positive_scores
+from flwr_fedeval.app.node_cache import NodeCache
 from flwr_fedeval.clients import fhe_handlers
-from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
+from flwr_fedeval.clients.auc_handlers import threshold_counts_reply
 from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
-from flwr_fedeval.fhe.counts import threshold_counts
-from flwr_fedeval.messages import counts_to_record
 
 app = ClientApp()
-register_xmkckks_handlers(app)  # query.xmk_keygen, query.xmk_pdec (secure aggregation)
+#: This process's loaded data, models and scores (see :mod:`flwr_fedeval.app.node_cache`).
+CACHE = NodeCache()
+register_xmkckks_handlers(app)  # query.xmk_keygen, query.xmk_reveal, query.xmk_pdec (secure aggregation)
 
 
 def _aux_partition(context: Context) -> int:
@@ -65,18 +69,17 @@ def _partition(context: Context) -> tuple[int, int]:
     return pid, num
 
 
-def _setup(msg: Message, context: Context):
-    cfg = JobConfig.from_run_config(dict(context.run_config))
+def _setup(msg: Message, context: Context, *, for_training: bool = False):
+    cfg = CACHE.config(context)
     pid, num = _partition(context)
-    data = load_client_data(cfg, pid, num)
-    adapter = KerasModelAdapter(build_model(cfg))
-    adapter.set_weights(msg.content["arrays"].to_numpy_ndarrays())
+    data = CACHE.split(cfg, pid, num)
+    adapter = CACHE.model(cfg, msg.content["arrays"], for_training=for_training)
     return cfg, data, adapter
 
 
 def _shapley_mod(msg: Message, context: Context, call_next) -> Message:
     """Keep the local models (:func:`shapley_record_mod`) only in runs with ``shapley != "none"``."""
-    if JobConfig.from_run_config(dict(context.run_config)).shapley == "none":
+    if CACHE.config(context).shapley == "none":
         return call_next(msg, context)
     return shapley_record_mod(msg, context, call_next)
 
@@ -84,9 +87,12 @@ def _shapley_mod(msg: Message, context: Context, call_next) -> Message:
 @app.train(mods=[xmkckks_mod, _shapley_mod])
 def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local train split."""
-    cfg, data, adapter = _setup(msg, context)
+    cfg, data, adapter = _setup(msg, context, for_training=True)
     config = msg.content["config"] if "config" in msg.content else {}
     epochs = int(config.get("local-epochs", cfg.local_epochs))
+    import keras
+
+    keras.utils.set_random_seed(cfg.seed)  # the same shuffles whatever this process ran before
     history = adapter.model.fit(
         data.x_train, data.y_train, epochs=epochs, batch_size=cfg.batch_size, verbose=0
     )
@@ -120,9 +126,18 @@ def local_test_scores(msg: Message, context: Context) -> tuple[np.ndarray, np.nd
     -------
     y_true : ndarray of shape (n_test,), dtype int64
     y_score : ndarray of shape (n_test,), dtype float64, in [0, 1]
+        Computed once per process for each (partition, global weights); with
+        logit-spaced decision points, from the pre-softmax logit margin
+        (:func:`flwr_fedeval.app.harness.positive_scores`).
     """
-    _, data, adapter = _setup(msg, context)
-    return data.y_test, adapter.predict_scores(data.x_test)
+    cfg = CACHE.config(context)
+    pid, num = _partition(context)
+
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        cfg_, data, adapter = _setup(msg, context)
+        return data.y_test, positive_scores(cfg_, adapter, data.x_test)
+
+    return CACHE.scores(cfg, pid, num, msg.content["arrays"], compute)
 
 
 @app.evaluate("threshold_counts")
@@ -131,17 +146,13 @@ def evaluate_threshold_counts(msg: Message, context: Context) -> Message:
 
     The plaintext phase of the main job; the FHE and DP phases replace it.
     """
-    y_true, scores = local_test_scores(msg, context)
-    thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
-    counts = threshold_counts(y_true, scores, thresholds)
-    return Message(content=RecordDict({"counts": counts_to_record(counts)}), reply_to=msg)
+    return threshold_counts_reply(msg, context, *local_test_scores(msg, context))
 
 
 def local_test_labels(context: Context) -> np.ndarray:
     """Labels of this client's test split (no model needed), int64 of shape (n_test,)."""
-    cfg = JobConfig.from_run_config(dict(context.run_config))
     pid, num = _partition(context)
-    return load_client_data(cfg, pid, num).y_test
+    return CACHE.split(CACHE.config(context), pid, num).y_test
 
 
 # --- DP AUC baselines (flwr_fedeval.clients.dp_handlers) ---------------------
@@ -205,9 +216,8 @@ def query_fhe_result(msg: Message, context: Context) -> Message:
 # --- secure Shapley values (flwr_fedeval.clients.shapley_handlers) -----------
 def _shapley_test_set(context: Context) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels of this client's test split (shared with the two servers)."""
-    cfg = JobConfig.from_run_config(dict(context.run_config))
     pid, num = _partition(context)
-    data = load_client_data(cfg, pid, num)
+    data = CACHE.split(CACHE.config(context), pid, num)
     return data.x_test.reshape(len(data.y_test), -1), data.y_test
 
 

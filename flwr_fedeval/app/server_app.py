@@ -7,7 +7,7 @@ Run with ``flwr run .`` (see README). Configuration keys are in
 from __future__ import annotations
 
 import time
-from logging import INFO
+from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
@@ -15,13 +15,23 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_fedeval.app.harness import pooled_reference_auc, score_histogram, write_fsv_chart, write_results
-from flwr_fedeval.app.task import JobConfig, build_model
-from flwr_fedeval.metrics.auc import roc_points
+from flwr_fedeval.app.task import ConfigError, JobConfig, build_model
+from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
+from flwr_fedeval.identity import Roster
+from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
+from flwr_fedeval.strategies.base import ReadableFedAvg
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 
 app = ServerApp()
+
+
+def job_problems(cfg: JobConfig, num_clients: int) -> list[str]:
+    """:func:`flwr_fedeval.app.preflight.job_problems` (imported late: it imports this module)."""
+    from flwr_fedeval.app.preflight import job_problems as check
+
+    return check(cfg, num_clients)
 
 
 def make_strategy(cfg: JobConfig) -> FedAvg:
@@ -41,7 +51,29 @@ def make_strategy(cfg: JobConfig) -> FedAvg:
             step_timeout=cfg.step_timeout,
             **common,
         )
-    return FedAvg(**common)
+    return ReadableFedAvg(**common)  # FedAvg, failures logged one line per distinct reason
+
+
+def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPhase:
+    """The SecSV phase of ``shapley = "secsv"`` from the ``shapley-*`` keys."""
+    return SecSVPhase(
+        sample_skip=cfg.shapley_sample_skip,
+        model_bound=cfg.shapley_model_bound,
+        feature_bound=cfg.shapley_feature_bound,
+        data_frac_bits=cfg.shapley_frac_bits,
+        model_frac_bits=cfg.shapley_frac_bits,
+        min_nodes=max(2, cfg.min_nodes),
+        timeout=cfg.step_timeout,
+        roster=roster,
+    )
+
+
+def warn_resolution(bound: float) -> bool:
+    """Log a warning with the fix when the AUC's resolution bound exceeds 0.01; True if it did."""
+    if bound > RESOLUTION_WARN_THRESHOLD:  # nan: unknown, no warning
+        log(WARNING, "FINAL federated AUC: %s", resolution_advice(bound))
+        return True
+    return False
 
 
 def _metric_history(history: dict) -> dict[int, dict[str, float]]:
@@ -76,12 +108,21 @@ def _log_threshold_metrics(details: dict, y_true, y_score) -> dict | None:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Train with FedAvg for ``num-server-rounds``, then run the AUC phase."""
-    cfg = JobConfig.from_run_config(dict(context.run_config))
+    cfg = JobConfig.from_run_config(dict(context.run_config))  # ConfigError: one line per problem
+    # Secure phases need node identities (issue 12): refuse before round 1 without a roster.
+    roster = server_roster(dict(context.run_config))
+    secure = [k for k, on in (("auc-method = 'fhe'", cfg.auc_method == "fhe"),
+                              (f"shapley = '{cfg.shapley}'", cfg.shapley != "none")) if on]
+    if secure and roster is None:
+        raise ConfigError([f"{' and '.join(secure)} need node identities and a roster: set run config "
+                           f"'identity-dir' (simulation) or 'fedeval-roster' (the ServerApp's copy of the "
+                           f"roster); every node: {CONFIG_HELP}"])
     t_start = time.perf_counter()
-    initial = ArrayRecord(build_model(cfg).get_weights())
     # Nodes with fedeval-role = "shapley-aux" (the auxiliary server A of the Shapley
     # phase) hold no data: they stay out of training and of the AUC phase.
-    roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none")
+    refused: dict[int, str] = {}
+    roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none", roster=roster,
+                           refused=refused)
     auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
     if cfg.shapley != "none" and len(auxes) != 1:
         raise ValueError(
@@ -92,7 +133,16 @@ def main(grid: Grid, context: Context) -> None:
     if auxes:
         log(INFO, "Node(s) %s: auxiliary server of the Shapley phase; %d data clients", auxes,
             len(roles) - len(auxes))
-        grid = NodeSubsetGrid(grid, auxes)
+    if refused:
+        log(INFO, "Node(s) %s refused (not in the roster): left out of training and every phase", sorted(refused))
+    if auxes or refused:
+        grid = NodeSubsetGrid(grid, auxes + sorted(refused))
+    # Before round 1: the data folder, every client's split, the library's own checks.
+    problems = job_problems(cfg, len(roles) - len(auxes))
+    if problems:
+        raise ConfigError(problems)
+    initial = ArrayRecord(build_model(cfg).get_weights())
+    auc_phase = make_auc_phase(cfg, roster)
 
     strategy = make_strategy(cfg)
     result = strategy.start(
@@ -116,19 +166,11 @@ def main(grid: Grid, context: Context) -> None:
         )
     t_train = time.perf_counter() - t_start
 
-    auc_result = make_auc_phase(cfg).run(grid, result.arrays)
+    auc_result = auc_phase.run(grid, result.arrays)
     shapley = None
     if aux_node is not None:
         t_sv = time.perf_counter()
-        shapley = SecSVPhase(
-            sample_skip=cfg.shapley_sample_skip,
-            model_bound=cfg.shapley_model_bound,
-            feature_bound=cfg.shapley_feature_bound,
-            data_frac_bits=cfg.shapley_frac_bits,
-            model_frac_bits=cfg.shapley_frac_bits,
-            min_nodes=max(2, cfg.min_nodes),
-            timeout=cfg.step_timeout,
-        ).run(grid, clients=grid.get_node_ids(), aux_node=aux_node)
+        shapley = make_shapley_phase(cfg, roster).run(grid, clients=grid.get_node_ids(), aux_node=aux_node)
         t_sv = time.perf_counter() - t_sv
 
     # Harness reference (not part of the protocol): pooled roc_auc_score.
@@ -150,14 +192,17 @@ def main(grid: Grid, context: Context) -> None:
     else:
         log(
             INFO,
-            "FINAL federated AUC (%s, N=%d, %d clients): %.6f | pooled roc_auc_score: %.6f | |diff| %.6f",
+            "FINAL federated AUC (%s, N=%d, %d clients): %.6f | resolution bound: %.4g | "
+            "pooled roc_auc_score: %.6f | |diff| %.6f",
             auc_result.label,
             cfg.num_decision_points,
             len(auc_result.contributors),
             auc_result.auc,
+            auc_result.resolution_bound,
             ref_auc,
             abs(auc_result.auc - ref_auc),
         )
+    warn_resolution(auc_result.resolution_bound)
     ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score)
     if shapley is not None:
         last = shapley.utilities[-1][tuple(shapley.clients)]
@@ -178,9 +223,11 @@ def main(grid: Grid, context: Context) -> None:
             "auc_method": auc_result.method,
             "auc_details": auc_result.details,
             "federated_auc": auc_result.auc,
+            "resolution_bound": None if auc_result.resolution_bound != auc_result.resolution_bound else auc_result.resolution_bound,
             "reference_roc_auc_score": ref_auc,
             "num_clients": len(auc_result.contributors),
             "failed_nodes": auc_result.failed,
+            **({"refused_nodes": {str(k): v for k, v in refused.items()}} if refused else {}),
             **({"reference_threshold_metrics": ref_threshold_metrics} if ref_threshold_metrics else {}),
             "num_test_samples": int(y_true.size),
             "reference_score_histogram": score_histogram(y_true, y_score),

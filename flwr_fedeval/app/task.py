@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from flwr_fedeval.data.partition import ClientSplit, client_split
+from flwr_fedeval.data.partition import ClientSplit, client_split, partition_indices
 
-__all__ = ["JobConfig", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
+__all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "SEED_CNN_MIN_IMAGE_SIZE", "clear_data_cache",
+           "client_partitions", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
 
 #: Binary chest X-ray tasks: class folders, negative class first.
 XRAY_TASKS = {
@@ -36,11 +37,69 @@ _CHOICES = {
     "fhe_backend": ("tenseal", "openfhe"),
     "dpauc_clipping": ("clip-sort", "no-clip"),
     "fedauc_sensitivity": ("local", "global"),
-    "fedauc_allocation": ("alpha", "orthogonal", "adaptive"),
+    "fedauc_allocation": ("alpha", "orthogonal"),
     "decision_point_spacing": ("linear", "logit"),
     "secure_aggregation": ("none", "xmkckks"),
     "xmk_rekey": ("every-round", "per-client-set"),
 }
+
+#: App config key -> the library parameter it sets: ``(object, parameter name)``,
+#: the object as ``"module:qualname"``. The library signature is the source of
+#: the default; ``JobConfig``, ``pyproject.toml`` and the README table restate
+#: it and ``tests/app/test_defaults.py`` keeps them equal, names and values.
+LIBRARY_PARAMETERS: dict[str, tuple[str, str]] = {
+    "dirichlet-alpha": ("flwr_fedeval.data.partition:partition_indices", "alpha"),
+    "test-fraction": ("flwr_fedeval.data.partition:client_split", "test_fraction"),
+    "num-decision-points": ("flwr_fedeval.strategies.fhe_phase:FHEAUCPhase", "num_decision_points"),
+    "decision-point-spacing": ("flwr_fedeval.strategies.fhe_phase:FHEAUCPhase", "spacing"),
+    "min-nodes": ("flwr_fedeval.strategies.fhe_phase:FHEAUCPhase", "min_nodes"),
+    "dp-epsilon": ("flwr_fedeval.strategies.dp_phases:DPAUCLaplacePhase", "epsilon"),
+    "dpauc-clipping": ("flwr_fedeval.strategies.dp_phases:DPAUCLaplacePhase", "clipping"),
+    "fedauc-sensitivity": ("flwr_fedeval.strategies.dp_phases:FedAUCLaplacePhase", "sensitivity"),
+    "fedauc-allocation": ("flwr_fedeval.strategies.dp_phases:FedAUCLaplacePhase", "allocation"),
+    "fedauc-alpha": ("flwr_fedeval.strategies.dp_phases:FedAUCLaplacePhase", "alpha"),
+    "fedauc-beta": ("flwr_fedeval.strategies.dp_phases:FedAUCLaplacePhase", "beta"),
+    "fhe-auc": ("flwr_fedeval.strategies.fhe_phase:FHEAUCPhase", "protocol"),
+    "fhe-splits": ("flwr_fedeval.strategies.fhe_phase:FHEAUCPhase", "n_splits"),
+    "fhe-backend": ("flwr_fedeval.strategies.fhe_phase:FHEAUCPhase", "backend"),
+    "share-auc-with-server": ("flwr_fedeval.strategies.fhe_phase:FHEAUCPhase", "share_auc_with_server"),
+    "xmk-parameter-set": ("flwr_fedeval.strategies.xmk_fedavg:XMKFedAvg", "parameter_set"),
+    "xmk-max-abs-value": ("flwr_fedeval.strategies.xmk_fedavg:XMKFedAvg", "max_abs_value"),
+    "xmk-rekey": ("flwr_fedeval.strategies.xmk_fedavg:XMKFedAvg", "rekey"),
+    "step-timeout": ("flwr_fedeval.strategies.xmk_fedavg:XMKFedAvg", "step_timeout"),
+    "shapley-sample-skip": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "sample_skip"),
+    "shapley-model-bound": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "model_bound"),
+    "shapley-feature-bound": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "feature_bound"),
+    "shapley-frac-bits": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "data_frac_bits"),
+}
+
+
+class ConfigError(ValueError):
+    """The run config has problems; ``problems`` holds one readable line each.
+
+    ``str(error)`` is those lines joined by newlines.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def seed_cnn_feature_side(image_size: int) -> int:
+    """Side of the seed CNN's last feature map for ``image_size`` input pixels.
+
+    Three blocks of Conv2D(5×5, "valid") and MaxPool(2)
+    (:func:`flwr_fedeval.clients.models.build_seed_cnn`); < 1 means Keras
+    fails with "Computed output size would be zero or negative".
+    """
+    side = int(image_size)
+    for _ in range(3):
+        side = (side - 4) // 2
+    return side
+
+
+#: Smallest ``image-size`` the seed CNN accepts (36 px).
+SEED_CNN_MIN_IMAGE_SIZE = next(s for s in range(1, 1024) if seed_cnn_feature_side(s) >= 1)
 
 
 @dataclass(frozen=True)
@@ -74,8 +133,9 @@ class JobConfig:
     dp_seed: int = 0
     dpauc_clipping: str = "clip-sort"
     fedauc_sensitivity: str = "local"
-    fedauc_allocation: str = "adaptive"
-    fedauc_split: float = 0.5
+    fedauc_allocation: str = "orthogonal"
+    fedauc_alpha: float = 0.5
+    fedauc_beta: "float | str" = "adaptive"
     fhe_auc: str = "semi-honest"
     fhe_splits: int = 4
     fhe_backend: str = "tenseal"
@@ -86,6 +146,8 @@ class JobConfig:
     xmk_max_abs_value: float = 65536.0
     xmk_rekey: str = "every-round"
     step_timeout: float = 600.0
+    identity_dir: str = ""
+    fedeval_roster: str = ""
     shapley: str = "none"
     shapley_sample_skip: bool = True
     shapley_model_bound: float = 8.0
@@ -96,87 +158,142 @@ class JobConfig:
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> "JobConfig":
-        """Build from a Flower run config (kebab-case keys; unknown keys kept out).
+        """Build from a Flower run config (kebab-case keys).
 
         Raises
         ------
-        ValueError
-            For a value of the wrong type or outside its allowed choices.
+        ConfigError
+            A ``ValueError`` with one line per problem: an unknown key, a
+            value of the wrong type, outside its range or its choices.
         """
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            key = f.name.replace("_", "-")
-            if key in run_config:
-                values[f.name] = run_config[key]
+        known = {f.name.replace("_", "-"): f.name for f in fields(cls)}
+        problems = []
+        for key, value in run_config.items():
+            if key in known:
+                values[known[key]] = value
+            else:
+                import difflib
+
+                close = difflib.get_close_matches(key, list(known), n=1)
+                problems.append(f"config '{key}' is not a key of this App"
+                                + (f" (did you mean '{close[0]}'?)" if close else ""))
         cfg = cls(**values)
-        cfg.validate()
+        problems += cfg.problems()
+        if problems:
+            raise ConfigError(problems)
         return cfg
 
     def validate(self) -> None:
-        """Check types, ranges and choices (messages name the config key)."""
+        """Check types, ranges and choices (messages name the config key).
+
+        Raises
+        ------
+        ConfigError
+            With one line per problem (:meth:`problems`).
+        """
+        problems = self.problems()
+        if problems:
+            raise ConfigError(problems)
+
+    def problems(self) -> list[str]:
+        """Every problem of this configuration, one readable line each (empty: valid)."""
+        out: list[str] = []
+        bad: set[str] = set()
         for f in fields(self):
             value = getattr(self, f.name)
             key = f.name.replace("_", "-")
+            problem = None
             if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"config '{key}' must be an integer, got {value!r}")
-            if f.type in ("float", float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise ValueError(f"config '{key}' must be a number, got {value!r}")
-            if f.type in ("bool", bool) and not isinstance(value, bool):
-                raise ValueError(f"config '{key}' must be true or false, got {value!r}")
-            if f.name in _CHOICES and value not in _CHOICES[f.name]:
-                raise ValueError(f"config '{key}' must be one of {_CHOICES[f.name]}, got {value!r}")
-        positive = ("num_server_rounds", "local_epochs", "batch_size", "image_size", "min_nodes")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"config '{name.replace('_', '-')}' must be >= 1")
-        if not 0.0 < self.fraction_train <= 1.0:
-            raise ValueError("config 'fraction-train' must be in (0, 1]")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError("config 'test-fraction' must be in (0, 1)")
-        if self.num_decision_points < 2:
-            raise ValueError("config 'num-decision-points' must be >= 2")
+                problem = f"config '{key}' must be an integer, got {value!r}"
+            elif f.type in ("float", float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                problem = f"config '{key}' must be a number, got {value!r}"
+            elif f.type in ("bool", bool) and not isinstance(value, bool):
+                problem = f"config '{key}' must be true or false, got {value!r}"
+            elif f.type in ("str", str) and not isinstance(value, str):
+                problem = f"config '{key}' must be a string, got {value!r}"
+            elif f.name in _CHOICES and value not in _CHOICES[f.name]:
+                problem = f"config '{key}' must be one of {_CHOICES[f.name]}, got {value!r}"
+            if problem:
+                out.append(problem)
+                bad.add(f.name)
+
+        def check(ok, message: str, *names: str) -> None:
+            if bad.intersection(names):
+                return                       # already reported as a type/choice problem
+            try:
+                passed = ok()
+            except Exception as exc:         # noqa: BLE001 - a library check's refusal is the problem
+                out.append(f"{message}: {exc}" if message else str(exc))
+                return
+            if not passed:
+                out.append(message)
+
+        for name in ("num_server_rounds", "local_epochs", "batch_size", "image_size", "min_nodes"):
+            check(lambda name=name: getattr(self, name) >= 1, f"config '{name.replace('_', '-')}' must be >= 1", name)
+        check(lambda: 0.0 < self.fraction_train <= 1.0, "config 'fraction-train' must be in (0, 1]", "fraction_train")
+        check(lambda: 0.0 < self.learning_rate < math.inf, "config 'learning-rate' must be a finite number > 0",
+              "learning_rate")
+        check(lambda: self.seed >= 0, "config 'seed' must be >= 0", "seed")
+        check(lambda: 0.0 < self.test_fraction < 1.0, "config 'test-fraction' must be in (0, 1)", "test_fraction")
+        check(lambda: 0.0 < self.dirichlet_alpha < math.inf, "config 'dirichlet-alpha' must be a finite number > 0",
+              "dirichlet_alpha")
+        check(lambda: self.num_decision_points >= 2, "config 'num-decision-points' must be >= 2",
+              "num_decision_points")
         # DP AUC phases (flwr_fedeval.dp); inf is allowed and disables the noise.
-        if math.isnan(self.dp_epsilon) or self.dp_epsilon <= 0:
-            raise ValueError("config 'dp-epsilon' must be > 0 (inf disables the noise)")
-        if math.isnan(self.dp_budget) or self.dp_budget < 0:
-            raise ValueError("config 'dp-budget' must be >= 0 (0 = dp-epsilon: one DP evaluation per run)")
-        if 0 < self.dp_budget < self.dp_epsilon:
-            raise ValueError("config 'dp-budget' must be 0 or >= 'dp-epsilon'")
-        if self.dp_seed < 0:
-            raise ValueError("config 'dp-seed' must be >= 0 (0 = seeded from secrets)")
-        if not 0.0 < self.fedauc_split <= 1.0 or (self.fedauc_allocation == "alpha" and self.fedauc_split == 1.0):
-            raise ValueError("config 'fedauc-split' must be in (0, 1) (alpha) or (0, 1] (beta, orthogonal)")
-        if self.fedauc_sensitivity == "global" and self.fedauc_allocation != "alpha":
-            raise ValueError("config 'fedauc-allocation' must be 'alpha' when 'fedauc-sensitivity' = 'global'")
-        if self.auc_method == "fhe":
-            self._validate_fhe()
+        check(lambda: not math.isnan(self.dp_epsilon) and self.dp_epsilon > 0,
+              "config 'dp-epsilon' must be > 0 (inf disables the noise)", "dp_epsilon")
+        check(lambda: not math.isnan(self.dp_budget) and self.dp_budget >= 0,
+              "config 'dp-budget' must be >= 0 (0 = dp-epsilon: one DP evaluation per run)", "dp_budget")
+        check(lambda: not 0 < self.dp_budget < self.dp_epsilon, "config 'dp-budget' must be 0 or >= 'dp-epsilon'",
+              "dp_budget", "dp_epsilon")
+        check(lambda: self.dp_seed >= 0, "config 'dp-seed' must be >= 0 (0 = seeded from secrets)", "dp_seed")
+        check(lambda: 0.0 < self.fedauc_alpha < 1.0, "config 'fedauc-alpha' must be in (0, 1)", "fedauc_alpha")
+        check(lambda: self.fedauc_beta == "adaptive" or (
+            not isinstance(self.fedauc_beta, (bool, str)) and 0.0 < self.fedauc_beta <= 1.0),
+            f"config 'fedauc-beta' must be 'adaptive' or a number in (0, 1], got {self.fedauc_beta!r}", "fedauc_beta")
+        check(lambda: self.fedauc_sensitivity == "local" or self.fedauc_allocation == "alpha",
+              "config 'fedauc-allocation' must be 'alpha' when 'fedauc-sensitivity' = 'global'",
+              "fedauc_allocation", "fedauc_sensitivity")
+        if self.auc_method == "fhe" and not bad & {"fhe_splits", "fhe_backend", "fhe_auc", "num_decision_points",
+                                                     "fhe_metrics_threshold"}:
+            out += self._fhe_problems()
         if self.secure_aggregation == "xmkckks":
             from flwr_fedeval.rlwe import get_parameter_set, validate_security
 
-            validate_security(get_parameter_set(self.xmk_parameter_set))
-            if not 1.0 <= self.xmk_max_abs_value < math.inf:
-                raise ValueError("config 'xmk-max-abs-value' must be a finite number >= 1")
-        if not self.step_timeout > 0:
-            raise ValueError("config 'step-timeout' must be > 0 (seconds)")
-        if self.dataset in ("chest-xray", "bank-marketing") and not self.data_dir:
-            raise ValueError(f"config 'data-dir' must name the {self.dataset} data when dataset = '{self.dataset}'")
-        if self.dataset == "chest-xray" and self.model == "logreg":
-            raise ValueError("config 'model' = 'logreg' is for the tabular data sets, not 'chest-xray'")
-        if self.shapley != "none":
-            self._validate_shapley()
+            check(lambda: validate_security(get_parameter_set(self.xmk_parameter_set)) or True,
+                  "config 'xmk-parameter-set'", "xmk_parameter_set")
+            check(lambda: 1.0 <= self.xmk_max_abs_value < math.inf,
+                  "config 'xmk-max-abs-value' must be a finite number >= 1", "xmk_max_abs_value")
+        check(lambda: 0 < self.step_timeout < math.inf, "config 'step-timeout' must be a finite number > 0 (seconds)",
+              "step_timeout")
+        check(lambda: self.dataset == "breast-cancer" or bool(self.data_dir),
+              f"config 'data-dir' must name the {self.dataset} data when dataset = '{self.dataset}'",
+              "dataset", "data_dir")
+        check(lambda: not (self.dataset == "chest-xray" and self.model == "logreg"),
+              "config 'model' = 'logreg' is for the tabular data sets, not 'chest-xray'", "dataset", "model")
+        check(lambda: self.dataset != "chest-xray" or seed_cnn_feature_side(self.image_size) >= 1,
+              f"config 'image-size' = {self.image_size} is too small for the seed CNN (three 5x5 conv + 2x2 "
+              f"pool blocks): use image-size >= {SEED_CNN_MIN_IMAGE_SIZE}", "dataset", "image_size")
+        check(lambda: self.shapley_aux_partition_id >= -1,
+              "config 'shapley-aux-partition-id' must be -1 (none) or a partition id", "shapley_aux_partition_id")
+        if self.shapley != "none" and not bad & {"model", "secure_aggregation", "shapley_frac_bits",
+                                                  "shapley_model_bound", "shapley_feature_bound"}:
+            out += self._shapley_problems()
+        return out
 
-    def _validate_shapley(self) -> None:
+    def _shapley_problems(self) -> list[str]:
         """``shapley-*`` keys: SecSV needs a linear model and fixed-point bounds that fit."""
+        out = []
         if self.model != "logreg":
-            raise ValueError("config 'shapley' = 'secsv' evaluates linear classifiers only (Zheng et al. 2023): "
-                             "set 'model' = 'logreg'")
+            out.append("config 'shapley' = 'secsv' evaluates linear classifiers only (Zheng et al. 2023): "
+                       "set 'model' = 'logreg'")
         if self.secure_aggregation != "none":
-            raise ValueError("config 'shapley' needs the clients' example counts as FedAvg weights: "
-                             "use it with 'secure-aggregation' = 'none'")
+            out.append("config 'shapley' needs the clients' example counts as FedAvg weights: "
+                       "use it with 'secure-aggregation' = 'none'")
         if not 1 <= self.shapley_frac_bits <= 20:
-            raise ValueError("config 'shapley-frac-bits' must be in [1, 20]")
-        if self.shapley_aux_partition_id < -1:
-            raise ValueError("config 'shapley-aux-partition-id' must be -1 (none) or a partition id")
+            out.append("config 'shapley-frac-bits' must be in [1, 20]")
+            return out
         from flwr_fedeval.shapley.secsv import SecSVParams
 
         try:
@@ -184,32 +301,36 @@ class JobConfig:
                                    feature_bound=self.shapley_feature_bound,
                                    data_frac_bits=self.shapley_frac_bits, model_frac_bits=self.shapley_frac_bits)
         except ValueError as exc:
-            raise ValueError(f"config 'shapley-model-bound'/'shapley-feature-bound'/'shapley-frac-bits': {exc}") from None
+            out.append(f"config 'shapley-model-bound'/'shapley-feature-bound'/'shapley-frac-bits': {exc}")
+        return out
 
-    def _validate_fhe(self) -> None:
+    def _fhe_problems(self) -> list[str]:
         """``fhe-*`` keys: splits, slots, threshold, and the backend this Python can run."""
+        out = []
         if self.fhe_splits < 2:
-            raise ValueError("config 'fhe-splits' must be >= 2")
+            out.append("config 'fhe-splits' must be >= 2")
         if not (self.fhe_metrics_threshold < 0 or 0.0 <= self.fhe_metrics_threshold <= 1.0):
-            raise ValueError("config 'fhe-metrics-threshold' must be in [0, 1], or < 0 for none")
+            out.append("config 'fhe-metrics-threshold' must be in [0, 1], or < 0 for none")
         if self.fhe_backend == "openfhe":
             from flwr_fedeval._extras import MissingExtraError
 
             try:  # the aggregator (this ServerApp) and every client need the engine
                 import flwr_fedeval.fhe.openfhe_backend  # noqa: F401
             except MissingExtraError as exc:
-                raise ValueError(f"config 'fhe-backend' = 'openfhe': {exc}") from None
+                out.append(f"config 'fhe-backend' = 'openfhe': {exc}")
+                return out
         from flwr_fedeval.fhe.backend import CKKSParams
 
         n = self.num_decision_points
         slots = self.fhe_splits * (n + 1) + 2 if self.fhe_auc == "malicious" else n + 1
         available = CKKSParams.default(self.fhe_backend).slot_count
         if slots > available:
-            raise ValueError(
+            out.append(
                 f"config 'num-decision-points' = {n}"
                 + (f" with 'fhe-splits' = {self.fhe_splits}" if self.fhe_auc == "malicious" else "")
                 + f" needs {slots} CKKS slots, the {self.fhe_backend} parameters have {available}"
             )
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         """Kebab-case dict (as in the run config), for result files."""
@@ -245,9 +366,34 @@ def load_pooled_data(cfg: JobConfig) -> tuple[np.ndarray, np.ndarray, list[str]]
     return _load_pooled(cfg.dataset, data_dir, cfg.xray_task, cfg.image_size)
 
 
+@functools.lru_cache(maxsize=4)
+def _partitions(dataset: str, data_dir: str, xray_task: str, image_size: int, method: str, alpha: float,
+                seed: int, num_partitions: int) -> tuple[np.ndarray, ...]:
+    _, y, _ = _load_pooled(dataset, data_dir, xray_task, image_size)
+    return tuple(partition_indices(y, num_partitions, method=method, alpha=alpha, seed=seed))  # type: ignore[arg-type]
+
+
+def client_partitions(cfg: JobConfig, num_partitions: int) -> list[np.ndarray]:
+    """Row indices of every client's partition of the pooled data (cached per process)."""
+    data_dir = str(Path(cfg.data_dir).expanduser().resolve()) if cfg.data_dir else ""
+    return list(_partitions(cfg.dataset, data_dir, cfg.xray_task, cfg.image_size, cfg.partitioning,
+                            float(cfg.dirichlet_alpha), cfg.seed, num_partitions))
+
+
 def load_client_data(cfg: JobConfig, partition_id: int, num_partitions: int) -> ClientSplit:
-    """Client ``partition_id``'s own train and test split."""
+    """Client ``partition_id``'s own train and test split.
+
+    The pooled data and the partitioning are cached per process (see
+    :func:`clear_data_cache`); every call returns a new split of them.
+
+    Raises
+    ------
+    PartitionError
+        If the partitioning leaves some client a split smaller than the
+        number of classes (the same one-line error for every client).
+    """
     x, y, _ = load_pooled_data(cfg)
+    parts = client_partitions(cfg, num_partitions)
     return client_split(
         x,
         y,
@@ -257,7 +403,14 @@ def load_client_data(cfg: JobConfig, partition_id: int, num_partitions: int) -> 
         alpha=cfg.dirichlet_alpha,
         test_fraction=cfg.test_fraction,
         seed=cfg.seed,
+        partitions=parts,
     )
+
+
+def clear_data_cache() -> None:
+    """Forget the pooled data and partitionings this process loaded (a new run may see new files)."""
+    _partitions.cache_clear()
+    _load_pooled.cache_clear()
 
 
 def build_model(cfg: JobConfig) -> Any:

@@ -32,6 +32,15 @@ per message, so nothing lives in module globals):
 
 All three are deleted when :func:`decrypt_result` returns (success or not).
 
+Identity (issue 12, DESIGN.md §7): every X25519 key relayed through the
+server is signed with the node's roster key over (``"fhe-auc"``, session, 0,
+role, key) and checked against the roster before use: the key holder checks
+every peer (role ``"client"``; distinct roster members, at least
+:func:`~flwr_fedeval.clients.identity.key_set_floor` of them, itself
+included) before sealing the secret context, and every client checks the key
+holder's key (role ``"key-holder"``) before opening its bundle. A node without
+a key and roster refuses every step (the error names the config keys).
+
 What a client reveals: its X25519 public key and a power-of-two upper bound
 on its test-set size (for the public count scale ``K``; the main job's FedAvg
 evaluation already reports the exact size). What it reports, when
@@ -53,6 +62,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.logger import log
 
 from flwr_fedeval import keyshare
+from flwr_fedeval.clients.identity import key_set_floor, node_identity, signed_key_from_record, signed_key_record
 from flwr_fedeval.clients.replies import error_reply, serve
 from flwr_fedeval.fhe.auc import (
     FHEAUCConfig,
@@ -70,7 +80,30 @@ from flwr_fedeval.fhe.auc_malicious import (
 )
 from flwr_fedeval.fhe.backend import CKKSParams, FHEError, create_context, load_context
 from flwr_fedeval.fhe.counts import threshold_counts
-from flwr_fedeval.messages import array_to_bytes, bytes_to_array
+from flwr_fedeval.identity import IdentityError, SignedKey, verify_key, verify_key_set
+from flwr_fedeval.messages import (
+    EVALUATE_FHE_COUNTS,
+    EVALUATION_KEY,
+    FHE_BUNDLE_KEY,
+    FHE_BUNDLES_KEY,
+    FHE_CONTEXT_KEY,
+    FHE_COUNTS_KEY,
+    FHE_HOLDER_KEY,
+    FHE_PEER_SIGNATURES_KEY,
+    FHE_PEER_SIGNERS_KEY,
+    FHE_PEERS_KEY,
+    FHE_PROTOCOLS,
+    FHE_PUBKEY_KEY,
+    FHE_REPORT_KEY,
+    FHE_REQUEST_KEY,
+    FHE_RESULT_KEY,
+    FHE_SIGNED_PROTOCOL,
+    QUERY_FHE_KEYGEN,
+    QUERY_FHE_PUBKEY,
+    QUERY_FHE_RESULT,
+    array_to_bytes,
+    bytes_to_array,
+)
 
 __all__ = [
     "CLIENT_FHE_DEFAULTS",
@@ -83,27 +116,25 @@ __all__ = [
     "encrypt_counts",
     "keygen",
     "pubkey",
+    "register_fhe_handlers",
 ]
 
-PROTOCOLS = ("semi-honest", "malicious")
-
-#: ConfigRecord of every request: ``session`` (str) and the step's parameters.
-REQUEST_KEY = "fhe"
-#: Reply of step 1: ConfigRecord ``public-key`` (32 bytes), ``test-size-bucket`` (int).
-PUBKEY_KEY = "fhe-pubkey"
-#: Request of step 2: ConfigRecord ``{str(node_id): public key}`` of the other clients.
-PEERS_KEY = "fhe-peers"
-#: Reply of step 2: ArrayRecord ``public`` (public context, uint8).
-CONTEXT_KEY = "fhe-context"
-#: Reply of step 2: ArrayRecord ``{str(node_id): sealed bundle}``; request of step 3: ``sealed``.
-BUNDLES_KEY = "fhe-bundles"
-BUNDLE_KEY = "fhe-bundle"
-#: Reply of step 3: ArrayRecord ``auc`` (+ ``metrics``), packed ciphertexts.
-COUNTS_KEY = "fhe-counts"
-#: Request of step 5: ArrayRecord ``auc`` (+ ``metrics``), the aggregated ciphertexts.
-RESULT_KEY = "fhe-result"
-#: Reply of step 6: ConfigRecord ``status``, ``shared`` and, if shared, the values.
-REPORT_KEY = "fhe-report"
+# Record keys: defined in flwr_fedeval.messages (shared with the server); the
+# short names stay importable from here.
+PROTOCOLS = FHE_PROTOCOLS
+REQUEST_KEY = FHE_REQUEST_KEY
+PUBKEY_KEY = FHE_PUBKEY_KEY
+PEERS_KEY = FHE_PEERS_KEY
+PEER_SIGNERS_KEY = FHE_PEER_SIGNERS_KEY
+PEER_SIGNATURES_KEY = FHE_PEER_SIGNATURES_KEY
+HOLDER_KEY = FHE_HOLDER_KEY
+SIGNED_PROTOCOL = FHE_SIGNED_PROTOCOL
+CONTEXT_KEY = FHE_CONTEXT_KEY
+BUNDLES_KEY = FHE_BUNDLES_KEY
+BUNDLE_KEY = FHE_BUNDLE_KEY
+COUNTS_KEY = FHE_COUNTS_KEY
+RESULT_KEY = FHE_RESULT_KEY
+REPORT_KEY = FHE_REPORT_KEY
 
 STATE_KEYPAIR = "fhe-auc.keypair"
 STATE_SECRET = "fhe-auc.secret"
@@ -181,29 +212,38 @@ def _protocol_config(params: dict) -> FHEAUCConfig:
     protocol = params["protocol"]
     if protocol not in PROTOCOLS:
         raise _Refused(f"request 'protocol' must be one of {PROTOCOLS}, got {protocol!r}")
-    n, k = _int(params, "n-points", 2), float(params["count-scale"])
+    n, rows = _int(params, "n-points", 2), _int(params, "max-rows", 1)
     if protocol == "malicious":
-        return MaliciousAUCConfig(n_points=n, count_scale=k, n_splits=_int(params, "n-splits", 2))
-    return FHEAUCConfig(n_points=n, count_scale=k)
+        return MaliciousAUCConfig(n_points=n, max_rows=rows, n_splits=_int(params, "n-splits", 2))
+    return FHEAUCConfig(n_points=n, max_rows=rows)
 
 
 # --- step 1 ----------------------------------------------------------------------
 def pubkey(msg: Message, context: Context, num_test_samples: int) -> Message:
     """Step 1: a fresh X25519 key pair for this phase; reply the public key.
 
-    Request: ``fhe.session``. Reply: ``fhe-pubkey.public-key`` (32 bytes) and
+    Request: ``fhe.session``. Reply: ``fhe-pubkey.public-key`` (32 bytes),
+    ``fhe-pubkey.signer`` (this node's roster name), ``fhe-pubkey.signature``
+    (over ``("fhe-auc", session, 0, "client", public key)``) and
     ``fhe-pubkey.test-size-bucket`` (the smallest power of two ≥ the number of
-    local test samples; 0 for none), from which the server picks the public
-    count scale ``K``.
+    local test samples; 0 for none); their sum is the public pooled bound
+    ``max_rows`` the count encoding is derived from.
+
+    Raises (as an error reply) :class:`~flwr_fedeval.identity.IdentityError`
+    if this node has no identity key and roster.
     """
 
     def step(request: dict) -> RecordDict:
         session = _session(request)
         _forget(context)  # a new phase starts from scratch
+        ident, _ = node_identity(context)
         kp = keyshare.generate_keypair()
         context.state[STATE_KEYPAIR] = ConfigRecord({"session": session, "private": kp.private, "public": kp.public})
         bucket = 0 if num_test_samples <= 0 else 1 << (int(num_test_samples) - 1).bit_length()
-        return RecordDict({PUBKEY_KEY: ConfigRecord({"public-key": kp.public, "test-size-bucket": bucket})})
+        signed = signed_key_record(ident, protocol=SIGNED_PROTOCOL, session=session, round=0, role="client",
+                                   key=kp.public)
+        return RecordDict({PUBKEY_KEY: ConfigRecord({"public-key": kp.public, "test-size-bucket": bucket,
+                                                     **signed})})
 
     return _serve(msg, step)
 
@@ -213,29 +253,49 @@ def keygen(msg: Message, context: Context) -> Message:
     """Step 2 (key holder): CKKS keys and common seed; public context + sealed bundles.
 
     Request: ``fhe.session``, ``fhe.backend``, ``fhe.slots`` (slots the
-    protocol needs) and ``fhe-peers`` (``{str(node_id): X25519 public key}``
-    of the other clients). Reply: ``fhe-context.public`` (public key,
-    relinearisation and rotation keys — no secret key) and
-    ``fhe-bundles`` (``{str(node_id): keyshare.seal_bundle(...)}``), opaque to
-    the server. The secret context and the seed stay in this client's state.
+    protocol needs), ``fhe-peers`` (``{str(node_id): X25519 public key}``
+    of the other clients), ``fhe-peer-signers`` and ``fhe-peer-signatures``
+    (each peer's roster name and step-1 signature). Every peer key is checked
+    against the roster first (:func:`flwr_fedeval.identity.verify_key_set`:
+    distinct members other than this node, at least the node's floor).
+    Reply: ``fhe-context.public`` (public key, relinearisation and rotation
+    keys — no secret key), ``fhe-bundles`` (``{str(node_id):
+    keyshare.seal_bundle(...)}``), opaque to the server, and ``fhe-holder``
+    (``signer``, ``signature`` of this node's key for role ``"key-holder"``).
+    The secret context and the seed stay in this client's state.
     """
 
     def step(request: dict) -> RecordDict:
         session = _session(request)
         kp = _keypair(context, session)
+        ident, roster = node_identity(context)
         peers = {str(k): bytes(v) for k, v in dict(msg.content[PEERS_KEY]).items()}
+        signers = dict(msg.content[PEER_SIGNERS_KEY]) if PEER_SIGNERS_KEY in msg.content else {}
+        signatures = dict(msg.content[PEER_SIGNATURES_KEY]) if PEER_SIGNATURES_KEY in msg.content else {}
+        entries = {}
+        for node, pk in peers.items():
+            if node not in signers or node not in signatures:
+                raise IdentityError(f"peer key of node {node} is not signed (unsigned keys are refused)")
+            entries[node] = SignedKey(str(signers[node]), pk, bytes(signatures[node]))
+            if pk == kp.public:
+                raise IdentityError(f"peer node {node} relays this key holder's own key")
+        names = verify_key_set(roster, entries, protocol=SIGNED_PROTOCOL, session=session, round=0, role="client",
+                               floor=key_set_floor(context), own=ident.name)
         params = CKKSParams.for_slots(_int(request, "slots", 1), str(request["backend"]))
         ctx = create_context(params=params)
         seed = new_seed()
         secret = ctx.secret_bytes()
         bundles = keyshare.seal_bundle(secret, seed, sender=kp, recipients=peers)
         _store_secrets(context, session, secret, seed)
-        log(INFO, "FHE AUC: key holder for %d other clients (X25519 fingerprint %s)",
-            len(peers), keyshare.fingerprint(kp.public))
+        log(INFO, "FHE AUC: key holder (%s) for %d other roster members %s (X25519 fingerprint %s)",
+            ident.name, len(peers), sorted(names.values()), keyshare.fingerprint(kp.public))
+        holder = signed_key_record(ident, protocol=SIGNED_PROTOCOL, session=session, round=0, role="key-holder",
+                                   key=kp.public)
         return RecordDict(
             {
                 CONTEXT_KEY: ArrayRecord({"public": bytes_to_array(ctx.public_bytes())}),
                 BUNDLES_KEY: ArrayRecord({node: bytes_to_array(b) for node, b in bundles.items()}),
+                HOLDER_KEY: ConfigRecord(holder),
             }
         )
 
@@ -248,18 +308,27 @@ def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: 
 
     Request: the global model (scored by the caller into ``y_true``,
     ``y_score``), ``evaluation.thresholds`` (N,), ``fhe.session``,
-    ``fhe.protocol``, ``fhe.n-points``, ``fhe.count-scale``, ``fhe.n-splits``,
+    ``fhe.protocol``, ``fhe.n-points``, ``fhe.max-rows``, ``fhe.n-splits``,
     ``fhe.party-index``, ``fhe.n-parties``, ``fhe.nonce``,
-    ``fhe.holder-public-key``, ``fhe.metrics-threshold`` (< 0: none) and, for
-    every client but the key holder, ``fhe-bundle.sealed``. Reply:
-    ``fhe-counts.auc`` (2 ciphertexts semi-honest, 4 malicious) and, with a
+    ``fhe.holder-public-key``, ``fhe.holder-signer``, ``fhe.holder-signature``
+    (the key holder's key, checked against the roster for role
+    ``"key-holder"`` before the bundle is opened), ``fhe.metrics-threshold``
+    (< 0: none) and, for every client but the key holder, ``fhe-bundle.sealed``. Reply:
+    ``fhe-counts.auc`` (3 ciphertexts semi-honest, 6 malicious) and, with a
     threshold, ``fhe-counts.metrics`` (1 ciphertext of ``[TP, FP, TN, FN]``).
     """
 
     def step(request: dict) -> RecordDict:
         session = _session(request)
         kp = _keypair(context, session)
+        ident, roster = node_identity(context)
         holder_pk = bytes(request["holder-public-key"])
+        holder = signed_key_from_record(request, holder_pk, prefix="holder-")
+        verify_key(roster, holder.signer, holder.signature, protocol=SIGNED_PROTOCOL, session=session, round=0,
+                   role="key-holder", key=holder_pk)
+        if (holder.signer == ident.name) != (holder_pk == kp.public):
+            raise IdentityError(f"key holder {holder.signer!r} with this node's key, or this node's name with "
+                                "another key: refused")
         if BUNDLE_KEY in msg.content:
             bundle = keyshare.open_bundle(array_to_bytes(msg.content[BUNDLE_KEY]["sealed"]),
                                           recipient=kp, sender_public=holder_pk)
@@ -269,10 +338,12 @@ def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: 
             raise _Refused("no key bundle in the request and this client is not the key holder")
         ctx = _secret_context(context, session)
         config = _protocol_config(request)
-        thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
+        thresholds = msg.content[EVALUATION_KEY]["thresholds"].numpy().astype(np.float64)
         if thresholds.shape != (config.n_points,):
             raise _Refused(f"{thresholds.size} thresholds, request says n-points = {config.n_points}")
-        counts = threshold_counts(y_true, y_score, thresholds)
+        # Decision points inside [0, 1]: probabilities (guarded); otherwise real-valued scores (logits).
+        probability = bool(thresholds.size) and 0.0 <= thresholds.min() and thresholds.max() <= 1.0
+        counts = threshold_counts(y_true, y_score, thresholds, score_range=(0.0, 1.0) if probability else None)
         n_parties = _int(request, "n-parties", 1)
         party = _int(request, "party-index", 0)
         nonce = bytes(request["nonce"])
@@ -297,7 +368,7 @@ def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: 
                 "seed": seed,
                 "protocol": str(request["protocol"]),
                 "n-points": config.n_points,
-                "count-scale": float(config.count_scale),
+                "max-rows": int(config.max_rows),
                 "n-splits": int(getattr(config, "n_splits", 0)),
                 "party-index": party,
                 "n-parties": n_parties,
@@ -343,16 +414,17 @@ def decrypt_result(msg: Message, context: Context) -> Message:
             if isinstance(config, MaliciousAUCConfig):
                 out = client_decrypt_auc_malicious(ctx, data, config=config, seed=bytes(st["seed"]),
                                                    n_parties=int(st["n-parties"]), nonce=bytes(st["nonce"]))
-                auc = out.auc
             else:
-                auc = client_decrypt_auc(ctx, data, config=config).auc
+                out = client_decrypt_auc(ctx, data, config=config)
+            auc, bound = out.auc, out.resolution_bound
             metrics = None
             if float(st["metrics-threshold"]) >= 0 and "metrics" in result:
                 metrics = client_decrypt_threshold_metrics(ctx, array_to_bytes(result["metrics"]), config=config)
             shared = _share(context)
         finally:
             _forget(context)
-        log(INFO, "FHE AUC (%s, N=%d): global AUC %.6f%s", st["protocol"], config.n_points, auc,
+        log(INFO, "FHE AUC (%s, N=%d): global AUC %.6f (resolution bound %.2g)%s", st["protocol"],
+            config.n_points, auc, bound,
             " (verified: both runs agree)" if isinstance(config, MaliciousAUCConfig) else "")
         verified_metrics = not isinstance(config, MaliciousAUCConfig)
         if metrics is not None:
@@ -362,8 +434,41 @@ def decrypt_result(msg: Message, context: Context) -> Message:
         report: dict = {"status": "ok", "shared": shared}
         if shared:
             report["auc"] = float(auc)
+            report["resolution-bound"] = float(bound)
             if metrics is not None and verified_metrics:
                 report.update({k: float(v) for k, v in zip(_METRICS, metrics)})
         return RecordDict({REPORT_KEY: ConfigRecord(report)})
 
     return _serve(msg, step)
+
+
+def register_fhe_handlers(app, *, test_scores: Callable[[Message, Context], tuple[np.ndarray, np.ndarray]],
+                          test_labels: Callable[[Context], np.ndarray]) -> None:
+    """Register the four FHE AUC handlers (``query.fhe_pubkey``, ``query.fhe_keygen``,
+    ``evaluate.fhe_counts``, ``query.fhe_result``) on ``app``.
+
+    Parameters
+    ----------
+    app : flwr.clientapp.ClientApp
+    test_scores : callable
+        ``(msg, context) -> (y_true, y_score)``: labels (0/1, shape (n_test,))
+        and positive-class scores (float, shape (n_test,)) of the local test
+        split under the global model in ``msg.content["arrays"]``.
+    test_labels : callable
+        ``context -> y_true`` (step 1 carries no model; the client reports a
+        power-of-two bound of its test-set size).
+
+    Each client reports the AUC to the server only if its own run config says
+    ``share-auc-with-server = true`` (default: :data:`CLIENT_FHE_DEFAULTS`).
+    """
+
+    def query_fhe_pubkey(msg: Message, context: Context) -> Message:
+        return pubkey(msg, context, int(np.asarray(test_labels(context)).size))
+
+    def evaluate_fhe_counts(msg: Message, context: Context) -> Message:
+        return encrypt_counts(msg, context, *test_scores(msg, context))
+
+    app.query(QUERY_FHE_PUBKEY.split(".", 1)[1])(query_fhe_pubkey)
+    app.query(QUERY_FHE_KEYGEN.split(".", 1)[1])(keygen)
+    app.evaluate(EVALUATE_FHE_COUNTS.split(".", 1)[1])(evaluate_fhe_counts)
+    app.query(QUERY_FHE_RESULT.split(".", 1)[1])(decrypt_result)

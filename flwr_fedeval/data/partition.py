@@ -9,12 +9,13 @@ data costs no copy.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-__all__ = ["ClientSplit", "partition_indices", "client_split"]
+__all__ = ["ClientSplit", "PartitionError", "partition_indices", "split_sizes", "check_partitions", "client_split"]
 
 Partitioning = Literal["iid", "dirichlet"]
 
@@ -37,6 +38,76 @@ class ClientSplit:
     y_test: np.ndarray
     train_index: np.ndarray
     test_index: np.ndarray
+
+
+class PartitionError(ValueError):
+    """The data cannot be split as configured (raised before any training).
+
+    The message is one line naming the problem, how many clients it hits,
+    and the fix.
+    """
+
+
+def split_sizes(n_rows: int, test_fraction: float) -> tuple[int, int]:
+    """``(n_train, n_test)`` of a partition of ``n_rows`` rows.
+
+    scikit-learn's rule for a float ``test_size``: ``n_test = ⌈test_fraction·n⌉``,
+    the rest is train.
+    """
+    n_test = int(math.ceil(test_fraction * n_rows))
+    return n_rows - n_test, n_test
+
+
+def check_partitions(
+    y: np.ndarray,
+    partitions: list[np.ndarray],
+    *,
+    test_fraction: float,
+    method: str = "iid",
+) -> None:
+    """Refuse a partitioning that leaves a client unable to train or evaluate.
+
+    Every client's test split and train split must hold at least as many
+    samples as the data set has classes (a stratified split of fewer rows is
+    impossible, and a one-sample test split cannot hold both classes).
+    Partitions that lack a class altogether (skewed Dirichlet partitions)
+    are accepted: :func:`client_split` splits them without stratification.
+
+    Raises
+    ------
+    PartitionError
+        One line: the number of clients hit, example partition ids, the split
+        sizes, and the fix (fewer clients or another ``test_fraction``).
+    """
+    y = np.asarray(y)
+    n_classes = max(int(np.unique(y).size), 1)
+    short_test, short_train = [], []
+    for pid, rows in enumerate(partitions):
+        n_train, n_test = split_sizes(len(rows), test_fraction)
+        if n_test < n_classes:
+            short_test.append((pid, n_test))
+        elif n_train < n_classes:
+            short_train.append((pid, n_train))
+    if not short_test and not short_train:
+        return
+    num = len(partitions)
+    hint = "use fewer clients"
+    if method == "iid":
+        best = max((k for k in range(1, num + 1)
+                    if min(split_sizes(y.size // k, test_fraction)) >= n_classes), default=0)
+        hint = f"use at most {best} clients" if best else "this data set is too small to split"
+    where = f"partitioning {y.size} samples into {num} clients ({method}, test-fraction {test_fraction:g})"
+    if short_test:
+        ids = ", ".join(str(p) for p, _ in short_test[:5]) + (", ..." if len(short_test) > 5 else "")
+        smallest = min(n for _, n in short_test)
+        raise PartitionError(
+            f"{where} gives {len(short_test)} client(s) a test split of {smallest} sample(s), fewer than "
+            f"the {n_classes} classes (partition {ids}): {hint} or raise test-fraction")
+    ids = ", ".join(str(p) for p, _ in short_train[:5]) + (", ..." if len(short_train) > 5 else "")
+    smallest = min(n for _, n in short_train)
+    raise PartitionError(
+        f"{where} gives {len(short_train)} client(s) a train split of {smallest} sample(s), fewer than "
+        f"the {n_classes} classes (partition {ids}): {hint} or lower test-fraction")
 
 
 def _check_partition_args(num_partitions: int, partition_id: int | None = None) -> None:
@@ -138,14 +209,26 @@ def client_split(
     alpha: float = 0.5,
     test_fraction: float = 0.2,
     seed: int = 42,
+    partitions: list[np.ndarray] | None = None,
 ) -> ClientSplit:
     """The train and test data of client ``partition_id``.
 
-    The partition is split into train/test with a seeded, stratified split
-    (plain random split if a class has fewer than two samples in it).
+    The partition is split into train/test with a seeded, stratified split.
+    Documented fallback: a partition in which some class has fewer than two
+    samples (skewed Dirichlet partitions) is split at random, unstratified.
+
+    Parameters
+    ----------
+    partitions : list of ndarray, optional
+        The result of :func:`partition_indices` for these arguments, if the
+        caller already has it (saves recomputing every partition).
 
     Raises
     ------
+    PartitionError
+        If any client's split would be smaller than the number of classes
+        (:func:`check_partitions`): the same error for every client, before
+        any training.
     ValueError
         For a bad ``partition_id``, ``test_fraction`` outside (0, 1), or
         mismatched ``x``/``y``.
@@ -157,10 +240,16 @@ def client_split(
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
     if len(x) != len(y):
         raise ValueError(f"x and y differ in length: {len(x)} vs {len(y)}")
-    rows = partition_indices(y, num_partitions, method=method, alpha=alpha, seed=seed)[partition_id]
+    if partitions is None:
+        partitions = partition_indices(y, num_partitions, method=method, alpha=alpha, seed=seed)
+    if len(partitions) != num_partitions:
+        raise ValueError(f"partitions holds {len(partitions)} partitions, expected {num_partitions}")
+    check_partitions(y, partitions, test_fraction=test_fraction, method=method)
+    rows = partitions[partition_id]
     labels = np.asarray(y)[rows]
     _, counts = np.unique(labels, return_counts=True)
-    stratify = labels if counts.min() >= 2 and len(counts) > 1 else None
+    n_train, n_test = split_sizes(len(rows), test_fraction)
+    stratify = labels if counts.min() >= 2 and min(n_train, n_test) >= len(counts) > 1 else None
     train_rows, test_rows = train_test_split(
         rows, test_size=test_fraction, random_state=seed + partition_id, stratify=stratify
     )

@@ -177,7 +177,7 @@ class FedAUCLaplaceParams:
     sensitivity : {"local", "global"}, default="local"
         ``Δ_localSum``: ``"local"`` = the client's maximum rank (LocalLaplace,
         §5.2), ``"global"`` = ``M-1`` for every client (GlobalLaplace, Appendix N).
-    allocation : {"alpha", "orthogonal"}, default="alpha"
+    allocation : {"alpha", "orthogonal"}, default="orthogonal"
         ``"alpha"``: independent noise, ``ε_localSum = αε``,
         ``ε_localP = (1-α)ε`` (§5.2). ``"orthogonal"``: decomposition
         ``r = u′ + v′`` with ``⟨u,y⟩`` at ``βε`` and ``⟨v′,y⟩`` at ``(1-β)ε``
@@ -195,7 +195,7 @@ class FedAUCLaplaceParams:
     alpha: float
     beta: float | str
 
-    def __init__(self, epsilon: float, *, sensitivity: str = "local", allocation: str = "alpha",
+    def __init__(self, epsilon: float, *, sensitivity: str = "local", allocation: str = "orthogonal",
                  alpha: float = 0.5, beta: float | str = "adaptive"):
         epsilon = check_epsilon(epsilon)
         if sensitivity not in ("local", "global"):
@@ -256,6 +256,22 @@ def fedauc_laplace_client(
     LocalStats
         With ``epsilon = inf`` exactly :func:`fedauc_local_stats`. An empty
         client returns ``(0, 0, 0)`` without noise (nothing to protect).
+
+    Raises
+    ------
+    TypeError
+        If ``params`` is not a :class:`FedAUCLaplaceParams`, or ``accountant``
+        is neither ``None`` nor a diffprivlib ``BudgetAccountant``.
+    ValueError
+        If ``ranks`` and ``labels`` are not 1-D of equal length, a label is not
+        0 or 1, or a rank is negative; with ``sensitivity="global"``, if
+        ``max_rank`` is missing or a rank exceeds it; with
+        ``allocation="orthogonal"``, if a fixed β of 1 leaves the non-zero
+        component ``‖v′‖∞`` without budget; if ``sampler`` is unknown and noise
+        is drawn (checked after the accountant was charged).
+    diffprivlib.utils.BudgetError
+        If the accountant cannot afford ``params.epsilon``; nothing is drawn
+        and the accountant is unchanged.
 
     Notes
     -----

@@ -143,6 +143,18 @@ class CKKSParams:
     Ciphertexts are 2.7× smaller than with the paper's set (``n = 2^14``,
     depth 3, HYBRID, flexible-auto: :meth:`paper_openfhe`), and the aggregator
     ~4× faster (``benchmarks/bench_fhe_auc.py``).
+
+    Raises
+    ------
+    ValueError
+        If ``backend`` is unknown; ``poly_modulus_degree`` is not a power of
+        two in [1024, 32768]; ``scale_bits`` is outside [20, 59]; for
+        TenSEAL, fewer than 4 primes are given, their bit sizes sum above the
+        128-bit bound of ``n`` (HomomorphicEncryption.org standard, ternary
+        secret: 27/54/109/218/438/881 bits for n = 2^10…2^15), or a
+        ``batch_size`` is set; for OpenFHE, ``batch_size`` is neither 0 nor a
+        power of two in [2, n/2], or ``mult_depth < 2``. (OpenFHE checks the
+        security level of its own moduli when the context is created.)
     """
 
     backend: str = "tenseal"
@@ -405,6 +417,45 @@ class CKKSContext(ABC):
             raise ValueError(f"dot_plain needs equally many (>= 1) ciphertexts and plaintexts, "
                              f"got {len(cts)} and {len(plains)}")
         return self.add_many([self.multiply_plain(c, p) for c, p in zip(cts, plains)])
+
+    # -- checks on received ciphertexts (issue 12) -------------------------
+    def ciphertext_layout(self, ct: Any) -> tuple[int, int, float, int]:
+        """``(slots, level, scale, polynomials)`` of ``ct`` as this backend reports them.
+
+        ``level`` counts the RNS primes the ciphertext still has (TenSEAL) or
+        OpenFHE's level (0 = fresh). Backends override it; the default refuses.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot report ciphertext layouts")
+
+    def fresh_layout(self) -> tuple[int, int, float, int]:
+        """The layout of a fresh ciphertext under this context (what clients send).
+
+        Measured once by encrypting zeros under the (public) key, so it holds
+        for every backend and parameter set."""
+        cached = getattr(self, "_fresh_layout", None)
+        if cached is None:
+            cached = self._fresh_layout = self.ciphertext_layout(self.encrypt([0.0]))
+        return cached
+
+    def check_fresh(self, ct: Any) -> Any:
+        """Refuse a received ciphertext whose slot count, level, scale or size is not a fresh one's.
+
+        Aggregating ciphertexts of different levels or scales raises inside
+        the CKKS library (or, worse, computes a wrong number); a server checks
+        every ciphertext with this before aggregation so that one bad node is
+        left out and named.
+
+        Raises
+        ------
+        SerializationError
+            Naming the field that differs, e.g. ``"slot count 2048, expected 4096"``.
+        """
+        got, want = self.ciphertext_layout(ct), self.fresh_layout()
+        for name, g, w in zip(("slot count", "level", "scale", "polynomial count"), got, want):
+            if g != w:
+                raise SerializationError(f"ciphertext {name} {g}, expected {w} (a fresh ciphertext under the "
+                                         f"public context)")
+        return ct
 
     # -- serialization ----------------------------------------------------
     @abstractmethod

@@ -119,6 +119,10 @@ class OpenFHEContext(CKKSContext):
             ct = self._cc.EvalAdd(ct, self._cc.EvalRotate(ct, step))
         return ct
 
+    def ciphertext_layout(self, ct: Any) -> tuple[int, int, float, int]:
+        """``(slots, level, noise-scale degree, 2)`` (OpenFHE tracks the scale as a degree)."""
+        return int(ct.GetSlots()), int(ct.GetLevel()), float(ct.GetNoiseScaleDeg()), 2
+
     # -- serialization ----------------------------------------------------
     def serialize_ciphertext(self, ct: Any) -> bytes:
         return wrap(KIND_CIPHERTEXT, self.backend, self.context_id, _ser(ct))

@@ -183,6 +183,17 @@ class TenSEALContext(CKKSContext):
             ct = self._full(ct)
         return ct.sum()
 
+    # -- checks ---------------------------------------------------------------
+    def ciphertext_layout(self, ct: Any) -> tuple[int, int, float, int]:
+        """``(slots, RNS primes left, scale, polynomials)``; a parms_id outside this
+        context's chain at the top level reports level -1."""
+        seal_ct = ct.ciphertext()[0]
+        primes = int(seal_ct.coeff_modulus_size())
+        top = len(self.params.coeff_mod_bit_sizes) - 1      # the special prime is not a data level
+        if primes == top and seal_ct.parms_id() != self._ctx.seal_context().data.first_parms_id():
+            primes = -1
+        return int(ct.size()), primes, float(seal_ct.scale), int(seal_ct.size())
+
     # -- serialization ----------------------------------------------------
     def serialize_ciphertext(self, ct: Any) -> bytes:
         return wrap(KIND_CIPHERTEXT, self.backend, self.context_id, ct.serialize())

@@ -161,18 +161,37 @@ def discrete_gaussian(
 ) -> np.ndarray:
     """Discrete Gaussian D_{Z, sigma} restricted to |x| <= tail (inversion sampling).
 
+    The error distribution of RLWE key generation and encryption (Walskaar et
+    al. 2023, Eqs. 1 and 6; σ = 3.2 as in the HomomorphicEncryption.org
+    standard). Each sample is one uniform 64-bit word looked up in the
+    cumulative distribution table T_k = floor(2^64·P(X ≤ x_k)) (a CDT sampler).
+
     Parameters
     ----------
     shape : tuple of int
+        Shape of the output, e.g. ``(L, n)`` or ``(k, L, n)``.
     sigma : float, default 3.2
-    tail : int, default 19 (floor(6 sigma); the mass beyond is ~1e-9 and is
-        renormalised, as SEAL does with its 6-sigma clipped normal)
+        Width parameter σ (standard deviation of the untruncated Gaussian).
+    tail : int, default 19
+        Cut-off: floor(6σ); the mass beyond is ~1e-9 and is renormalised, as
+        SEAL does with its 6-sigma clipped normal.
     rng : RandomStream, optional
+        ChaCha20 stream keyed from ``secrets``; a fresh one by default.
 
     Returns
     -------
     ndarray of the given shape, dtype int8, values in [-tail, tail]
+
+    Raises
+    ------
+    ValueError
+        If ``sigma`` is not a finite number > 0, ``tail`` is not an integer in
+        [0, 127] (the int8 output range), or ``shape`` has a negative entry.
     """
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 < sigma < math.inf:
+        raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
+    if isinstance(tail, bool) or not isinstance(tail, (int, np.integer)) or not 0 <= tail <= 127:
+        raise ValueError(f"tail must be an integer in [0, 127] (int8 output), got {tail!r}")
     key = (float(sigma), int(tail))
     if key not in _CDT_CACHE:
         _CDT_CACHE[key] = _gaussian_cdt(*key)

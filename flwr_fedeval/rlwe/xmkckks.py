@@ -88,7 +88,8 @@ class SecretKey:
     @classmethod
     def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> "SecretKey":
         """Load a secret key; raises ``ValueError`` naming the bad field."""
-        params, count, _ = ser.unpack_header(data, ser.KIND_SECRET_KEY, params)
+        params, count, aux = ser.unpack_header(data, ser.KIND_SECRET_KEY, params)
+        _no_aux(aux)
         if count != 1:
             raise ValueError(f"count is {count}, expected 1 for a secret key")
         if len(data) - ser.HEADER_SIZE != params.n:
@@ -191,7 +192,8 @@ class DecryptionShare:
         cls, data: bytes, params: ParameterSet | None = None
     ) -> "DecryptionShare":
         """Load a decryption share; raises ``ValueError`` naming the bad field."""
-        params, count, _ = ser.unpack_header(data, ser.KIND_DECRYPTION_SHARE, params)
+        params, count, aux = ser.unpack_header(data, ser.KIND_DECRYPTION_SHARE, params)
+        _no_aux(aux)
         (d,) = ser.unpack_polys(params, data, count, ("d",))
         return cls(params, d)
 
@@ -204,11 +206,42 @@ def polys_to_bytes(params: ParameterSet, polys: np.ndarray) -> bytes:
     )
 
 
-def polys_from_bytes(data: bytes, params: ParameterSet | None = None) -> np.ndarray:
-    """Inverse of :func:`polys_to_bytes`; raises ``ValueError`` naming the bad field."""
-    params, count, _ = ser.unpack_header(data, ser.KIND_POLYNOMIALS, params)
-    (p,) = ser.unpack_polys(params, data, count, ("polys",))
+def polys_from_bytes(
+    data: bytes, params: ParameterSet | None = None, *, count: int | None = None
+) -> np.ndarray:
+    """Inverse of :func:`polys_to_bytes`, accepting only the canonical encoding.
+
+    Parameters
+    ----------
+    data : bytes
+    params : ParameterSet, optional
+        Expected parameter set.
+    count : int, optional
+        Expected number of polynomials k.
+
+    Returns
+    -------
+    ndarray of shape (k, L, n), uint64
+
+    Raises
+    ------
+    ValueError
+        Naming the bad field: any header field (magic, version, kind,
+        params_id, n, limbs, count, aux != 0), the payload length, or a
+        residue >= q_i. Every ring element has exactly one encoding, so two
+        different byte strings never load to the same C1.
+    """
+    params, got, aux = ser.unpack_header(data, ser.KIND_POLYNOMIALS, params)
+    _no_aux(aux)
+    if count is not None and got != count:
+        raise ValueError(f"count is {got}, expected {count}")
+    (p,) = ser.unpack_polys(params, data, got, ("polys",))
     return p
+
+
+def _no_aux(aux: int) -> None:
+    if aux != 0:
+        raise ValueError(f"aux is {aux}, expected 0 for this kind")
 
 
 # ---------------------------------------------------------------------------

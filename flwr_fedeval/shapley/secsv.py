@@ -128,7 +128,7 @@ class SecSVParams:
         FedAvg weights are integers in ``[1, 2^weight_bits − 1]`` (:func:`quantize_weights`).
     model_bound : float, default=8.0
         Public bound on ``|θ|`` (clients refuse to encrypt larger parameters).
-    feature_bound : float, default=1.0
+    feature_bound : float, default=16.0
         Public bound on ``|x|`` of the test features (scale them, e.g. min-max).
     max_clients : int, default=5
     n_features : int, default=48
@@ -142,7 +142,7 @@ class SecSVParams:
     limb_bits: int = 14
     weight_bits: int = 8
     model_bound: float = 8.0
-    feature_bound: float = 1.0
+    feature_bound: float = 16.0
     max_clients: int = 5
     n_features: int = 48
     ckks: CKKSParams | None = None
@@ -178,7 +178,7 @@ class SecSVParams:
 
     @classmethod
     def for_bounds(cls, *, n_features: int, max_clients: int, model_bound: float = 8.0,
-                   feature_bound: float = 1.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
+                   feature_bound: float = 16.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
                    weight_bits: int = 8, ckks: CKKSParams | None = None) -> "SecSVParams":
         """The smallest ring ``k`` (and the widest limbs ``b``) valid for these public bounds.
 

@@ -13,7 +13,7 @@ from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 __all__ = ["make_auc_phase"]
 
 
-def make_auc_phase(cfg: Any) -> Any:
+def make_auc_phase(cfg: Any, roster: Any = None) -> Any:
     """The evaluation phase for ``cfg.auc_method`` (a validated ``JobConfig``).
 
     Raises
@@ -28,7 +28,7 @@ def make_auc_phase(cfg: Any) -> Any:
     if cfg.auc_method in ("dpauc-laplace", "dpauc-rr", "fedauc-rr", "fedauc-laplace"):
         return _make_dp_phase(cfg)
     if cfg.auc_method == "fhe":
-        return _make_fhe_phase(cfg)
+        return _make_fhe_phase(cfg, roster)
     raise ValueError(f"unknown auc-method {cfg.auc_method!r}")
 
 
@@ -44,17 +44,11 @@ def _make_dp_phase(cfg: Any) -> Any:
         return dp_phases.DPAUCRRPhase(cfg.num_decision_points, spacing=cfg.decision_point_spacing, **common)
     if cfg.auc_method == "fedauc-rr":
         return dp_phases.FedAUCRRPhase(**common)
-    allocation = cfg.fedauc_allocation
-    return dp_phases.FedAUCLaplacePhase(
-        sensitivity=cfg.fedauc_sensitivity,
-        allocation="alpha" if allocation == "alpha" else "orthogonal",
-        alpha=cfg.fedauc_split if allocation == "alpha" else 0.5,
-        beta="adaptive" if allocation == "adaptive" else cfg.fedauc_split,
-        **common,
-    )
+    return dp_phases.FedAUCLaplacePhase(sensitivity=cfg.fedauc_sensitivity, allocation=cfg.fedauc_allocation,
+                                        alpha=cfg.fedauc_alpha, beta=cfg.fedauc_beta, **common)
 
 
-def _make_fhe_phase(cfg: Any) -> Any:
+def _make_fhe_phase(cfg: Any, roster: Any = None) -> Any:
     """The FHE AUC phase of :mod:`flwr_fedeval.strategies.fhe_phase` (``fhe-*`` keys)."""
     from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
 
@@ -68,4 +62,5 @@ def _make_fhe_phase(cfg: Any) -> Any:
         metrics_threshold=cfg.fhe_metrics_threshold if cfg.fhe_metrics_threshold >= 0 else None,
         min_nodes=cfg.min_nodes,
         timeout=cfg.step_timeout,
+        roster=roster,
     )

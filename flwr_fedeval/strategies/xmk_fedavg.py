@@ -1,15 +1,19 @@
 """FedAvg under xMK-CKKS multi-key homomorphic encryption.
 
 Implementation based on Walskaar, Tran, Catak 2023 (Eqs. 1-11) and Ma et al.
-2022 (xMK-CKKS), on Flower's Message API (DESIGN.md §3). The server sees
+2022 (xMK-CKKS), on Flower's Message API (DESIGN.md §3), hardened against a
+deviating server (DESIGN.md §7): signed commit-then-reveal key sets
+(:mod:`flwr_fedeval.rlwe.keyset`) and pairwise zero-sum masks
+(:mod:`flwr_fedeval.rlwe.masking`, Bonawitz et al. 2017). The server sees
 only the sum of the clients' encrypted, example-weighted updates and
-``Σ n_i``; no single party can decrypt one client's update.
+``Σ n_i``; no single party can decrypt one client's update or a partial sum.
+The server is trusted for nothing: every check is the clients'
+(:mod:`flwr_fedeval.clients.xmkckks`); the checks here only name a failing
+node early.
 """
 
 from __future__ import annotations
 
-import hashlib
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -22,10 +26,14 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.clients.keras_adapter import WeightLayout
+from flwr_fedeval.rlwe import keyset
+from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures
+from flwr_fedeval.weights import WeightLayout
 from flwr_fedeval.messages import (
+    METRICS_KEY,
     QUERY_XMK_KEYGEN,
     QUERY_XMK_PDEC,
+    QUERY_XMK_REVEAL,
     XMK_C1_KEY,
     XMK_CIPHERTEXT_KEY,
     XMK_CONFIG_KEY,
@@ -37,8 +45,8 @@ from flwr_fedeval.messages import (
 __all__ = ["RoundAborted", "XMKFedAvg"]
 
 REKEY_CHOICES = ("every-round", "per-client-set")
-#: Default parameter set: n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
-DEFAULT_PARAMETER_SET = "xmk-n4096-q108"
+#: Default parameter set (the protocol layer's): n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
+DEFAULT_PARAMETER_SET = rlwe.DEFAULT_PARAMETER_SET.name
 
 
 class RoundAborted(RuntimeError):
@@ -52,11 +60,30 @@ class RoundAborted(RuntimeError):
 
 
 @dataclass
-class _KeySet:
+class _Commitments:
+    """Step 1a: every member's signed commitment (names as the members claim them)."""
+
     key_id: str
     seed_a: bytes
+    round: int
     nodes: tuple[int, ...]
+    names: tuple[str, ...]
+    commitments: tuple[bytes, ...]
+    signatures: tuple[bytes, ...]
+
+
+@dataclass
+class _KeySet:
+    """A revealed key set: what every member needs to check and sum b = Σ b_i and derive its mask."""
+
+    key_id: str
+    seed_a: bytes
+    round: int  # the round its commitments were signed for
+    nodes: tuple[int, ...]
+    names: tuple[str, ...]  # roster names, aligned with ``nodes``
     shares: tuple[bytes, ...]  # every b_i, sent so that clients check and sum them
+    mask_keys: tuple[bytes, ...]  # every X25519 mask key
+    transcript_signatures: tuple[bytes, ...]  # every member's signature over the key-set digest
 
 
 @dataclass
@@ -69,15 +96,22 @@ class _RoundState:
     aborted: list[RoundAborted] = field(default_factory=list)
 
 
-class XMKFedAvg(FedAvg):
+class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     """Weighted FedAvg whose client updates are aggregated under xMK-CKKS.
 
-    Each round: (1) ``query.xmk_keygen`` to the sampled clients, b = Σ b_i
-    (Eq. 1); (2) ``train`` with b; clients reply Enc(n_i·Δw_i, n_i) (Eq. 6);
-    (3) the server sums the ciphertexts (Eq. 3) and sends C1 with the
-    contributor list in ``query.xmk_pdec``; clients reply D_i = s_i·C1 + e*_i
-    (Eq. 7); (4) the server decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
-    ``w ← w + Σ n_i·Δw_i / Σ n_i``.
+    Each round: (1a) ``query.xmk_keygen`` to the sampled clients: each
+    draws s_i, b_i (Eq. 1) and an X25519 mask key and replies a commitment
+    signed with its roster key; (1b) ``query.xmk_reveal`` relays all signed
+    commitments, each client checks them and opens b_i and its mask key;
+    (2) ``train`` with every opening; each client checks them against the
+    commitments, sums b = Σ b_i itself and replies Enc(n_i·Δw_i, n_i) + r_i
+    (Eq. 6; r_i its pairwise zero-sum mask); (3) the server sums the
+    ciphertexts (Eq. 3) and sends C1 with the key set's members in
+    ``query.xmk_pdec``; each client replies D_i = s_i·C1 + e*_i (Eq. 7) once
+    per key set and round; (4) the server decodes Σ n_i·Δw_i and Σ n_i (Eq. 5;
+    the masks cancel exactly) and sets ``w ← w + Σ n_i·Δw_i / Σ n_i``.
+    Every client needs a roster identity
+    (:func:`flwr_fedeval.clients.identity.node_identity`).
 
     If any client of the key set fails or times out at any step, or replies
     with a malformed ciphertext or share, the attempt aborts (the global
@@ -113,6 +147,32 @@ class XMKFedAvg(FedAvg):
         ``min_train_nodes``, ``min_available_nodes``, ...).
         ``min_train_nodes`` (default 2) is also the fewest clients a key set
         may have; it is raised to 2 if lower.
+
+    Attributes
+    ----------
+    aborted_attempts : list of (int, RoundAborted)
+        Every aborted attempt with its round; the reason per node is in
+        ``RoundAborted.failed``.
+    timer : StepTimer
+        ``timer.timings``: ``(step, seconds)`` of every protocol step run so
+        far (key generation, sum, partial decryption, decoding; waits for the
+        clients' replies included), in order; each is also logged at INFO.
+
+    Raises
+    ------
+    ValueError
+        At construction: ``parameter_set`` is unknown or weaker than the
+        128-bit HomomorphicEncryption.org bound, ``max_abs_value`` is not a
+        finite number ≥ 1, ``rekey`` is not one of its choices, or
+        ``max_attempts < 1``.
+    flwr_fedeval.rlwe.NoiseBudgetError
+        From ``configure_train``/``aggregate_train`` (and so from ``start``):
+        ``scale_bits`` (or, when unset, any scale) does not fit the noise
+        budget for the number of clients and ``max_abs_value`` (see
+        :meth:`scale_bits_for`).
+        A failed or malformed client reply never raises: the attempt aborts
+        (:class:`RoundAborted`, recorded in ``aborted_attempts``), the round
+        is re-keyed and re-run, or left unchanged.
     """
 
     def __init__(
@@ -144,6 +204,8 @@ class XMKFedAvg(FedAvg):
         self.step_timeout = step_timeout
         self.max_attempts = max_attempts
         self._round: _RoundState | None = None
+        #: ``timer.timings``: (step, seconds) of every protocol step run so far.
+        self.timer = StepTimer("XMKFedAvg")
         self._key_cache: dict[tuple[int, ...], _KeySet] = {}
         #: Every aborted attempt, for logs and tests: (round, RoundAborted).
         self.aborted_attempts: list[tuple[int, RoundAborted]] = []
@@ -177,7 +239,7 @@ class XMKFedAvg(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Sample clients, run key generation (step 1), build the train messages."""
+        """Sample clients, run key generation (step 1), build the train messages (step 2)."""
         num_nodes = int(len(list(grid.get_node_ids())) * self.fraction_train)
         sample_size = max(num_nodes, self.min_train_nodes)
         node_ids, _ = sample_nodes(grid, self.min_available_nodes, sample_size)
@@ -192,7 +254,8 @@ class XMKFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Sum, request partial decryptions, decode (steps 2-4); re-run on failure."""
+        """Steps 2-4 (:meth:`sum_ciphertexts`, :meth:`partial_decryptions`, :meth:`decode`);
+        on failure re-key with the remaining clients and re-run the round."""
         state = self._round
         if state is None or state.key_set is None:
             log(WARNING, "aggregate_train: round %d has no key set; global model unchanged", server_round)
@@ -214,14 +277,230 @@ class XMKFedAvg(FedAvg):
                 except RoundAborted as exc2:
                     self._record_abort(exc2)
                     return None, None
-                replies = list(state.grid.send_and_receive(messages, timeout=self.step_timeout))
+                with self.timer.step("step 2 (encrypted training, re-run)"):
+                    replies = list(state.grid.send_and_receive(messages, timeout=self.step_timeout))
         return None, None
 
+    # ------------------------------------------------------- protocol steps
+    def keygen(self, nodes: list[int]) -> _KeySet:
+        """Step 1: signed commit (:meth:`commit`) then reveal (:meth:`reveal`) of every b_i and mask key.
+
+        With ``rekey="per-client-set"`` the key set of the same nodes is reused.
+
+        Raises
+        ------
+        RoundAborted
+            A node failed, timed out or sent a malformed reply.
+        """
+        cached = self._key_cache.get(tuple(nodes))
+        if self.rekey == "per-client-set" and cached is not None:
+            return cached
+        key_set = self.reveal(self.commit(nodes))
+        self._key_cache = {tuple(nodes): key_set}
+        return key_set
+
+    def commit(self, nodes: list[int]) -> _Commitments:
+        """Step 1a (``query.xmk_keygen``): each node draws s_i, b_i (Eq. 1) and a mask key and
+        replies only a commitment to them, signed with its roster key.
+
+        Raises
+        ------
+        RoundAborted
+            A node failed, timed out, sent a malformed reply, or claims a roster
+            name another node claims too.
+        """
+        state = self._round
+        assert state is not None
+        seed_a = rlwe.new_public_seed()
+        key_id = keyset.key_set_id(self.params, seed_a)
+        request = ConfigRecord({"params": self.params.name, "seed-a": seed_a, "key-id": key_id,
+                                "round": state.server_round})
+        replies = self._send(nodes, QUERY_XMK_KEYGEN, RecordDict({XMK_CONFIG_KEY: request}))
+
+        def parse(reply: Message) -> tuple[str, bytes, bytes]:
+            rec = reply.content[XMK_CONFIG_KEY]
+            if rec["key-id"] != key_id:
+                raise ValueError("reply is for another key set")
+            signer, h, sig = rec["signer"], rec["commitment"], rec["signature"]
+            if not isinstance(signer, str) or not isinstance(h, bytes) or len(h) != 32 or not isinstance(sig, bytes):
+                raise ValueError("a commitment needs a signer name, 32 bytes and a signature")
+            return signer, h, sig
+
+        parsed = self._check_replies("key generation", "commitment", nodes, replies, parse)
+        names = [name for name, _, _ in parsed]
+        dup = {n: f"claims roster name {names[i]!r} like another node" for i, n in enumerate(nodes)
+               if names.count(names[i]) > 1}
+        if dup:
+            raise RoundAborted("key generation", dup)
+        return _Commitments(key_id, seed_a, state.server_round, tuple(nodes), tuple(names),
+                            tuple(h for _, h, _ in parsed), tuple(sig for _, _, sig in parsed))
+
+    def reveal(self, committed: _Commitments) -> _KeySet:
+        """Step 1b (``query.xmk_reveal``): relay every signed commitment; each node checks them
+        all against the roster and opens (b_i, X_i) with its signature over the key-set digest.
+
+        Raises
+        ------
+        RoundAborted
+            A node refused, timed out, or opened keys that do not match its commitment.
+        """
+        nodes = committed.nodes
+        request = ConfigRecord({"key-id": committed.key_id, "round": committed.round,
+                                "signers": list(committed.names), "commitments": list(committed.commitments),
+                                "signatures": list(committed.signatures)})
+        replies = self._send(nodes, QUERY_XMK_REVEAL, RecordDict({XMK_CONFIG_KEY: request}))
+        expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
+
+        def parse(reply: Message) -> tuple[bytes, bytes, bytes, bytes]:
+            rec = reply.content[XMK_CONFIG_KEY]
+            name, h = expected[reply.metadata.src_node_id]
+            if rec["key-id"] != committed.key_id or rec["signer"] != name:
+                raise ValueError("reply is for another key set or member")
+            share, mask_key = bytes(rec["public-share"]), bytes(rec["mask-key"])
+            if keyset.commitment(committed.key_id, share, mask_key) != h:
+                raise ValueError("the opened share or mask key does not match the node's commitment")
+            rlwe.PublicKey.from_bytes(share, self.params)
+            return share, mask_key, bytes(rec["transcript"]), bytes(rec["transcript-signature"])
+
+        parsed = self._check_replies("key reveal", "opening", nodes, replies, parse)
+        return _KeySet(committed.key_id, committed.seed_a, committed.round, nodes, committed.names,
+                       tuple(p[0] for p in parsed), tuple(p[1] for p in parsed), tuple(p[3] for p in parsed))
+
+    def train_messages(self, key_set: _KeySet) -> list[Message]:
+        """Step 2 (request): global model, train config and the key set to every key holder."""
+        state = self._round
+        assert state is not None
+        m = len(key_set.nodes)
+        xmk = ConfigRecord(
+            {
+                "params": self.params.name,
+                "key-id": key_set.key_id,
+                "round": state.server_round,
+                "signers": list(key_set.names),
+                "public-shares": list(key_set.shares),
+                "mask-keys": list(key_set.mask_keys),
+                "transcript-signatures": list(key_set.transcript_signatures),
+                "scale-bits": self.scale_bits_for(m),
+                "num-clients": m,
+                "max-abs-value": self.max_abs_value,
+            }
+        )
+        content = RecordDict(
+            {self.arrayrecord_key: state.arrays, self.configrecord_key: state.config, XMK_CONFIG_KEY: xmk}
+        )
+        return [Message(content=content, dst_node_id=n, message_type="train") for n in key_set.nodes]
+
+    def sum_ciphertexts(self, replies: list[Message]) -> tuple[rlwe.Ciphertext, list[MetricRecord]]:
+        """Step 2 (replies) and Eq. 3: one well-formed fresh ciphertext from every key holder, summed.
+
+        Returns ``(C = Σ c_i, the clients' metric records)``.
+
+        Raises
+        ------
+        RoundAborted
+            A key holder failed, timed out or sent a malformed ciphertext.
+        """
+        state = self._round
+        assert state is not None and state.key_set is not None
+        nodes = state.key_set.nodes
+        by_node = {r.metadata.src_node_id: r for r in replies}
+        expected_polys = -(-self._plaintext_length() // self.params.n)
+
+        def parse_ciphertext(reply: Message) -> tuple[rlwe.Ciphertext, MetricRecord | None]:
+            ct = rlwe.Ciphertext.from_bytes(
+                array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), self.params
+            )
+            if ct.num_polys != expected_polys or ct.num_summed != 1:
+                raise ValueError(
+                    f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh"
+                )
+            return ct, reply.content[METRICS_KEY] if METRICS_KEY in reply.content else None
+
+        parsed = self._check_replies("encrypted training", "ciphertext", nodes, by_node, parse_ciphertext)
+        total = rlwe.add_ciphertexts([ct for ct, _ in parsed])
+        return total, [m for _, m in parsed if m is not None]
+
+    def partial_decryptions(self, total: rlwe.Ciphertext) -> list[rlwe.DecryptionShare]:
+        """Step 3: ``query.xmk_pdec`` with C1 and the contributor list; D_i from every contributor (Eq. 7).
+
+        Each client decrypts at most once per key set and round, and only for
+        the contributor list of its whole key set: a failed step cannot be retried.
+
+        Raises
+        ------
+        RoundAborted
+            A contributor failed, timed out or sent a malformed share.
+        """
+        state = self._round
+        assert state is not None and state.key_set is not None
+        key_set = state.key_set
+        nodes = key_set.nodes
+        request = RecordDict(
+            {
+                XMK_CONFIG_KEY: ConfigRecord(
+                    {
+                        "params": self.params.name,
+                        "key-id": key_set.key_id,
+                        "round": state.server_round,
+                        "contributors": list(key_set.names),
+                        "num-clients": len(nodes),
+                    }
+                ),
+                XMK_C1_KEY: ArrayRecord({"c1": bytes_to_array(rlwe.polys_to_bytes(self.params, total.c1))}),
+            }
+        )
+        share_replies = self._send(nodes, QUERY_XMK_PDEC, request)
+
+        def parse_share(reply: Message) -> rlwe.DecryptionShare:
+            share = rlwe.DecryptionShare.from_bytes(
+                array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params
+            )
+            if share.d.shape != total.c1.shape:
+                raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
+            return share
+
+        return self._check_replies("partial decryption", "decryption share", nodes, share_replies, parse_share)
+
+    def decode(self, total: rlwe.Ciphertext, shares: list[rlwe.DecryptionShare]) -> tuple[ArrayRecord, int]:
+        """Step 4: Σ m = C0 + Σ D_i (Eq. 5), decode, ``w ← w + Σ n_i·Δw_i / Σ n_i``.
+
+        Returns ``(new global model, Σ n_i)``.
+
+        Raises
+        ------
+        RoundAborted
+            The decoded Σ n_i is not a valid count or the aggregate is not finite.
+        """
+        state = self._round
+        assert state is not None and state.key_set is not None
+        nodes = state.key_set.nodes
+        layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
+        scale_bits = self.scale_bits_for(len(nodes))
+        decoded = rlwe.combine_and_decode(self.params, total.c0, shares, self._plaintext_length(),
+                                          scale_bits=scale_bits)
+        total_examples = decoded[-1]
+        if not (np.isfinite(total_examples) and total_examples >= len(nodes) - 0.5
+                and abs(total_examples - round(total_examples)) < 1e-3):
+            raise RoundAborted("decoding", {n: f"decoded Σ n_i = {total_examples!r} is not a valid count" for n in nodes})
+        mean_update = decoded[:-1] / round(total_examples)
+        new_flat = layout.flatten(state.arrays.to_numpy_ndarrays()) + mean_update
+        if not np.isfinite(new_flat).all():
+            raise RoundAborted("decoding", {n: "aggregate is not finite" for n in nodes})
+        return ArrayRecord(layout.unflatten(new_flat)), int(round(total_examples))
+
     # ------------------------------------------------------------ internals
+    def _plaintext_length(self) -> int:
+        """Encoded values per update: every weight and n_i."""
+        state = self._round
+        assert state is not None
+        return WeightLayout.of(state.arrays.to_numpy_ndarrays()).size + 1
+
     def _record_abort(self, exc: RoundAborted) -> None:
+        self._key_cache = {}  # no key set survives a failed attempt (DESIGN.md §8)
         rnd = self._round.server_round if self._round else -1
         self.aborted_attempts.append((rnd, exc))
-        log(WARNING, "Round %d: secure aggregation aborted at %s", rnd, exc)
+        log(WARNING, "Round %d: secure aggregation aborted at %s: %d node(s) failed", rnd, exc.step, len(exc.failed))
+        log_failures(f"Round {rnd}: XMKFedAvg", exc.step, exc.failed)
 
     def _send(self, nodes: Iterable[int], message_type: str, content: RecordDict) -> dict[int, Message]:
         grid = self._round.grid  # type: ignore[union-attr]
@@ -250,33 +529,8 @@ class XMKFedAvg(FedAvg):
             raise RoundAborted(step, failed)
         return parsed
 
-    def _keygen(self, nodes: list[int]) -> _KeySet:
-        """Step 1: key generation with ``nodes``; b = Σ b_i over all of them (Eq. 1)."""
-        cached = self._key_cache.get(tuple(nodes))
-        if self.rekey == "per-client-set" and cached is not None:
-            return cached
-        seed_a = rlwe.new_public_seed()
-        key_id = hashlib.sha256(seed_a).hexdigest()[:16]
-        request = ConfigRecord({"params": self.params.name, "seed-a": seed_a, "key-id": key_id})
-        replies = self._send(nodes, QUERY_XMK_KEYGEN, RecordDict({XMK_CONFIG_KEY: request}))
-
-        def parse(reply: Message) -> rlwe.PublicKey:
-            rec = reply.content[XMK_CONFIG_KEY]
-            if rec["key-id"] != key_id:
-                raise ValueError("reply is for another key set")
-            return rlwe.PublicKey.from_bytes(bytes(rec["public-share"]), self.params)
-
-        shares = self._check_replies("key generation", "public share", nodes, replies, parse)
-        key_set = _KeySet(
-            key_id,
-            seed_a,
-            tuple(nodes),
-            tuple(share.to_bytes() for share in shares),
-        )
-        self._key_cache = {tuple(nodes): key_set}
-        return key_set
-
     def _start_attempt(self, nodes: list[int]) -> list[Message]:
+        """Step 1 with ``nodes`` (once more without the failing ones), then the step-2 messages."""
         state = self._round
         assert state is not None
         if len(nodes) < self.min_train_nodes:
@@ -284,103 +538,34 @@ class XMKFedAvg(FedAvg):
                 "sampling",
                 {n: f"only {len(nodes)} clients, a key set needs {self.min_train_nodes}" for n in nodes},
             )
-        t0 = time.perf_counter()
-        try:
-            key_set = self._keygen(nodes)
-        except RoundAborted as exc:
-            remaining = [n for n in nodes if n not in exc.failed]
-            self._record_abort(exc)
-            if len(remaining) < self.min_train_nodes:
-                raise
-            key_set = self._keygen(remaining)
+        with self.timer.step("step 1 (key generation)"):
+            try:
+                key_set = self.keygen(nodes)
+            except RoundAborted as exc:
+                remaining = [n for n in nodes if n not in exc.failed]
+                self._record_abort(exc)
+                if len(remaining) < self.min_train_nodes:
+                    raise
+                key_set = self.keygen(remaining)
         state.key_set = key_set
-        m = len(key_set.nodes)
-        xmk = ConfigRecord(
-            {
-                "params": self.params.name,
-                "key-id": key_set.key_id,
-                "seed-a": key_set.seed_a,
-                "public-shares": list(key_set.shares),
-                "scale-bits": self.scale_bits_for(m),
-                "num-clients": m,
-                "max-abs-value": self.max_abs_value,
-            }
-        )
-        log(INFO, "configure_train: key set %s of %d clients ready in %.2f s", key_set.key_id, m, time.perf_counter() - t0)
-        content = RecordDict(
-            {self.arrayrecord_key: state.arrays, self.configrecord_key: state.config, XMK_CONFIG_KEY: xmk}
-        )
-        return [Message(content=content, dst_node_id=n, message_type="train") for n in key_set.nodes]
+        log(INFO, "configure_train: key set %s of %d clients ready", key_set.key_id, len(key_set.nodes))
+        return self.train_messages(key_set)
 
     def _finish_attempt(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
+        """Steps 2 (replies), 3 and 4 of one attempt."""
         state = self._round
         assert state is not None and state.key_set is not None
-        key_set = state.key_set
-        nodes = key_set.nodes
-        by_node = {r.metadata.src_node_id: r for r in replies}
-        layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
-        length = layout.size + 1
-        expected_polys = -(-length // self.params.n)
-
-        # Step 2 replies: one well-formed ciphertext from every key holder.
-        def parse_ciphertext(reply: Message) -> tuple[rlwe.Ciphertext, MetricRecord | None]:
-            ct = rlwe.Ciphertext.from_bytes(
-                array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), self.params
-            )
-            if ct.num_polys != expected_polys or ct.num_summed != 1:
-                raise ValueError(
-                    f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh"
-                )
-            return ct, reply.content["metrics"] if "metrics" in reply.content else None
-
-        parsed = self._check_replies("encrypted training", "ciphertext", nodes, by_node, parse_ciphertext)
-        ciphertexts = [ct for ct, _ in parsed]
-        metrics = [m for _, m in parsed if m is not None]
-        t0 = time.perf_counter()
-        total = rlwe.add_ciphertexts(ciphertexts)
-
-        # Step 3: partial decryptions of C1 from every contributor.
-        request = RecordDict(
-            {
-                XMK_CONFIG_KEY: ConfigRecord(
-                    {
-                        "params": self.params.name,
-                        "key-id": key_set.key_id,
-                        "contributors": [str(n) for n in nodes],
-                        "num-clients": len(nodes),
-                    }
-                ),
-                XMK_C1_KEY: ArrayRecord({"c1": bytes_to_array(rlwe.polys_to_bytes(self.params, total.c1))}),
-            }
-        )
-        share_replies = self._send(nodes, QUERY_XMK_PDEC, request)
-
-        def parse_share(reply: Message) -> rlwe.DecryptionShare:
-            share = rlwe.DecryptionShare.from_bytes(
-                array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params
-            )
-            if share.d.shape != total.c1.shape:
-                raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
-            return share
-
-        shares = self._check_replies("partial decryption", "decryption share", nodes, share_replies, parse_share)
-
-        # Step 4: Σ m = C0 + Σ D_i (Eq. 5), decode, weighted mean.
-        scale_bits = self.scale_bits_for(len(nodes))
-        decoded = rlwe.combine_and_decode(self.params, total.c0, shares, length, scale_bits=scale_bits)
-        total_examples = decoded[-1]
-        if not (np.isfinite(total_examples) and total_examples >= len(nodes) - 0.5
-                and abs(total_examples - round(total_examples)) < 1e-3):
-            raise RoundAborted("decoding", {n: f"decoded Σ n_i = {total_examples!r} is not a valid count" for n in nodes})
-        mean_update = decoded[:-1] / round(total_examples)
-        new_flat = layout.flatten(state.arrays.to_numpy_ndarrays()) + mean_update
-        if not np.isfinite(new_flat).all():
-            raise RoundAborted("decoding", {n: "aggregate is not finite" for n in nodes})
-        log(INFO, "aggregate_train: %d encrypted updates summed and decrypted in %.2f s (Σ n_i = %d)",
-            len(nodes), time.perf_counter() - t0, round(total_examples))
-        arrays = ArrayRecord(layout.unflatten(new_flat))
+        nodes = state.key_set.nodes
+        with self.timer.step("step 2 (sum of the encrypted updates)"):
+            total, metrics = self.sum_ciphertexts(replies)
+        with self.timer.step("step 3 (partial decryption)"):
+            shares = self.partial_decryptions(total)
+        with self.timer.step("step 4 (decoding)"):
+            arrays, total_examples = self.decode(total, shares)
+        log(INFO, "aggregate_train: %d encrypted updates summed and decrypted (Σ n_i = %d)",
+            len(nodes), total_examples)
         agg_metrics = self._mean_metrics(metrics)
-        agg_metrics["num-examples"] = int(round(total_examples))
+        agg_metrics["num-examples"] = total_examples
         agg_metrics["num-clients"] = len(nodes)
         return arrays, agg_metrics
 

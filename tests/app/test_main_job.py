@@ -5,7 +5,9 @@ import json
 import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
-from inprocess_grid import InProcessGrid
+from identities import IDENTITY_DIR
+
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app
@@ -25,6 +27,8 @@ def test_main_job_runs_and_federated_auc_matches_pooled_reference(tmp_path):
     assert result["num_test_samples"] > 100
     assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.01
     assert result["federated_auc"] > 0.8  # training did something
+    assert 0 <= result["resolution_bound"] <= 0.5
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= result["resolution_bound"] + 1e-9
     assert set(result["train_metrics"]) == {"1", "2"}
     # every node took part in train (2 rounds), evaluate (2) and the AUC phase
     for node in grid.node_ids:
@@ -68,6 +72,7 @@ def test_main_job_with_xmkckks_secure_aggregation(tmp_path):
         "local-epochs": 3,
         "secure-aggregation": "xmkckks",
         "output-dir": str(tmp_path),
+        "identity-dir": IDENTITY_DIR,
     }
     seen = []
 
@@ -86,7 +91,7 @@ def test_main_job_with_xmkckks_secure_aggregation(tmp_path):
     assert result["train_metrics"]["2"]["num-examples"] > 0  # Σ n_i, decrypted
     assert len(seen) == 6 and all("arrays" not in r.content for r in seen)
     types = {t for _, t, _ in grid.log}
-    assert {"query.xmk_keygen", "query.xmk_pdec"} <= types
+    assert {"query.xmk_keygen", "query.xmk_reveal", "query.xmk_pdec"} <= types
 
 
 def test_score_histogram_counts_each_class_on_both_scales():
@@ -104,7 +109,7 @@ def test_score_histogram_counts_each_class_on_both_scales():
 def test_main_job_with_secure_shapley_values(tmp_path):
     """Simulation-style roles: partition 3 of 4 is the auxiliary server A (no data, no training)."""
     run_config = {"num-server-rounds": 2, "local-epochs": 3, "learning-rate": 0.01, "output-dir": str(tmp_path), "model": "logreg",
-                  "shapley": "secsv", "shapley-aux-partition-id": 3}
+                  "shapley": "secsv", "shapley-aux-partition-id": 3, "identity-dir": IDENTITY_DIR}
     grid = InProcessGrid(client_app, 4, run_config)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     server_app.main(grid, ctx)

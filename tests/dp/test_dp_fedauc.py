@@ -22,8 +22,8 @@ from flwr_fedeval.dp import (
 )
 
 VARIANTS = [
-    FedAUCLaplaceParams(math.inf),
-    FedAUCLaplaceParams(math.inf, sensitivity="global"),
+    FedAUCLaplaceParams(math.inf, allocation="alpha"),
+    FedAUCLaplaceParams(math.inf, sensitivity="global", allocation="alpha"),
     FedAUCLaplaceParams(math.inf, allocation="orthogonal", beta=0.3),
     FedAUCLaplaceParams(math.inf, allocation="orthogonal"),
 ]
@@ -111,7 +111,7 @@ def test_menon_debiasing_recovers_clean_rank_auc_on_constructed_example():
 def test_local_laplace_noise_scale_is_max_rank_over_alpha_epsilon():
     ranks = np.array([3.0, 10.0, 40.0])
     labels = np.array([1, 0, 1])
-    params = FedAUCLaplaceParams(2.0, alpha=0.5)
+    params = FedAUCLaplaceParams(2.0, allocation="alpha", alpha=0.5)
     draws = np.array([fedauc_laplace_client(ranks, labels, params, random_state=i).local_sum for i in range(2000)])
     assert stats.kstest(draws - 43.0, stats.laplace(scale=40.0 / 1.0).cdf).pvalue > 1e-3
     assert stats.kstest(draws - 43.0, stats.laplace(scale=80.0).cdf).pvalue < 1e-6
@@ -119,7 +119,7 @@ def test_local_laplace_noise_scale_is_max_rank_over_alpha_epsilon():
 
 def test_global_laplace_needs_max_rank():
     with pytest.raises(ValueError, match="max_rank"):
-        fedauc_laplace_client([1.0, 2.0], [0, 1], FedAUCLaplaceParams(1.0, sensitivity="global"))
+        fedauc_laplace_client([1.0, 2.0], [0, 1], FedAUCLaplaceParams(1.0, sensitivity="global", allocation="alpha"))
 
 
 def test_local_n_is_count_minus_noisy_p():
@@ -156,7 +156,7 @@ def test_adaptive_has_smaller_spread_than_alpha_split():
             vals.append(fedauc_server_auc(st).auc)
         return np.std(vals)
 
-    assert spread(FedAUCLaplaceParams(1.0, allocation="orthogonal")) < spread(FedAUCLaplaceParams(1.0))
+    assert spread(FedAUCLaplaceParams(1.0, allocation="orthogonal")) < spread(FedAUCLaplaceParams(1.0, allocation="alpha"))
 
 
 def test_single_class_and_empty_clients_are_fine():

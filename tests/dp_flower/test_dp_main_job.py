@@ -5,7 +5,7 @@ import math
 
 import pytest
 from flwr.app import Context, RecordDict
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app
@@ -30,9 +30,13 @@ def test_client_side_dp_defaults_equal_job_config_defaults():
         ({"dpauc-clipping": "clip"}, "dpauc-clipping"),
         ({"fedauc-sensitivity": "max"}, "fedauc-sensitivity"),
         ({"fedauc-allocation": "beta"}, "fedauc-allocation"),
-        ({"fedauc-sensitivity": "global", "fedauc-allocation": "adaptive"}, "fedauc-allocation"),
-        ({"fedauc-split": 0.0}, "fedauc-split"),
-        ({"fedauc-allocation": "alpha", "fedauc-split": 1.0}, "fedauc-split"),
+        ({"fedauc-allocation": "adaptive"}, "fedauc-allocation"),
+        ({"fedauc-sensitivity": "global", "fedauc-allocation": "orthogonal"}, "fedauc-allocation"),
+        ({"fedauc-alpha": 0.0}, "fedauc-alpha"),
+        ({"fedauc-alpha": 1.0}, "fedauc-alpha"),
+        ({"fedauc-beta": 0.0}, "fedauc-beta"),
+        ({"fedauc-beta": "fixed"}, "fedauc-beta"),
+        ({"fedauc-split": 0.5}, "fedauc-split"),
         ({"auc-method": "dpauc"}, "auc-method"),
     ],
 )
@@ -49,7 +53,7 @@ def test_bad_dp_config_values_raise_naming_the_key(override, match):
         ({"auc-method": "dpauc-rr"}, dp_phases.DPAUCRRPhase, None),
         ({"auc-method": "fedauc-rr"}, dp_phases.FedAUCRRPhase, None),
         ({"auc-method": "fedauc-laplace"}, dp_phases.FedAUCLaplacePhase, "local-adaptive"),
-        ({"auc-method": "fedauc-laplace", "fedauc-allocation": "orthogonal", "fedauc-split": 0.3},
+        ({"auc-method": "fedauc-laplace", "fedauc-allocation": "orthogonal", "fedauc-beta": 0.3},
          dp_phases.FedAUCLaplacePhase, "local-orthogonal"),
         ({"auc-method": "fedauc-laplace", "fedauc-allocation": "alpha", "fedauc-sensitivity": "global"},
          dp_phases.FedAUCLaplacePhase, "global-alpha"),
@@ -62,7 +66,8 @@ def test_auc_method_selects_the_dp_phase_and_variant(override, cls, variant):
         assert phase.clipping == variant
     elif variant:
         assert phase.params.variant == variant
-    assert phase.summary()
+    assert phase.method in phase.describe() and "minimum nodes 2" in phase.describe()
+    phase.summary()  # logs the configuration tree (Flower's style), returns None
 
 
 def _main(tmp_path, num_nodes, **overrides):

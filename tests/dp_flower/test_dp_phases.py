@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app.client_app import app as client_app
 from flwr_fedeval.app.client_app import local_test_scores

@@ -17,8 +17,9 @@ import pytest
 
 from flwr_fedeval.fhe import auc_malicious as am
 from flwr_fedeval.fhe.backend import pack_blobs, unpack_blobs
-from flwr_fedeval.fhe.counts import decision_points, threshold_counts, tf_vectors
-from flwr_fedeval.metrics.auc import UndefinedAUCError, auc_from_counts
+from flwr_fedeval.fhe.auc import AUCPrecisionError, CountBoundError
+from flwr_fedeval.metrics.counts import bin_counts, closed_tf_vectors, decision_points, threshold_counts
+from flwr_fedeval.metrics.auc import UndefinedAUCError, auc_from_counts, resolution_bound
 
 _OPENFHE = os.environ.get("FHE_BACKEND", "tenseal") == "openfhe"  # ~4x slower per run
 TAMPER_TRIALS = int(os.environ.get("FHE_TAMPER_TRIALS", "14" if _OPENFHE else "35"))
@@ -39,10 +40,12 @@ def _clients(n_clients, n_points, seed=0):
 
 
 def _total(counts):
-    tot = counts[0]
-    for c in counts[1:]:
-        tot = tot + c
-    return tot
+    return sum(counts)
+
+
+def _rows(counts):
+    tot = _total(counts)
+    return tot.n_positive + tot.n_negative
 
 
 def _messages(ks, counts, cfg, seed, nonce=b""):
@@ -59,16 +62,17 @@ def _decrypt(ks, result, cfg, seed, m, nonce=b""):
 def test_malicious_auc_equals_plaintext_trapezoid(keysets, n_clients, n_points, n_splits):
     ks = keysets(am.required_slots(n_points, n_splits))
     counts = _clients(n_clients, n_points, n_clients)
-    cfg = am.MaliciousAUCConfig(n_points=n_points, count_scale=64, n_splits=n_splits)
+    cfg = am.MaliciousAUCConfig(n_points=n_points, max_rows=_rows(counts), n_splits=n_splits)
     seed = am.new_seed()
     res = _decrypt(ks, am.aggregate_auc_malicious(ks.server, _messages(ks, counts, cfg, seed), config=cfg),
                    cfg, seed, n_clients)
     assert res.auc == pytest.approx(auc_from_counts(_total(counts)), abs=1e-6)
+    assert res.resolution_bound == pytest.approx(resolution_bound(_total(counts)), abs=1e-6)
     assert abs(res.auc_runs[0] - res.auc_runs[1]) < 1e-7
 
 
 def test_common_randomness_is_deterministic_zero_sum_and_independent_per_run():
-    cfg = am.MaliciousAUCConfig(n_points=10, n_splits=3)
+    cfg = am.MaliciousAUCConfig(n_points=10, max_rows=100, n_splits=3)
     seed = am.new_seed()
     r0 = am.common_randomness(seed, config=cfg, n_parties=4, run=0)
     again = am.common_randomness(seed, config=cfg, n_parties=4, run=0)
@@ -76,37 +80,42 @@ def test_common_randomness_is_deterministic_zero_sum_and_independent_per_run():
     np.testing.assert_array_equal(r0.perm, again.perm)
     np.testing.assert_allclose(r0.tr.sum(axis=0), 0, atol=1e-12)
     np.testing.assert_allclose(r0.fr.sum(axis=0), 0, atol=1e-12)
-    assert sorted(r0.perm.tolist()) == list(range(3 * 11))
+    np.testing.assert_allclose(r0.pr.sum(axis=0), 0, atol=1e-12)
+    assert sorted(r0.perm.tolist()) == list(range(3 * 12))
     assert r0.r[0] == pytest.approx(r0.r[3] * r0.r[4])
     assert not np.allclose(r0.r, r1.r) and not np.array_equal(r0.perm, r1.perm)
     other_nonce = am.common_randomness(seed, config=cfg, n_parties=4, run=0, nonce=b"round 2")
     assert not np.allclose(r0.r, other_nonce.r)
 
 
-def test_client_layout_sums_to_the_blinded_num_and_denom():
-    cfg = am.MaliciousAUCConfig(n_points=12, n_splits=4, count_scale=16)
+def test_client_layout_sums_to_the_blinded_num_denom_and_bound():
     counts = _clients(3, 12, 9)
+    cfg = am.MaliciousAUCConfig(n_points=12, n_splits=4, max_rows=_rows(counts))
     seed = am.new_seed()
     rnd = am.common_randomness(seed, config=cfg, n_parties=3, run=0)
-    xy = [am.client_vectors_malicious(c, rnd, config=cfg, party_index=i, slot_count=64) for i, c in enumerate(counts)]
-    x = sum(v[0] for v in xy)
-    y = sum(v[1] for v in xy)
+    xyz = [am.client_vectors_malicious(c, rnd, config=cfg, party_index=i, slot_count=64)
+           for i, c in enumerate(counts)]
+    x, y, z = (sum(v[i] for v in xyz) for i in range(3))
     tot = _total(counts)
-    t, f = tf_vectors(tot.tp, tot.fp)
+    t, f = closed_tf_vectors(tot)
+    pb, _ = bin_counts(tot)
     k2 = cfg.count_scale**2
-    num, tpfp = float((t * f).sum()) / k2, tot.tp[-1] * tot.fp[-1] / k2
+    num, pn = float((t * f).sum()) / k2, tot.n_positive * tot.n_negative / k2
+    res = float((pb * f).sum()) / k2
     r = rnd.r
-    assert (x * y).sum() == pytest.approx(r[0] * num + r[1] * tpfp, rel=1e-9)
-    assert x.sum() * y.sum() == pytest.approx(r[2] * tpfp, rel=1e-9)
+    assert (x * y).sum() == pytest.approx(r[0] * num + r[1] * pn, rel=1e-9)
+    assert x.sum() * y.sum() == pytest.approx(r[2] * pn, rel=1e-9)
+    assert (z * y).sum() == pytest.approx(r[9] * r[4] * res + r[10] * r[6] * pn, rel=1e-9)
 
 
 def test_decrypting_every_slot_reveals_only_masked_values(keysets):
     n, s = 20, 4
     ks = keysets(am.required_slots(n, s))
-    cfg = am.MaliciousAUCConfig(n_points=n, count_scale=64, n_splits=s)
+    counts = _clients(3, n, 4)
+    cfg = am.MaliciousAUCConfig(n_points=n, max_rows=_rows(counts), n_splits=s)
     seed = am.new_seed()
-    result = am.aggregate_auc_malicious(ks.server, _messages(ks, _clients(3, n, 4), cfg, seed), config=cfg)
-    for blob in unpack_blobs(result, expected=4):
+    result = am.aggregate_auc_malicious(ks.server, _messages(ks, counts, cfg, seed), config=cfg)
+    for blob in unpack_blobs(result, expected=6):
         slots = ks.client.decrypt(ks.client.deserialize_ciphertext(blob))
         assert abs(slots[0]) > 1e-3
         assert np.abs(slots[1:]).max() < 1e-7 * abs(slots[0])
@@ -122,16 +131,16 @@ def _fresh(ctx, rng, used):
 
 def _tampered_aggregate(ctx, messages, cfg, kind, rng):
     """Deviate from steps 9–11 in one randomly chosen way (``rng``: random.Random)."""
-    loaded = [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(m, expected=4)] for m in messages]
+    loaded = [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(m, expected=6)] for m in messages]
     m = len(loaded)
     used = am.required_slots(cfg.n_points, cfg.n_splits)
-    inputs = [([c[2 * run] for c in loaded], [c[2 * run + 1] for c in loaded]) for run in (0, 1)]
+    inputs = [tuple([c[3 * run + i] for c in loaded] for i in range(3)) for run in (0, 1)]
     runs = rng.choice([(0,), (1,), (0, 1)])
     j = rng.randrange(m)
     swap_outputs = swap_run_outputs = False
     for run in runs:
-        xs, ys = inputs[run]
-        target = rng.choice((xs, ys))
+        xs, ys, zs = inputs[run]
+        target = rng.choice((xs, ys, zs))
         if kind == "drop":
             del xs[j]              # drop a client's contribution (X only or X and Y)
             if rng.random() < 0.5:
@@ -168,20 +177,20 @@ def _tampered_aggregate(ctx, messages, cfg, kind, rng):
             raise ValueError(kind)
     out = []
     for run in (0, 1):
-        xs, ys = inputs[run]
-        pair = am._aggregate_run(ctx, xs, ys, am.random_mask(cfg.mask_range))
+        xs, ys, zs = inputs[run]
+        triple = am._aggregate_run(ctx, xs, ys, zs, am.random_mask(cfg.mask_range))
         if swap_outputs and run in runs:
-            pair = pair[::-1]
-        out += pair
+            triple = [triple[1], triple[0], triple[2]] if rng.random() < 0.5 else [triple[0], triple[2], triple[1]]
+        out += triple
     if swap_run_outputs:  # return run 1's result as run 0's and vice versa
-        out = out[2:] + out[:2]
+        out = out[3:] + out[:3]
     return pack_blobs(out)
 
 
 def test_tampering_is_always_detected(keysets):
     n, s, m = 8, 4, 3
     ks = keysets(am.required_slots(n, s))
-    cfg = am.MaliciousAUCConfig(n_points=n, count_scale=32, n_splits=s)
+    cfg = am.MaliciousAUCConfig(n_points=n, max_rows=180, n_splits=s)
     rng = random.Random(12345)
     accepted = []
     counts = seed = msgs = None
@@ -194,19 +203,26 @@ def test_tampering_is_always_detected(keysets):
         result = _tampered_aggregate(ks.server, msgs, cfg, kind, rng)
         try:
             res = _decrypt(ks, result, cfg, seed, m)
-        except (am.TamperingDetectedError, UndefinedAUCError):
+        except (am.TamperingDetectedError, UndefinedAUCError, AUCPrecisionError):
             continue
-        accepted.append((trial, kind, res, auc_from_counts(_total(counts))))
+        tot = _total(counts)
+        if (abs(res.auc - auc_from_counts(tot)) > 1e-6
+                or abs(res.resolution_bound - resolution_bound(tot)) > 1e-6):
+            # (a deviation that leaves both values unchanged, e.g. a constant added to a slot
+            # of Z that Y zeroes, is harmless: the clients accept the right numbers)
+            accepted.append((trial, kind, res, auc_from_counts(tot)))
     assert accepted == [], f"{len(accepted)}/{TAMPER_TRIALS} tamperings accepted: {accepted[:5]}"
 
 
 def test_honest_runs_are_never_flagged(keysets):
     n, s, m = 8, 4, 3
     ks = keysets(am.required_slots(n, s))
-    cfg = am.MaliciousAUCConfig(n_points=n, count_scale=32, n_splits=s)
     worst = 0.0
     for trial in range(HONEST_RUNS):
         counts = _clients(m, n, 1000 + trial)
+        # the App's public bound: every client declares the power of two >= its test rows
+        bound = sum(1 << int(c.n_positive + c.n_negative - 1).bit_length() for c in counts)
+        cfg = am.MaliciousAUCConfig(n_points=n, max_rows=bound, n_splits=s)
         seed = am.new_seed()
         nonce = trial.to_bytes(4, "big")
         res = _decrypt(ks, am.aggregate_auc_malicious(ks.server, _messages(ks, counts, cfg, seed, nonce),
@@ -218,20 +234,75 @@ def test_honest_runs_are_never_flagged(keysets):
 def test_wrong_party_count_is_detected(keysets):
     n, s = 8, 2
     ks = keysets(am.required_slots(n, s))
-    cfg = am.MaliciousAUCConfig(n_points=n, count_scale=32, n_splits=s)
+    cfg = am.MaliciousAUCConfig(n_points=n, max_rows=180, n_splits=s)
     counts = _clients(3, n, 7)
     seed = am.new_seed()
     msgs = _messages(ks, counts, cfg, seed)[:2]  # server drops a client and claims M=2
-    with pytest.raises((am.TamperingDetectedError, UndefinedAUCError)):
+    with pytest.raises((am.TamperingDetectedError, UndefinedAUCError, AUCPrecisionError)):
         _decrypt(ks, am.aggregate_auc_malicious(ks.server, msgs, config=cfg), cfg, seed, 2)
 
 
 def test_config_validation():
     with pytest.raises(ValueError, match="n_splits"):
-        am.MaliciousAUCConfig(n_points=10, n_splits=1)
+        am.MaliciousAUCConfig(n_points=10, max_rows=100, n_splits=1)
+    with pytest.raises(ValueError, match="4 \\* max_error"):
+        am.MaliciousAUCConfig(n_points=10, max_rows=100, tolerance=2e-6)
+    with pytest.raises(ValueError, match="r_range"):
+        am.MaliciousAUCConfig(n_points=10, max_rows=100, r_range=(0.1, 10.0))
+    cfg = am.MaliciousAUCConfig(n_points=10, max_rows=100)
     with pytest.raises(ValueError, match="seed"):
-        am.common_randomness(b"short", config=am.MaliciousAUCConfig(n_points=10), n_parties=2, run=0)
+        am.common_randomness(b"short", config=cfg, n_parties=2, run=0)
     with pytest.raises(ValueError, match="slots"):
         am.client_vectors_malicious(_clients(1, 10)[0], am.common_randomness(
-            am.new_seed(), config=am.MaliciousAUCConfig(n_points=10), n_parties=1, run=0),
-            config=am.MaliciousAUCConfig(n_points=10), party_index=0, slot_count=16)
+            am.new_seed(), config=cfg, n_parties=1, run=0),
+            config=cfg, party_index=0, slot_count=16)
+
+
+# --- issue 15: derived count encoding at scale, no false alarms, refusals
+
+def _tiled(factor, n_clients=5, n_points=100, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, 9049)
+    sc = np.clip(rng.normal(0.35 + 0.3 * y, 0.2), 0, 1)
+    th = decision_points(n_points)
+    return [threshold_counts(np.tile(y[i::n_clients], factor), np.tile(sc[i::n_clients], factor), th)
+            for i in range(n_clients)]
+
+
+@pytest.mark.parametrize("factor", [1, 111])  # 9,049 and 1,004,439 pooled rows
+def test_tiled_to_a_million_rows_equals_plaintext_with_defaults(keysets, factor):
+    counts = _tiled(factor)
+    cfg = am.MaliciousAUCConfig(n_points=100, max_rows=_rows(counts))
+    ks = keysets(am.required_slots(100, cfg.n_splits))
+    seed = am.new_seed()
+    res = _decrypt(ks, am.aggregate_auc_malicious(ks.server, _messages(ks, counts, cfg, seed), config=cfg),
+                   cfg, seed, 5)
+    tot = _total(counts)
+    assert abs(res.auc - auc_from_counts(tot)) <= 1e-6
+    assert abs(res.resolution_bound - resolution_bound(tot)) <= 1e-6
+    assert res.ckks_error <= cfg.max_error
+
+
+def test_counts_beyond_the_declaration_are_refused_before_encryption(keysets):
+    counts = _tiled(1)
+    cfg = am.MaliciousAUCConfig(n_points=100, max_rows=1000)
+    ks = keysets(am.required_slots(100, cfg.n_splits))
+    with pytest.raises(CountBoundError, match="max_rows=1000"):
+        am.client_encrypt_counts_malicious(ks.client, counts[0], config=cfg, seed=am.new_seed(),
+                                           party_index=0, n_parties=5)
+
+
+def test_tiny_minority_is_a_precision_refusal_not_a_tampering_alarm(keysets):
+    th = decision_points(100)
+    rng = np.random.default_rng(2)
+    counts = []
+    for i in range(3):
+        y = np.zeros(20_000, int)
+        y[:1 if i == 0 else 0] = 1
+        counts.append(threshold_counts(y, rng.random(y.size), th))
+    cfg = am.MaliciousAUCConfig(n_points=100, max_rows=_rows(counts))
+    ks = keysets(am.required_slots(100, cfg.n_splits))
+    seed = am.new_seed()
+    with pytest.raises(AUCPrecisionError, match="minority class"):
+        _decrypt(ks, am.aggregate_auc_malicious(ks.server, _messages(ks, counts, cfg, seed), config=cfg),
+                 cfg, seed, 3)

@@ -6,7 +6,8 @@ import math
 
 import pytest
 from flwr.app import Context, RecordDict
-from inprocess_grid import InProcessGrid
+from identities import IDENTITY_DIR
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app
@@ -15,7 +16,7 @@ from flwr_fedeval.fhe.backend import default_backend
 
 def _run(tmp_path, **overrides):
     run_config = {"num-server-rounds": 1, "local-epochs": 2, "output-dir": str(tmp_path),
-                  "auc-method": "fhe", "fhe-backend": default_backend(), **overrides}
+                  "auc-method": "fhe", "fhe-backend": default_backend(), "identity-dir": IDENTITY_DIR, **overrides}
     grid = InProcessGrid(client_app, 3, run_config)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     server_app.main(grid, ctx)

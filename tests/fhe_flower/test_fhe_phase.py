@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message, RecordDict
-from inprocess_grid import InProcessGrid
+from identities import IDENTITY_DIR
+from flwr_fedeval.testing import InProcessGrid
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
 from flwr_fedeval import keyshare
@@ -39,7 +40,7 @@ def arrays():
 
 @pytest.fixture(scope="module")
 def grid():
-    return InProcessGrid(client_app, 3, {"share-auc-with-server": True})
+    return InProcessGrid(client_app, 3, {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR})
 
 
 def _client_scores(grid, arrays):
@@ -129,7 +130,7 @@ def test_sealed_bundles_are_opaque_to_the_server(arrays):
             seen["public"] = array_to_bytes(reply.content["fhe-context"]["public"])
         return reply
 
-    grid = InProcessGrid(client_app, 3, {}, fault=spy)
+    grid = InProcessGrid(client_app, 3, {"identity-dir": IDENTITY_DIR}, fault=spy)
     FHEAUCPhase(N, backend=BACKEND, share_auc_with_server=True).run(grid, arrays)
     assert len(seen["bundles"]) == 2
     server = keyshare.generate_keypair()
@@ -148,10 +149,10 @@ class _TamperingPhase(FHEAUCPhase):
 
     def aggregate(self, ctx, messages, config):
         if self.how == "swap-runs":
-            blobs = unpack_blobs(super().aggregate(ctx, messages, config), expected=4)
-            return pack_blobs([blobs[2], blobs[3], blobs[0], blobs[1]])
+            blobs = unpack_blobs(super().aggregate(ctx, messages, config), expected=6)
+            return pack_blobs([*blobs[3:], *blobs[:3]])
         # "add-constant": a fresh encryption (public key) added to client 0's X of run 0
-        blobs = unpack_blobs(messages[0], expected=4)
+        blobs = unpack_blobs(messages[0], expected=6)
         ct = ctx.add_many([ctx.deserialize_ciphertext(blobs[0]), ctx.encrypt([0.5] * ctx.slot_count)])
         altered = pack_blobs([ctx.serialize_ciphertext(ct), *blobs[1:]])
         return super().aggregate(ctx, [altered, *messages[1:]], config)
@@ -180,7 +181,7 @@ def test_failing_client_is_named_and_malicious_step_reruns_without_it(arrays):
             rec["auc"] = bytes_to_array(bytes(data))
         return reply
 
-    grid = InProcessGrid(client_app, 3, {}, fault=corrupt)
+    grid = InProcessGrid(client_app, 3, {"identity-dir": IDENTITY_DIR}, fault=corrupt)
     own = _client_scores(grid, arrays)
     bad["node"] = grid.node_ids[1]
     result = FHEAUCPhase(N, backend=BACKEND, protocol="malicious", share_auc_with_server=True).run(grid, arrays)
@@ -194,7 +195,7 @@ def test_failing_client_is_named_and_malicious_step_reruns_without_it(arrays):
 
 
 def test_without_sharing_only_the_clients_learn_the_auc(arrays):
-    grid = InProcessGrid(client_app, 2, {"share-auc-with-server": False})
+    grid = InProcessGrid(client_app, 2, {"share-auc-with-server": False, "identity-dir": IDENTITY_DIR})
     result = FHEAUCPhase(N, backend=BACKEND, share_auc_with_server=True, metrics_threshold=THRESHOLD).run(grid, arrays)
     assert math.isnan(result.auc)
     assert result.details["auc_known_to"] == "clients"

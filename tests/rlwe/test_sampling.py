@@ -28,6 +28,18 @@ def test_discrete_gaussian_has_sigma_3_2_and_tail_cut():
     assert abs(e.std() - 3.2) < 0.05 and abs(e.mean()) < 0.05
 
 
+@pytest.mark.parametrize("kwargs", [dict(sigma=0.0), dict(sigma=-3.2), dict(sigma=float("nan")),
+                                    dict(sigma=float("inf")), dict(tail=128), dict(tail=-1), dict(tail=2.5)])
+def test_discrete_gaussian_refuses_bad_parameters(kwargs):
+    with pytest.raises(ValueError, match="sigma|tail"):
+        discrete_gaussian((8,), **kwargs)
+
+
+def test_discrete_gaussian_refuses_a_negative_shape():
+    with pytest.raises(ValueError):
+        discrete_gaussian((-1,))
+
+
 def test_uniform_mod_q_is_below_each_prime_and_spread():
     x = uniform_mod_q(P.primes, P.n, (4,))
     assert x.shape == (4, P.limbs, P.n) and x.dtype == np.uint64

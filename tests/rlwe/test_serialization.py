@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.rlwe.params import DEFAULT_PARAMETER_SET as P
+from flwr_fedeval.rlwe.params import get_parameter_set
+
+P = get_parameter_set("xmk-n4096-q93")  # q108 (the default) is the "other" set below
 from flwr_fedeval.rlwe.serialization import HEADER_SIZE
 
 
@@ -114,3 +116,26 @@ def test_secret_key_with_non_ternary_coefficient_raises(objects):
 def test_non_bytes_input_raises():
     with pytest.raises(ValueError, match="data must be bytes"):
         rlwe.Ciphertext.from_bytes("not bytes", P)
+
+
+def test_aux_field_must_be_zero_where_it_has_no_meaning(objects):
+    """Canonical encodings: a C1, a decryption share or a secret key with aux != 0 is refused."""
+    sk, _, ct, share = objects
+    for data, load in [
+        (rlwe.polys_to_bytes(P, ct.c1), lambda d: rlwe.polys_from_bytes(d, P)),
+        (share.to_bytes(), lambda d: rlwe.DecryptionShare.from_bytes(d, P)),
+        (sk.to_bytes(), lambda d: rlwe.SecretKey.from_bytes(d, P)),
+    ]:
+        load(data)
+        bad = bytearray(data)
+        bad[48:52] = struct.pack("<I", 1)
+        with pytest.raises(ValueError, match="aux is 1"):
+            load(bytes(bad))
+
+
+def test_polys_from_bytes_checks_the_expected_count(objects):
+    _, _, ct, _ = objects
+    data = rlwe.polys_to_bytes(P, ct.c1)
+    assert rlwe.polys_from_bytes(data, P, count=ct.num_polys).shape == ct.c1.shape
+    with pytest.raises(ValueError, match="count is"):
+        rlwe.polys_from_bytes(data, P, count=ct.num_polys + 1)

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.rlwe.params import DEFAULT_PARAMETER_SET as P
+from flwr_fedeval.rlwe.params import get_parameter_set
+
+P = get_parameter_set("xmk-n4096-q93")  # q108 (the default) is the "other" set below
 
 M = 10
 LENGTH = 3 * P.n - 123  # three polynomials, the last one padded

@@ -10,7 +10,9 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
-from inprocess_grid import InProcessGrid
+from identities import IDENTITY_DIR
+
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.clients.shapley_handlers import (
     linear_model_matrix,
@@ -61,8 +63,9 @@ register_shapley_handlers(app, test_set=lambda c: client_data(int(c.node_config[
 
 
 def make_grid(fault=None):
-    configs = [{"partition-id": i, "num-partitions": 3} for i in range(3)] + [{"fedeval-role": "shapley-aux"}]
-    return InProcessGrid(app, 4, {}, node_configs=configs, fault=fault)
+    configs = [{"partition-id": i, "num-partitions": 3} for i in range(3)] + [
+        {"fedeval-role": "shapley-aux", "partition-id": 3}]      # partition-id 3: its key node-3.key
+    return InProcessGrid(app, 4, {"identity-dir": IDENTITY_DIR}, node_configs=configs, fault=fault)
 
 
 def train_two_rounds(grid):

@@ -1,13 +1,4 @@
-"""An in-process Flower Grid that serializes every message (DESIGN.md §6).
-
-Simulation does not serialize messages; the deployment engine does. This grid
-calls the ClientApp directly, in the test process, but every instruction,
-every reply and every node's ``Context`` goes through Flower's protobuf
-serialization first, so record size and type errors show up in tests.
-
-It uses Flower internals (``flwr.common.serde``, ``Run``), shimmed in
-:mod:`flwr_fedeval._compat` for the supported flwr 1.30-1.41 (CI runs it on both ends).
-"""
+"""The serializing in-process Grid (see :mod:`flwr_fedeval.testing` for usage)."""
 
 from __future__ import annotations
 
@@ -31,6 +22,8 @@ from flwr_fedeval._compat import (  # Flower internals, shimmed for flwr 1.30-1.
     set_serverapp_identity,
 )
 
+__all__ = ["Fault", "InProcessGrid"]
+
 #: ``fault(node_id, instruction, reply) -> reply | None``: return the reply
 #: (possibly altered) or ``None`` to drop it (the node times out).
 Fault = Callable[[int, Message, Message], "Message | None"]
@@ -51,7 +44,19 @@ def _roundtrip_context(ctx: Context) -> Context:
 
 
 class InProcessGrid(Grid):
-    """Grid over ``num_nodes`` in-process nodes running ``client_app``.
+    """Grid over ``num_nodes`` in-process nodes running ``client_app``, serializing every message.
+
+    ``send_and_receive`` delivers each instruction synchronously: the
+    instruction is serialized and parsed back (as the SuperLink would), the
+    ClientApp runs in this process with the node's ``Context`` (also
+    serialized and parsed back, before and after), and the reply goes through
+    the same round trip. An exception raised by the ClientApp becomes an
+    error reply with code ``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``, as in the
+    engines. ``timeout`` is ignored (there is no waiting); a dropped reply
+    (see ``fault``) is simply missing from the result, as a timed-out node's.
+
+    Node IDs are random unsigned 64-bit integers, half of them above the int64
+    range, as the deployment engine assigns them.
 
     Parameters
     ----------
@@ -62,10 +67,15 @@ class InProcessGrid(Grid):
     node_configs : list of dict, optional
         Per-node config; default ``{"partition-id": i, "num-partitions": num_nodes}``.
     fault : callable, optional
-        Hook to drop or alter replies (see :data:`Fault`).
+        Hook to drop or alter replies (see :data:`Fault`); may also be set
+        later as ``grid.fault`` (e.g. once ``grid.node_ids`` are known).
 
     Attributes
     ----------
+    node_ids : list of int
+        The nodes' IDs, in partition order (``node_ids[i]`` has partition ``i``).
+    contexts : dict of int to flwr.app.Context
+        Each node's ``Context`` (its ``state`` persists across messages).
     bytes_down, bytes_up : dict of int to int
         Serialized bytes sent to / received from each node.
     log : list of (node_id, message_type, ok)

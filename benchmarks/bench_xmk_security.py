@@ -1,0 +1,347 @@
+"""Cost of authentication and masks in an xMK-CKKS round (issue 12), side by side in one run.
+
+Runs, in this process and interleaved ``--repeat`` times, the protocol work
+of one secure-aggregation round with M clients on a model-size vector
+(default 949,002 weights plus the example count, M = 10, the FedAvg default
+parameter set ``xmk-n4096-q108``), in two variants:
+
+* **baseline** -- the round before issue 12: keygen (Eq. 1), every client
+  parses and sums the relayed shares, encodes, encrypts (Eq. 6), serializes;
+  the server parses and sums (Eq. 3); every client parses C1 and partially
+  decrypts (Eq. 7); the server combines and decodes (Eq. 5);
+* **secure** -- the same plus what issue 12 adds: an X25519 mask key per
+  client, the signed commitment (ECDSA P-384, the roster key format) and its
+  check by every client (M signatures each), the key-set transcript signed
+  and checked (M more), every opening checked against its commitment, the
+  pairwise zero-sum mask (M - 1 ChaCha20 expansions per client) added to the
+  plaintext, the canonical C1 check.
+
+Both variants run every client one after the other, so the totals are the
+CPU time of the whole round (all clients and the server). Flower's message
+serialization is not included, which makes this ratio an upper bound.
+
+Then (``--grid-repeat``, default 2) one real :class:`XMKFedAvg` round over
+the serializing in-process grid (Flower's protobuf serialization of every
+message included, numpy-only clients that add a fixed update), with the
+current code (**secure**) and with the signatures and masks switched off
+(**ablated**: signing and verification stubbed, ``mask_plaintext`` the
+identity; the reveal round trip stays, its time is reported on its own).
+
+The ratios use CPU time (``time.process_time``), less sensitive than wall
+time to other jobs on a shared machine; wall times are reported too.
+
+Usage::
+
+    python benchmarks/bench_xmk_security.py [--clients 10] [--length 949002]
+        [--repeat 3] [--out benchmarks/results/bench_xmk_security.json] [--docs]
+
+``--docs`` also publishes the table in ``docs/results.md``
+(:func:`flwr_fedeval.reporting.publish`).
+
+Target (issue 12): secure / baseline - 1 <= 10 %. On a loaded machine the
+ratio of the two totals is noisy (it is reported per repeat); the sum of the
+stages the secure round adds, over the baseline, is the steadier figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flwr_fedeval import rlwe  # noqa: E402
+from flwr_fedeval.identity import NodeIdentity, Roster  # noqa: E402
+from flwr_fedeval.reporting import markdown_table, publish  # noqa: E402
+from flwr_fedeval.rlwe import keyset, masking  # noqa: E402
+
+TARGET = 0.10
+
+
+class Clock:
+    """CPU and wall seconds per stage of one round."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.wall: dict[str, float] = defaultdict(float)
+
+    def __call__(self, stage: str, fn, *args, **kwargs):
+        c, w = time.process_time(), time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.cpu[stage] += time.process_time() - c
+        self.wall[stage] += time.perf_counter() - w
+        return out
+
+
+def _common_tail(clock, params, M, scale_bits, length, vectors, plaintext_of, joint_of, a, secrets, check_c1):
+    """Encrypt, server sum, partial decryptions, combine: the same in both variants."""
+    ct_bytes = []
+    for i in range(M):
+        pt = clock("encode", rlwe.encode, params, vectors[i], scale_bits=scale_bits, num_clients=M)
+        pt = plaintext_of(i, pt)
+        ct = clock("encrypt", rlwe.encrypt, params, joint_of(i), a, pt)
+        ct_bytes.append(clock("serialize ciphertext", ct.to_bytes))
+    cts = [clock("server: parse ciphertexts", rlwe.Ciphertext.from_bytes, b, params) for b in ct_bytes]
+    total = clock("server: sum (Eq. 3)", rlwe.add_ciphertexts, cts)
+    c1_bytes = clock("server: serialize C1", rlwe.polys_to_bytes, params, total.c1)
+    share_bytes = []
+    for i in range(M):
+        c1 = clock("parse C1", check_c1, c1_bytes, total.num_polys)
+        d = clock("partial decryption (Eq. 7)", rlwe.partial_decrypt, params, secrets[i], c1, num_clients=M)
+        share_bytes.append(clock("serialize share", d.to_bytes))
+    shares = [clock("server: parse shares", rlwe.DecryptionShare.from_bytes, b, params) for b in share_bytes]
+    return clock("server: combine + decode (Eq. 5)", rlwe.combine_and_decode, params, total.c0, shares, length,
+                 scale_bits=scale_bits)
+
+
+def baseline_round(params, vectors, scale_bits, a):
+    """The pre-issue-12 round: no signatures, no commitments, no masks."""
+    clock, M, length = Clock(), len(vectors), vectors[0].size
+    keys = [clock("keygen (Eq. 1)", rlwe.keygen, params, a) for _ in range(M)]
+    share_bytes = [clock("serialize b_i", pk.to_bytes) for _, pk in keys]
+    joint = []
+    for _ in range(M):  # every client parses and sums the relayed shares itself
+        pks = [clock("parse + sum shares", rlwe.PublicKey.from_bytes, b, params) for b in share_bytes]
+        joint.append(clock("parse + sum shares", rlwe.aggregate_public_keys, pks))
+    decoded = _common_tail(
+        clock, params, M, scale_bits, length, vectors, lambda i, pt: pt, lambda i: joint[i], a,
+        [sk for sk, _ in keys], lambda data, k: rlwe.polys_from_bytes(data, params),
+    )
+    return clock, decoded
+
+
+def secure_round(params, vectors, scale_bits, seed_a, a, identities, roster):
+    """The issue-12 round: signed commit-then-reveal key set, pairwise masks, canonical C1."""
+    clock, M, length = Clock(), len(vectors), vectors[0].size
+    kid, rnd = keyset.key_set_id(params, seed_a), 1
+    members = []
+    for ident in identities:  # step 1a: keys, mask key, signed commitment
+        sk, pk = clock("keygen (Eq. 1)", rlwe.keygen, params, a)
+        x, X = clock("+ mask key (X25519)", masking.new_mask_keypair)
+        share = clock("serialize b_i", pk.to_bytes)
+        h = clock("+ commitment + signature", keyset.commitment, kid, share, X)
+        sig = clock("+ commitment + signature", keyset.sign_commitment, ident, key_id=kid, round_=rnd, commitment_=h)
+        members.append((ident, sk, share, x, X, h, sig))
+    entries = [(m[0].name, m[5], m[6]) for m in members]
+    transcripts = {}
+    for ident, _, _, _, _, h, _ in members:  # step 1b: every client checks every commitment
+        checked = clock("+ check M commitments", keyset.check_commitments, roster, entries, key_id=kid, round_=rnd,
+                        own_name=ident.name, own_commitment=h, floor=2)
+        t = clock("+ transcript + signature", keyset.transcript_digest, params, key_id=kid, seed_a=seed_a,
+                  round_=rnd, members=checked)
+        transcripts[ident.name] = (checked, t, clock("+ transcript + signature", keyset.sign_transcript, ident,
+                                                    key_id=kid, round_=rnd, digest=t))
+    openings = {m[0].name: (m[2], m[4]) for m in members}
+    tsigs = {name: v[2] for name, v in transcripts.items()}
+    joint, peers = [], []
+    for ident, *_ in members:  # step 2 (checks): openings against commitments, transcript signatures
+        checked, t, _ = transcripts[ident.name]
+        b, keys = clock("parse + sum shares", keyset.open_key_set, params, key_id=kid, members=checked,
+                        openings=openings)
+        clock("+ check M transcript signatures", keyset.check_transcript_signatures, roster, tsigs,
+              members=[n for n, _ in checked], key_id=kid, round_=rnd, digest=t)
+        del keys[ident.name]
+        joint.append(b)
+        peers.append(keys)
+
+    def masked(i, pt):
+        ident, _, _, x, *_ = members[i]
+        ctx = masking.mask_context(transcripts[ident.name][1], rnd)
+        return clock("+ pairwise mask (M - 1 PRGs)", masking.mask_plaintext, params, pt, own_name=ident.name,
+                     own_private=x, peers=peers[i], context=ctx)
+
+    decoded = _common_tail(
+        clock, params, M, scale_bits, length, vectors, masked, lambda i: joint[i], a,
+        [m[1] for m in members], lambda data, k: rlwe.polys_from_bytes(data, params, count=k),
+    )
+    return clock, decoded
+
+
+def grid_round(length: int, num_clients: int, identity_dir: str, ablate: bool) -> dict:
+    """CPU/wall seconds of one XMKFedAvg round over the serializing grid, and its step timings."""
+    from contextlib import ExitStack
+    from unittest import mock
+
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    import flwr_fedeval.clients.xmkckks as client_module
+    from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
+    from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
+    from flwr_fedeval.testing import InProcessGrid
+
+    app = ClientApp()
+    register_xmkckks_handlers(app)
+
+    @app.train(mods=[xmkckks_mod])
+    def train(msg, context):
+        w = msg.content["arrays"].to_numpy_ndarrays()
+        new = [a + np.float32(0.001 * (1 + int(context.node_config["partition-id"]))) for a in w]
+        metrics = MetricRecord({"num-examples": 100})
+        return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics}), reply_to=msg)
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    grid = InProcessGrid(app, num_clients, {"identity-dir": identity_dir})
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=num_clients, min_available_nodes=num_clients,
+                         max_abs_value=2.0**16)
+    with ExitStack() as stack:
+        if ablate:
+            stack.enter_context(mock.patch.object(keyset, "sign_key", lambda *a, **k: b"unsigned"))
+            stack.enter_context(mock.patch.object(keyset, "verify_key", lambda *a, **k: None))
+            stack.enter_context(mock.patch.object(client_module.masking, "mask_plaintext",
+                                                  lambda params, plaintext, **kw: plaintext))
+        c, w = time.process_time(), time.perf_counter()
+        result = strategy.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(length, np.float32)]),
+                                num_rounds=1, train_config=ConfigRecord({}))
+        cpu, wall = time.process_time() - c, time.perf_counter() - w
+    got = result.arrays.to_numpy_ndarrays()[0]
+    expected = np.float32(0.001) * (num_clients + 1) / 2
+    if strategy.aborted_attempts or float(np.max(np.abs(got - expected))) > 1e-6:
+        raise RuntimeError(f"grid round failed: {strategy.aborted_attempts}")
+    return {"cpu_s": cpu, "wall_s": wall, "steps_wall_s": {k: v for k, v in strategy.timer.timings}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--params", default="xmk-n4096-q108")
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--length", type=int, default=949_002)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--grid-repeat", type=int, default=2, help="real XMKFedAvg rounds per variant (0: skip)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_xmk_security.json"))
+    ap.add_argument("--docs", nargs="?", const=str(Path(__file__).resolve().parents[1] / "docs"),
+                    help="also publish the table in DOCS/results.md")
+    args = ap.parse_args(argv)
+    params = rlwe.get_parameter_set(args.params)
+    M = args.clients
+
+    data = np.random.default_rng(M)  # benchmark data only, not key material
+    n_i = data.integers(100, 10_000, size=M).astype(np.float64)
+    vectors = [np.append(data.normal(0.0, 0.01, size=args.length) * c, c) for c in n_i]
+    max_abs = max(float(np.max(np.abs(v))) for v in vectors)
+    scale_bits = rlwe.max_scale_bits(params, num_clients=M, max_abs_value=max_abs)
+    identities = [NodeIdentity.generate(f"node-{i}") for i in range(M)]
+    roster = Roster.from_identities(identities)
+    exact = np.sum(vectors, axis=0)
+
+    runs = {"baseline": [], "secure": []}
+    errors = {}
+    for _ in tqdm(range(args.repeat), desc="bench_xmk_security", unit="repeat"):
+        seed_a = rlwe.new_public_seed()
+        a = rlwe.expand_a(params, seed_a)
+        for variant in ("baseline", "secure"):
+            if variant == "baseline":
+                clock, decoded = baseline_round(params, vectors, scale_bits, a)
+            else:
+                clock, decoded = secure_round(params, vectors, scale_bits, seed_a, a, identities, roster)
+            runs[variant].append(clock)
+            errors[variant] = float(np.max(np.abs(decoded - exact)))
+
+    def summary(clocks):
+        stages = list(clocks[0].cpu)
+        return {
+            "cpu_s": statistics.median(sum(c.cpu.values()) for c in clocks),
+            "wall_s": statistics.median(sum(c.wall.values()) for c in clocks),
+            "stages_cpu_s": {s: statistics.median(c.cpu[s] for c in clocks) for s in stages},
+        }
+
+    base, sec = summary(runs["baseline"]), summary(runs["secure"])
+    overhead_cpu = sec["cpu_s"] / base["cpu_s"] - 1.0
+    overhead_wall = sec["wall_s"] / base["wall_s"] - 1.0
+    # the same ratio per repeat (paired), to show its spread
+    paired = [s_ / b_ - 1.0 for s_, b_ in zip((sum(c.cpu.values()) for c in runs["secure"]),
+                                              (sum(c.cpu.values()) for c in runs["baseline"]))]
+    added = {k: v for k, v in sec["stages_cpu_s"].items() if k.startswith("+")}
+    result = {
+        "benchmark": "bench_xmk_security",
+        "params": params.name,
+        "num_clients": M,
+        "length": args.length + 1,
+        "scale_bits": scale_bits,
+        "repeat": args.repeat,
+        "machine": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "cpu_count": os.cpu_count(),
+            "load_avg_1min": os.getloadavg()[0],
+        },
+        "baseline": base,
+        "secure": sec,
+        "added_stages_cpu_s": added,
+        "overhead_cpu": overhead_cpu,
+        # the added stages alone over the baseline: less sensitive to other jobs than the ratio of totals
+        "overhead_cpu_added_stages": sum(added.values()) / base["cpu_s"],
+        "overhead_cpu_per_repeat": paired,
+        "overhead_wall": overhead_wall,
+        "max_abs_error_of_sum": errors,
+        "target_overhead_le_10pct": overhead_cpu <= TARGET,
+    }
+    print(f"{params.name}, M = {M}, {args.length + 1} values, median of {args.repeat} (CPU seconds, whole round):")
+    print(f"  baseline {base['cpu_s']:.2f} s   secure {sec['cpu_s']:.2f} s   overhead {100 * overhead_cpu:.1f} % "
+          f"(per repeat {', '.join(f'{100 * p:.1f}' for p in paired)} %; wall {100 * overhead_wall:.1f} %)")
+    print(f"  added stages alone: {sum(added.values()):.3f} s = "
+          f"{100 * result['overhead_cpu_added_stages']:.1f} % of the baseline round")
+    for stage, seconds in added.items():
+        print(f"    {stage:<36} {seconds:.3f} s  ({100 * seconds / base['cpu_s']:.1f} %)")
+    print(f"  max |error| of the sum: baseline {errors['baseline']:.3g}, secure {errors['secure']:.3g}")
+    if args.grid_repeat:
+        import tempfile
+
+        from flwr_fedeval.keys import create
+
+        with tempfile.TemporaryDirectory() as tmp:
+            create(Path(tmp) / "ids", [f"node-{i}" for i in range(M)])
+            grid_runs = {"ablated": [], "secure": []}
+            for _ in range(args.grid_repeat):
+                for variant in ("ablated", "secure"):
+                    grid_runs[variant].append(grid_round(args.length, M, str(Path(tmp) / "ids"),
+                                                         variant == "ablated"))
+        g = {v: {"cpu_s": statistics.median(r["cpu_s"] for r in runs_),
+                 "wall_s": statistics.median(r["wall_s"] for r in runs_),
+                 "steps_wall_s": runs_[-1]["steps_wall_s"]} for v, runs_ in grid_runs.items()}
+        g["overhead_cpu"] = g["secure"]["cpu_s"] / g["ablated"]["cpu_s"] - 1.0
+        g["overhead_cpu_per_repeat"] = [s_["cpu_s"] / a_["cpu_s"] - 1.0
+                                        for s_, a_ in zip(grid_runs["secure"], grid_runs["ablated"])]
+        g["overhead_wall"] = g["secure"]["wall_s"] / g["ablated"]["wall_s"] - 1.0
+        result["grid_round"] = g
+        result["target_overhead_le_10pct_grid_round"] = g["overhead_cpu"] <= TARGET
+        print(f"  XMKFedAvg round over the serializing grid (median of {args.grid_repeat}): ablated "
+              f"{g['ablated']['cpu_s']:.2f} s, secure {g['secure']['cpu_s']:.2f} s CPU: overhead "
+              f"{100 * g['overhead_cpu']:.1f} % (per repeat "
+              f"{', '.join(f'{100 * p:.1f}' for p in g['overhead_cpu_per_repeat'])} %; wall "
+              f"{100 * g['overhead_wall']:.1f} %)")
+    print(f"  target overhead <= {100 * TARGET:.0f} %: {'met' if result['target_overhead_le_10pct'] else 'NOT met'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    if args.docs:
+        table = markdown_table(
+            ["round", "CPU s", "wall s"],
+            [["baseline (xMK-CKKS as in the paper)", f"{base['cpu_s']:.2f}", f"{base['wall_s']:.2f}"],
+             ["secure (signed commit-reveal, masks, checks)", f"{sec['cpu_s']:.2f}", f"{sec['wall_s']:.2f}"],
+             *[[f"  {stage}", f"{seconds:.3f}", ""] for stage, seconds in added.items()]], align="lrr")
+        body = (f"`{params.name}`, M = {M} clients, {args.length + 1:,} values per client, median of {args.repeat} "
+                "whole rounds (all clients and the server in one process, Flower serialization not included). "
+                f"Overhead of the secure round: **{100 * overhead_cpu:.1f} %** CPU (per repeat "
+                f"{', '.join(f'{100 * q:.1f}' for q in paired)} %; wall {100 * overhead_wall:.1f} %), target ≤ "
+                f"{100 * TARGET:.0f} %: {'met' if result['target_overhead_le_10pct'] else 'NOT met'}. "
+                f"Max |error| of the sum: baseline {errors['baseline']:.3g}, secure {errors['secure']:.3g}.\n\n"
+                + table)
+        print(f"published {publish('bench-xmk-security', 'xMK-CKKS security overhead (benchmarks/bench_xmk_security.py)', body, docs_dir=args.docs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

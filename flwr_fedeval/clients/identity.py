@@ -1,0 +1,156 @@
+"""Flower glue of :mod:`flwr_fedeval.identity`: which key and roster this node uses.
+
+Deployment (``flower-supernode --node-config ...``): node config
+``fedeval-identity-key`` (path to this node's private key; the same file can
+be ``--auth-supernode-private-key``) and ``fedeval-roster`` (path to the
+roster). The node's roster name is the key file's stem (``node-3.key`` →
+``node-3``) and must be listed in the roster with this very key.
+
+Simulation: run config ``identity-dir``; node ``partition-id = i`` loads
+``<identity-dir>/node-<i>.key`` and ``<identity-dir>/roster.json``
+(``python -m flwr_fedeval.keys create --out DIR --nodes N`` writes them).
+Node config wins over the run config.
+
+Server side: :func:`server_roster` reads ``roster.json`` from the run
+config's ``identity-dir`` (or run config ``fedeval-roster``); the server only
+uses it to leave out nodes early and name them — the clients check everything
+themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+
+from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster, SignedKey, sign_key
+
+__all__ = [
+    "CONFIG_HELP",
+    "key_set_floor",
+    "node_identity",
+    "server_roster",
+    "signed_key_record",
+    "signed_key_from_record",
+]
+
+KEY_CONFIG = "fedeval-identity-key"
+ROSTER_CONFIG = "fedeval-roster"
+DIR_CONFIG = "identity-dir"
+
+#: What to set, quoted by every "no identity" error.
+CONFIG_HELP = (
+    f"set node config '{KEY_CONFIG}' (path to this node's private key) and '{ROSTER_CONFIG}' (path to "
+    f"the roster), or, in simulation, run config '{DIR_CONFIG}' (a directory with node-<partition-id>.key "
+    f"and roster.json; create one with: python -m flwr_fedeval.keys create --out DIR --nodes N)"
+)
+
+_CACHE: dict[tuple, tuple[NodeIdentity, Roster]] = {}
+_ROSTER_CACHE: dict[tuple, Roster] = {}
+
+
+def _stamp(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path), st.st_mtime_ns, st.st_size, st.st_mode)
+
+
+def _paths(context: Context) -> tuple[Path, Path]:
+    node, run = dict(context.node_config), dict(context.run_config)
+    if node.get(KEY_CONFIG) or node.get(ROSTER_CONFIG):
+        if not (node.get(KEY_CONFIG) and node.get(ROSTER_CONFIG)):
+            raise IdentityError(f"node config sets only one of '{KEY_CONFIG}' and '{ROSTER_CONFIG}': {CONFIG_HELP}")
+        return Path(str(node[KEY_CONFIG])).expanduser(), Path(str(node[ROSTER_CONFIG])).expanduser()
+    directory = str(run.get(DIR_CONFIG, "") or "")
+    if not directory:
+        raise IdentityError(f"this node has no identity key and roster: {CONFIG_HELP}")
+    if "partition-id" not in node:
+        raise IdentityError(f"run config '{DIR_CONFIG}' needs the node config 'partition-id': {CONFIG_HELP}")
+    base = Path(directory).expanduser()
+    return base / f"node-{int(node['partition-id'])}.key", base / "roster.json"
+
+
+def node_identity(context: Context) -> tuple[NodeIdentity, Roster]:
+    """This node's signing key and the federation's roster (cached per process).
+
+    Raises
+    ------
+    IdentityError
+        Nothing configured (the message names the config keys to set), files
+        missing or with unsafe permissions, or this node's key not in the
+        roster under its name.
+    """
+    key_path, roster_path = _paths(context)
+    for p in (key_path, roster_path):
+        if not p.is_file():
+            raise IdentityError(f"{p} does not exist: {CONFIG_HELP}")
+    stamp = (_stamp(key_path), _stamp(roster_path))
+    if stamp not in _CACHE:
+        ident = NodeIdentity.load(key_path)
+        roster = Roster.load(roster_path)
+        if ident.name not in roster:
+            raise IdentityError(f"this node's name {ident.name!r} (from {key_path.name}) is not in the roster "
+                                f"{roster_path}")
+        if roster.public_key_bytes(ident.name) != ident.public_key_bytes():
+            raise IdentityError(f"the roster {roster_path} lists another public key for {ident.name!r} than "
+                                f"{key_path}")
+        _CACHE.clear()
+        _CACHE[stamp] = (ident, roster)
+    return _CACHE[stamp]
+
+
+def key_set_floor(context: Context) -> int:
+    """This node's floor on the size of a key set it joins (never below 2).
+
+    Node config ``fedeval-min-clients`` (set by the SuperNode's operator),
+    else node config ``xmk-min-clients``, else run config ``min-nodes``.
+    The run config comes from whoever starts the run; an operator who does
+    not trust it sets the node config.
+    """
+    node, run = dict(context.node_config), dict(context.run_config)
+    value = node.get("fedeval-min-clients", node.get("xmk-min-clients", run.get("min-nodes", 2)))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise IdentityError(f"key-set floor (fedeval-min-clients / min-nodes) must be an integer, got {value!r}")
+    return max(2, int(value))
+
+
+def server_roster(run_config: dict[str, Any]) -> Roster | None:
+    """The roster the ServerApp uses to leave out unknown nodes early (``None``: not configured)."""
+    path = run_config.get(ROSTER_CONFIG) or ""
+    if not path and run_config.get(DIR_CONFIG):
+        path = os.path.join(str(run_config[DIR_CONFIG]), "roster.json")
+    if not path:
+        return None
+    p = Path(str(path)).expanduser()
+    key = _stamp(p) if p.is_file() else None
+    if key is None:
+        raise IdentityError(f"roster file {p} does not exist: {CONFIG_HELP}")
+    if key not in _ROSTER_CACHE:
+        _ROSTER_CACHE.clear()
+        _ROSTER_CACHE[key] = Roster.load(p)
+    return _ROSTER_CACHE[key]
+
+
+def signed_key_record(identity: NodeIdentity, *, protocol: str, session: str, round: int, role: str,  # noqa: A002
+                      key: bytes, prefix: str = "") -> dict[str, Any]:
+    """``{prefix+"signer": name, prefix+"signature": sig}`` for a ConfigRecord next to the key."""
+    sig = sign_key(identity, protocol=protocol, session=session, round=round, role=role, key=key)
+    return {f"{prefix}signer": identity.name, f"{prefix}signature": sig}
+
+
+def signed_key_from_record(record: Any, key: bytes, *, prefix: str = "") -> SignedKey:
+    """The :class:`SignedKey` of ``key`` from a record written by :func:`signed_key_record`.
+
+    Raises
+    ------
+    IdentityError
+        Signer or signature missing or of the wrong type.
+    """
+    try:
+        signer, sig = record[f"{prefix}signer"], record[f"{prefix}signature"]
+    except KeyError as exc:
+        raise IdentityError(f"relayed key has no {exc.args[0]!r} (unsigned key refused)") from None
+    if not isinstance(signer, str) or not isinstance(sig, bytes):
+        raise IdentityError("relayed key: signer must be a string and signature bytes")
+    return SignedKey(signer, bytes(key), sig)

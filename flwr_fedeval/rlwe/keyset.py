@@ -1,0 +1,285 @@
+"""Authenticated xMK-CKKS key sets: signed commit-then-reveal of the shares b_i.
+
+The xMK-CKKS papers (Ma et al. 2022; Walskaar et al. 2023, Eq. 1) let the
+server sum the shares b_i = -s_i·a + e_i into the joint key b. Against a
+server that deviates (DESIGN.md §7), every member checks instead:
+
+* **who**: each share is bound to a roster member by a signature
+  (:mod:`flwr_fedeval.identity`), so the server cannot add or swap a share;
+* **when**: each member commits to its share and its X25519 mask key before
+  seeing anyone else's, so no member (nor the server for it) can choose a
+  share as a function of the others' (the rogue-key attack b_j = b' - Σ b_i);
+* **the same set**: every member signs the digest of the key set it saw and
+  checks every other member's signature over the same digest, and the mask
+  keys are derived from that digest (:mod:`flwr_fedeval.rlwe.masking`).
+
+Protocol for one key set K (cait-sith notation: ★ send, • wait, ▲ check
+"or refuse"). Server-chosen values: seed_a, round r; key-set id
+``kid = key_set_id(params, seed_a)``.
+
+1. **Commit** (``query.xmk_keygen``). Each member i:
+   ▲ the request's kid equals key_set_id(params, seed_a), params is a
+   128-bit set, and i has not committed for this kid before;
+   draws s_i, b_i = -s_i·a + e_i (Eq. 1) and an X25519 pair (x_i, X_i);
+   h_i = :func:`commitment` (kid, b_i, X_i);
+   ★ (name_i, h_i, sig_i) with sig_i = Sign_i("xmkckks", kid, r,
+   "share-commitment", h_i).
+2. **Reveal** (``query.xmk_reveal``). • the list [(name_j, h_j, sig_j)]; i:
+   ▲ (:func:`check_commitments`) every name is in the roster, names and
+   commitments are distinct, every sig_j verifies for (kid, r), i is listed
+   with its own h_i, and |K| >= i's floor;
+   T = :func:`transcript_digest` (params, kid, seed_a, r, sorted (name, h));
+   ▲ i reveals at most once per key set;
+   ★ (b_i, X_i, Sign_i("xmkckks", kid, r, "key-set", T)).
+3. **Encrypt** (``train``). • every member's (b_j, X_j, transcript sig_j); i:
+   ▲ (:func:`open_key_set`) the members are exactly K, each (b_j, X_j)
+   matches h_j, each b_j is a canonical single share;
+   ▲ (:func:`check_transcript_signatures`) every member signed the same T;
+   b = Σ b_j; masks from X_j and T (:mod:`~flwr_fedeval.rlwe.masking`).
+
+Imports neither flwr nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster, sign_key, verify_key
+
+from . import masking
+from .params import ParameterSet
+from .xmkckks import PublicKey, aggregate_public_keys
+
+__all__ = [
+    "PROTOCOL",
+    "ROLE_COMMITMENT",
+    "ROLE_KEY_SET",
+    "KeySetError",
+    "key_set_id",
+    "commitment",
+    "sign_commitment",
+    "check_commitments",
+    "transcript_digest",
+    "sign_transcript",
+    "check_transcript_signatures",
+    "open_key_set",
+]
+
+#: ``protocol`` field of every signed statement (:func:`flwr_fedeval.identity.key_statement`).
+PROTOCOL = "xmkckks"
+ROLE_COMMITMENT = "share-commitment"
+ROLE_KEY_SET = "key-set"
+_ID_DOMAIN = b"flwr-fedeval/xmkckks/key-set-id/v1"
+_COMMIT_DOMAIN = b"flwr-fedeval/xmkckks/share-commitment/v1"
+_TRANSCRIPT_DOMAIN = b"flwr-fedeval/xmkckks/key-set-transcript/v1"
+DIGEST_BYTES = 32
+
+
+class KeySetError(ValueError):
+    """A member refuses a key set (the message says which member and what failed)."""
+
+
+def _lp(data: bytes) -> bytes:
+    return struct.pack(">Q", len(data)) + bytes(data)
+
+
+def key_set_id(params: ParameterSet, seed_a: bytes) -> str:
+    """Key-set id: the first 32 hex digits of SHA-256(domain, params id, seed_a).
+
+    Binds the id to the parameter set and the public polynomial a, so one
+    signature over the id covers both.
+
+    Raises
+    ------
+    KeySetError
+        If ``seed_a`` is not 32 bytes.
+    """
+    if not isinstance(seed_a, (bytes, bytearray)) or len(seed_a) != 32:
+        raise KeySetError("seed-a must be 32 bytes")
+    return hashlib.sha256(_ID_DOMAIN + _lp(params.name.encode()) + _lp(seed_a)).hexdigest()[:32]
+
+
+def commitment(key_id: str, public_share: bytes, mask_key: bytes) -> bytes:
+    """h_i = SHA-256(domain, kid, b_i bytes, X_i): the binding commitment to a member's keys (32 bytes)."""
+    return hashlib.sha256(
+        _COMMIT_DOMAIN + _lp(key_id.encode()) + _lp(public_share) + _lp(mask_key)
+    ).digest()
+
+
+def sign_commitment(identity: NodeIdentity, *, key_id: str, round_: int, commitment_: bytes) -> bytes:
+    """Sign_i("xmkckks", kid, r, "share-commitment", h_i)."""
+    return sign_key(identity, protocol=PROTOCOL, session=key_id, round=round_, role=ROLE_COMMITMENT,
+                    key=commitment_)
+
+
+def check_commitments(
+    roster: Roster,
+    entries: Sequence[tuple[str, bytes, bytes]],
+    *,
+    key_id: str,
+    round_: int,
+    own_name: str,
+    own_commitment: bytes,
+    floor: int,
+) -> tuple[tuple[str, bytes], ...]:
+    """Step 2 ▲: check the relayed commitments; returns the members sorted by name.
+
+    Parameters
+    ----------
+    roster : Roster
+    entries : sequence of (name, commitment, signature)
+        As relayed by the server; this member's own entry included.
+    key_id : str
+    round_ : int
+        The round the commitments were signed for.
+    own_name : str
+    own_commitment : bytes
+        This member's h_i (from its state, not from the server).
+    floor : int
+        This member's minimum key-set size (>= 2).
+
+    Returns
+    -------
+    tuple of (name, commitment), sorted by name
+
+    Raises
+    ------
+    flwr_fedeval.identity.IdentityError
+        A name not in the roster or a signature that does not verify.
+    KeySetError
+        Duplicate names or commitments, this member missing or listed with
+        another commitment, or fewer members than ``floor``.
+    """
+    members: dict[str, bytes] = {}
+    for entry in entries:
+        if len(entry) != 3:
+            raise KeySetError("every key-set entry needs a name, a commitment and a signature")
+        name, h, sig = entry
+        if not isinstance(name, str) or not isinstance(h, (bytes, bytearray)) or len(h) != DIGEST_BYTES:
+            raise KeySetError(f"entry of {name!r}: commitment must be {DIGEST_BYTES} bytes")
+        if name in members:
+            raise KeySetError(f"key set {key_id} lists {name!r} twice")
+        verify_key(roster, name, sig, protocol=PROTOCOL, session=key_id, round=round_, role=ROLE_COMMITMENT,
+                   key=bytes(h))
+        if bytes(h) in members.values():
+            raise KeySetError(f"key set {key_id}: {name!r} relays another member's commitment")
+        members[name] = bytes(h)
+    if own_name not in members:
+        raise KeySetError(f"key set {key_id} does not list this member ({own_name!r})")
+    if members[own_name] != bytes(own_commitment):
+        raise KeySetError(f"key set {key_id} lists another commitment for this member ({own_name!r})")
+    if len(members) < floor:
+        raise KeySetError(
+            f"key set {key_id} has {len(members)} roster members, this member requires at least {floor}"
+        )
+    return tuple(sorted(members.items()))
+
+
+def transcript_digest(
+    params: ParameterSet, *, key_id: str, seed_a: bytes, round_: int, members: Sequence[tuple[str, bytes]]
+) -> bytes:
+    """T = SHA-256(domain, params, kid, seed_a, r, (name, h) sorted by name): the key set every member must agree on."""
+    parts = [_TRANSCRIPT_DOMAIN, _lp(params.name.encode()), _lp(key_id.encode()), _lp(seed_a),
+             struct.pack(">Q", round_), struct.pack(">Q", len(members))]
+    for name, h in sorted(members):
+        parts += [_lp(name.encode()), _lp(h)]
+    return hashlib.sha256(b"".join(parts)).digest()
+
+
+def sign_transcript(identity: NodeIdentity, *, key_id: str, round_: int, digest: bytes) -> bytes:
+    """Sign_i("xmkckks", kid, r, "key-set", T)."""
+    return sign_key(identity, protocol=PROTOCOL, session=key_id, round=round_, role=ROLE_KEY_SET, key=digest)
+
+
+def check_transcript_signatures(
+    roster: Roster,
+    signatures: Mapping[str, bytes],
+    *,
+    members: Sequence[str],
+    key_id: str,
+    round_: int,
+    digest: bytes,
+) -> None:
+    """Step 3 ▲: every member signed the transcript digest T this member computed.
+
+    Raises
+    ------
+    KeySetError
+        A member's signature is missing, or signatures of non-members are relayed.
+    flwr_fedeval.identity.IdentityError
+        A signature does not verify (that member saw another key set, or the
+        server forged it); the message names the member.
+    """
+    extra = sorted(set(signatures) - set(members))
+    if extra:
+        raise KeySetError(f"key set {key_id}: transcript signatures of non-members {extra}")
+    for name in members:
+        if name not in signatures:
+            raise KeySetError(f"key set {key_id}: member {name!r} has not confirmed the key set")
+        try:
+            verify_key(roster, name, signatures[name], protocol=PROTOCOL, session=key_id, round=round_,
+                       role=ROLE_KEY_SET, key=digest)
+        except IdentityError as exc:
+            raise IdentityError(f"member {name!r} did not confirm the key set this member saw: {exc}") from None
+
+
+def open_key_set(
+    params: ParameterSet,
+    *,
+    key_id: str,
+    members: Sequence[tuple[str, bytes]],
+    openings: Mapping[str, tuple[bytes, bytes]],
+) -> tuple[PublicKey, dict[str, bytes]]:
+    """Step 3 ▲: check every revealed (b_j, X_j) against h_j; the joint key and the mask keys.
+
+    Parameters
+    ----------
+    params : ParameterSet
+    key_id : str
+    members : sequence of (name, commitment)
+        As checked in step 2 (this member's stored copy).
+    openings : mapping of name to (public share bytes, X25519 mask key)
+        As relayed by the server.
+
+    Returns
+    -------
+    (PublicKey, dict of name to mask key)
+        b = Σ b_j (Eq. 1) with ``num_shares = |K|``; every member's X_j.
+
+    Raises
+    ------
+    KeySetError
+        Missing or extra members, an opening that does not match its
+        commitment, or a share that is not a canonical single share.
+    """
+    names = [name for name, _ in members]
+    missing = sorted(set(names) - set(openings))
+    extra = sorted(set(openings) - set(names))
+    if missing or extra:
+        raise KeySetError(f"key set {key_id}: openings missing for {missing}, not members: {extra}")
+    shares, mask_keys = [], {}
+    for name, h in members:
+        share, mask_key = openings[name]
+        share, mask_key = bytes(share), bytes(mask_key)
+        if commitment(key_id, share, mask_key) != h:
+            raise KeySetError(
+                f"key set {key_id}: the share or mask key of {name!r} does not match its signed commitment"
+            )
+        try:
+            pk = PublicKey.from_bytes(share, params)
+        except ValueError as exc:
+            raise KeySetError(f"key set {key_id}: share of {name!r} is malformed: {exc}") from None
+        if pk.num_shares != 1:
+            raise KeySetError(f"key set {key_id}: share of {name!r} claims {pk.num_shares} shares, expected 1")
+        if len(mask_key) != masking.MASK_KEY_BYTES:
+            raise KeySetError(f"key set {key_id}: mask key of {name!r} is not {masking.MASK_KEY_BYTES} bytes")
+        shares.append(pk)
+        mask_keys[name] = mask_key
+    joint = aggregate_public_keys(shares)
+    if not np.any(joint.b):
+        raise KeySetError(f"key set {key_id}: the shares sum to zero")
+    return joint, mask_keys

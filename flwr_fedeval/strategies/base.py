@@ -1,0 +1,378 @@
+"""What every server-side phase shares: step timing, failure bookkeeping, readable failures.
+
+* :class:`Failures` — who failed at which step, with a machine-readable code
+  (:class:`flwr_fedeval.messages.ReplyCode` for our own error replies, Flower's
+  ``ErrorCode`` for the engine's) and the reason. The server classifies by
+  code, never by matching the reason text.
+* :func:`log_failures` — failures of many nodes collapse into one WARNING line
+  per distinct reason with the node count and IDs
+  (``16 nodes: ValueError: test split of 1 sample ... [nodes 3, 9, ...]``);
+  the full reason (a remote traceback, for the engines' errors) once at DEBUG.
+* :class:`StepTimer` — every protocol step logs ``<phase>: <step> done in
+  1.23 s`` at INFO and keeps ``(step, seconds)`` for callers that measure.
+* :class:`EvaluationPhase` — base class of the evaluation phases (plaintext,
+  FHE and DP AUC, SecSV): configuration validated at construction,
+  ``summary()`` in Flower's style (a small tree at INFO), one reply exchange
+  that checks replies before use, and the failure bookkeeping above.
+* :class:`ReadableFailuresMixin` — the same collapsed failure lines for
+  Flower's FedAvg family (instead of one line, with a full remote traceback,
+  per failing node).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from logging import DEBUG, INFO, WARNING
+from typing import Any
+
+from flwr.app import Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import validate_message_reply_consistency
+
+from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
+
+__all__ = [
+    "EvaluationPhase",
+    "Failure",
+    "Failures",
+    "ReadableFailuresMixin",
+    "ReadableFedAvg",
+    "StepTimer",
+    "collapse_failures",
+    "log_failures",
+    "one_line_reason",
+]
+
+#: How many node IDs a collapsed failure line lists before "...".
+MAX_IDS_SHOWN = 8
+
+_EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Refused|Warning)):\s?(.*)$")
+_FLWR_FORMAT = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)
+
+
+def one_line_reason(reason: str) -> str:
+    """The one line of a failure reason a person needs: ``"ValueError: message"``.
+
+    Flower's engines report an exception raised in a ClientApp as
+    ``"<class '...ClientAppException'>:<'... Traceback ... ValueError: msg'>"``;
+    this returns the last ``Name: message`` line of such a text (module path
+    dropped), or the first line of any other reason.
+    """
+    text = str(reason).strip()
+    m = _FLWR_FORMAT.match(text)
+    if m:
+        text = m.group(2).strip() or m.group(1)
+        if "\n" not in text and m.group(1).rsplit(".", 1)[-1] != "ClientAppException":
+            return f"{m.group(1).rsplit('.', 1)[-1]}: {text}"
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) > 1:
+        for ln in reversed(lines):
+            hit = _EXC_LINE.match(ln)
+            if hit:
+                return f"{hit.group(1).rsplit('.', 1)[-1]}: {hit.group(2).strip()}".rstrip(": ")
+    return lines[0].strip() if lines else "(no reason given)"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One node's failure at one step.
+
+    Attributes
+    ----------
+    step : str
+        The protocol step (e.g. ``"step 4 (encrypted counts)"``).
+    code : int
+        A :class:`~flwr_fedeval.messages.ReplyCode` (our error replies; also
+        ``TIMEOUT`` and ``MALFORMED_REPLY`` assigned by the server) or one of
+        Flower's ``ErrorCode`` values (errors reported by the engine).
+    reason : str
+        The full reason (may hold a remote traceback).
+    """
+
+    step: str
+    code: int
+    reason: str
+
+    @property
+    def summary(self) -> str:
+        """One line: ``"<ExceptionType>: <message>"``."""
+        return one_line_reason(self.reason)
+
+
+def _as_failure(value: Failure | str, step: str = "") -> Failure:
+    return value if isinstance(value, Failure) else Failure(step, int(ReplyCode.REFUSED), str(value))
+
+
+def collapse_failures(failed: Mapping[int, Failure | str]) -> list[tuple[str, list[int], str]]:
+    """Group failures by their one-line reason: ``[(line, sorted node IDs, full reason)]``, largest group first."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    full: dict[str, str] = {}
+    for node, value in failed.items():
+        f = _as_failure(value)
+        line = f.summary
+        groups[line].append(int(node))
+        full.setdefault(line, f.reason)
+    return [(line, sorted(nodes), full[line])
+            for line, nodes in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+
+
+def _ids(nodes: list[int]) -> str:
+    shown = ", ".join(str(n) for n in nodes[:MAX_IDS_SHOWN])
+    return shown + (f", ... ({len(nodes) - MAX_IDS_SHOWN} more)" if len(nodes) > MAX_IDS_SHOWN else "")
+
+
+def format_failures(failed: Mapping[int, Failure | str]) -> list[str]:
+    """One line per distinct reason: ``"16 nodes: ValueError: ... [nodes 3, 9, ...]"``."""
+    out = []
+    for line, nodes, _ in collapse_failures(failed):
+        count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+        out.append(f"{count}: {line} [node{'s' if len(nodes) != 1 else ''} {_ids(nodes)}]")
+    return out
+
+
+def log_failures(label: str, step: str, failed: Mapping[int, Failure | str], *, level: int = WARNING) -> None:
+    """Log ``failed`` collapsed: one line per distinct reason, the full reason once at DEBUG."""
+    for (line, nodes, reason), text in zip(collapse_failures(failed), format_failures(failed)):
+        log(level, "%s (%s): %s", label, step, text)
+        if reason.strip() != line:
+            log(DEBUG, "%s (%s): full reason of '%s' (first of node(s) %s):\n%s", label, step, line,
+                _ids(nodes), reason)
+
+
+class Failures(dict):
+    """``{node_id: Failure}`` of one phase run, with classification by code.
+
+    A ``dict`` so that existing code that reads ``failed[node]`` keeps working;
+    :meth:`reasons` gives the ``{node: "reason"}`` mapping reported in results.
+    """
+
+    def __setitem__(self, node: int, value: Failure | str) -> None:
+        # A bare reason is a failure the server found itself (e.g. a duplicate key).
+        if not isinstance(value, Failure):
+            value = Failure("", int(ReplyCode.MALFORMED_REPLY), str(value))
+        super().__setitem__(int(node), value)
+
+    def update(self, other=(), **kw) -> None:  # type: ignore[override]
+        for k, v in dict(other, **kw).items():
+            self[k] = v
+
+    def add(self, node: int, step: str, code: int, reason: str) -> None:
+        self[int(node)] = Failure(step, int(code), str(reason))
+
+    def with_code(self, *codes: int) -> dict[int, Failure]:
+        wanted = {int(c) for c in codes}
+        return {n: f for n, f in self.items() if f.code in wanted}
+
+    def reasons(self) -> dict[int, str]:
+        """``{node: one-line reason}`` (JSON-friendly; the full reason is in the DEBUG log)."""
+        return {n: f.summary for n, f in self.items()}
+
+    def lines(self) -> list[str]:
+        return format_failures(self)
+
+
+class StepTimer:
+    """Times the protocol steps of a phase; each step is logged at INFO with its duration.
+
+    Attributes
+    ----------
+    timings : list of (str, float)
+        ``(step, seconds)`` in the order the steps ran (across runs; callers
+        that measure one run read the entries it added).
+    """
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.timings: list[tuple[str, float]] = []
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - t0
+            self.timings.append((name, seconds))
+            log(INFO, "%s: %s done in %.2f s", self.label, name, seconds)
+
+
+def exchange_replies(
+    grid: Grid,
+    contents: Mapping[int, RecordDict],
+    message_type: str,
+    parse: Callable[[int, RecordDict], Any],
+    failures: Failures | dict[int, str],
+    *,
+    step: str,
+    what: str,
+    timeout: float,
+    label: str,
+) -> dict[int, Any]:
+    """Send ``contents[node]`` to each node; return ``{node: parse(node, reply)}`` for valid replies.
+
+    Follows Flower's ``FedAvg._check_and_log_replies``: replies are split into
+    valid ones and failures first; a node without a valid reply is added to
+    ``failures`` with a code (``TIMEOUT``, the error reply's code,
+    ``MALFORMED_REPLY``) and the reason, failures are logged collapsed by
+    reason (:func:`log_failures`), and only parsed, checked content reaches
+    the protocol.
+    """
+    messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    missing: dict[int, Failure] = {n: Failure(step, int(ReplyCode.TIMEOUT), "no reply (timeout)") for n in contents}
+    valid: dict[int, Any] = {}
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        if node not in missing:
+            continue
+        if reply.has_error():
+            missing[node] = Failure(step, int(reply.error.code), f"error reply: {reply.error.reason}")
+            continue
+        try:
+            valid[node] = parse(node, reply.content)
+        except (KeyError, ValueError, TypeError) as exc:
+            missing[node] = Failure(step, int(ReplyCode.MALFORMED_REPLY),
+                                    f"malformed {what}: {type(exc).__name__}: {exc}")
+            continue
+        missing.pop(node)
+    if missing:
+        log_failures(label, step, missing)
+    if isinstance(failures, Failures):
+        failures.update(missing)
+    else:  # a plain dict keeps the full reasons as strings
+        failures.update({n: f.reason for n, f in missing.items()})
+    return valid
+
+
+class EvaluationPhase:
+    """Base class of the server-side evaluation phases.
+
+    Subclasses validate their own configuration in ``__init__`` (after calling
+    this one), implement one method per protocol step and ``run``, and list
+    what :meth:`summary` shows in :meth:`_summary_items`.
+
+    Parameters
+    ----------
+    min_nodes : int, default=2
+        Fewer contributing clients than this at any step raises ``RuntimeError``.
+    arrayrecord_key : str, default="arrays"
+        Record key of the global model in the requests.
+    timeout : float, default=3600
+        Seconds to wait for the replies of each exchange.
+    min_nodes_floor : int, default=1
+        The smallest ``min_nodes`` the phase accepts.
+
+    Raises
+    ------
+    ValueError
+        ``min_nodes`` is not an integer >= ``min_nodes_floor`` or ``timeout`` is not > 0.
+
+    Attributes
+    ----------
+    timer : StepTimer
+        ``timer.timings``: (step, seconds) of every step run so far.
+    failures : Failures
+        Failures of the last run (node → step, code, reason).
+    """
+
+    #: The ``auc-method`` (or phase name) this class implements.
+    method = ""
+    #: Prefix of the log lines.
+    label = "AUC phase"
+
+    def __init__(self, *, min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600,
+                 min_nodes_floor: int = 1) -> None:
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < min_nodes_floor:
+            raise ValueError(f"min_nodes must be an integer >= {min_nodes_floor}, got {min_nodes!r}")
+        if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        self.min_nodes = min_nodes
+        self.arrayrecord_key = arrayrecord_key
+        self.timeout = float(timeout)
+        self.timer = StepTimer(self._log_label())
+        self.failures = Failures()
+
+    # --- description --------------------------------------------------------------
+    def _log_label(self) -> str:
+        return f"{self.label} ({self.method})" if self.method else self.label
+
+    def _summary_items(self) -> list[tuple[str, str]]:
+        """``[(name, value)]`` shown by :meth:`summary`; subclasses add theirs first."""
+        return [("Minimum nodes", str(self.min_nodes)), ("Timeout per step", f"{self.timeout:g} s"),
+                ("ArrayRecord key", repr(self.arrayrecord_key))]
+
+    def describe(self) -> str:
+        """One line: the phase and its configuration."""
+        return f"{self._log_label()}: " + ", ".join(f"{k.lower()} {v}" for k, v in self._summary_items())
+
+    def summary(self) -> None:
+        """Log the configuration as a small tree (as ``flwr.serverapp.strategy.FedAvg.summary``)."""
+        items = self._summary_items()
+        log(INFO, "\t└──> %s (%s):", type(self).__name__, self.method or "phase")
+        for i, (k, v) in enumerate(items):
+            log(INFO, "\t\t%s── %s: %s", "└" if i == len(items) - 1 else "├", k, v)
+
+    # --- per run --------------------------------------------------------------------
+    def _start_run(self) -> Failures:
+        self.failures = Failures()
+        return self.failures
+
+    def step(self, name: str):
+        """Context manager timing (and logging) one protocol step."""
+        return self.timer.step(name)
+
+    def exchange(self, grid: Grid, contents: Mapping[int, RecordDict], message_type: str,
+                 parse: Callable[[int, RecordDict], Any], *, step: str, what: str,
+                 failures: Failures | None = None) -> dict[int, Any]:
+        """:func:`exchange_replies` with this phase's timeout, label and failure record."""
+        return exchange_replies(grid, contents, message_type, parse,
+                                self.failures if failures is None else failures, step=step, what=what,
+                                timeout=self.timeout, label=self._log_label())
+
+    def require(self, nodes: Iterable[int], step: str) -> None:
+        """Raise ``RuntimeError`` if fewer than ``min_nodes`` nodes are left after ``step``."""
+        nodes = list(nodes)
+        if len(nodes) < self.min_nodes:
+            lines = "; ".join(self.failures.lines()) or "none failed"
+            raise RuntimeError(
+                f"{self._log_label()} {step}: {len(nodes)} clients left, at least {self.min_nodes} "
+                f"needed; left out: {lines}"
+            )
+
+
+class ReadableFailuresMixin:
+    """For Flower's FedAvg family: log failed replies collapsed by reason.
+
+    Flower logs one line per failing node with the full remote reason (a
+    traceback in simulation); this logs one WARNING line per distinct reason
+    with the node count and IDs, and the full reason once at DEBUG.
+    """
+
+    def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool, validate: bool = True):
+        """As Flower's ``FedAvg._check_and_log_replies``, with failures collapsed by reason."""
+        replies = list(replies)
+        valid = [r for r in replies if not r.has_error()]
+        errors = [r for r in replies if r.has_error()]
+        step = "aggregate_train" if is_train else "aggregate_evaluate"
+        log(INFO, "%s: Received %s results and %s failures", step, len(valid), len(errors))
+        if errors:
+            log_failures(type(self).__name__, step, {
+                r.metadata.src_node_id: Failure(step, int(r.error.code), str(r.error.reason)) for r in errors})
+        if validate and valid:
+            validate_message_reply_consistency(
+                replies=[r.content for r in valid],
+                weighted_by_key=self.weighted_by_key,  # type: ignore[attr-defined]
+                check_arrayrecord=is_train,
+            )
+        return valid, errors
+
+
+class ReadableFedAvg(ReadableFailuresMixin, FedAvg):
+    """Flower's ``FedAvg`` with failed replies logged collapsed by reason (:class:`ReadableFailuresMixin`)."""

@@ -1,0 +1,557 @@
+"""xMK-CKKS against a deviating server (issue 12; DESIGN.md §7), over the serializing grid.
+
+The server holds no roster key: it runs the honest steps of :class:`XMKFedAvg`
+where it wants to and crafts every other message itself. Each test plays one
+attack; the clients refuse with a clear error, or what the server can compute
+is independent of the victim's update (uniform mod q, uncorrelated).
+"""
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from identities import IDENTITY_DIR
+from xmk_app import SHAPES, flat as _flat, initial as _initial, make_app, num_examples as _num_examples, plain_fedavg, run
+from xmk_app import update as _update
+
+from flwr_fedeval import rlwe
+from flwr_fedeval.identity import NodeIdentity
+from flwr_fedeval.messages import (
+    QUERY_XMK_PDEC,
+    QUERY_XMK_REVEAL,
+    XMK_C1_KEY,
+    XMK_CIPHERTEXT_KEY,
+    XMK_CONFIG_KEY,
+    XMK_SHARE_KEY,
+    array_to_bytes,
+    bytes_to_array,
+)
+from flwr_fedeval.rlwe import keyset, masking
+from flwr_fedeval.rlwe import serialization as ser
+from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _RoundState
+from flwr_fedeval.testing import InProcessGrid
+
+RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
+LENGTH = sum(int(np.prod(s)) for s in SHAPES) + 1
+
+
+class Server:
+    """A server that runs :class:`XMKFedAvg`'s steps one by one and may deviate between them."""
+
+    def __init__(self, num_nodes=3, node_configs=None):
+        self.grid = InProcessGrid(make_app(), num_nodes, RUN_CONFIG, node_configs=node_configs)
+        self.nodes = list(self.grid.node_ids)
+        self.strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=num_nodes,
+                                  max_abs_value=1e4)
+        self.params = self.strategy.params
+        self.set_round(1)
+
+    def set_round(self, rnd):
+        self.strategy._round = _RoundState(rnd, ArrayRecord(_initial()), ConfigRecord({"server-round": rnd}),
+                                           self.grid)
+
+    # --- honest steps --------------------------------------------------------
+    def commit(self, nodes=None):
+        return self.strategy.commit(list(nodes or self.nodes))
+
+    def keys(self, nodes=None):
+        self.key_set = self.strategy.reveal(self.commit(nodes))
+        self.strategy._round.key_set = self.key_set
+        return self.key_set
+
+    def train_messages(self):
+        return self.strategy.train_messages(self.key_set)
+
+    def train(self, messages=None):
+        replies = self.grid.send_and_receive(messages or self.train_messages())
+        self.replies = {r.metadata.src_node_id: r for r in replies}
+        return self.replies
+
+    def ciphertexts(self):
+        return {n: rlwe.Ciphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]),
+                                              self.params) for n, r in self.replies.items()}
+
+    def honest_round(self):
+        self.keys()
+        self.train()
+        self.cts = self.ciphertexts()
+        return self.cts
+
+    # --- crafted messages ------------------------------------------------------
+    def send(self, node, message_type, config, extra=None):
+        content = RecordDict({XMK_CONFIG_KEY: ConfigRecord(config), **(extra or {})})
+        msg = Message(content=content, dst_node_id=node, message_type=message_type)
+        return list(self.grid.send_and_receive([msg]))[0]
+
+    def pdec(self, node, c1=None, *, raw=None, contributors=None, rnd=None, num_clients=None):
+        """``query.xmk_pdec`` for polynomials ``c1``, or for ``raw`` (bytes, or an Array as is)."""
+        ks = self.key_set
+        names = list(ks.names) if contributors is None else contributors
+        config = {"params": self.params.name, "key-id": ks.key_id,
+                  "round": self.strategy._round.server_round if rnd is None else rnd,
+                  "contributors": names, "num-clients": len(ks.names) if num_clients is None else num_clients}
+        if raw is None:
+            raw = rlwe.polys_to_bytes(self.params, c1)
+        array = bytes_to_array(raw) if isinstance(raw, bytes) else raw
+        return self.send(node, QUERY_XMK_PDEC, config, {XMK_C1_KEY: ArrayRecord({"c1": array})})
+
+    def share(self, reply):
+        assert not reply.has_error(), reply.error.reason
+        return rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params)
+
+
+def _refused(reply, *fragments):
+    assert reply.has_error(), "the client must refuse"
+    for fragment in fragments:
+        assert fragment in reply.error.reason, reply.error.reason
+    return reply.error.reason
+
+
+def _train_refusals(server, messages):
+    replies = server.train(messages)
+    return {n: r.error.reason if r.has_error() else None for n, r in replies.items()}
+
+
+def _assert_independent_of(decoded_raw, params, update):
+    """The decoded vector is uniform mod q and uncorrelated with ``update``."""
+    frac = params.ring.to_centered_float(decoded_raw, 0).ravel()[: update.size] / (params.q / 2)
+    assert np.mean(np.abs(frac)) == pytest.approx(0.5, abs=0.05)  # uniform on (-1, 1): E|u| = 1/2
+    assert np.mean(np.abs(frac) < 1e-6) < 0.01  # nowhere near a small (fixed-point) value
+    assert abs(np.corrcoef(frac, update)[0, 1]) < 0.15  # 1,048 values: sd of r ~ 0.03
+
+
+def _victim_update(partition_id):
+    return np.append(_num_examples(partition_id) * _flat(_update(partition_id, 1)), _num_examples(partition_id))
+
+
+# ---------------------------------------------------------------------------------------------
+# Honest run and the canonical baseline
+# ---------------------------------------------------------------------------------------------
+def test_honest_steps_decrypt_the_full_sum():
+    server = Server(3)
+    cts = server.honest_round()
+    total = rlwe.add_ciphertexts(list(cts.values()))
+    shares = [server.share(server.pdec(n, total.c1)) for n in server.nodes]
+    scale = server.strategy.scale_bits_for(3)
+    got = rlwe.combine_and_decode(server.params, total.c0, shares, LENGTH, scale_bits=scale)
+    expected = np.sum([_victim_update(p) for p in range(3)], axis=0)
+    assert got[-1] == pytest.approx(expected[-1], abs=1e-6)  # Σ n_i
+    assert np.max(np.abs(got[:-1] / got[-1] - expected[:-1] / expected[-1])) < 1e-6  # the weighted mean
+    assert sorted(server.key_set.names) == ["node-0", "node-1", "node-2"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Key sets: signed commitments, reveal, consistency
+# ---------------------------------------------------------------------------------------------
+def _reveal_config(committed, **changes):
+    config = {"key-id": committed.key_id, "round": committed.round, "signers": list(committed.names),
+              "commitments": list(committed.commitments), "signatures": list(committed.signatures)}
+    config.update(changes)
+    return config
+
+
+def _rogue_commitment(committed, params):
+    """A share and mask key the server controls, and their commitment."""
+    a = rlwe.expand_a(params, committed.seed_a)
+    _, share = rlwe.keygen(params, a)
+    _, mask_public = masking.new_mask_keypair()
+    return share.to_bytes(), mask_public, keyset.commitment(committed.key_id, share.to_bytes(), mask_public)
+
+
+def test_rogue_share_in_place_of_a_members_commitment_is_refused():
+    server = Server(3)
+    committed = server.commit()
+    _, _, rogue = _rogue_commitment(committed, server.params)
+    hs = list(committed.commitments)
+    hs[0] = rogue  # keeps node-0's signature, which is over its real commitment
+    for node in server.nodes[1:]:
+        _refused(server.send(node, QUERY_XMK_REVEAL, _reveal_config(committed, commitments=hs)),
+                 "IdentityError", "does not verify")
+
+
+def test_rogue_share_signed_with_a_key_outside_the_roster_is_refused():
+    server = Server(3)
+    committed = server.commit()
+    _, _, rogue = _rogue_commitment(committed, server.params)
+    outsider = NodeIdentity.generate(committed.names[0])  # same name, the server's own key
+    sig = keyset.sign_commitment(outsider, key_id=committed.key_id, round_=committed.round, commitment_=rogue)
+    hs, sigs = list(committed.commitments), list(committed.signatures)
+    hs[0], sigs[0] = rogue, sig
+    reason = _refused(server.send(server.nodes[1], QUERY_XMK_REVEAL,
+                                  _reveal_config(committed, commitments=hs, signatures=sigs)), "does not verify")
+    assert committed.names[0] in reason
+    # an added member under a name the roster does not know
+    stranger = NodeIdentity.generate("node-99")
+    sig = keyset.sign_commitment(stranger, key_id=committed.key_id, round_=committed.round, commitment_=rogue)
+    config = _reveal_config(committed, signers=list(committed.names) + ["node-99"],
+                            commitments=list(committed.commitments) + [rogue],
+                            signatures=list(committed.signatures) + [sig])
+    _refused(server.send(server.nodes[1], QUERY_XMK_REVEAL, config), "unknown signer", "node-99")
+
+
+def test_unsigned_duplicate_and_foreign_session_commitments_are_refused():
+    server = Server(3)
+    committed = server.commit()
+    sigs = list(committed.signatures)
+    sigs[2] = b""
+    _refused(server.send(server.nodes[1], QUERY_XMK_REVEAL, _reveal_config(committed, signatures=sigs)), "missing")
+    names = list(committed.names)
+    dup = _reveal_config(committed, signers=names + [names[0]],
+                         commitments=list(committed.commitments) + [committed.commitments[0]],
+                         signatures=list(committed.signatures) + [committed.signatures[0]])
+    _refused(server.send(server.nodes[1], QUERY_XMK_REVEAL, dup), "twice")
+    # commitments of an earlier key set replayed into a new one: signed for another key-set id
+    other = server.commit()
+    _refused(server.send(server.nodes[2], QUERY_XMK_REVEAL,
+                         _reveal_config(other, commitments=list(committed.commitments),
+                                        signatures=list(committed.signatures))),
+             "does not verify")
+
+
+def test_key_set_without_the_client_or_below_its_floor_is_refused():
+    configs = [{"partition-id": i, "num-partitions": 3, "xmk-min-clients": 3} for i in range(3)]
+    server = Server(3, node_configs=configs)
+    committed = server.commit()
+    # only two members (the client and one other): below the client's own floor of 3
+    pair = _reveal_config(committed, signers=list(committed.names[:2]), commitments=list(committed.commitments[:2]),
+                          signatures=list(committed.signatures[:2]))
+    _refused(server.send(server.nodes[0], QUERY_XMK_REVEAL, pair), "KeySetError", "requires at least 3")
+    # a key set that leaves the client out
+    others = _reveal_config(committed, signers=list(committed.names[1:]), commitments=list(committed.commitments[1:]),
+                            signatures=list(committed.signatures[1:]))
+    _refused(server.send(server.nodes[0], QUERY_XMK_REVEAL, others), "does not list this member")
+
+
+def test_floor_is_enforced_by_the_train_mod_too():
+    server = Server(3)
+    server.keys()
+    for ctx in server.grid.contexts.values():
+        ctx.node_config["xmk-min-clients"] = 4  # the operator raised the floor after the reveal
+    refusals = _train_refusals(server, server.train_messages())
+    assert all(r and "requires at least 4" in r for r in refusals.values()), refusals
+
+
+def test_share_substituted_after_commitment_is_refused_by_every_client():
+    """Key substitution of b_i: the server swaps one member's revealed share for one it controls."""
+    server = Server(3)
+    committed = server.commit()
+    server.key_set = server.strategy.reveal(committed)
+    share, _, _ = _rogue_commitment(committed, server.params)
+    messages = server.train_messages()
+    for msg in messages:
+        shares = list(msg.content[XMK_CONFIG_KEY]["public-shares"])
+        shares[0] = share
+        msg.content[XMK_CONFIG_KEY]["public-shares"] = shares
+    refusals = _train_refusals(server, messages)
+    assert all(r and "does not match its signed commitment" in r for r in refusals.values()), refusals
+
+
+def test_mask_key_substituted_after_commitment_is_refused():
+    """Key substitution of an X25519 mask key (the server would know that member's pairwise masks)."""
+    server = Server(3)
+    server.keys()
+    server_key = X25519PrivateKey.generate().public_key().public_bytes_raw()
+    messages = server.train_messages()
+    for msg in messages:
+        keys = list(msg.content[XMK_CONFIG_KEY]["mask-keys"])
+        keys[1] = server_key
+        msg.content[XMK_CONFIG_KEY]["mask-keys"] = keys
+    refusals = _train_refusals(server, messages)
+    assert all(r and "does not match its signed commitment" in r for r in refusals.values()), refusals
+
+
+def test_share_chosen_after_seeing_the_others_is_refused():
+    """A colluding member (its roster key in the test's hand) picks b_j = b' − Σ_{i≠j} b_i after the reveal."""
+    server = Server(3)
+    committed = server.commit()
+    ks = server.strategy.reveal(committed)
+    server.key_set = ks
+    params = server.params
+    a = rlwe.expand_a(params, ks.seed_a)
+    server_secret, server_pk = rlwe.keygen(params, a)  # b' = -s' a + e': the joint key would be the server's
+    others = [rlwe.PublicKey.from_bytes(b, params) for b in ks.shares[1:]]
+    rogue_b = params.ring.sub(server_pk.b, rlwe.aggregate_public_keys(others).b)
+    rogue = rlwe.PublicKey(params, rogue_b, 1).to_bytes()
+    colluder = NodeIdentity.load(f"{IDENTITY_DIR}/{ks.names[0]}.key")
+    mask_key = ks.mask_keys[0]
+    h = keyset.commitment(ks.key_id, rogue, mask_key)
+    sig = keyset.sign_commitment(colluder, key_id=ks.key_id, round_=ks.round, commitment_=h)  # validly signed
+    # (a) the honest members already revealed: a second reveal with the new commitment is refused
+    hs, sigs = list(committed.commitments), list(committed.signatures)
+    hs[0], sigs[0] = h, sig
+    for node in server.nodes[1:]:
+        _refused(server.send(node, QUERY_XMK_REVEAL, _reveal_config(committed, commitments=hs, signatures=sigs)),
+                 "already revealed")
+    # (b) the rogue share at the train step does not match the commitment the members stored
+    messages = server.train_messages()
+    for msg in messages:
+        shares = list(msg.content[XMK_CONFIG_KEY]["public-shares"])
+        shares[0] = rogue
+        msg.content[XMK_CONFIG_KEY]["public-shares"] = shares
+    refusals = _train_refusals(server, messages)
+    for node in server.nodes[1:]:
+        assert refusals[node] and "does not match its signed commitment" in refusals[node]
+    # had the members accepted it, the joint key would be the server's: b = b' (Eq. 1)
+    assert np.array_equal(params.ring.add(rogue_b, rlwe.aggregate_public_keys(others).b), server_pk.b)
+    assert server_secret.s.shape == (params.n,)
+
+
+def test_members_shown_different_key_sets_refuse_to_encrypt():
+    """Split view: node 0 is shown {0, 1}, node 1 and 2 are shown {0, 1, 2}."""
+    server = Server(3)
+    committed = server.commit()
+    full = _reveal_config(committed)
+    pair = _reveal_config(committed, signers=list(committed.names[:2]), commitments=list(committed.commitments[:2]),
+                          signatures=list(committed.signatures[:2]))
+    reveals = {server.nodes[0]: server.send(server.nodes[0], QUERY_XMK_REVEAL, pair)}
+    for node in server.nodes[1:]:
+        reveals[node] = server.send(node, QUERY_XMK_REVEAL, full)
+    recs = {n: r.content[XMK_CONFIG_KEY] for n, r in reveals.items()}
+    assert recs[server.nodes[0]]["transcript"] != recs[server.nodes[1]]["transcript"]
+    pair_ks = dict(names=committed.names[:2], nodes=server.nodes[:2])
+    config = {"params": server.params.name, "key-id": committed.key_id, "round": 1,
+              "signers": list(pair_ks["names"]),
+              "public-shares": [recs[n]["public-share"] for n in pair_ks["nodes"]],
+              "mask-keys": [recs[n]["mask-key"] for n in pair_ks["nodes"]],
+              "transcript-signatures": [recs[n]["transcript-signature"] for n in pair_ks["nodes"]],
+              "scale-bits": server.strategy.scale_bits_for(2), "num-clients": 2, "max-abs-value": 1e4}
+    content = RecordDict({"arrays": ArrayRecord(_initial()), "config": ConfigRecord({"server-round": 1}),
+                          XMK_CONFIG_KEY: ConfigRecord(config)})
+    reply = list(server.grid.send_and_receive([Message(content, dst_node_id=server.nodes[0],
+                                                       message_type="train")]))[0]
+    _refused(reply, "did not confirm the key set", committed.names[1])
+
+
+def test_keygen_with_a_key_id_not_derived_from_the_seed_or_reused_is_refused():
+    server = Server(2)
+    node = server.nodes[0]
+    seed = rlwe.new_public_seed()
+    base = {"params": server.params.name, "seed-a": seed, "round": 1}
+    _refused(server.send(node, "query.xmk_keygen", {**base, "key-id": "0" * 32}), "is not H(params, seed-a)")
+    kid = keyset.key_set_id(server.params, seed)
+    assert not server.send(node, "query.xmk_keygen", {**base, "key-id": kid}).has_error()
+    _refused(server.send(node, "query.xmk_keygen", {**base, "key-id": kid}), "already committed")
+    weak = {"params": "no-such-set", "seed-a": seed, "round": 1, "key-id": kid}
+    _refused(server.send(node, "query.xmk_keygen", weak), "unknown parameter set")
+
+
+def test_client_without_identity_refuses_with_the_config_keys_to_set():
+    grid = InProcessGrid(make_app(), 2)  # no identity-dir
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=2, max_abs_value=1e4,
+                         max_attempts=1)
+    strategy._round = _RoundState(1, ArrayRecord(_initial()), ConfigRecord({}), grid)
+    with pytest.raises(RoundAborted) as info:
+        strategy.commit(list(grid.node_ids))
+    for reason in info.value.failed.values():
+        assert "fedeval-identity-key" in reason and "identity-dir" in reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Partial decryption: crafted C1, one decryption per key set and round, canonical encodings
+# ---------------------------------------------------------------------------------------------
+def _decrypt_everywhere(server, c1_for):
+    """Ask every member once, each for the C1 ``c1_for(node)``; the server's combination."""
+    return [server.share(server.pdec(n, c1_for(n))) for n in server.nodes]
+
+
+@pytest.mark.parametrize("offset", ["constant", "monomial"])
+def test_own_c1_plus_offset_yields_only_uniform_noise(offset):
+    """The attack of issue 12: C1 = c1_V + 1 (or + X^k) gets the victim's share; the decryption is masked."""
+    server = Server(3)
+    cts = server.honest_round()
+    victim = server.nodes[0]
+    ct = cts[victim]
+    delta = server.params.ring.zeros((ct.num_polys,))
+    if offset == "constant":
+        delta[:, :, 0] = 1
+    else:
+        delta[:, :, 17] = 1
+    crafted = server.params.ring.add(ct.c1, delta)
+    shares = _decrypt_everywhere(server, lambda n: crafted if n == victim else ct.c1)
+    raw = rlwe.combine(server.params, ct.c0, shares)
+    # without masks this gives m_V + s_V·delta + noise: the victim's update to 1e-9
+    _assert_independent_of(raw, server.params, _victim_update(0))
+
+
+def test_sum_with_a_missing_contributor_is_uniform():
+    """A dropped (or left-out) member's mask makes every partial sum useless."""
+    server = Server(4)
+    cts = server.honest_round()
+    partial = rlwe.add_ciphertexts([cts[n] for n in server.nodes[:3]])
+    shares = _decrypt_everywhere(server, lambda n: partial.c1)
+    raw = rlwe.combine(server.params, partial.c0, shares)
+    _assert_independent_of(raw, server.params, np.sum([_victim_update(p) for p in range(3)], axis=0))
+    _assert_independent_of(raw, server.params, _victim_update(0))
+
+
+def test_second_decryption_request_is_refused_whatever_c1():
+    server = Server(3)
+    cts = server.honest_round()
+    total = rlwe.add_ciphertexts(list(cts.values()))
+    node = server.nodes[1]
+    server.share(server.pdec(node, cts[server.nodes[0]].c1))  # first request: anything
+    _refused(server.pdec(node, total.c1), "already decrypted once")  # even the honest C1
+    _refused(server.pdec(node, cts[server.nodes[2]].c1), "already decrypted once")
+    # a replay for another round is refused too
+    _refused(server.pdec(node, total.c1, rnd=0), "encrypted nothing")
+    _refused(server.pdec(node, total.c1, rnd=2), "encrypted nothing")
+
+
+def test_replayed_request_of_an_earlier_round_is_refused_with_reused_keys():
+    """With rekey="per-client-set" the key set survives rounds; masks and the decryption budget do not."""
+    server = Server(3)
+    cts1 = server.honest_round()
+    total1 = rlwe.add_ciphertexts(list(cts1.values()))
+    for n in server.nodes:
+        server.share(server.pdec(n, total1.c1))
+    server.set_round(2)
+    server.strategy._round.key_set = server.key_set
+    server.train()
+    cts2 = server.ciphertexts()
+    node = server.nodes[0]
+    _refused(server.pdec(node, total1.c1, rnd=1), "encrypted nothing")  # the round-1 request, replayed
+    # the same round number again (a train replay) is refused: masks are never reused
+    server.set_round(2)
+    server.strategy._round.key_set = server.key_set
+    refusals = _train_refusals(server, server.train_messages())
+    assert all(r and "masks are never reused" in r for r in refusals.values()), refusals
+    # round 2 masks differ from round 1 masks: the two rounds' ciphertexts of a client are unrelated
+    total2 = rlwe.add_ciphertexts(list(cts2.values()))
+    shares = [server.share(server.pdec(n, total2.c1)) for n in server.nodes]
+    got = rlwe.combine_and_decode(server.params, total2.c0, shares, LENGTH, scale_bits=server.strategy.scale_bits_for(3))
+    assert np.max(np.abs(got[-1] - sum(_num_examples(p) for p in range(3)))) < 1e-6
+
+
+def _header_variant(data, **fields):
+    magic, version, kind, limbs, n, count, pid, aux = ser._HEADER.unpack_from(data)
+    values = dict(magic=magic, version=version, kind=kind, limbs=limbs, n=n, count=count, pid=pid, aux=aux)
+    values.update(fields)
+    return ser._HEADER.pack(*values.values()) + data[ser.HEADER_SIZE:]
+
+
+def _unreduced(params, c1):
+    """A C1 whose first residue 5 is written as 5 + q_0 (it still fits the bit width): same ring element."""
+    c1 = c1.copy()
+    c1[0, 0, 0] = 5
+    data = bytearray(rlwe.polys_to_bytes(params, c1))
+    bits = params.primes[0].bit_length()
+    first = int.from_bytes(data[ser.HEADER_SIZE:ser.HEADER_SIZE + bits], "little")
+    assert first & ((1 << bits) - 1) == 5 and 5 + params.primes[0] < (1 << bits)
+    first = (first & ~((1 << bits) - 1)) | (5 + params.primes[0])
+    data[ser.HEADER_SIZE:ser.HEADER_SIZE + bits] = first.to_bytes(bits, "little")
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    "variant, fragment",
+    [
+        ("aux", "aux is 1"),
+        ("count", "count is"),
+        ("params", "params_id"),
+        ("version", "version"),
+        ("kind", "kind"),
+        ("truncated", "payload length"),
+        ("padded", "payload length"),
+        ("unreduced", ">= q_0"),
+        ("dtype", "uint8"),
+    ],
+)
+def test_re_encoded_c1_is_refused(variant, fragment):
+    server = Server(3)
+    cts = server.honest_round()
+    params = server.params
+    total = rlwe.add_ciphertexts(list(cts.values()))
+    good = rlwe.polys_to_bytes(params, total.c1)
+    raw = {
+        "aux": lambda: _header_variant(good, aux=1),
+        "count": lambda: rlwe.polys_to_bytes(params, np.concatenate([total.c1, total.c1[:1]])),
+        "params": lambda: _header_variant(good, pid=b"xmk-n4096-q93".ljust(32, b"\0")),
+        "version": lambda: _header_variant(good, version=2),
+        "kind": lambda: _header_variant(good, kind=ser.KIND_DECRYPTION_SHARE),
+        "truncated": lambda: good[:-1],
+        "padded": lambda: good + b"\0",
+        "unreduced": lambda: _unreduced(params, total.c1),
+        "dtype": None,
+    }[variant]
+    node = server.nodes[1]
+    if variant == "dtype":
+        reply = server.pdec(node, raw=Array(np.frombuffer(good[: len(good) // 2 * 2], dtype=np.uint16).copy()))
+    else:
+        reply = server.pdec(node, raw=raw())
+    _refused(reply, fragment)
+    # the refusal used no decryption: the honest C1 is still served, once
+    server.share(server.pdec(node, total.c1))
+
+
+@pytest.mark.parametrize("contributors, fragment", [
+    ("missing", "missing ['"),
+    ("added", "not members ['node-9']"),
+    ("duplicate", "duplicates"),
+    ("node-ids", "not members"),
+])
+def test_fake_or_missing_contributors_are_refused(contributors, fragment):
+    server = Server(3)
+    cts = server.honest_round()
+    total = rlwe.add_ciphertexts(list(cts.values()))
+    names = list(server.key_set.names)
+    crafted = {
+        "missing": names[:2],
+        "added": names + ["node-9"],
+        "duplicate": names + [names[0]],
+        "node-ids": [str(n) for n in server.nodes],
+    }[contributors]
+    _refused(server.pdec(server.nodes[0], total.c1, contributors=crafted, num_clients=len(crafted)), fragment)
+    _refused(server.pdec(server.nodes[0], total.c1, num_clients=2), "num-clients")
+    server.share(server.pdec(server.nodes[0], total.c1))  # nothing was spent on the refused requests
+
+
+def test_own_c1_is_refused():
+    server = Server(3)
+    cts = server.honest_round()
+    _refused(server.pdec(server.nodes[0], cts[server.nodes[0]].c1), "own c1")
+
+
+def test_decryption_for_an_unknown_key_set_is_refused():
+    server = Server(3)
+    server.honest_round()
+    total = rlwe.add_ciphertexts(list(server.cts.values()))
+    server.key_set = server.key_set.__class__(**{**server.key_set.__dict__, "key_id": "f" * 32})
+    _refused(server.pdec(server.nodes[0], total.c1), "no key for key set")
+
+
+def test_strategy_names_the_node_whose_opening_does_not_match_and_reruns_without_it():
+    """An honest server aborts early, naming a member whose reveal breaks its commitment."""
+    def fault(node, msg, reply):
+        if node == bad["node"] and msg.metadata.message_type == QUERY_XMK_REVEAL and not reply.has_error():
+            reply.content[XMK_CONFIG_KEY]["mask-key"] = bytes(32)
+        return reply
+
+    bad = {}
+    grid = InProcessGrid(make_app(), 3, RUN_CONFIG, fault=fault)
+    bad["node"] = grid.node_ids[1]
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=1e4)
+    result = run(grid, strategy)
+    _, exc = strategy.aborted_attempts[0]
+    assert exc.step == "key reveal" and list(exc.failed) == [bad["node"]]
+    assert "does not match the node's commitment" in exc.failed[bad["node"]]
+    expected = plain_fedavg(_initial(), [0, 2], 1)
+    assert np.max(np.abs(_flat(result.arrays.to_numpy_ndarrays()) - expected)) <= 1e-6
+
+
+def test_control_without_masks_the_offset_attack_recovers_the_update(monkeypatch):
+    """The power of the tests above: with the masks switched off, C1 = c1_V + 1 decrypts the victim's update."""
+    import flwr_fedeval.clients.xmkckks as client_module
+
+    monkeypatch.setattr(client_module.masking, "mask_plaintext", lambda params, plaintext, **kw: plaintext)
+    server = Server(3)
+    cts = server.honest_round()
+    victim = server.nodes[0]
+    ct = cts[victim]
+    delta = server.params.ring.zeros((ct.num_polys,))
+    delta[:, :, 0] = 1
+    crafted = server.params.ring.add(ct.c1, delta)
+    shares = _decrypt_everywhere(server, lambda n: crafted if n == victim else ct.c1)
+    got = rlwe.combine_and_decode(server.params, ct.c0, shares, LENGTH, scale_bits=server.strategy.scale_bits_for(3))
+    assert np.max(np.abs(got - _victim_update(0))) < 1e-4  # m_V + s_V·1 (s_V ternary, /Δ) + noise
+    with pytest.raises(AssertionError):
+        _assert_independent_of(rlwe.combine(server.params, ct.c0, shares), server.params, _victim_update(0))
