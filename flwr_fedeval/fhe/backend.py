@@ -132,29 +132,20 @@ class CKKSParams:
     the last level must stay below ``2^(60-49-1) = 1024`` in magnitude. The
     usual ``[60, 40, 40, 60]``/2^40 set is 512× less precise (relative error
     ~1e-6 after mask, too coarse for the 1e-6 AUC target).
-    Default OpenFHE set: ``n = 2^13``, Δ = 2^45, first modulus 55 bits,
+    Default OpenFHE set: ``n = 2^13``, Δ = 2^47, first modulus 55 bits,
     depth 2, HYBRID key switching with dnum = 3, fixed-manual rescaling:
-    log2 Q = 145 plus one special prime, within the 218-bit bound of n = 2^13
-    (HomomorphicEncryption.org, 128-bit classical: OpenFHE refuses the set
-    under ``HEStd_128_classic`` otherwise, and refuses 46/56 bits); the same
-    decryption headroom 2^9 as the paper's set. (BV key switching, which
-    needs no special prime, was measured 10-100× noisier at the digit sizes
-    that keep its keys under 40 MiB.)
+    log2 Q = 149 plus one special prime, within the 218-bit bound of n = 2^13
+    (HomomorphicEncryption.org, 128-bit classical: OpenFHE checks it under
+    ``HEStd_128_classic`` and refuses any first modulus above 55 bits, which
+    needs a second special prime). Δ = 2^47 is the largest scale that keeps
+    the decryption headroom ``2^(55-47-1) = 128`` above the FHE AUC's largest
+    final value (96, :mod:`flwr_fedeval.fhe.auc_malicious`); it supports
+    ``2^24`` pooled rows (:func:`flwr_fedeval.fhe.auc.max_pooled_rows`).
     Ciphertexts are 2.7× smaller than with the paper's set (``n = 2^14``,
     depth 3, HYBRID, flexible-auto: :meth:`paper_openfhe`), and the aggregator
-    ~4× faster (``benchmarks/bench_fhe_auc.py``).
-
-    Raises
-    ------
-    ValueError
-        If ``backend`` is unknown; ``poly_modulus_degree`` is not a power of
-        two in [1024, 32768]; ``scale_bits`` is outside [20, 59]; for
-        TenSEAL, fewer than 4 primes are given, their bit sizes sum above the
-        128-bit bound of ``n`` (HomomorphicEncryption.org standard, ternary
-        secret: 27/54/109/218/438/881 bits for n = 2^10…2^15), or a
-        ``batch_size`` is set; for OpenFHE, ``batch_size`` is neither 0 nor a
-        power of two in [2, n/2], or ``mult_depth < 2``. (OpenFHE checks the
-        security level of its own moduli when the context is created.)
+    2-3× faster (``benchmarks/bench_fhe_auc.py --side-by-side``). (BV key
+    switching, which needs no special prime, was measured 10-100× noisier at
+    the digit sizes that keep its keys under 40 MiB.)
     """
 
     backend: str = "tenseal"
@@ -209,7 +200,7 @@ class CKKSParams:
         """The default (128-bit) parameter set of ``backend``."""
         backend = backend or default_backend()
         if backend == "openfhe":
-            return cls(backend="openfhe", poly_modulus_degree=8192, scale_bits=45,
+            return cls(backend="openfhe", poly_modulus_degree=8192, scale_bits=47,
                        coeff_mod_bit_sizes=(), mult_depth=2, first_mod_bits=55,
                        num_large_digits=3, scaling="fixed-manual")
         return cls(backend="tenseal")

@@ -1,16 +1,16 @@
 """OpenFHE implementation of :class:`~flwr_fedeval.fhe.backend.CKKSContext`.
 
 The paper's engine (Baykara et al. 2025, §VII), with faster parameters at
-the same security (``HEStd_128_classic``, checked by OpenFHE) and the same
-decryption headroom 2^9: ring dimension 2^13 instead of 2^14, 45-bit scaling
-modulus, 55-bit first modulus, depth 2 (exactly the protocols' ct×ct then
-mask), HYBRID key switching with one limb per digit (one special prime, so
-Q·P fits n = 2^13), rescaling right after each product (rotations on 2 limbs
-instead of 3-4; results leave mod-reduced to one limb). See
-:class:`~flwr_fedeval.fhe.backend.CKKSParams`. The paper's set stays
-available as :meth:`CKKSParams.paper_openfhe`. Install: the ``[openfhe]``
-extra; the PyPI wheel (``openfhe==1.6.1.0.22.4``) loads only on CPython 3.10
-here (``make run-openfhe``, ``scripts/test-openfhe.sh``).
+the same security (``HEStd_128_classic``, checked by OpenFHE): ring dimension
+2^13 instead of 2^14, 47-bit scaling modulus, 55-bit first modulus (headroom
+2^7 above the protocols' largest final value, 96), depth 2 (exactly the
+protocols' ct×ct then mask), HYBRID key switching with one limb per digit
+(one special prime, so Q·P fits n = 2^13), rescaling right after each
+product (rotations on 2 limbs instead of 3; results leave mod-reduced to one
+limb). See :class:`~flwr_fedeval.fhe.backend.CKKSParams`; the paper's set
+stays available as :meth:`CKKSParams.paper_openfhe`. Install: the
+``[openfhe]`` extra; the PyPI wheel (``openfhe==1.6.1.0.22.4``) loads only
+on CPython 3.10 here (``make run-openfhe``, ``scripts/test-openfhe.sh``).
 
 OpenFHE traps handled here:
 

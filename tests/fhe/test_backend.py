@@ -122,9 +122,10 @@ def test_params_refuse_parameters_below_128_bit():
 
 def test_openfhe_parameter_sets_and_their_validation():
     ours, paper = CKKSParams.default("openfhe"), CKKSParams.paper_openfhe()
-    assert (ours.poly_modulus_degree, ours.mult_depth, ours.scale_bits, ours.first_mod_bits) == (8192, 2, 45, 55)
+    assert (ours.poly_modulus_degree, ours.mult_depth, ours.scale_bits, ours.first_mod_bits) == (8192, 2, 47, 55)
     assert (paper.poly_modulus_degree, paper.mult_depth, paper.scale_bits, paper.first_mod_bits) == (16384, 3, 50, 60)
-    assert ours.max_final_value == paper.max_final_value == 2.0 ** 9  # same decryption headroom
+    assert ours.max_final_value == 2.0 ** 7 > 96  # the malicious protocol's largest final value
+    assert paper.max_final_value == 2.0 ** 9
     assert CKKSParams.from_json(ours.to_json()) == ours
     assert CKKSParams.for_slots(100, "openfhe", base=paper).batch_size == 128
     with pytest.raises(ValueError, match="scaling"):
