@@ -113,7 +113,8 @@ class CKKSParams:
     num_large_digits : int
         OpenFHE only: ``dnum`` of HYBRID key switching (0 = OpenFHE's choice).
         One RNS limb per digit (``mult_depth + 1``) keeps the special modulus
-        P to one prime, so Q·P fits the 128-bit bound of n = 2^13.
+        P to one prime, so Q·P fits the 128-bit bound of n = 2^13
+        (:meth:`fast_openfhe`).
     scaling : {"fixed-manual", "flexible-auto"}
         OpenFHE only: ``fixed-manual`` rescales right after every product, so
         rotations run on fewer RNS limbs and results leave with one limb (the
@@ -132,20 +133,20 @@ class CKKSParams:
     the last level must stay below ``2^(60-49-1) = 1024`` in magnitude. The
     usual ``[60, 40, 40, 60]``/2^40 set is 512× less precise (relative error
     ~1e-6 after mask, too coarse for the 1e-6 AUC target).
-    Default OpenFHE set: ``n = 2^13``, Δ = 2^47, first modulus 55 bits,
-    depth 2, HYBRID key switching with dnum = 3, fixed-manual rescaling:
-    log2 Q = 149 plus one special prime, within the 218-bit bound of n = 2^13
-    (HomomorphicEncryption.org, 128-bit classical: OpenFHE checks it under
-    ``HEStd_128_classic`` and refuses any first modulus above 55 bits, which
-    needs a second special prime). Δ = 2^47 is the largest scale that keeps
-    the decryption headroom ``2^(55-47-1) = 128`` above the FHE AUC's largest
-    final value (96, :mod:`flwr_fedeval.fhe.auc_malicious`); it supports
-    ``2^24`` pooled rows (:func:`flwr_fedeval.fhe.auc.max_pooled_rows`).
-    Ciphertexts are 2.7× smaller than with the paper's set (``n = 2^14``,
-    depth 3, HYBRID, flexible-auto: :meth:`paper_openfhe`), and the aggregator
-    2-3× faster (``benchmarks/bench_fhe_auc.py --side-by-side``). (BV key
-    switching, which needs no special prime, was measured 10-100× noisier at
-    the digit sizes that keep its keys under 40 MiB.)
+    Default OpenFHE set: the paper's ring (``n = 2^14``, Δ = 2^50, first
+    modulus 60 bits: headroom 2^9, 2^27 pooled rows, the FHE AUC's certified
+    error bound as with TenSEAL) with depth 2 instead of 3 and fixed-manual
+    rescaling right after every product: ciphertexts carry 3 RNS limbs instead
+    of 4, rotations run on 2, results leave mod-reduced to one limb (a third of
+    the download). 128-bit classical per the HomomorphicEncryption.org
+    standard (OpenFHE checks it under ``HEStd_128_classic``).
+    :meth:`fast_openfhe` halves the ring (``n = 2^13``, Δ = 2^47, first
+    modulus 55 bits — OpenFHE refuses more at n = 2^13 with HYBRID key
+    switching — dnum = 3): ~2× faster again, but only 2^24 pooled rows and a
+    4-8× larger CKKS error, so the malicious protocol's certified error bound
+    reaches its 1e-6 limit on ordinary data at M = 100 (measured) and clients
+    refuse. :meth:`paper_openfhe` is the paper's set (depth 3, flexible-auto).
+    BV key switching (no special prime) was measured 10-100× noisier.
     """
 
     backend: str = "tenseal"
@@ -200,10 +201,18 @@ class CKKSParams:
         """The default (128-bit) parameter set of ``backend``."""
         backend = backend or default_backend()
         if backend == "openfhe":
-            return cls(backend="openfhe", poly_modulus_degree=8192, scale_bits=47,
-                       coeff_mod_bit_sizes=(), mult_depth=2, first_mod_bits=55,
-                       num_large_digits=3, scaling="fixed-manual")
+            return cls(backend="openfhe", poly_modulus_degree=16384, scale_bits=50,
+                       coeff_mod_bit_sizes=(), mult_depth=2, first_mod_bits=60,
+                       num_large_digits=0, scaling="fixed-manual")
         return cls(backend="tenseal")
+
+    @classmethod
+    def fast_openfhe(cls) -> "CKKSParams":
+        """A faster, less precise OpenFHE set (see the class notes): ``n = 2^13``,
+        Δ = 2^47, first modulus 55 bits, depth 2, HYBRID dnum = 3, fixed-manual."""
+        return cls(backend="openfhe", poly_modulus_degree=8192, scale_bits=47,
+                   coeff_mod_bit_sizes=(), mult_depth=2, first_mod_bits=55,
+                   num_large_digits=3, scaling="fixed-manual")
 
     @classmethod
     def paper_openfhe(cls) -> "CKKSParams":

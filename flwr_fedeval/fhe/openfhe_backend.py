@@ -1,16 +1,13 @@
 """OpenFHE implementation of :class:`~flwr_fedeval.fhe.backend.CKKSContext`.
 
-The paper's engine (Baykara et al. 2025, §VII), with faster parameters at
-the same security (``HEStd_128_classic``, checked by OpenFHE): ring dimension
-2^13 instead of 2^14, 47-bit scaling modulus, 55-bit first modulus (headroom
-2^7 above the protocols' largest final value, 96), depth 2 (exactly the
-protocols' ct×ct then mask), HYBRID key switching with one limb per digit
-(one special prime, so Q·P fits n = 2^13), rescaling right after each
-product (rotations on 2 limbs instead of 3; results leave mod-reduced to one
-limb). See :class:`~flwr_fedeval.fhe.backend.CKKSParams`; the paper's set
-stays available as :meth:`CKKSParams.paper_openfhe`. Install: the
-``[openfhe]`` extra; the PyPI wheel (``openfhe==1.6.1.0.22.4``) loads only
-on CPython 3.10 here (``make run-openfhe``, ``scripts/test-openfhe.sh``).
+The paper's engine and ring (Baykara et al. 2025, §VII: n = 2^14, Δ = 2^50,
+60-bit first modulus, ``HEStd_128_classic``) with depth 2 instead of 3 and
+rescaling right after each product: 3 RNS limbs per ciphertext instead of 4,
+rotations on 2, results leave mod-reduced to one limb. Other sets:
+:meth:`CKKSParams.fast_openfhe` (n = 2^13, less precise) and
+:meth:`CKKSParams.paper_openfhe`. Install: the ``[openfhe]`` extra; the PyPI
+wheel (``openfhe==1.6.1.0.22.4``) loads only on CPython 3.10 here
+(``make run-openfhe``, ``scripts/test-openfhe.sh``).
 
 OpenFHE traps handled here:
 

@@ -121,11 +121,12 @@ def test_params_refuse_parameters_below_128_bit():
 
 
 def test_openfhe_parameter_sets_and_their_validation():
-    ours, paper = CKKSParams.default("openfhe"), CKKSParams.paper_openfhe()
-    assert (ours.poly_modulus_degree, ours.mult_depth, ours.scale_bits, ours.first_mod_bits) == (8192, 2, 47, 55)
+    ours, fast, paper = CKKSParams.default("openfhe"), CKKSParams.fast_openfhe(), CKKSParams.paper_openfhe()
+    assert (ours.poly_modulus_degree, ours.mult_depth, ours.scale_bits, ours.first_mod_bits) == (16384, 2, 50, 60)
+    assert (fast.poly_modulus_degree, fast.mult_depth, fast.scale_bits, fast.first_mod_bits) == (8192, 2, 47, 55)
     assert (paper.poly_modulus_degree, paper.mult_depth, paper.scale_bits, paper.first_mod_bits) == (16384, 3, 50, 60)
-    assert ours.max_final_value == 2.0 ** 7 > 96  # the malicious protocol's largest final value
-    assert paper.max_final_value == 2.0 ** 9
+    assert ours.max_final_value == paper.max_final_value == 2.0 ** 9
+    assert fast.max_final_value == 2.0 ** 7 > 96  # the malicious protocol's largest final value
     assert CKKSParams.from_json(ours.to_json()) == ours
     assert CKKSParams.for_slots(100, "openfhe", base=paper).batch_size == 128
     with pytest.raises(ValueError, match="scaling"):
@@ -137,7 +138,8 @@ def test_openfhe_parameter_sets_and_their_validation():
 def test_openfhe_results_leave_mod_reduced_and_the_paper_set_still_works(backend_name):
     if backend_name != "openfhe":
         pytest.skip("OpenFHE engine only (Python 3.10 leg)")
-    for params in (CKKSParams.for_slots(8, "openfhe"), CKKSParams.for_slots(8, base=CKKSParams.paper_openfhe())):
+    for params in (CKKSParams.for_slots(8, "openfhe"), CKKSParams.for_slots(8, base=CKKSParams.fast_openfhe()),
+                   CKKSParams.for_slots(8, base=CKKSParams.paper_openfhe())):
         holder = create_context(params=params)
         server = load_context(holder.public_bytes())
         fresh = server.deserialize_ciphertext(holder.serialize_ciphertext(holder.encrypt([1.5, -2.0, 0.25])))
@@ -146,3 +148,5 @@ def test_openfhe_results_leave_mod_reduced_and_the_paper_set_still_works(backend
         assert abs(got[0] - 3.0 * (1.5 ** 2 + 2.0 ** 2 + 0.25 ** 2)) <= 1e-6
         if params.scaling == "fixed-manual":  # one RNS limb left: a third of a fresh ciphertext
             assert len(server.serialize_ciphertext(out)) < 0.4 * len(holder.serialize_ciphertext(fresh))
+        else:
+            assert len(server.serialize_ciphertext(out)) > 0.4 * len(holder.serialize_ciphertext(fresh))
