@@ -21,7 +21,7 @@ in ``docs/results.md`` (:func:`flwr_fedeval.reporting.publish`).
 
 ``--side-by-side`` (issue 13) runs M in {5, 15, 50, 100} at N = 100, both
 protocols, for every engine this interpreter can load in one process —
-``tenseal``, ``openfhe`` (our OpenFHE set) and ``openfhe-paper`` (the
+``tenseal``, ``openfhe`` (our default OpenFHE set), ``openfhe-fast`` (``CKKSParams.fast_openfhe``) and ``openfhe-paper`` (the
 paper's OpenFHE set, ``CKKSParams.paper_openfhe``) — next to the paper's C++
 aggregator (0.68 s / 1.64 s at M = 100) and the target (<= 0.34 s / 0.8 s);
 JSON in ``benchmarks/results/fhe_auc_side_by_side.json``. The Python 3.10
