@@ -47,7 +47,7 @@ grep -E "FINAL|ERROR" "$log" | sed 's/\x1b\[[0-9;]*m//g' | sort -u
 import re, sys
 text = re.sub(r"\x1b\[[0-9;]*m", "", open(sys.argv[1]).read())
 hits = re.findall(r"FINAL federated AUC \((fhe\[malicious, openfhe\]), N=\d+, \d+ clients\): "
-                  r"([0-9.]+) \| pooled roc_auc_score: ([0-9.]+)", text)
+                  r"([0-9.]+) \|[^\n]*?pooled roc_auc_score: ([0-9.]+)", text)
 if not hits:
     sys.exit("error: no 'FINAL federated AUC (fhe[malicious, openfhe], ...)' line in the flwr run output")
 _, auc, ref = hits[-1]
