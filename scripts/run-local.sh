@@ -41,7 +41,8 @@ free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1"
 FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(free_port)
 FLWR_LOCAL_CONTROL_API_PORT=$(free_port)
 export FLWR_LOCAL_SUPERLINK_HTTP_API_PORT FLWR_LOCAL_CONTROL_API_PORT
-if ! python -c 'import sys; from flwr.cli import constant as c; sys.exit(not hasattr(c, "LOCAL_SUPERLINK_HTTP_API_PORT"))' 2>/dev/null; then
+# flwr 1.30 reads FLWR_LOCAL_CONTROL_API_PORT (its local SuperLink has no other fixed port).
+if ! python -c 'import sys; from flwr.cli import constant as c; sys.exit(not (hasattr(c, "LOCAL_SUPERLINK_HTTP_API_PORT") or hasattr(c, "LOCAL_CONTROL_API_PORT")))' 2>/dev/null; then
   # Older flwr: fixed ports, so one local SuperLink per machine.
   if pgrep -f flower-superlink >/dev/null 2>&1; then
     echo "run-local: a flower-superlink already runs on this machine and this flwr uses fixed ports:" \
@@ -55,7 +56,7 @@ stop_superlink() {
   # stop the one of this FLWR_HOME, then what it spawned (superexec, flwr-simulation,
   # which talk to it on its port and can outlive it when a run is interrupted).
   local pids
-  pids=$(pgrep -f "flower-superlink.*--port $FLWR_LOCAL_SUPERLINK_HTTP_API_PORT .*$FLWR_HOME" || true)
+  pids=$(pgrep -f "flower-superlink.*$FLWR_HOME/" || true)   # FLWR_HOME is per run (flwr 1.30 has no --port)
   [ -n "$pids" ] && kill $pids 2>/dev/null || true
   pids=$(pgrep -f -- "--runtime-api-address 127.0.0.1:$FLWR_LOCAL_SUPERLINK_HTTP_API_PORT( |$)" || true)
   [ -n "$pids" ] && kill $pids 2>/dev/null || true
