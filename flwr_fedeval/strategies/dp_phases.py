@@ -31,6 +31,8 @@ Vertical Federated Learning" (FedAUC).
 
 from __future__ import annotations
 
+import math
+
 import secrets
 from logging import INFO
 from typing import Any
@@ -115,6 +117,7 @@ class _DPPhase:
             failed=dict(failed),
             method=self.method,
             details=_details(estimate, failed, **extra),
+            resolution_bound=float(estimate.details.get("resolution_bound", math.nan)),
         )
 
 
