@@ -97,7 +97,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": platform.platform(), "python": platform.python_version(),
                                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows_out}, indent=1))
-    print(f"\n| pooled rows | protocol | backend | K | max abs error | bound error | error estimate | s |")
+    print("\n| pooled rows | protocol | backend | K | max abs error | bound error | error estimate | s |")
     print("|---:|---|---|---:|---:|---:|---:|---:|")
     for r in rows_out:
         print(f"| {r['rows']:,} | {r['protocol']} | {r['backend']} | {r['count_scale']:g} | {r['max_abs_error']:.1e} "
