@@ -6,6 +6,7 @@ Run with ``flwr run .`` (see README). Configuration keys are in
 
 from __future__ import annotations
 
+import math
 import time
 from logging import INFO, WARNING
 
@@ -223,7 +224,7 @@ def main(grid: Grid, context: Context) -> None:
             "auc_method": auc_result.method,
             "auc_details": auc_result.details,
             "federated_auc": auc_result.auc,
-            "resolution_bound": None if auc_result.resolution_bound != auc_result.resolution_bound else auc_result.resolution_bound,
+            "resolution_bound": None if math.isnan(auc_result.resolution_bound) else auc_result.resolution_bound,
             "reference_roc_auc_score": ref_auc,
             "num_clients": len(auc_result.contributors),
             "failed_nodes": auc_result.failed,
