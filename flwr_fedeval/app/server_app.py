@@ -6,6 +6,7 @@ Run with ``flwr run .`` (see README). Configuration keys are in
 
 from __future__ import annotations
 
+import math
 import time
 from logging import INFO, WARNING
 
@@ -66,6 +67,14 @@ def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPha
         timeout=cfg.step_timeout,
         roster=roster,
     )
+
+
+def warn_resolution(bound: float) -> bool:
+    """Log a warning with the fix when the AUC's resolution bound exceeds 0.01; True if it did."""
+    if bound > RESOLUTION_WARN_THRESHOLD:  # nan: unknown, no warning
+        log(WARNING, "FINAL federated AUC: %s", resolution_advice(bound))
+        return True
+    return False
 
 
 def _metric_history(history: dict) -> dict[int, dict[str, float]]:
@@ -194,8 +203,7 @@ def main(grid: Grid, context: Context) -> None:
             ref_auc,
             abs(auc_result.auc - ref_auc),
         )
-    if auc_result.resolution_bound > RESOLUTION_WARN_THRESHOLD:  # nan: unknown, no warning
-        log(WARNING, "FINAL federated AUC: %s", resolution_advice(auc_result.resolution_bound))
+    warn_resolution(auc_result.resolution_bound)
     ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score)
     if shapley is not None:
         last = shapley.utilities[-1][tuple(shapley.clients)]
@@ -216,7 +224,7 @@ def main(grid: Grid, context: Context) -> None:
             "auc_method": auc_result.method,
             "auc_details": auc_result.details,
             "federated_auc": auc_result.auc,
-            "resolution_bound": None if auc_result.resolution_bound != auc_result.resolution_bound else auc_result.resolution_bound,
+            "resolution_bound": None if math.isnan(auc_result.resolution_bound) else auc_result.resolution_bound,
             "reference_roc_auc_score": ref_auc,
             "num_clients": len(auc_result.contributors),
             "failed_nodes": auc_result.failed,

@@ -304,8 +304,8 @@ class FHEAUCPhase(EvaluationPhase):
             rec = reply[FHE_HOLDER_KEY]
             signed = SignedKey(str(rec["signer"]), holder_pk, bytes(rec["signature"]))
             if self.roster is not None:
-                verify_key(self.roster, signed.signer, signed.signature, protocol=FHE_SIGNED_PROTOCOL,
-                           session=session, round=0, role="key-holder", key=signed.key)
+                verify_key(self.roster, signed.signer, signed.signature, protocol=FHE_SIGNED_PROTOCOL, session=session,
+                           round=0, role="key-holder", key=signed.key)
             return ctx, public, bundles, signed
 
         got = self._exchange(grid, {holder: content}, QUERY_FHE_KEYGEN, parse, failed, "key setup")
