@@ -14,7 +14,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_fedeval.app.harness import pooled_reference_auc, score_histogram, write_fsv_chart, write_results
+from flwr_fedeval.app.harness import contributors_reference_auc, score_histogram, write_fsv_chart, write_results
 from flwr_fedeval.app.task import ConfigError, JobConfig, build_model
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
@@ -112,8 +112,9 @@ def main(grid: Grid, context: Context) -> None:
     # Nodes with fedeval-role = "shapley-aux" (the auxiliary server A of the Shapley
     # phase) hold no data: they stay out of training and of the AUC phase.
     refused: dict[int, str] = {}
+    partitions: dict[int, tuple[int, int]] = {}  # node -> (partition id, num-partitions), for the reference
     roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none", roster=roster,
-                           refused=refused)
+                           refused=refused, partitions=partitions)
     auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
     if cfg.shapley != "none" and len(auxes) != 1:
         raise ValueError(
@@ -164,11 +165,11 @@ def main(grid: Grid, context: Context) -> None:
         shapley = make_shapley_phase(cfg, roster).run(grid, clients=grid.get_node_ids(), aux_node=aux_node)
         t_sv = time.perf_counter() - t_sv
 
-    # Harness reference (not part of the protocol): pooled roc_auc_score.
-    num_partitions = len(list(grid.get_node_ids()))
-    ref_auc, y_true, y_score = pooled_reference_auc(
-        cfg, result.arrays.to_numpy_ndarrays(), num_partitions
-    )
+    # Harness reference (not part of the protocol): pooled roc_auc_score over exactly the contributors' data.
+    ref_auc, y_true, y_score, ref_note = contributors_reference_auc(
+        cfg, result.arrays.to_numpy_ndarrays(), auc_result.contributors, partitions)
+    if ref_note:
+        log(WARNING, "FINAL pooled reference %s", ref_note)
     wall = time.perf_counter() - t_start
     if auc_result.details.get("auc_known_to") == "clients":
         log(
@@ -195,7 +196,7 @@ def main(grid: Grid, context: Context) -> None:
         )
     if auc_result.resolution_bound > RESOLUTION_WARN_THRESHOLD:  # nan: unknown, no warning
         log(WARNING, "FINAL federated AUC: %s", resolution_advice(auc_result.resolution_bound))
-    ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score)
+    ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score) if y_true.size else None
     if shapley is not None:
         last = shapley.utilities[-1][tuple(shapley.clients)]
         pooled_acc = float(((y_score >= 0.5).astype(int) == y_true).mean())
@@ -207,7 +208,7 @@ def main(grid: Grid, context: Context) -> None:
             sum(shapley.fsv.values()), last, pooled_acc)
     from sklearn.metrics import roc_curve
 
-    ref_fpr, ref_tpr, _ = roc_curve(y_true, y_score)
+    reference_roc = roc_curve(y_true, y_score)[:2] if y_true.size else None
     folder = write_results(
         cfg,
         {
@@ -216,7 +217,8 @@ def main(grid: Grid, context: Context) -> None:
             "auc_details": auc_result.details,
             "federated_auc": auc_result.auc,
             "resolution_bound": None if auc_result.resolution_bound != auc_result.resolution_bound else auc_result.resolution_bound,
-            "reference_roc_auc_score": ref_auc,
+            "reference_roc_auc_score": None if ref_note else ref_auc,
+            **({"reference_note": ref_note} if ref_note else {}),
             "num_clients": len(auc_result.contributors),
             "failed_nodes": auc_result.failed,
             **({"refused_nodes": {str(k): v for k, v in refused.items()}} if refused else {}),
@@ -229,7 +231,7 @@ def main(grid: Grid, context: Context) -> None:
             **({"shapley": shapley.to_json()} if shapley is not None else {}),
         },
         roc=roc_points(auc_result.counts) if auc_result.counts is not None else None,
-        reference_roc=(ref_fpr, ref_tpr),
+        reference_roc=reference_roc,
     )
     if shapley is not None:
         write_fsv_chart(folder, shapley.fsv, title=f"Federated Shapley Values (SecSV), {cfg.dataset}")

@@ -1,0 +1,53 @@
+"""Faults over the serializing in-process grid (issue 16): the honest reference, true reasons, resume."""
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+
+from flwr_fedeval.app import server_app
+from flwr_fedeval.app.client_app import app as client_app
+from flwr_fedeval.testing import InProcessGrid
+
+
+@pytest.mark.slow
+def test_reference_after_a_dropout_is_over_exactly_the_contributors(tmp_path):
+    """Node 1 of 3 drops its round-1 training reply and its AUC-phase reply: the FINAL reference
+    pools partitions 0 and 2 of 3 (not a 2-way re-split of the data) and matches the protocol."""
+    run_config = {"num-server-rounds": 2, "local-epochs": 2, "model": "logreg", "learning-rate": 0.01,
+                  "num-decision-points": 2000, "decision-point-spacing": "logit", "output-dir": str(tmp_path)}
+    seen = {}
+
+    def fault(node, msg, reply):
+        kind = msg.metadata.message_type
+        if kind == "evaluate.threshold_counts":
+            seen["arrays"] = msg.content["arrays"].to_numpy_ndarrays()
+        dropped = kind == "evaluate.threshold_counts" or (
+            kind == "train" and int(msg.content["config"]["server-round"]) == 1)
+        return None if node == seen["victim"] and dropped else reply
+
+    grid = InProcessGrid(client_app, 3, run_config, fault=fault)
+    seen["victim"] = victim = grid.node_ids[1]
+    server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+
+    (folder,) = list(tmp_path.iterdir())
+    result = json.loads((folder / "results.json").read_text())
+    assert result["num_clients"] == 2 and str(victim) in result["failed_nodes"]
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 1e-3
+
+    # The reference is roc_auc_score over the contributors' own test splits (partitions 0 and 2 of 3).
+    from sklearn.metrics import roc_auc_score
+
+    from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
+    from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
+
+    cfg = JobConfig.from_run_config(run_config)
+    adapter = KerasModelAdapter(build_model(cfg))
+    adapter.set_weights(seen["arrays"])
+    splits = [load_client_data(cfg, pid, 3) for pid in (0, 2)]
+    y = np.concatenate([s.y_test for s in splits])
+    s = np.concatenate([adapter.predict_scores(sp.x_test) for sp in splits])
+    assert result["reference_roc_auc_score"] == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    assert result["num_test_samples"] == y.size
+
