@@ -19,6 +19,8 @@ from flwr_fedeval.app.task import ConfigError, JobConfig, build_model
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
+from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
@@ -67,6 +69,18 @@ def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPha
     )
 
 
+def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result) -> None:
+    """Add the failures the server's checks found (malformed replies, aborted xMK attempts) to
+    ``failures``, which already holds every timeout and error reply (:class:`FailureRecordingGrid`)."""
+    for rnd, exc in getattr(strategy, "aborted_attempts", []):
+        for node, reason in exc.failed.items():
+            if exc.step != "sampling" and not failures.has(node, rnd):
+                failures.add(node, exc.step, int(ReplyCode.MALFORMED_REPLY), str(reason), round=rnd)
+    for node, reason in auc_result.failed.items():
+        if not failures.has(node, None):
+            failures.add(node, f"{auc_result.method} AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
+
+
 def _metric_history(history: dict) -> dict[int, dict[str, float]]:
     return {int(r): {k: float(v) for k, v in rec.items()} for r, rec in history.items()}
 
@@ -109,6 +123,8 @@ def main(grid: Grid, context: Context) -> None:
                            f"'identity-dir' (simulation) or 'fedeval-roster' (the ServerApp's copy of the "
                            f"roster); every node: {CONFIG_HELP}"])
     t_start = time.perf_counter()
+    grid = FailureRecordingGrid(grid)  # every failure of every step, with its true reason (issue 16)
+    failures = grid.failures
     # Nodes with fedeval-role = "shapley-aux" (the auxiliary server A of the Shapley
     # phase) hold no data: they stay out of training and of the AUC phase.
     refused: dict[int, str] = {}
@@ -165,6 +181,7 @@ def main(grid: Grid, context: Context) -> None:
         shapley = make_shapley_phase(cfg, roster).run(grid, clients=grid.get_node_ids(), aux_node=aux_node)
         t_sv = time.perf_counter() - t_sv
 
+    _record_checked_failures(failures, strategy, auc_result)
     # Harness reference (not part of the protocol): pooled roc_auc_score over exactly the contributors' data.
     ref_auc, y_true, y_score, ref_note = contributors_reference_auc(
         cfg, result.arrays.to_numpy_ndarrays(), auc_result.contributors, partitions)
@@ -221,6 +238,7 @@ def main(grid: Grid, context: Context) -> None:
             **({"reference_note": ref_note} if ref_note else {}),
             "num_clients": len(auc_result.contributors),
             "failed_nodes": auc_result.failed,
+            "failures": failures.to_json(),
             **({"refused_nodes": {str(k): v for k, v in refused.items()}} if refused else {}),
             **({"reference_threshold_metrics": ref_threshold_metrics} if ref_threshold_metrics else {}),
             "num_test_samples": int(y_true.size),

@@ -15,6 +15,8 @@ from flwr.app import Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flwr_fedeval.strategies.base import replies_by_node
+
 __all__ = ["exchange"]
 
 
@@ -36,11 +38,10 @@ def exchange(
     logged (the reason of an error reply is the client's, e.g. ``BudgetError: ...``).
     """
     messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
-    missing = {n: "no reply (timeout)" for n in contents}
+    replies = replies_by_node(messages, grid.send_and_receive(messages, timeout=timeout))
+    missing = {n: f"no reply within step-timeout {timeout:g} s" for n in contents}
     valid: dict[int, Any] = {}
-    for reply in replies:
-        node = reply.metadata.src_node_id
+    for node, reply in replies.items():
         if node not in missing:
             continue
         if reply.has_error():

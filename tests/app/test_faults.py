@@ -8,6 +8,7 @@ from flwr.app import Context, RecordDict
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app
+from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.testing import InProcessGrid
 
 
@@ -51,3 +52,8 @@ def test_reference_after_a_dropout_is_over_exactly_the_contributors(tmp_path):
     assert result["reference_roc_auc_score"] == pytest.approx(roc_auc_score(y, s), abs=1e-12)
     assert result["num_test_samples"] == y.size
 
+    # Every failure recorded with its step, round and the reason that fired (our timeout here).
+    mine = [f for f in result["failures"] if f["node"] == victim]
+    assert {(f["step"], f["round"]) for f in mine} == {("train", 1), ("evaluate.threshold_counts", None)}
+    assert all(f["code"] == int(ReplyCode.TIMEOUT) and "step-timeout" in f["reason"] for f in mine)
+    assert all(f["seconds_to_detect"] >= 0 for f in mine)
