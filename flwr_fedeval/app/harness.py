@@ -19,7 +19,7 @@ import numpy as np
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 
-__all__ = ["contributors_reference_auc", "pooled_reference_auc", "score_histogram", "write_results"]
+__all__ = ["contributors_reference_auc", "pooled_reference_auc", "run_folder", "score_histogram", "write_results"]
 
 
 def pooled_reference_auc(
@@ -129,25 +129,33 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def run_folder(cfg: JobConfig) -> Path:
+    """The run folder: ``resume-from`` when set, else a new ``<output-dir>/<dataset>-<UTC timestamp>``.
+
+    A relative ``output-dir`` is resolved against the current working directory.
+    """
+    if cfg.resume_from:
+        return Path(cfg.resume_from).expanduser().resolve()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return Path(cfg.output_dir).expanduser().resolve() / f"{cfg.dataset}-{stamp}"
+
+
 def write_results(
     cfg: JobConfig,
     payload: dict[str, Any],
     *,
     roc: tuple[np.ndarray, np.ndarray] | None = None,
     reference_roc: tuple[np.ndarray, np.ndarray] | None = None,
+    folder: Path | None = None,
 ) -> Path:
-    """Write ``results.json`` (and ``roc.png``) to a new run folder.
-
-    The folder is ``<output-dir>/<dataset>-<UTC timestamp>``; a relative
-    ``output-dir`` is resolved against the current working directory.
+    """Write ``results.json`` (and ``roc.png``) to the run folder (default: a new :func:`run_folder`).
 
     Returns
     -------
     Path
         The run folder.
     """
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    folder = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.dataset}-{stamp}"
+    folder = run_folder(cfg) if folder is None else Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(_jsonable(payload), indent=2))
     if roc is not None:

@@ -14,7 +14,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_fedeval.app.harness import contributors_reference_auc, score_histogram, write_fsv_chart, write_results
+from flwr_fedeval.app.checkpoint import train_with_checkpoints
+from flwr_fedeval.app.harness import (contributors_reference_auc, run_folder, score_histogram, write_fsv_chart,
+                                      write_results)
 from flwr_fedeval.app.task import ConfigError, JobConfig, build_model
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
@@ -153,12 +155,10 @@ def main(grid: Grid, context: Context) -> None:
     auc_phase = make_auc_phase(cfg, roster)
 
     strategy = make_strategy(cfg)
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=initial,
-        num_rounds=cfg.num_server_rounds,
-        train_config=ConfigRecord({"local-epochs": cfg.local_epochs}),
-    )
+    folder = run_folder(cfg)  # checkpoint/ after every completed round; resume-from continues one
+    result = train_with_checkpoints(strategy, grid, initial, num_rounds=cfg.num_server_rounds,
+                                    run_config=cfg.as_dict(), folder=folder, resume_from=cfg.resume_from or None,
+                                    train_config=ConfigRecord({"local-epochs": cfg.local_epochs}))
     train_hist = _metric_history(result.train_metrics_clientapp)
     eval_hist = _metric_history(result.evaluate_metrics_clientapp)
     for rnd in sorted(set(train_hist) | set(eval_hist)):
@@ -250,6 +250,7 @@ def main(grid: Grid, context: Context) -> None:
         },
         roc=roc_points(auc_result.counts) if auc_result.counts is not None else None,
         reference_roc=reference_roc,
+        folder=folder,
     )
     if shapley is not None:
         write_fsv_chart(folder, shapley.fsv, title=f"Federated Shapley Values (SecSV), {cfg.dataset}")

@@ -35,6 +35,7 @@ def test_reference_after_a_dropout_is_over_exactly_the_contributors(tmp_path):
     (folder,) = list(tmp_path.iterdir())
     result = json.loads((folder / "results.json").read_text())
     assert result["num_clients"] == 2 and str(victim) in result["failed_nodes"]
+    assert json.loads((folder / "checkpoint" / "state.json").read_text())["round"] == 2  # checkpointed
     assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 1e-3
 
     # The reference is roc_auc_score over the contributors' own test splits (partitions 0 and 2 of 3).
