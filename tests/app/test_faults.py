@@ -58,3 +58,45 @@ def test_reference_after_a_dropout_is_over_exactly_the_contributors(tmp_path):
     assert {(f["step"], f["round"]) for f in mine} == {("train", 1), ("evaluate.threshold_counts", None)}
     assert all(f["code"] == int(ReplyCode.TIMEOUT) and "step-timeout" in f["reason"] for f in mine)
     assert all(f["seconds_to_detect"] >= 0 for f in mine)
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_main_job_resumes_after_a_serverapp_crash(tmp_path):
+    """The ServerApp dies in round 2; the same run config plus resume-from continues with round 2 and
+    writes results.json into the same run folder; another run config is refused before any training."""
+    from flwr_fedeval.app.checkpoint import CheckpointError
+
+    run_config = {"num-server-rounds": 2, "local-epochs": 1, "model": "logreg", "output-dir": str(tmp_path)}
+    armed = {"on": True}
+
+    def fault(node, msg, reply):
+        if armed["on"] and msg.metadata.message_type == "train" and msg.content["config"]["server-round"] == 2:
+            raise Crash("ServerApp killed")
+        return reply
+
+    grid = InProcessGrid(client_app, 3, run_config, fault=fault)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    with pytest.raises(Crash):
+        server_app.main(grid, ctx)
+    (folder,) = list(tmp_path.iterdir())
+    assert json.loads((folder / "checkpoint" / "state.json").read_text())["round"] == 1
+    assert not (folder / "results.json").exists()
+
+    armed["on"] = False
+    other = {**run_config, "local-epochs": 2, "resume-from": str(folder)}
+    n_before = len(grid.log)
+    with pytest.raises(CheckpointError, match="another run config"):
+        server_app.main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=other))
+    assert not [t for _, t, _ in grid.log[n_before:] if t == "train"]  # refused before round 2 started
+
+    resumed = {**run_config, "resume-from": str(folder)}
+    server_app.main(grid, Context(run_id=3, node_id=0, node_config={}, state=RecordDict(), run_config=resumed))
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+    result = json.loads((folder / "results.json").read_text())
+    assert set(result["train_metrics"]) == {"2"} and result["num_clients"] == 3
+    assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.01
+    assert json.loads((folder / "checkpoint" / "state.json").read_text())["round"] == 2
