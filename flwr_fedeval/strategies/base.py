@@ -108,8 +108,10 @@ class Failure:
     node : int or None
         The node (set in a :class:`FailureLog`).
     round : int or None
-        The training round; ``None`` outside training (role discovery, the
-        AUC and Shapley phases).
+        The training round the request names (``server-round`` of training
+        and client evaluation, ``round`` of the xMK-CKKS steps and of the
+        Shapley steps, whose round is the training round of the models they
+        value); ``None`` for requests without one (role discovery, AUC phases).
     seconds_to_detect : float or None
         Seconds from sending the request until the step knew of the failure
         (the error reply arrived, or the step's timeout ran out).
