@@ -88,10 +88,11 @@ def main() -> None:
         "rr_flip_diffprivlib_scalar": (
             lambda: randomize_labels(y, rr, random_state=client_rng, sampler="diffprivlib"), few),
         "fedauc_laplace_client_local_alpha": (
-            lambda: fedauc_laplace_client(ranks, y, FedAUCLaplaceParams(1.0), random_state=client_rng),
+            lambda: fedauc_laplace_client(ranks, y, FedAUCLaplaceParams(1.0, allocation="alpha"),
+                                          random_state=client_rng),
             args.repeats),
         "fedauc_laplace_client_adaptive": (
-            lambda: fedauc_laplace_client(ranks, y, FedAUCLaplaceParams(1.0, allocation="orthogonal"),
+            lambda: fedauc_laplace_client(ranks, y, FedAUCLaplaceParams(1.0, allocation="orthogonal", beta="adaptive"),
                                           random_state=client_rng), args.repeats),
     }
     results = {name: _time(fn, n) for name, (fn, n) in tqdm(steps.items(), desc="bench_dp", unit="step")}

@@ -18,15 +18,25 @@ parameter set ``xmk-n4096-q108``), in two variants:
 
 Both variants run every client one after the other, so the totals are the
 CPU time of the whole round (all clients and the server). Flower's message
-serialization is not included (the same in both variants plus the small
-reveal messages), which makes the ratio an upper bound for a real round.
-The ratio uses CPU time (``time.process_time``), less sensitive than wall
+serialization is not included, which makes this ratio an upper bound.
+
+Then (``--grid-repeat``, default 2) one real :class:`XMKFedAvg` round over
+the serializing in-process grid (Flower's protobuf serialization of every
+message included, numpy-only clients that add a fixed update), with the
+current code (**secure**) and with the signatures and masks switched off
+(**ablated**: signing and verification stubbed, ``mask_plaintext`` the
+identity; the reveal round trip stays, its time is reported on its own).
+
+The ratios use CPU time (``time.process_time``), less sensitive than wall
 time to other jobs on a shared machine; wall times are reported too.
 
 Usage::
 
     python benchmarks/bench_xmk_security.py [--clients 10] [--length 949002]
-        [--repeat 3] [--out benchmarks/results/bench_xmk_security.json]
+        [--repeat 3] [--out benchmarks/results/bench_xmk_security.json] [--docs]
+
+``--docs`` also publishes the table in ``docs/results.md``
+(:func:`flwr_fedeval.reporting.publish`).
 
 Target (issue 12): secure / baseline - 1 <= 10 %.
 """
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
@@ -44,11 +55,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flwr_fedeval import rlwe  # noqa: E402
 from flwr_fedeval.identity import NodeIdentity, Roster  # noqa: E402
+from flwr_fedeval.reporting import markdown_table, publish  # noqa: E402
 from flwr_fedeval.rlwe import keyset, masking  # noqa: E402
 
 TARGET = 0.10
@@ -153,13 +166,60 @@ def secure_round(params, vectors, scale_bits, seed_a, a, identities, roster):
     return clock, decoded
 
 
+def grid_round(length: int, num_clients: int, identity_dir: str, ablate: bool) -> dict:
+    """CPU/wall seconds of one XMKFedAvg round over the serializing grid, and its step timings."""
+    from contextlib import ExitStack
+    from unittest import mock
+
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    import flwr_fedeval.clients.xmkckks as client_module
+    from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
+    from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
+    from flwr_fedeval.testing import InProcessGrid
+
+    app = ClientApp()
+    register_xmkckks_handlers(app)
+
+    @app.train(mods=[xmkckks_mod])
+    def train(msg, context):
+        w = msg.content["arrays"].to_numpy_ndarrays()
+        new = [a + np.float32(0.001 * (1 + int(context.node_config["partition-id"]))) for a in w]
+        metrics = MetricRecord({"num-examples": 100})
+        return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics}), reply_to=msg)
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    grid = InProcessGrid(app, num_clients, {"identity-dir": identity_dir})
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=num_clients, min_available_nodes=num_clients,
+                         max_abs_value=2.0**16)
+    with ExitStack() as stack:
+        if ablate:
+            stack.enter_context(mock.patch.object(keyset, "sign_key", lambda *a, **k: b"unsigned"))
+            stack.enter_context(mock.patch.object(keyset, "verify_key", lambda *a, **k: None))
+            stack.enter_context(mock.patch.object(client_module.masking, "mask_plaintext",
+                                                  lambda params, plaintext, **kw: plaintext))
+        c, w = time.process_time(), time.perf_counter()
+        result = strategy.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(length, np.float32)]),
+                                num_rounds=1, train_config=ConfigRecord({}))
+        cpu, wall = time.process_time() - c, time.perf_counter() - w
+    got = result.arrays.to_numpy_ndarrays()[0]
+    expected = np.float32(0.001) * (num_clients + 1) / 2
+    if strategy.aborted_attempts or float(np.max(np.abs(got - expected))) > 1e-6:
+        raise RuntimeError(f"grid round failed: {strategy.aborted_attempts}")
+    return {"cpu_s": cpu, "wall_s": wall, "steps_wall_s": {k: v for k, v in strategy.timer.timings}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--params", default="xmk-n4096-q108")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--length", type=int, default=949_002)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--grid-repeat", type=int, default=2, help="real XMKFedAvg rounds per variant (0: skip)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_xmk_security.json"))
+    ap.add_argument("--docs", nargs="?", const=str(Path(__file__).resolve().parents[1] / "docs"),
+                    help="also publish the table in DOCS/results.md")
     args = ap.parse_args(argv)
     params = rlwe.get_parameter_set(args.params)
     M = args.clients
@@ -175,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = {"baseline": [], "secure": []}
     errors = {}
-    for _ in range(args.repeat):
+    for _ in tqdm(range(args.repeat), desc="bench_xmk_security", unit="repeat"):
         seed_a = rlwe.new_public_seed()
         a = rlwe.expand_a(params, seed_a)
         for variant in ("baseline", "secure"):
@@ -229,11 +289,51 @@ def main(argv: list[str] | None = None) -> int:
     for stage, seconds in added.items():
         print(f"    {stage:<36} {seconds:.3f} s  ({100 * seconds / base['cpu_s']:.1f} %)")
     print(f"  max |error| of the sum: baseline {errors['baseline']:.3g}, secure {errors['secure']:.3g}")
+    if args.grid_repeat:
+        import tempfile
+
+        from flwr_fedeval.keys import create
+
+        with tempfile.TemporaryDirectory() as tmp:
+            create(Path(tmp) / "ids", [f"node-{i}" for i in range(M)])
+            grid_runs = {"ablated": [], "secure": []}
+            for _ in range(args.grid_repeat):
+                for variant in ("ablated", "secure"):
+                    grid_runs[variant].append(grid_round(args.length, M, str(Path(tmp) / "ids"),
+                                                         variant == "ablated"))
+        g = {v: {"cpu_s": statistics.median(r["cpu_s"] for r in runs_),
+                 "wall_s": statistics.median(r["wall_s"] for r in runs_),
+                 "steps_wall_s": runs_[-1]["steps_wall_s"]} for v, runs_ in grid_runs.items()}
+        g["overhead_cpu"] = g["secure"]["cpu_s"] / g["ablated"]["cpu_s"] - 1.0
+        g["overhead_cpu_per_repeat"] = [s_["cpu_s"] / a_["cpu_s"] - 1.0
+                                        for s_, a_ in zip(grid_runs["secure"], grid_runs["ablated"])]
+        g["overhead_wall"] = g["secure"]["wall_s"] / g["ablated"]["wall_s"] - 1.0
+        result["grid_round"] = g
+        result["target_overhead_le_10pct_grid_round"] = g["overhead_cpu"] <= TARGET
+        print(f"  XMKFedAvg round over the serializing grid (median of {args.grid_repeat}): ablated "
+              f"{g['ablated']['cpu_s']:.2f} s, secure {g['secure']['cpu_s']:.2f} s CPU: overhead "
+              f"{100 * g['overhead_cpu']:.1f} % (per repeat "
+              f"{', '.join(f'{100 * p:.1f}' for p in g['overhead_cpu_per_repeat'])} %; wall "
+              f"{100 * g['overhead_wall']:.1f} %)")
     print(f"  target overhead <= {100 * TARGET:.0f} %: {'met' if result['target_overhead_le_10pct'] else 'NOT met'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
+    if args.docs:
+        table = markdown_table(
+            ["round", "CPU s", "wall s"],
+            [["baseline (xMK-CKKS as in the paper)", f"{base['cpu_s']:.2f}", f"{base['wall_s']:.2f}"],
+             ["secure (signed commit-reveal, masks, checks)", f"{sec['cpu_s']:.2f}", f"{sec['wall_s']:.2f}"],
+             *[[f"  {stage}", f"{seconds:.3f}", ""] for stage, seconds in added.items()]], align="lrr")
+        body = (f"`{params.name}`, M = {M} clients, {args.length + 1:,} values per client, median of {args.repeat} "
+                "whole rounds (all clients and the server in one process, Flower serialization not included). "
+                f"Overhead of the secure round: **{100 * overhead_cpu:.1f} %** CPU (per repeat "
+                f"{', '.join(f'{100 * q:.1f}' for q in paired)} %; wall {100 * overhead_wall:.1f} %), target ≤ "
+                f"{100 * TARGET:.0f} %: {'met' if result['target_overhead_le_10pct'] else 'NOT met'}. "
+                f"Max |error| of the sum: baseline {errors['baseline']:.3g}, secure {errors['secure']:.3g}.\n\n"
+                + table)
+        print(f"published {publish('bench-xmk-security', 'xMK-CKKS security overhead (benchmarks/bench_xmk_security.py)', body, docs_dir=args.docs)}")
     return 0
 
 

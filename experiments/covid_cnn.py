@@ -49,6 +49,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -249,7 +250,15 @@ def run_fl(cfg, n: int, mode: str, meter: Meter, run_dir: Path, progress) -> dic
         bar.update(1 if server_round else 0)
         return None
 
-    grid = BatchGrid(measured_app, n, cfg.as_dict(), fault=keep_round1_client_models)
+    run_config = cfg.as_dict()
+    if mode == "he":  # xMK-CKKS clients sign their key-set messages: keys and roster of the simulated nodes
+        from flwr_fedeval.keys import create
+
+        ids = run_dir / f"{tag}-identities"
+        shutil.rmtree(ids, ignore_errors=True)
+        create(ids, [f"node-{i}" for i in range(n)])
+        run_config["identity-dir"] = str(ids)
+    grid = BatchGrid(measured_app, n, run_config, fault=keep_round1_client_models)
     strategy = make_strategy(cfg)
     meter.timer = getattr(strategy, "timer", None)
     t0, c0 = time.perf_counter(), time.process_time()

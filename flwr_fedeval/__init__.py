@@ -5,7 +5,10 @@ Layers (imports point downward only, see DESIGN.md §2):
 - protocol layers, importing neither flwr nor TensorFlow:
   ``rlwe`` (xMK-CKKS), ``fhe`` (CKKS AUC), ``dp`` (DP AUC baselines),
   ``metrics`` (plaintext references), ``shapley`` (contribution evaluation);
-- Flower glue: ``strategies``, ``clients``, ``app``; data loading in ``data``.
+- Flower glue: ``strategies`` (server side), ``clients`` (client side),
+  ``messages`` (message types and record keys shared by both), ``testing``
+  (the serializing in-process Grid for your own tests), ``app``; data loading
+  in ``data``.
 """
 
 __version__ = "0.1.0"

@@ -70,6 +70,27 @@ class ReplyCode(IntEnum):
     MALFORMED_REPLY = 1101
 
 
+# --- record keys of the AUC phases (plain, DP, FHE) ---------------------------
+#: Request: ArrayRecord ``thresholds`` (float64, shape (N,)), the public decision points.
+EVALUATION_KEY = "evaluation"
+#: Reply (plain, DPAUC_RR): ArrayRecord ``tp``/``fp``/``tn``/``fn`` (int64, shape (N,)).
+COUNTS_KEY = "counts"
+#: Request of the DP phases: ConfigRecord ``epsilon`` (+ ``session``, ``mechanism``, ... for FedAUC).
+DP_KEY = "dp"
+#: Reply (DPAUC_Lap): ArrayRecord ``tp``/``fp``/``tn``/``fn`` (float64, noisy).
+NOISY_COUNTS_KEY = "noisy-counts"
+#: Reply (FedAUC round 1): ArrayRecord ``scores`` (float64, shuffled).
+SCORES_KEY = "scores"
+#: Request (FedAUC round 2): ArrayRecord ``ranks`` (global ranks of the shuffled scores).
+FEDAUC_KEY = "fedauc"
+#: Reply (FedAUC round 2): ConfigRecord ``local-sum``, ``local-p``, ``local-n``.
+STATS_KEY = "stats"
+#: Flower's default record keys (``FedAvg(arrayrecord_key=..., configrecord_key=...)``):
+#: the model's ArrayRecord, the train config, and the reply's MetricRecord.
+ARRAYS_KEY = "arrays"
+CONFIG_KEY = "config"
+METRICS_KEY = "metrics"
+
 _COUNT_FIELDS = ("tp", "fp", "tn", "fn")
 
 
@@ -232,6 +253,37 @@ EVALUATE_FHE_COUNTS = "evaluate.fhe_counts"
 #: Steps 5-6: the aggregated (masked) ciphertexts in; the client decrypts.
 QUERY_FHE_RESULT = "query.fhe_result"
 
+#: The two protocols of the FHE AUC phase.
+FHE_PROTOCOLS = ("semi-honest", "malicious")
+#: ConfigRecord of every request: ``session`` (str) and the step's parameters.
+FHE_REQUEST_KEY = "fhe"
+#: Reply of step 1: ConfigRecord ``public-key`` (32 bytes), ``test-size-bucket`` (int),
+#: ``signer`` (roster name) and ``signature`` (over the key statement of the public key).
+FHE_PUBKEY_KEY = "fhe-pubkey"
+#: Request of step 2: ConfigRecord ``{str(node_id): public key}`` of the other clients.
+FHE_PEERS_KEY = "fhe-peers"
+#: Request of step 2: ConfigRecords ``{str(node_id): roster name}`` and ``{str(node_id): signature}``
+#: of the peers' keys (as each peer signed it at step 1).
+FHE_PEER_SIGNERS_KEY = "fhe-peer-signers"
+FHE_PEER_SIGNATURES_KEY = "fhe-peer-signatures"
+#: Reply of step 2: ConfigRecord ``signer``, ``signature``: the key holder's X25519 key signed
+#: for role ``"key-holder"``.
+FHE_HOLDER_KEY = "fhe-holder"
+#: ``protocol`` field of the signed key statements (:func:`flwr_fedeval.identity.key_statement`);
+#: the phase has no rounds: ``round`` is 0, the session id binds the keys to one run.
+FHE_SIGNED_PROTOCOL = "fhe-auc"
+#: Reply of step 2: ArrayRecord ``public`` (public context, uint8).
+FHE_CONTEXT_KEY = "fhe-context"
+#: Reply of step 2: ArrayRecord ``{str(node_id): sealed bundle}``; request of step 3: ``sealed``.
+FHE_BUNDLES_KEY = "fhe-bundles"
+FHE_BUNDLE_KEY = "fhe-bundle"
+#: Reply of step 3: ArrayRecord ``auc`` (+ ``metrics``), packed ciphertexts.
+FHE_COUNTS_KEY = "fhe-counts"
+#: Request of step 5: ArrayRecord ``auc`` (+ ``metrics``), the aggregated ciphertexts.
+FHE_RESULT_KEY = "fhe-result"
+#: Reply of step 6: ConfigRecord ``status``, ``shared`` and, if shared, the values.
+FHE_REPORT_KEY = "fhe-report"
+
 # --- SecSV contribution phase (strategies/shapley_phase.py, clients/shapley_handlers.py) ---
 #: Every node: its role ("client" or "shapley-aux").
 QUERY_FEDEVAL_ROLE = "query.fedeval_role"
@@ -243,3 +295,50 @@ QUERY_SHAPLEY_AUX_SETUP = "query.shapley_aux_setup"
 QUERY_SHAPLEY_AUX_EVAL = "query.shapley_aux_eval"
 QUERY_SHAPLEY_HELPER = "query.shapley_helper"
 QUERY_SHAPLEY_AUX_DIFF = "query.shapley_aux_diff"
+
+#: The roles a node can answer to ``query.fedeval_role``.
+ROLES = ("client", "shapley-aux")
+#: Reply of ``query.fedeval_role``: ConfigRecord ``role``.
+ROLE_KEY = "role"
+#: ``protocol`` field of the signed role statement of ``query.fedeval_role`` (nonce as session).
+ROLE_SIGNED_PROTOCOL = "fedeval-role"
+#: ConfigRecord of every Shapley request: ``session`` and the public parameters.
+SHAPLEY_REQUEST_KEY = "shapley"
+#: ``protocol`` field of SecSV's signed key statements (:func:`flwr_fedeval.identity.key_statement`).
+SHAPLEY_SIGNED_PROTOCOL = "secsv"
+#: Node role -> the ``role`` field of its signed X25519 key statement.
+SHAPLEY_SIGNED_ROLE = {"client": "client", "shapley-aux": "aux"}
+#: Reply of hello: ConfigRecord ``role``, ``public-key``, sizes, ``rounds``.
+SHAPLEY_HELLO_KEY = "shapley-hello"
+#: Request of keygen: ConfigRecord ``{str(node_id): X25519 public key}``.
+SHAPLEY_PEERS_KEY = "shapley-peers"
+#: Reply of keygen / request of aux setup: ArrayRecord ``public`` (public CKKS context).
+SHAPLEY_CONTEXT_KEY = "shapley-context"
+#: Reply of keygen: ArrayRecord ``{str(node_id): sealed bundle}``; request of share: ``sealed``.
+SHAPLEY_BUNDLES_KEY = "shapley-bundles"
+SHAPLEY_BUNDLE_KEY = "shapley-bundle"
+#: Reply of keygen: ConfigRecord ``signer``, ``signature``: the leader's X25519 key signed for role
+#: ``"key-holder"``.
+SHAPLEY_LEADER_KEY = "shapley-leader"
+#: Reply of share: ArrayRecord ``x``, ``y`` (P's shares, uint64), ``sealed-aux``.
+SHAPLEY_SHARE_KEY = "shapley-share"
+#: Request of aux setup: ArrayRecord ``sealed-<node>``; ConfigRecord ``{node: public key}``.
+SHAPLEY_AUX_SHARES_KEY = "shapley-aux-shares"
+SHAPLEY_AUX_KEYS_KEY = "shapley-aux-keys"
+#: Reply of aux setup: ConfigRecord ``samples``.
+SHAPLEY_AUX_KEY = "shapley-aux"
+#: Reply of models: ArrayRecord ``cts`` (packed ciphertexts of one local model).
+SHAPLEY_MODEL_KEY = "shapley-model"
+#: Request of aux eval: ArrayRecord ``members-<j>``, ``ids-<j>``; the round's models as relayed.
+SHAPLEY_JOBS_KEY = "shapley-jobs"
+SHAPLEY_ROUND_MODELS_KEY = "shapley-round-models"
+#: Reply of aux eval: ArrayRecord ``cts-<j>``.
+SHAPLEY_PRODUCTS_KEY = "shapley-products"
+#: Request of helper: ArrayRecord ``cts-<j>``, ``n-<j>``; reply: ArrayRecord ``p-<j>``, ``a-<j>``.
+SHAPLEY_BATCHES_KEY = "shapley-batches"
+SHAPLEY_PRED_KEY = "shapley-pred"
+#: Request of aux diff: ArrayRecord ``sealed-<j>``, ``ids-<j>``; ConfigRecord ``helper-<j>``.
+SHAPLEY_PREDS_KEY = "shapley-preds"
+SHAPLEY_HELPER_KEYS_KEY = "shapley-helper-keys"
+#: Reply of aux diff: ArrayRecord ``d-<j>``.
+SHAPLEY_DIFFS_KEY = "shapley-diffs"

@@ -99,18 +99,27 @@ def machine_description() -> str:
             f"Python {platform.python_version()}{load}")
 
 
-def _git_commit(where: Path) -> str | None:
+def _git_commit(where: Path, ignore: Path | None = None) -> str | None:
+    """Short HEAD hash of the work tree at ``where``; ``+uncommitted changes`` if a tracked file
+    outside ``ignore`` (the docs folder, which publishing itself changes) differs from it."""
+    exclude = []
+    if ignore is not None:
+        try:
+            exclude = [f":(exclude){Path(ignore).resolve().relative_to(Path(where).resolve())}"]
+        except ValueError:
+            exclude = []
     try:
         head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", *exclude], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+uncommitted changes" if dirty else "") if head else None
 
 
-def provenance(command: str | None = None, *, repo: str | os.PathLike | None = None) -> dict[str, str | None]:
+def provenance(command: str | None = None, *, repo: str | os.PathLike | None = None,
+               ignore: str | os.PathLike | None = None) -> dict[str, str | None]:
     """What produced a result: command line, UTC date, machine and git commit.
 
     Parameters
@@ -119,6 +128,9 @@ def provenance(command: str | None = None, *, repo: str | os.PathLike | None = N
         Default: this process's command line, ``python <script> <args>``.
     repo : path, optional
         Working tree whose commit is recorded; default the current directory.
+    ignore : path, optional
+        A folder inside ``repo`` whose changes do not count as uncommitted
+        (:func:`publish` passes the docs folder it writes to).
 
     Returns
     -------
@@ -138,7 +150,7 @@ def provenance(command: str | None = None, *, repo: str | os.PathLike | None = N
         "command": command,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_description(),
-        "commit": _git_commit(Path(repo or Path.cwd())),
+        "commit": _git_commit(Path(repo or Path.cwd()), Path(ignore) if ignore is not None else None),
     }
 
 
@@ -199,7 +211,7 @@ def publish(
     docs = Path(docs_dir)
     fig_dir = docs / "figures"
     repo = docs.resolve().parent
-    info = provenance(command, repo=repo)
+    info = provenance(command, repo=repo, ignore=docs)
     images = []
     for suffix, fig in (figures or {}).items():
         if suffix and not _NAME.match(suffix):

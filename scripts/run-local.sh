@@ -52,9 +52,12 @@ fi
 
 stop_superlink() {
   # The local SuperLink started by `flwr run` keeps running after the run:
-  # stop the one of this FLWR_HOME (its superexec child exits with it).
+  # stop the one of this FLWR_HOME, then what it spawned (superexec, flwr-simulation,
+  # which talk to it on its port and can outlive it when a run is interrupted).
   local pids
   pids=$(pgrep -f "flower-superlink.*--port $FLWR_LOCAL_SUPERLINK_HTTP_API_PORT .*$FLWR_HOME" || true)
+  [ -n "$pids" ] && kill $pids 2>/dev/null || true
+  pids=$(pgrep -f -- "--runtime-api-address 127.0.0.1:$FLWR_LOCAL_SUPERLINK_HTTP_API_PORT( |$)" || true)
   [ -n "$pids" ] && kill $pids 2>/dev/null || true
   rm -f "$log"
 }

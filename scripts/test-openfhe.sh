@@ -33,13 +33,12 @@ pytest_leg tests/fhe_flower -m "not slow" || exit 1  # the main job itself: (c)
 
 echo "== [py310/openfhe] (c) flwr run . (fhe-auc malicious, fhe-backend openfhe)"
 if pgrep -f flower-superlink >/dev/null 2>&1; then
-  echo "error: a flower-superlink is already running on this machine (fixed ports): stop it first" >&2
-  exit 1
+  echo "warning: another flower-superlink runs on this machine; if it holds the same ports, this run fails" >&2
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 RUN_VENV="$VENV" RUN_FLWR_HOME="$ROOT/.flwr-home-py310" scripts/run-local.sh 3 \
-  "auc-method='fhe' fhe-backend='openfhe' fhe-auc='malicious' num-server-rounds=1 output-dir='$ROOT/outputs/ci-py310'" \
+  "auc-method='fhe' fhe-backend='openfhe' fhe-auc='malicious' num-server-rounds=1" \
   >"$log" 2>&1
 rc=$?
 grep -E "FINAL|ERROR" "$log" | sed 's/\x1b\[[0-9;]*m//g' | sort -u

@@ -16,10 +16,9 @@ from flwr.clientapp import ClientApp
 
 from flwr_fedeval.app.node_cache import NodeCache
 from flwr_fedeval.clients import fhe_handlers
+from flwr_fedeval.clients.auc_handlers import threshold_counts_reply
 from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
-from flwr_fedeval.fhe.counts import threshold_counts
-from flwr_fedeval.messages import counts_to_record
 
 app = ClientApp()
 #: This process's loaded data, models and scores (see :mod:`flwr_fedeval.app.node_cache`).
@@ -144,10 +143,7 @@ def evaluate_threshold_counts(msg: Message, context: Context) -> Message:
 
     The plaintext phase of the main job; the FHE and DP phases replace it.
     """
-    y_true, scores = local_test_scores(msg, context)
-    thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
-    counts = threshold_counts(y_true, scores, thresholds)
-    return Message(content=RecordDict({"counts": counts_to_record(counts)}), reply_to=msg)
+    return threshold_counts_reply(msg, context, *local_test_scores(msg, context))
 
 
 def local_test_labels(context: Context) -> np.ndarray:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 import tomllib
@@ -34,6 +35,9 @@ _PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
 
 def merge_overrides(*lists: str) -> dict[str, Any]:
     """Merge Flower ``key=value`` lists; a key given again takes the later value.
+
+    Values are TOML (``1``, ``0.5``, ``true``, ``'text'``); an unquoted word
+    that is not TOML (``data-dir=/data/bank``) is taken as a string.
 
     Raises
     ------
@@ -54,7 +58,10 @@ def merge_overrides(*lists: str) -> dict[str, Any]:
             try:
                 merged[key] = tomllib.loads(f"v = {raw}")["v"]
             except tomllib.TOMLDecodeError:
-                problems.append(f"run config '{key}': {raw} is not a TOML value (quote strings: {key}='...')")
+                if raw[0] in "'\"[{":
+                    problems.append(f"run config '{key}': {raw} is not a TOML value (quote strings: {key}='...')")
+                else:
+                    merged[key] = raw  # an unquoted word such as a path: a string
     if problems:
         raise ConfigError(problems)
     return merged
@@ -89,6 +96,15 @@ def num_data_clients(cfg: JobConfig, num_nodes: int) -> int:
     return num_nodes - (1 if 0 <= cfg.shapley_aux_partition_id < num_nodes else 0)
 
 
+def _output_problems(cfg: JobConfig) -> list[str]:
+    """``output-dir`` must exist or be creatable, and be writable, on the server."""
+    path = Path(cfg.output_dir).expanduser().resolve()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK):
+        return [f"config 'output-dir' = '{cfg.output_dir}': {existing} is not a writable folder on the server"]
+    return []
+
+
 def _data_problems(cfg: JobConfig) -> list[str]:
     if cfg.dataset == "breast-cancer":
         return []
@@ -116,8 +132,10 @@ def job_problems(cfg: JobConfig, num_clients: int | None) -> list[str]:
     and the library's own validation of the strategy and of every phase the
     job will run (built here, before round 1).
     """
-    problems = _data_problems(cfg)
-    if not problems and num_clients is not None:
+    problems = _output_problems(cfg)
+    data = _data_problems(cfg)
+    problems += data
+    if not data and num_clients is not None:
         from flwr_fedeval.app.task import client_partitions
         from flwr_fedeval.data.partition import PartitionError, check_partitions
 

@@ -25,6 +25,7 @@ from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
+from flwr_fedeval.strategies.base import ReadableFedAvg
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 
 app = ServerApp()
@@ -54,7 +55,7 @@ def make_strategy(cfg: JobConfig) -> FedAvg:
             step_timeout=cfg.step_timeout,
             **common,
         )
-    return FedAvg(**common)
+    return ReadableFedAvg(**common)  # FedAvg, failures logged one line per distinct reason
 
 
 def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPhase:

@@ -59,9 +59,22 @@ from flwr_fedeval.dp import (
     fedauc_unshuffle_ranks,
     randomize_labels,
 )
+from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # noqa: F401  (also importable from here)
 from flwr_fedeval.clients.replies import error_reply
 from flwr_fedeval.fhe.counts import threshold_counts
-from flwr_fedeval.messages import counts_to_record, local_stats_to_record, noisy_counts_to_record
+from flwr_fedeval.messages import (
+    ReplyCode,
+    COUNTS_KEY,
+    DP_KEY,
+    EVALUATION_KEY,
+    FEDAUC_KEY,
+    NOISY_COUNTS_KEY,
+    SCORES_KEY,
+    STATS_KEY,
+    counts_to_record,
+    local_stats_to_record,
+    noisy_counts_to_record,
+)
 
 __all__ = [
     "CLIENT_DP_DEFAULTS",
@@ -72,6 +85,7 @@ __all__ = [
     "dpauc_rr",
     "fedauc_scores",
     "fedauc_stats",
+    "register_dp_handlers",
     "spent_epsilon",
 ]
 
@@ -153,7 +167,8 @@ def _random_state(context: Context, cfg: _Settings):
 
 
 def _error_reply(msg: Message, exc: BaseException) -> Message:
-    return error_reply(msg, exc, "DP AUC")
+    code = ReplyCode.BUDGET_EXHAUSTED if isinstance(exc, BudgetError) else None
+    return error_reply(msg, exc, "DP AUC", code=code)
 
 
 def _dp_request(msg: Message, context: Context, step: Callable[[_Settings, BudgetAccountant, Any], RecordDict]) -> Message:
@@ -206,11 +221,11 @@ def _rr_labels(context: Context, y_true, epsilon: float, accountant, rng) -> np.
 
 
 def _thresholds(msg: Message) -> np.ndarray:
-    return msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
+    return msg.content[EVALUATION_KEY]["thresholds"].numpy().astype(np.float64)
 
 
 def _epsilon(msg: Message) -> float:
-    eps = msg.content["dp"]["epsilon"]
+    eps = msg.content[DP_KEY]["epsilon"]
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"request 'epsilon' must be a number, got {eps!r}")
     return float(eps)
@@ -230,7 +245,7 @@ def dpauc_laplace(msg: Message, context: Context, y_true: np.ndarray, y_score: n
         params = DPAUCLaplaceParams(_epsilon(msg), thresholds.size)
         counts = threshold_counts(y_true, y_score, thresholds)
         noisy = dpauc_laplace_client(counts, params, accountant=accountant, random_state=rng)
-        return RecordDict({"noisy-counts": noisy_counts_to_record(noisy)})
+        return RecordDict({NOISY_COUNTS_KEY: noisy_counts_to_record(noisy)})
 
     return _dp_request(msg, context, step)
 
@@ -246,14 +261,14 @@ def dpauc_rr(msg: Message, context: Context, y_true: np.ndarray, y_score: np.nda
         thresholds = _thresholds(msg)
         flipped = _rr_labels(context, y_true, _epsilon(msg), accountant, rng)
         counts = threshold_counts(flipped, y_score, thresholds)
-        return RecordDict({"counts": counts_to_record(counts)})
+        return RecordDict({COUNTS_KEY: counts_to_record(counts)})
 
     return _dp_request(msg, context, step)
 
 
 # --- FedAUC --------------------------------------------------------------------
 def _fedauc_cost(msg: Message, context: Context, y_true) -> float:
-    conf = msg.content["dp"]
+    conf = msg.content[DP_KEY]
     eps = _epsilon(msg)
     mechanism = conf["mechanism"]
     if mechanism == "laplace":
@@ -274,11 +289,11 @@ def fedauc_scores(msg: Message, context: Context, y_true: np.ndarray, y_score: n
 
     def step(cfg, accountant, rng):
         _can_afford(accountant, _fedauc_cost(msg, context, y_true))
-        session = str(msg.content["dp"]["session"])
+        session = str(msg.content[DP_KEY]["session"])
         shuffled, perm = fedauc_shuffle_scores(y_score, random_state=rng)
         context.state[STATE_FEDAUC] = ArrayRecord({"permutation": Array(perm)})
         context.state[f"{STATE_FEDAUC}.meta"] = ConfigRecord({"session": session})
-        return RecordDict({"scores": ArrayRecord({"scores": Array(np.ascontiguousarray(shuffled))})})
+        return RecordDict({SCORES_KEY: ArrayRecord({"scores": Array(np.ascontiguousarray(shuffled))})})
 
     return _dp_request(msg, context, step)
 
@@ -307,10 +322,10 @@ def fedauc_stats(msg: Message, context: Context, y_true: np.ndarray, y_score: np
     """
 
     def step(cfg, accountant, rng):
-        conf = msg.content["dp"]
+        conf = msg.content[DP_KEY]
         eps = _epsilon(msg)
         perm = _pop_permutation(context, str(conf["session"]))
-        ranks = fedauc_unshuffle_ranks(msg.content["fedauc"]["ranks"].numpy(), perm)
+        ranks = fedauc_unshuffle_ranks(msg.content[FEDAUC_KEY]["ranks"].numpy(), perm)
         if conf["mechanism"] == "rr":
             stats = fedauc_local_stats(ranks, _rr_labels(context, y_true, eps, accountant, rng))
         elif conf["mechanism"] == "laplace":
@@ -326,6 +341,6 @@ def fedauc_stats(msg: Message, context: Context, y_true: np.ndarray, y_score: np
             )
         else:
             raise ValueError(f"request 'mechanism' must be 'rr' or 'laplace', got {conf['mechanism']!r}")
-        return RecordDict({"stats": local_stats_to_record(stats)})
+        return RecordDict({STATS_KEY: local_stats_to_record(stats)})
 
     return _dp_request(msg, context, step)

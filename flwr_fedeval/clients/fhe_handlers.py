@@ -81,7 +81,29 @@ from flwr_fedeval.fhe.auc_malicious import (
 from flwr_fedeval.fhe.backend import CKKSParams, FHEError, create_context, load_context
 from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.identity import IdentityError, SignedKey, verify_key, verify_key_set
-from flwr_fedeval.messages import array_to_bytes, bytes_to_array
+from flwr_fedeval.messages import (
+    EVALUATE_FHE_COUNTS,
+    EVALUATION_KEY,
+    FHE_BUNDLE_KEY,
+    FHE_BUNDLES_KEY,
+    FHE_CONTEXT_KEY,
+    FHE_COUNTS_KEY,
+    FHE_HOLDER_KEY,
+    FHE_PEER_SIGNATURES_KEY,
+    FHE_PEER_SIGNERS_KEY,
+    FHE_PEERS_KEY,
+    FHE_PROTOCOLS,
+    FHE_PUBKEY_KEY,
+    FHE_REPORT_KEY,
+    FHE_REQUEST_KEY,
+    FHE_RESULT_KEY,
+    FHE_SIGNED_PROTOCOL,
+    QUERY_FHE_KEYGEN,
+    QUERY_FHE_PUBKEY,
+    QUERY_FHE_RESULT,
+    array_to_bytes,
+    bytes_to_array,
+)
 
 __all__ = [
     "CLIENT_FHE_DEFAULTS",
@@ -94,37 +116,25 @@ __all__ = [
     "encrypt_counts",
     "keygen",
     "pubkey",
+    "register_fhe_handlers",
 ]
 
-PROTOCOLS = ("semi-honest", "malicious")
-
-#: ConfigRecord of every request: ``session`` (str) and the step's parameters.
-REQUEST_KEY = "fhe"
-#: Reply of step 1: ConfigRecord ``public-key`` (32 bytes), ``test-size-bucket`` (int).
-PUBKEY_KEY = "fhe-pubkey"
-#: Request of step 2: ConfigRecord ``{str(node_id): public key}`` of the other clients.
-PEERS_KEY = "fhe-peers"
-#: Request of step 2: ConfigRecords ``{str(node_id): roster name}`` and ``{str(node_id): signature}``
-#: of the peers' keys (as each peer signed it at step 1).
-PEER_SIGNERS_KEY = "fhe-peer-signers"
-PEER_SIGNATURES_KEY = "fhe-peer-signatures"
-#: Reply of step 2: ConfigRecord ``signer``, ``signature``: the key holder's X25519 key signed
-#: for role ``"key-holder"``.
-HOLDER_KEY = "fhe-holder"
-#: ``protocol`` field of the signed key statements (:func:`flwr_fedeval.identity.key_statement`);
-#: the phase has no rounds: ``round`` is 0, the session id binds the keys to one run.
-SIGNED_PROTOCOL = "fhe-auc"
-#: Reply of step 2: ArrayRecord ``public`` (public context, uint8).
-CONTEXT_KEY = "fhe-context"
-#: Reply of step 2: ArrayRecord ``{str(node_id): sealed bundle}``; request of step 3: ``sealed``.
-BUNDLES_KEY = "fhe-bundles"
-BUNDLE_KEY = "fhe-bundle"
-#: Reply of step 3: ArrayRecord ``auc`` (+ ``metrics``), packed ciphertexts.
-COUNTS_KEY = "fhe-counts"
-#: Request of step 5: ArrayRecord ``auc`` (+ ``metrics``), the aggregated ciphertexts.
-RESULT_KEY = "fhe-result"
-#: Reply of step 6: ConfigRecord ``status``, ``shared`` and, if shared, the values.
-REPORT_KEY = "fhe-report"
+# Record keys: defined in flwr_fedeval.messages (shared with the server); the
+# short names stay importable from here.
+PROTOCOLS = FHE_PROTOCOLS
+REQUEST_KEY = FHE_REQUEST_KEY
+PUBKEY_KEY = FHE_PUBKEY_KEY
+PEERS_KEY = FHE_PEERS_KEY
+PEER_SIGNERS_KEY = FHE_PEER_SIGNERS_KEY
+PEER_SIGNATURES_KEY = FHE_PEER_SIGNATURES_KEY
+HOLDER_KEY = FHE_HOLDER_KEY
+SIGNED_PROTOCOL = FHE_SIGNED_PROTOCOL
+CONTEXT_KEY = FHE_CONTEXT_KEY
+BUNDLES_KEY = FHE_BUNDLES_KEY
+BUNDLE_KEY = FHE_BUNDLE_KEY
+COUNTS_KEY = FHE_COUNTS_KEY
+RESULT_KEY = FHE_RESULT_KEY
+REPORT_KEY = FHE_REPORT_KEY
 
 STATE_KEYPAIR = "fhe-auc.keypair"
 STATE_SECRET = "fhe-auc.secret"
@@ -328,7 +338,7 @@ def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: 
             raise _Refused("no key bundle in the request and this client is not the key holder")
         ctx = _secret_context(context, session)
         config = _protocol_config(request)
-        thresholds = msg.content["evaluation"]["thresholds"].numpy().astype(np.float64)
+        thresholds = msg.content[EVALUATION_KEY]["thresholds"].numpy().astype(np.float64)
         if thresholds.shape != (config.n_points,):
             raise _Refused(f"{thresholds.size} thresholds, request says n-points = {config.n_points}")
         # Decision points inside [0, 1]: probabilities (guarded); otherwise real-valued scores (logits).
@@ -430,3 +440,35 @@ def decrypt_result(msg: Message, context: Context) -> Message:
         return RecordDict({REPORT_KEY: ConfigRecord(report)})
 
     return _serve(msg, step)
+
+
+def register_fhe_handlers(app, *, test_scores: Callable[[Message, Context], tuple[np.ndarray, np.ndarray]],
+                          test_labels: Callable[[Context], np.ndarray]) -> None:
+    """Register the four FHE AUC handlers (``query.fhe_pubkey``, ``query.fhe_keygen``,
+    ``evaluate.fhe_counts``, ``query.fhe_result``) on ``app``.
+
+    Parameters
+    ----------
+    app : flwr.clientapp.ClientApp
+    test_scores : callable
+        ``(msg, context) -> (y_true, y_score)``: labels (0/1, shape (n_test,))
+        and positive-class scores (float, shape (n_test,)) of the local test
+        split under the global model in ``msg.content["arrays"]``.
+    test_labels : callable
+        ``context -> y_true`` (step 1 carries no model; the client reports a
+        power-of-two bound of its test-set size).
+
+    Each client reports the AUC to the server only if its own run config says
+    ``share-auc-with-server = true`` (default: :data:`CLIENT_FHE_DEFAULTS`).
+    """
+
+    def query_fhe_pubkey(msg: Message, context: Context) -> Message:
+        return pubkey(msg, context, int(np.asarray(test_labels(context)).size))
+
+    def evaluate_fhe_counts(msg: Message, context: Context) -> Message:
+        return encrypt_counts(msg, context, *test_scores(msg, context))
+
+    app.query(QUERY_FHE_PUBKEY.split(".", 1)[1])(query_fhe_pubkey)
+    app.query(QUERY_FHE_KEYGEN.split(".", 1)[1])(keygen)
+    app.evaluate(EVALUATE_FHE_COUNTS.split(".", 1)[1])(evaluate_fhe_counts)
+    app.query(QUERY_FHE_RESULT.split(".", 1)[1])(decrypt_result)

@@ -9,100 +9,13 @@ and reshape the aggregate).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from flwr_fedeval.weights import WeightLayout  # moved; importable from here too
+
 __all__ = ["WeightLayout", "KerasModelAdapter"]
-
-
-@dataclass(frozen=True)
-class WeightLayout:
-    """Shapes and dtypes of a model's weight arrays, in Keras order.
-
-    Attributes
-    ----------
-    shapes : tuple of tuple of int
-    dtypes : tuple of str
-    """
-
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[str, ...]
-
-    @classmethod
-    def of(cls, arrays: list[np.ndarray]) -> "WeightLayout":
-        """The layout of a list of arrays."""
-        return cls(
-            shapes=tuple(tuple(int(d) for d in a.shape) for a in arrays),
-            dtypes=tuple(np.asarray(a).dtype.str for a in arrays),
-        )
-
-    @property
-    def size(self) -> int:
-        """Total number of scalars (the unpadded vector length)."""
-        return int(sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes))
-
-    def flatten(self, arrays: list[np.ndarray], *, pad_to_multiple: int | None = None) -> np.ndarray:
-        """Concatenate ``arrays`` into one float64 vector, zero-padded.
-
-        Parameters
-        ----------
-        arrays : list of ndarray
-            Must match this layout's shapes.
-        pad_to_multiple : int, optional
-            Pad with zeros to the next multiple of this (e.g. ring dimension n).
-
-        Returns
-        -------
-        ndarray of shape (padded_size,), dtype float64
-            Lossless for float32/float16 weights.
-
-        Raises
-        ------
-        ValueError
-            On a shape mismatch or a non-finite weight (NaN/inf never enters
-            an aggregate).
-        """
-        if len(arrays) != len(self.shapes):
-            raise ValueError(f"expected {len(self.shapes)} arrays, got {len(arrays)}")
-        for k, (a, shape) in enumerate(zip(arrays, self.shapes)):
-            if tuple(np.shape(a)) != shape:
-                raise ValueError(f"array {k} has shape {np.shape(a)}, layout expects {shape}")
-        flat = (
-            np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
-            if arrays
-            else np.empty(0)
-        )
-        if not np.isfinite(flat).all():
-            bad = int(np.flatnonzero(~np.isfinite(flat))[0])
-            raise ValueError(f"weights contain NaN or inf (first at flat index {bad})")
-        if pad_to_multiple is not None:
-            if pad_to_multiple < 1:
-                raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
-            padded = -(-flat.size // pad_to_multiple) * pad_to_multiple
-            flat = np.concatenate([flat, np.zeros(padded - flat.size)])
-        return flat
-
-    def unflatten(self, vector: np.ndarray) -> list[np.ndarray]:
-        """Split a (possibly padded) vector back into arrays of this layout.
-
-        Raises
-        ------
-        ValueError
-            If the vector is shorter than :attr:`size`, or its padding is not zero.
-        """
-        vector = np.asarray(vector)
-        if vector.ndim != 1 or vector.size < self.size:
-            raise ValueError(f"vector of shape {vector.shape} cannot hold {self.size} weights")
-        if vector.size > self.size and np.any(vector[self.size :] != 0):
-            raise ValueError("padding beyond the layout size is not zero")
-        out, offset = [], 0
-        for shape, dtype in zip(self.shapes, self.dtypes):
-            count = int(np.prod(shape, dtype=np.int64))
-            out.append(vector[offset : offset + count].reshape(shape).astype(np.dtype(dtype)))
-            offset += count
-        return out
 
 
 class KerasModelAdapter:

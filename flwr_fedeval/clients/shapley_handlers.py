@@ -70,7 +70,38 @@ from flwr_fedeval.clients.identity import key_set_floor, node_identity, signed_k
 from flwr_fedeval.clients.replies import error_reply, serve
 from flwr_fedeval.fhe.backend import FHEError, create_context, load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.identity import IdentityError, SignedKey, verify_key, verify_key_set
-from flwr_fedeval.messages import array_to_bytes, bytes_to_array
+from flwr_fedeval.messages import (
+    ARRAYS_KEY,
+    CONFIG_KEY,
+    METRICS_KEY,
+    ROLES,
+    ROLE_KEY,
+    ROLE_SIGNED_PROTOCOL,
+    SHAPLEY_AUX_KEY,
+    SHAPLEY_AUX_KEYS_KEY,
+    SHAPLEY_AUX_SHARES_KEY,
+    SHAPLEY_BATCHES_KEY,
+    SHAPLEY_BUNDLES_KEY,
+    SHAPLEY_BUNDLE_KEY,
+    SHAPLEY_CONTEXT_KEY,
+    SHAPLEY_DIFFS_KEY,
+    SHAPLEY_HELLO_KEY,
+    SHAPLEY_HELPER_KEYS_KEY,
+    SHAPLEY_JOBS_KEY,
+    SHAPLEY_LEADER_KEY,
+    SHAPLEY_MODEL_KEY,
+    SHAPLEY_PEERS_KEY,
+    SHAPLEY_PREDS_KEY,
+    SHAPLEY_PRED_KEY,
+    SHAPLEY_PRODUCTS_KEY,
+    SHAPLEY_REQUEST_KEY,
+    SHAPLEY_ROUND_MODELS_KEY,
+    SHAPLEY_SHARE_KEY,
+    SHAPLEY_SIGNED_PROTOCOL,
+    SHAPLEY_SIGNED_ROLE,
+    array_to_bytes,
+    bytes_to_array,
+)
 from flwr_fedeval.shapley.parties import (
     aggregate_model,
     encrypt_model,
@@ -104,8 +135,7 @@ __all__ = [
     "encrypt_models",
 ]
 
-ROLES = ("client", "shapley-aux")
-REQUEST_KEY = "shapley"
+REQUEST_KEY = SHAPLEY_REQUEST_KEY
 STATE_MODELS = "shapley.models"          # ArrayRecord per round: "shapley.models.<t>"
 STATE_ROUNDS = "shapley.rounds"          # ConfigRecord: rounds (list), num-examples
 STATE_KEYPAIR = "shapley.keypair"
@@ -114,9 +144,9 @@ STATE_AUX = "shapley.aux"                # A: shares (ArrayRecord)
 STATE_AUX_MODELS = "shapley.aux-models"  # A: the current round's ciphertexts
 STATE_PEERS = "shapley.peers"            # verified relayed keys: client {"aux"}, A {<node>: client key}
 #: ``protocol`` of the signed key statements; ``round`` is 0 (the session id binds a key to one phase).
-SIGNED_PROTOCOL = "secsv"
+SIGNED_PROTOCOL = SHAPLEY_SIGNED_PROTOCOL
 #: Signing role per node role.
-SIGNED_ROLE = {"client": "client", "shapley-aux": "aux"}
+SIGNED_ROLE = SHAPLEY_SIGNED_ROLE
 
 
 class Refused(ValueError):
@@ -293,13 +323,13 @@ def shapley_record_mod(msg: Message, context: Context, call_next) -> Message:
     reply = call_next(msg, context)
     if msg.metadata.message_type != "train" or reply.has_error():
         return reply
-    config = msg.content["config"] if "config" in msg.content else {}
-    if "server-round" not in config or "arrays" not in reply.content:
+    config = msg.content[CONFIG_KEY] if CONFIG_KEY in msg.content else {}
+    if "server-round" not in config or ARRAYS_KEY not in reply.content:
         return reply
     rnd = int(config["server-round"])
-    context.state[f"{STATE_MODELS}.{rnd}"] = ArrayRecord(reply.content["arrays"].to_numpy_ndarrays())
+    context.state[f"{STATE_MODELS}.{rnd}"] = ArrayRecord(reply.content[ARRAYS_KEY].to_numpy_ndarrays())
     rounds = sorted(set(recorded_rounds(context)) | {rnd})
-    num = int(reply.content["metrics"]["num-examples"]) if "metrics" in reply.content else 0
+    num = int(reply.content[METRICS_KEY]["num-examples"]) if METRICS_KEY in reply.content else 0
     context.state[STATE_ROUNDS] = ConfigRecord({"rounds": rounds, "num-examples": num})
     return reply
 
@@ -322,7 +352,7 @@ def recorded_models(context: Context) -> dict[int, np.ndarray]:
 
 # --- every node --------------------------------------------------------------
 #: ``protocol`` of the signed role statement of ``query.fedeval_role``.
-ROLE_PROTOCOL = "fedeval-role"
+ROLE_PROTOCOL = ROLE_SIGNED_PROTOCOL
 
 
 def role_reply(msg: Message, role: str, context: Context | None = None,
@@ -345,7 +375,7 @@ def role_reply(msg: Message, role: str, context: Context | None = None,
     out: dict = {"role": role}
     if partition is not None:
         out["partition-id"], out["num-partitions"] = int(partition[0]), int(partition[1])
-    nonce = msg.content["role"].get("nonce") if "role" in msg.content else None
+    nonce = msg.content[ROLE_KEY].get("nonce") if ROLE_KEY in msg.content else None
     if context is not None and isinstance(nonce, str) and nonce:
         try:
             ident, _ = node_identity(context)
@@ -354,7 +384,7 @@ def role_reply(msg: Message, role: str, context: Context | None = None,
         else:
             out.update(signed_key_record(ident, protocol=ROLE_PROTOCOL, session=nonce, round=0, role=role,
                                          key=ident.public_key_bytes()))
-    return Message(content=RecordDict({"role": ConfigRecord(out)}), reply_to=msg)
+    return Message(content=RecordDict({ROLE_KEY: ConfigRecord(out)}), reply_to=msg)
 
 
 def hello(msg: Message, context: Context, role: str, *, num_test: int = 0, n_features: int = 0) -> Message:
@@ -398,7 +428,7 @@ def hello(msg: Message, context: Context, role: str, *, num_test: int = 0, n_fea
                         "num-test": int(num_test), "n-features": int(n_features),
                         "n-classes": int(n_classes), "rounds": sorted(models)})
         log(INFO, "Shapley phase: %s, X25519 fingerprint %s", role, keyshare.fingerprint(kp.public))
-        return RecordDict({"shapley-hello": ConfigRecord(out)})
+        return RecordDict({SHAPLEY_HELLO_KEY: ConfigRecord(out)})
 
     return _serve(msg, step)
 
@@ -420,8 +450,8 @@ def keygen(msg: Message, context: Context) -> Message:
     def step(request: dict) -> RecordDict:
         kp = _session(context, request)
         ident, roster = node_identity(context)
-        peers = {str(k): bytes(v) for k, v in dict(msg.content["shapley-peers"]).items()}
-        entries = _signed_entries(msg, "shapley-peers", peers)
+        peers = {str(k): bytes(v) for k, v in dict(msg.content[SHAPLEY_PEERS_KEY]).items()}
+        entries = _signed_entries(msg, SHAPLEY_PEERS_KEY, peers)
         if kp.public in peers.values():
             raise IdentityError("the peer list relays this leader's own key")
         verify_key_set(roster, entries, protocol=SIGNED_PROTOCOL, session=request["session"], round=0,
@@ -433,9 +463,9 @@ def keygen(msg: Message, context: Context) -> Message:
         context.state[STATE_SECRET] = ArrayRecord({"context": bytes_to_array(secret)})
         log(INFO, "Shapley phase: leader, CKKS keys for %d other clients", len(peers))
         return RecordDict({
-            "shapley-context": ArrayRecord({"public": bytes_to_array(ctx.public_bytes(rotation_keys=False))}),
-            "shapley-bundles": ArrayRecord({n: bytes_to_array(b) for n, b in bundles.items()}),
-            "shapley-leader": ConfigRecord(signed_key_record(ident, protocol=SIGNED_PROTOCOL,
+            SHAPLEY_CONTEXT_KEY: ArrayRecord({"public": bytes_to_array(ctx.public_bytes(rotation_keys=False))}),
+            SHAPLEY_BUNDLES_KEY: ArrayRecord({n: bytes_to_array(b) for n, b in bundles.items()}),
+            SHAPLEY_LEADER_KEY: ConfigRecord(signed_key_record(ident, protocol=SIGNED_PROTOCOL,
                                                              session=request["session"], round=0,
                                                              role="key-holder", key=kp.public)),
         })
@@ -489,10 +519,10 @@ def share_data(msg: Message, context: Context, X_test: np.ndarray, y_test: np.nd
                    role="aux", key=aux_pk)
         if aux.signer in (ident.name, leader.signer):
             raise IdentityError(f"auxiliary server {aux.signer!r} is this node or the leader: refused")
-        if "shapley-bundle" in msg.content:
+        if SHAPLEY_BUNDLE_KEY in msg.content:
             if leader_pk == kp.public:
                 raise Refused("a key bundle addressed to the leader itself")
-            secrets_ = keyshare.open_bundle(array_to_bytes(msg.content["shapley-bundle"]["sealed"]),
+            secrets_ = keyshare.open_bundle(array_to_bytes(msg.content[SHAPLEY_BUNDLE_KEY]["sealed"]),
                                             recipient=kp, sender_public=leader_pk)
             context.state[STATE_SECRET] = ArrayRecord({"context": bytes_to_array(secrets_.secret_context)})
         _secret_context(context)                          # refuse early without a key
@@ -505,7 +535,7 @@ def share_data(msg: Message, context: Context, X_test: np.ndarray, y_test: np.nd
         (x_p, y_p), (x_a, y_a) = share_test_set(X_test, np.asarray(y_test, dtype=np.int64), params)
         sealed = keyshare.seal_for(_pack_arrays(x=x_a, y=y_a), sender=kp, recipient_public=aux_pk)
         context.state[STATE_PEERS] = ConfigRecord({"session": session, "aux": aux_pk, "aux-signer": aux.signer})
-        return RecordDict({"shapley-share": ArrayRecord(
+        return RecordDict({SHAPLEY_SHARE_KEY: ArrayRecord(
             {"x": _arr(x_p), "y": _arr(y_p),
              "sealed-aux": bytes_to_array(sealed)})})
 
@@ -535,7 +565,7 @@ def encrypt_models(msg: Message, context: Context) -> Message:
         A = model_matrix(theta, int(request["weight"]), params, n_classes=n_classes, d_out=d_out)
         ctx = _secret_context(context)
         blobs = [ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)]
-        return RecordDict({"shapley-model": ArrayRecord({"cts": bytes_to_array(pack_blobs(blobs))})})
+        return RecordDict({SHAPLEY_MODEL_KEY: ArrayRecord({"cts": bytes_to_array(pack_blobs(blobs))})})
 
     return _serve(msg, step)
 
@@ -556,7 +586,7 @@ def helper(msg: Message, context: Context) -> Message:
         m, d_out, _ = _layout(request)
         ctx = _secret_context(context)
         aux_pk = _verified_aux_key(context, request)
-        batches = msg.content["shapley-batches"]
+        batches = msg.content[SHAPLEY_BATCHES_KEY]
         jobs = sorted({k.split("-", 1)[1] for k in batches.keys() if k.startswith("cts-")})
         out = {}
         for j in jobs:
@@ -568,7 +598,7 @@ def helper(msg: Message, context: Context) -> Message:
             out[f"p-{j}"] = _arr(pred_p)
             out[f"a-{j}"] = bytes_to_array(keyshare.seal_for(
                 _pack_arrays(pred=pred_a), sender=kp, recipient_public=aux_pk))
-        return RecordDict({"shapley-pred": ArrayRecord(out)})
+        return RecordDict({SHAPLEY_PRED_KEY: ArrayRecord(out)})
 
     return _serve(msg, step)
 
@@ -591,20 +621,20 @@ def aux_setup(msg: Message, context: Context) -> Message:
         keypair = _session(context, request)
         params = _params(request)
         ident, roster = node_identity(context)
-        ctx = _checked_params(load_context(array_to_bytes(msg.content["shapley-context"]["public"])))
+        ctx = _checked_params(load_context(array_to_bytes(msg.content[SHAPLEY_CONTEXT_KEY]["public"])))
         if ctx.is_private:
             raise Refused("the auxiliary server must not receive a secret key")
-        keys = {str(k): bytes(v) for k, v in dict(msg.content["shapley-aux-keys"]).items()}
+        keys = {str(k): bytes(v) for k, v in dict(msg.content[SHAPLEY_AUX_KEYS_KEY]).items()}
         order = [str(n) for n in request["order"]]
         if sorted(order) != sorted(keys) or len(set(order)) != len(order):
             raise Refused("client order and client keys list different nodes")
         if keypair.public in keys.values():
             raise IdentityError("the client keys relay this auxiliary server's own key")
-        names = verify_key_set(roster, _signed_entries(msg, "shapley-aux-keys", keys), protocol=SIGNED_PROTOCOL,
+        names = verify_key_set(roster, _signed_entries(msg, SHAPLEY_AUX_KEYS_KEY, keys), protocol=SIGNED_PROTOCOL,
                                session=request["session"], round=0, role="client", floor=key_set_floor(context))
         if ident.name in names.values():
             raise IdentityError(f"the client keys list this auxiliary server ({ident.name!r}) as a client")
-        shares = msg.content["shapley-aux-shares"]
+        shares = msg.content[SHAPLEY_AUX_SHARES_KEY]
         xs, ys = [], []
         d_in = params.n_features + 1
         for node in order:
@@ -622,13 +652,13 @@ def aux_setup(msg: Message, context: Context) -> Message:
             ys.append(y)
         X, Y = np.vstack(xs), np.concatenate(ys)
         context.state[STATE_AUX] = ArrayRecord({"x": _arr(X), "y": _arr(Y),
-                                                "context": msg.content["shapley-context"]["public"]})
+                                                "context": msg.content[SHAPLEY_CONTEXT_KEY]["public"]})
         context.state[STATE_AUX + ".order"] = ConfigRecord({"order": order})
         context.state[STATE_PEERS] = ConfigRecord({"session": request["session"], **keys})
         log(INFO, "Shapley phase: auxiliary server (%s) checked the keys of clients %s", ident.name,
             sorted(names.values()))
         log(INFO, "Shapley phase: auxiliary server holds shares of %d test samples", len(Y))
-        return RecordDict({"shapley-aux": ConfigRecord({"samples": int(len(Y))})})
+        return RecordDict({SHAPLEY_AUX_KEY: ConfigRecord({"samples": int(len(Y))})})
 
     return _serve(msg, step)
 
@@ -656,8 +686,8 @@ def aux_eval(msg: Message, context: Context) -> Message:
         m, d_out, _ = _layout(request)
         X, _, ctx = _aux_state(context)
         order = list(context.state[STATE_AUX + ".order"]["order"])
-        if "shapley-round-models" in msg.content:
-            context.state[STATE_AUX_MODELS] = msg.content["shapley-round-models"]
+        if SHAPLEY_ROUND_MODELS_KEY in msg.content:
+            context.state[STATE_AUX_MODELS] = msg.content[SHAPLEY_ROUND_MODELS_KEY]
             context.state[STATE_AUX_MODELS + ".round"] = ConfigRecord({"round": int(request["round"])})
         if (STATE_AUX_MODELS not in context.state
                 or int(context.state[STATE_AUX_MODELS + ".round"]["round"]) != int(request["round"])):
@@ -665,7 +695,7 @@ def aux_eval(msg: Message, context: Context) -> Message:
         stored = context.state[STATE_AUX_MODELS]
         models = {node: [ctx.deserialize_ciphertext(b) for b in unpack_blobs(array_to_bytes(stored[node]))]
                   for node in stored.keys()}
-        jobs = msg.content["shapley-jobs"]
+        jobs = msg.content[SHAPLEY_JOBS_KEY]
         plain_cache: dict[bytes, list] = {}
         agg_cache: dict[tuple, list] = {}
         out = {}
@@ -686,7 +716,7 @@ def aux_eval(msg: Message, context: Context) -> Message:
                 plain_cache[key] = server_plaintexts(ctx, X[ids], params, m=m, d_out=d_out)
             prods = server_products(ctx, agg_cache[members], plain_cache[key])
             out[f"cts-{j}"] = bytes_to_array(pack_blobs([ctx.serialize_ciphertext(c) for c in prods]))
-        return RecordDict({"shapley-products": ArrayRecord(out)})
+        return RecordDict({SHAPLEY_PRODUCTS_KEY: ArrayRecord(out)})
 
     return _serve(msg, step)
 
@@ -706,8 +736,8 @@ def aux_diff(msg: Message, context: Context) -> Message:
         params = _params(request)
         _, Y, _ = _aux_state(context)
         clients = _verified_client_keys(context, request)
-        preds = msg.content["shapley-preds"]
-        keys = msg.content["shapley-helper-keys"]
+        preds = msg.content[SHAPLEY_PREDS_KEY]
+        keys = msg.content[SHAPLEY_HELPER_KEYS_KEY]
         out = {}
         for j in sorted({k.split("-", 1)[1] for k in preds.keys() if k.startswith("ids-")}):
             ids = preds[f"ids-{j}"].numpy().astype(np.int64)
@@ -720,7 +750,7 @@ def aux_diff(msg: Message, context: Context) -> Message:
                                      sender_public=helper_pk)
             (pred_a,) = read_raw_npz(raw, {"pred": (np.uint64, lambda s, n=ids.size: s == (n,))})
             out[f"d-{j}"] = _arr(masked_difference(pred_a, Y[ids], params.ring_bits))
-        return RecordDict({"shapley-diffs": ArrayRecord(out)})
+        return RecordDict({SHAPLEY_DIFFS_KEY: ArrayRecord(out)})
 
     return _serve(msg, step)
 

@@ -145,7 +145,7 @@ class MaliciousAUCConfig(FHEAUCConfig):
     share_range: float = 1.0
 
     _shift = 2
-    _growth = 1.0
+    _error_safety = 2.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -402,7 +402,9 @@ def client_decrypt_auc_malicious(ctx: CKKSContext, result: bytes, *, config: Mal
     blobs = unpack_blobs(result, expected=3 * N_RUNS)
     vals = [float(ctx.decrypt(ctx.deserialize_ciphertext(b))[0]) for b in blobs]
     floor = config.mask_range[0] * config.r_range[0] ** 2 / float(config.count_scale) ** 2
-    unit_err = config.ckks_error(ctx.params)
+    def eps(v: float) -> float:
+        return config.ckks_error(ctx.params, v)
+
     aucs, bounds, errs, zero_runs = [], [], [], 0
     for run in range(N_RUNS):
         x, y, w = vals[3 * run: 3 * run + 3]
@@ -417,8 +419,9 @@ def client_decrypt_auc_malicious(ctx: CKKSContext, result: bytes, *, config: Mal
             continue
         auc = (x / y * r[2] - r[1]) / (2.0 * r[0])
         bound = (w / y * r[2] - r[10] * r[6]) / (2.0 * r[9] * r[4])
-        # d AUC = r2/(2 r0) · (dx/y + x dy/y²); same form for the bound.
-        err = unit_err * r[2] * (1.0 + abs(x / y)) / (2.0 * min(r[0], r[9] * r[4]) * abs(y))
+        # d AUC = r2/(2 r0) · (dx + |x/y| dy)/|y|; same form for the bound.
+        err = max(r[2] * (eps(x) + abs(x / y) * eps(y)) / (2.0 * r[0] * abs(y)),
+                  r[2] * (eps(w) + abs(w / y) * eps(y)) / (2.0 * r[9] * r[4] * abs(y)))
         aucs.append(auc)
         bounds.append(bound)
         errs.append(err)

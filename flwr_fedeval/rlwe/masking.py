@@ -158,12 +158,14 @@ def pairwise_mask_key(
 class _LimbStream:
     """Residues uniform in [0, p) from ChaCha20(key, nonce = limb), in chunks.
 
-    Each chunk of ``need`` values is ``need`` little-endian 32-bit keystream
-    words cut to bit_length(p - 1) bits; every value >= p is replaced, in
-    position order, by the next keystream words (cut the same way) that are
-    < p. Every value is thus an independent, exactly uniform residue
-    (rejection sampling), and the sequence depends only on (key, limb, p)
-    and the chunk size, fixed by the protocol (max(2^15, n) values).
+    A chunk of ``need`` values takes ``need + spare`` little-endian 32-bit
+    keystream words (``spare`` fixed by p and the chunk size), each cut to
+    bit_length(p - 1) bits. The first ``need`` are the values; every value
+    >= p is replaced, in position order, by the next spare word that is < p
+    (and by further keystream words, should the spare ones run out). This is
+    rejection sampling: every value is an independent, exactly uniform
+    residue. The sequence depends only on (key, limb, p) and the chunk size,
+    fixed by the protocol (max(2^15, n) values).
     """
 
     def __init__(self, key: bytes, limb: int, p: int, chunk: int = 1 << 15) -> None:
@@ -172,25 +174,32 @@ class _LimbStream:
         self.p = p
         bits = (p - 1).bit_length()
         self._cut = np.uint32((1 << bits) - 1)
-        self._chunk = chunk
-        self._zeros = bytes(4 * chunk)
-        self._raw = bytearray(4 * chunk + 64)
-        self._vals = np.empty(chunk, dtype=np.uint32)
-
-    def _words(self, count: int) -> np.ndarray:
-        self._enc.update_into(memoryview(self._zeros)[: 4 * count], self._raw)
-        return np.frombuffer(self._raw, dtype="<u4", count=count)
+        accept = p / float(1 << bits)
+        self._spare = int(chunk * (1.0 / accept - 1.0) * 1.5) + 64
+        width = chunk + self._spare
+        self._zeros = bytes(4 * width)
+        self._raw = bytearray(4 * width)
+        self._vals = np.empty(width, dtype=np.uint32)
+        self._bad = np.empty(width, dtype=bool)
 
     def next(self, need: int) -> np.ndarray:
         """The next ``need`` (<= chunk) residues, a uint32 view valid until the next call."""
-        vals = np.bitwise_and(self._words(need), self._cut, out=self._vals[:need])
-        bad = np.flatnonzero(vals >= self.p)
-        while bad.size:
-            extra = np.bitwise_and(self._words(min(bad.size + 16, self._chunk)), self._cut)
-            extra = extra[extra < self.p][: bad.size]
-            vals[bad[: extra.size]] = extra
-            bad = bad[extra.size :]
-        return vals
+        w = need + self._spare
+        self._enc.update_into(memoryview(self._zeros)[: 4 * w], self._raw)
+        words = np.frombuffer(self._raw, dtype="<u4", count=w)
+        vals = np.bitwise_and(words, self._cut, out=self._vals[:w])
+        bad = np.flatnonzero(np.greater_equal(vals[:need], self.p, out=self._bad[:need]))
+        if bad.size:
+            pool = vals[need:]
+            pool = pool[pool < self.p]
+            if pool.size < bad.size:  # rare: more keystream
+                extra = [pool]
+                while sum(e.size for e in extra) < bad.size:
+                    more = np.frombuffer(self._enc.update(bytes(4 * (bad.size + 64))), dtype="<u4") & self._cut
+                    extra.append(more[more < self.p])
+                pool = np.concatenate(extra)
+            vals[bad] = pool[: bad.size]
+        return vals[:need]
 
 
 def _pair_key_bytes(key: bytes) -> bytes:

@@ -20,9 +20,15 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points
-from flwr_fedeval.messages import EVALUATE_THRESHOLD_COUNTS, counts_from_record
+from flwr_fedeval.messages import (
+    ARRAYS_KEY,
+    COUNTS_KEY,
+    EVALUATE_THRESHOLD_COUNTS,
+    EVALUATION_KEY,
+    counts_from_record,
+)
 from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
-from flwr_fedeval.strategies.exchange import exchange
+from flwr_fedeval.strategies.base import EvaluationPhase
 
 __all__ = ["AUCPhaseResult", "PlaintextAUCPhase"]
 
@@ -73,8 +79,13 @@ class AUCPhaseResult:
         return f"{self.method}[{', '.join(extra)}]" if extra else self.method
 
 
-class PlaintextAUCPhase:
+class PlaintextAUCPhase(EvaluationPhase):
     """Global AUC from plaintext threshold counts (the reference phase).
+
+    One step: ``evaluate.threshold_counts`` with the global model and the N
+    public decision points to every node; each replies its TP/FP/TN/FN; the
+    server checks and sums them and computes the trapezoid AUC (Baykara et
+    al. 2025, Eqs. 2-3).
 
     Parameters
     ----------
@@ -87,8 +98,14 @@ class PlaintextAUCPhase:
     arrayrecord_key : str, default="arrays"
     timeout : float, default=3600
         Seconds to wait for the replies.
+
+    Raises
+    ------
+    ValueError
+        For an invalid ``num_decision_points``, ``spacing``, ``min_nodes`` or ``timeout``.
     """
 
+    method = "plain"
     message_type = EVALUATE_THRESHOLD_COUNTS
 
     def __init__(
@@ -97,13 +114,33 @@ class PlaintextAUCPhase:
         *,
         spacing: str = "linear",
         min_nodes: int = 2,
-        arrayrecord_key: str = "arrays",
+        arrayrecord_key: str = ARRAYS_KEY,
         timeout: float = 3600,
     ) -> None:
+        super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
-        self.min_nodes = min_nodes
-        self.arrayrecord_key = arrayrecord_key
-        self.timeout = timeout
+        self.spacing = spacing
+
+    def _summary_items(self) -> list[tuple[str, str]]:
+        return [("Decision points", f"N={self.thresholds.size} ({self.spacing})"),
+                ("AUC known to", "the server (it sees every client's counts)"), *super()._summary_items()]
+
+    def collect_counts(self, grid: Grid, arrays: ArrayRecord, nodes: list[int]) -> dict[int, ConfusionCounts]:
+        """The step: global model and decision points to ``nodes``; their checked counts."""
+        content = RecordDict(
+            {
+                self.arrayrecord_key: arrays,
+                EVALUATION_KEY: ArrayRecord({"thresholds": Array(self.thresholds)}),
+            }
+        )
+        return self.exchange(
+            grid,
+            dict.fromkeys(nodes, content),
+            self.message_type,
+            lambda node, reply: counts_from_record(reply[COUNTS_KEY], self.thresholds.size),
+            step="threshold counts",
+            what="counts",
+        )
 
     def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
         """Send the global model and thresholds to every node, sum, compute AUC.
@@ -115,34 +152,18 @@ class PlaintextAUCPhase:
         flwr_fedeval.metrics.auc.UndefinedAUCError
             If the pooled test data has a single class.
         """
-        node_ids = sorted(grid.get_node_ids())
-        content = RecordDict(
-            {
-                self.arrayrecord_key: arrays,
-                "evaluation": ArrayRecord({"thresholds": Array(self.thresholds)}),
-            }
-        )
-        failed: dict[int, str] = {}
-        valid = exchange(
-            grid,
-            dict.fromkeys(node_ids, content),
-            self.message_type,
-            lambda node, reply: counts_from_record(reply["counts"], self.thresholds.size),
-            failed,
-            what="counts",
-            phase="plain",
-            timeout=self.timeout,
-        )
+        self._start_run()
+        self.summary()
+        with self.step("threshold counts"):
+            valid = self.collect_counts(grid, arrays, sorted(grid.get_node_ids()))
         contributors = sorted(valid)
-        total: ConfusionCounts | None = None
-        for node in contributors:
-            total = valid[node] if total is None else total + valid[node]
-        if total is None or len(contributors) < self.min_nodes:
-            raise RuntimeError(
-                f"AUC phase: {len(contributors)} valid replies, at least {self.min_nodes} needed"
-            )
+        self.require(contributors, "(threshold counts)")
+        total: ConfusionCounts = valid[contributors[0]]
+        for node in contributors[1:]:
+            total = total + valid[node]
         auc = auc_from_counts(total)
         bound = resolution_bound(total)
         log(INFO, "AUC phase (plain): %d clients, %d decision points, global AUC %.6f (resolution bound %.2g)",
             len(contributors), self.thresholds.size, auc, bound)
-        return AUCPhaseResult(auc, self.thresholds, total, sorted(contributors), failed, resolution_bound=bound)
+        return AUCPhaseResult(auc, self.thresholds, total, contributors, self.failures.reasons(),
+                              resolution_bound=bound)

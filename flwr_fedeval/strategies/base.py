@@ -42,9 +42,10 @@ from typing import Any
 from flwr.app import Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import validate_message_reply_consistency
 
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
 
 __all__ = [
     "EvaluationPhase",
@@ -53,6 +54,7 @@ __all__ = [
     "FailureRecordingGrid",
     "Failures",
     "ReadableFailuresMixin",
+    "ReadableFedAvg",
     "StepTimer",
     "collapse_failures",
     "log_failures",
@@ -294,6 +296,16 @@ class Failures(dict):
     :meth:`reasons` gives the ``{node: "reason"}`` mapping reported in results.
     """
 
+    def __setitem__(self, node: int, value: Failure | str) -> None:
+        # A bare reason is a failure the server found itself (e.g. a duplicate key).
+        if not isinstance(value, Failure):
+            value = Failure("", int(ReplyCode.MALFORMED_REPLY), str(value))
+        super().__setitem__(int(node), value)
+
+    def update(self, other=(), **kw) -> None:  # type: ignore[override]
+        for k, v in dict(other, **kw).items():
+            self[k] = v
+
     def add(self, node: int, step: str, code: int, reason: str) -> None:
         self[int(node)] = Failure(step, int(code), str(reason))
 
@@ -303,7 +315,7 @@ class Failures(dict):
 
     def reasons(self) -> dict[int, str]:
         """``{node: one-line reason}`` (JSON-friendly; the full reason is in the DEBUG log)."""
-        return {n: (f.summary if isinstance(f, Failure) else str(f)) for n, f in self.items()}
+        return {n: f.summary for n, f in self.items()}
 
     def lines(self) -> list[str]:
         return format_failures(self)
@@ -415,7 +427,7 @@ class EvaluationPhase:
     #: Prefix of the log lines.
     label = "AUC phase"
 
-    def __init__(self, *, min_nodes: int = 2, arrayrecord_key: str = "arrays", timeout: float = 3600,
+    def __init__(self, *, min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600,
                  min_nodes_floor: int = 1) -> None:
         if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < min_nodes_floor:
             raise ValueError(f"min_nodes must be an integer >= {min_nodes_floor}, got {min_nodes!r}")
@@ -500,3 +512,7 @@ class ReadableFailuresMixin:
                 check_arrayrecord=is_train,
             )
         return valid, errors
+
+
+class ReadableFedAvg(ReadableFailuresMixin, FedAvg):
+    """Flower's ``FedAvg`` with failed replies logged collapsed by reason (:class:`ReadableFailuresMixin`)."""

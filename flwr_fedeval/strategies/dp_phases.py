@@ -54,22 +54,30 @@ from flwr_fedeval.dp import (
 )
 from flwr_fedeval.fhe.counts import decision_points
 from flwr_fedeval.messages import (
+    ReplyCode,
+    COUNTS_KEY,
+    DP_KEY,
     EVALUATE_DPAUC_LAPLACE,
     EVALUATE_DPAUC_RR,
     EVALUATE_FEDAUC_SCORES,
     EVALUATE_FEDAUC_STATS,
+    EVALUATION_KEY,
+    FEDAUC_KEY,
+    NOISY_COUNTS_KEY,
+    SCORES_KEY,
+    STATS_KEY,
     counts_from_record,
     local_stats_from_record,
     noisy_counts_from_record,
     scores_from_record,
 )
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
-from flwr_fedeval.strategies.exchange import exchange as _exchange
+from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
 __all__ = ["DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCLaplacePhase", "FedAUCRRPhase"]
 
 
-def _details(estimate: AUCEstimate, failed: dict[int, str], **extra: Any) -> dict:
+def _details(estimate: AUCEstimate, failures: Failures, **extra: Any) -> dict:
     """JSON-friendly record of how the number was produced."""
     details = {
         "variant": estimate.variant,
@@ -79,32 +87,18 @@ def _details(estimate: AUCEstimate, failed: dict[int, str], **extra: Any) -> dic
         **{k: float(v) for k, v in estimate.details.items()},
         **extra,
     }
-    refused = sorted(n for n, r in failed.items() if "BudgetError" in r)
+    refused = sorted(failures.with_code(ReplyCode.BUDGET_EXHAUSTED))
     if refused:
         details["budget_refused"] = refused
     return details
 
 
-class _DPPhase:
-    """Shared configuration of the DP phases (see the subclasses)."""
+class _DPPhase(EvaluationPhase):
+    """Shared configuration and bookkeeping of the DP phases (see the subclasses)."""
 
-    method = ""
+    label = "AUC phase"
 
-    def __init__(self, *, min_nodes: int = 2, arrayrecord_key: str = "arrays", timeout: float = 3600) -> None:
-        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 1:
-            raise ValueError(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
-        self.min_nodes = min_nodes
-        self.arrayrecord_key = arrayrecord_key
-        self.timeout = timeout
-
-    def _require(self, contributors, failed: dict[int, str], step: str = "") -> None:
-        if len(contributors) < self.min_nodes:
-            raise RuntimeError(
-                f"AUC phase ({self.method}){step}: {len(contributors)} valid replies, at least "
-                f"{self.min_nodes} needed; left out: {failed}"
-            )
-
-    def _finish(self, estimate: AUCEstimate, thresholds, contributors, failed, **extra) -> AUCPhaseResult:
+    def _finish(self, estimate: AUCEstimate, thresholds, contributors, **extra) -> AUCPhaseResult:
         log(INFO, "AUC phase (%s, %s, eps=%g): %d clients, AUC %.6f%s", self.method, estimate.variant,
             estimate.epsilon, len(contributors), estimate.auc, "" if estimate.defined else f" ({estimate.reason})")
         return AUCPhaseResult(
@@ -112,9 +106,9 @@ class _DPPhase:
             thresholds=np.asarray(thresholds, dtype=np.float64),
             counts=None,
             contributors=sorted(contributors),
-            failed=dict(failed),
+            failed=self.failures.reasons(),
             method=self.method,
-            details=_details(estimate, failed, **extra),
+            details=_details(estimate, self.failures, **extra),
         )
 
 
@@ -126,22 +120,25 @@ class _ThresholdDPPhase(_DPPhase):
     def __init__(self, num_decision_points: int = 100, *, spacing: str = "linear", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
+        self.spacing = spacing
 
     def _collect(self, grid: Grid, arrays: ArrayRecord, dp: dict, parse, what: str):
+        """The one step: global model, decision points and DP parameters to every node; checked replies."""
+        self._start_run()
+        self.summary()
         content = RecordDict(
             {
                 self.arrayrecord_key: arrays,
-                "evaluation": ArrayRecord({"thresholds": Array(self.thresholds)}),
-                "dp": ConfigRecord(dp),
+                EVALUATION_KEY: ArrayRecord({"thresholds": Array(self.thresholds)}),
+                DP_KEY: ConfigRecord(dp),
             }
         )
-        failed: dict[int, str] = {}
         nodes = sorted(grid.get_node_ids())
-        valid = _exchange(grid, dict.fromkeys(nodes, content), self.message_type, parse, failed,
-                          what=what, phase=self.method, timeout=self.timeout)
-        self._require(valid, failed)
-        return valid, failed
-
+        with self.step(what):
+            valid = self.exchange(grid, dict.fromkeys(nodes, content), self.message_type, parse,
+                                  step=what, what=what)
+        self.require(valid, f"({what})")
+        return valid
 
 class DPAUCLaplacePhase(_ThresholdDPPhase):
     """DPAUC_Lap: Laplace-noised threshold counts, trapezoid AUC (Sun et al., AAAI 2023).
@@ -179,8 +176,9 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
         self.params = DPAUCLaplaceParams(epsilon, self.thresholds.size)  # validates epsilon
         self.clipping = clipping
 
-    def summary(self) -> str:
-        return f"{self.params.summary()}, clipping={self.clipping}, min_nodes={self.min_nodes}"
+    def _summary_items(self) -> list[tuple[str, str]]:
+        return [("Mechanism", self.params.summary()), ("Clipping", self.clipping),
+                ("Decision points", f"N={self.thresholds.size} ({self.spacing})"), *super()._summary_items()]
 
     def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
         """Collect noisy counts from every node and compute the DPAUC_Lap estimate.
@@ -191,13 +189,13 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
             If fewer than ``min_nodes`` clients return valid noisy counts.
         """
         n = self.thresholds.size
-        valid, failed = self._collect(
+        valid = self._collect(
             grid, arrays, {"epsilon": self.params.epsilon},
-            lambda node, c: noisy_counts_from_record(c["noisy-counts"], n), "noisy counts",
+            lambda node, c: noisy_counts_from_record(c[NOISY_COUNTS_KEY], n), "noisy counts",
         )
         estimate = dpauc_laplace_server([valid[k] for k in sorted(valid)], clipping=self.clipping,
                                         epsilon=self.params.epsilon)
-        return self._finish(estimate, self.thresholds, valid, failed, num_decision_points=n)
+        return self._finish(estimate, self.thresholds, valid, num_decision_points=n)
 
 
 class DPAUCRRPhase(_ThresholdDPPhase):
@@ -224,9 +222,10 @@ class DPAUCRRPhase(_ThresholdDPPhase):
         super().__init__(num_decision_points, **kwargs)
         self.params = RandomizedResponseParams(epsilon)
 
-    def summary(self) -> str:
-        return (f"DPAUC_RR: epsilon={self.params.epsilon:g} per client (flip probability "
-                f"{self.params.flip_probability:.4g}), N={self.thresholds.size}, min_nodes={self.min_nodes}")
+    def _summary_items(self) -> list[tuple[str, str]]:
+        return [("Mechanism", f"DPAUC_RR: epsilon={self.params.epsilon:g} per client (flip probability "
+                              f"{self.params.flip_probability:.4g})"),
+                ("Decision points", f"N={self.thresholds.size} ({self.spacing})"), *super()._summary_items()]
 
     def run(self, grid: Grid, arrays: ArrayRecord) -> AUCPhaseResult:
         """Collect counts of the flipped labels and compute the debiased AUC.
@@ -237,12 +236,12 @@ class DPAUCRRPhase(_ThresholdDPPhase):
             If fewer than ``min_nodes`` clients return valid counts.
         """
         n = self.thresholds.size
-        valid, failed = self._collect(
+        valid = self._collect(
             grid, arrays, {"epsilon": self.params.epsilon},
-            lambda node, c: counts_from_record(c["counts"], n), "counts",
+            lambda node, c: counts_from_record(c[COUNTS_KEY], n), "counts",
         )
         estimate = dpauc_rr_server([valid[k] for k in sorted(valid)], self.params)
-        return self._finish(estimate, self.thresholds, valid, failed, num_decision_points=n)
+        return self._finish(estimate, self.thresholds, valid, num_decision_points=n)
 
 
 class _FedAUCPhase(_DPPhase):
@@ -277,37 +276,50 @@ class _FedAUCPhase(_DPPhase):
             If fewer than ``min_nodes`` clients send scores, or a client that
             sent scores does not return valid statistics.
         """
+        self._start_run()
+        self.summary()
         session = secrets.token_hex(16)
-        failed: dict[int, str] = {}
-        nodes = sorted(grid.get_node_ids())
-        request = RecordDict({
-            self.arrayrecord_key: arrays,
-            "dp": ConfigRecord({"session": session, "mechanism": self.mechanism, "epsilon": self.epsilon}),
-        })
-        scores = _exchange(grid, dict.fromkeys(nodes, request), EVALUATE_FEDAUC_SCORES,
-                           lambda node, c: scores_from_record(c["scores"]), failed,
-                           what="scores", phase=self.method, timeout=self.timeout)
-        self._require(scores, failed, " round 1")
+        with self.step("round 1 (shuffled scores)"):
+            scores = self.collect_scores(grid, arrays, session)
+        self.require(scores, "round 1")
         order = sorted(scores)
-        ranks = fedauc_server_ranks([scores[k] for k in order], ties=self.ties)  # type: ignore[arg-type]
+        with self.step("global ranks"):
+            ranks = fedauc_server_ranks([scores[k] for k in order], ties=self.ties)  # type: ignore[arg-type]
         num_scores = sum(scores[k].size for k in order)
-        dp = {"session": session, "mechanism": self.mechanism, "epsilon": self.epsilon,
-              **self._dp_config(float(max(num_scores - 1, 0)))}
-        contents = {
-            k: RecordDict({"fedauc": ArrayRecord({"ranks": Array(np.ascontiguousarray(r))}), "dp": ConfigRecord(dp)})
-            for k, r in zip(order, ranks)
-        }
-        stats = _exchange(grid, contents, EVALUATE_FEDAUC_STATS,
-                          lambda node, c: LocalStats(*local_stats_from_record(c["stats"], scores[node].size)),
-                          failed, what="stats", phase=self.method, timeout=self.timeout)
+        with self.step("round 2 (local statistics)"):
+            stats = self.collect_stats(grid, session, dict(zip(order, ranks)),
+                                       {k: scores[k].size for k in order}, float(max(num_scores - 1, 0)))
         lost = sorted(set(order) - set(stats))
         if lost:
             raise RuntimeError(
                 f"AUC phase ({self.method}): node(s) {lost} sent scores but no valid statistics; the global "
-                f"ranks include their scores, so the others' statistics cannot be used: {failed}"
+                f"ranks include their scores, so the others' statistics cannot be used: "
+                f"{'; '.join(self.failures.lines())}"
             )
         estimate = self._estimate([stats[k] for k in order])
-        return self._finish(estimate, [], order, failed, ties=self.ties, num_scores=int(num_scores))
+        return self._finish(estimate, [], order, ties=self.ties, num_scores=int(num_scores))
+
+    def collect_scores(self, grid: Grid, arrays: ArrayRecord, session: str) -> dict[int, np.ndarray]:
+        """Round 1: the global model to every node; each node's shuffled scores (checked)."""
+        nodes = sorted(grid.get_node_ids())
+        request = RecordDict({
+            self.arrayrecord_key: arrays,
+            DP_KEY: ConfigRecord({"session": session, "mechanism": self.mechanism, "epsilon": self.epsilon}),
+        })
+        return self.exchange(grid, dict.fromkeys(nodes, request), EVALUATE_FEDAUC_SCORES,
+                             lambda node, c: scores_from_record(c[SCORES_KEY]), step="round 1", what="scores")
+
+    def collect_stats(self, grid: Grid, session: str, ranks: dict[int, np.ndarray], sizes: dict[int, int],
+                      max_rank: float) -> dict[int, LocalStats]:
+        """Round 2: each round-1 contributor's global ranks; its (noisy) ``(localSum, localP, localN)``."""
+        dp = {"session": session, "mechanism": self.mechanism, "epsilon": self.epsilon, **self._dp_config(max_rank)}
+        contents = {
+            k: RecordDict({FEDAUC_KEY: ArrayRecord({"ranks": Array(np.ascontiguousarray(r))}), DP_KEY: ConfigRecord(dp)})
+            for k, r in ranks.items()
+        }
+        return self.exchange(grid, contents, EVALUATE_FEDAUC_STATS,
+                             lambda node, c: LocalStats(*local_stats_from_record(c[STATS_KEY], sizes[node])),
+                             step="round 2", what="stats")
 
 
 class FedAUCRRPhase(_FedAUCPhase):
@@ -333,8 +345,9 @@ class FedAUCRRPhase(_FedAUCPhase):
         self.params = RandomizedResponseParams(epsilon)
         self.epsilon = self.params.epsilon
 
-    def summary(self) -> str:
-        return f"FedAUC_RR: epsilon={self.epsilon:g} per client, ties={self.ties}, min_nodes={self.min_nodes}"
+    def _summary_items(self) -> list[tuple[str, str]]:
+        return [("Mechanism", f"FedAUC_RR: epsilon={self.epsilon:g} per client"), ("Ties", self.ties),
+                *super()._summary_items()]
 
     def _dp_config(self, max_rank: float) -> dict:
         return {}
@@ -373,8 +386,8 @@ class FedAUCLaplacePhase(_FedAUCPhase):
                                           alpha=alpha, beta=beta)
         self.epsilon = self.params.epsilon
 
-    def summary(self) -> str:
-        return f"{self.params.summary()}, ties={self.ties}, min_nodes={self.min_nodes}"
+    def _summary_items(self) -> list[tuple[str, str]]:
+        return [("Mechanism", self.params.summary()), ("Ties", self.ties), *super()._summary_items()]
 
     def _dp_config(self, max_rank: float) -> dict:
         p = self.params

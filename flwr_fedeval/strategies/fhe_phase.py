@@ -63,22 +63,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_fedeval.clients.fhe_handlers import (
-    BUNDLE_KEY,
-    BUNDLES_KEY,
-    CONTEXT_KEY,
-    COUNTS_KEY,
-    HOLDER_KEY,
-    PEER_SIGNATURES_KEY,
-    PEER_SIGNERS_KEY,
-    PEERS_KEY,
-    PROTOCOLS,
-    PUBKEY_KEY,
-    REPORT_KEY,
-    REQUEST_KEY,
-    RESULT_KEY,
-    SIGNED_PROTOCOL,
-)
 from flwr_fedeval.fhe.auc import (
     FHEAUCConfig,
     aggregate_auc,
@@ -89,7 +73,24 @@ from flwr_fedeval.fhe.backend import BACKENDS, CKKSContext, CKKSParams, load_con
 from flwr_fedeval.fhe.counts import decision_points
 from flwr_fedeval.identity import Roster, SignedKey, verify_key
 from flwr_fedeval.messages import (
+    ARRAYS_KEY,
+    ReplyCode,
     EVALUATE_FHE_COUNTS,
+    EVALUATION_KEY,
+    FHE_BUNDLE_KEY,
+    FHE_BUNDLES_KEY,
+    FHE_CONTEXT_KEY,
+    FHE_COUNTS_KEY,
+    FHE_HOLDER_KEY,
+    FHE_PEER_SIGNATURES_KEY,
+    FHE_PEER_SIGNERS_KEY,
+    FHE_PEERS_KEY,
+    FHE_PROTOCOLS,
+    FHE_PUBKEY_KEY,
+    FHE_REPORT_KEY,
+    FHE_REQUEST_KEY,
+    FHE_RESULT_KEY,
+    FHE_SIGNED_PROTOCOL,
     QUERY_FHE_KEYGEN,
     QUERY_FHE_PUBKEY,
     QUERY_FHE_RESULT,
@@ -98,7 +99,7 @@ from flwr_fedeval.messages import (
 )
 from flwr_fedeval.metrics.auc import UndefinedAUCError
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
-from flwr_fedeval.strategies.exchange import exchange
+from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
 __all__ = ["FHEAUCPhase", "TamperingReportedError"]
 
@@ -125,7 +126,7 @@ class TamperingReportedError(RuntimeError):
         )
 
 
-class FHEAUCPhase:
+class FHEAUCPhase(EvaluationPhase):
     """Global AUC under FHE; only the clients can decrypt (Baykara et al. 2025).
 
     Parameters
@@ -139,7 +140,8 @@ class FHEAUCPhase:
         S, additive shares per value (malicious only). Needs
         ``S·(N+1) + 2 ≤`` slot count (4096 with TenSEAL).
     backend : {"tenseal", "openfhe"}, default="tenseal"
-        CKKS engine the key holder uses (OpenFHE needs Python 3.10).
+        CKKS engine the key holder uses (OpenFHE: the ``[openfhe]`` extra,
+        CPython 3.10 here; without it ``MissingExtraError``, an ``ImportError``).
     spacing : {"linear", "logit"}, default="linear"
         See :func:`flwr_fedeval.fhe.counts.decision_points`.
     share_auc_with_server : bool, default=True
@@ -164,6 +166,7 @@ class FHEAUCPhase:
     """
 
     method = "fhe"
+    label = "FHE AUC phase"
 
     def __init__(
         self,
@@ -176,20 +179,21 @@ class FHEAUCPhase:
         share_auc_with_server: bool = True,
         metrics_threshold: float | None = None,
         min_nodes: int = 2,
-        arrayrecord_key: str = "arrays",
+        arrayrecord_key: str = ARRAYS_KEY,
         timeout: float = 3600,
         roster: Roster | None = None,
     ) -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
+        if protocol not in FHE_PROTOCOLS:
+            raise ValueError(f"protocol must be one of {FHE_PROTOCOLS}, got {protocol!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 2:
             raise ValueError(f"n_splits must be an integer >= 2, got {n_splits!r}")
-        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 1:
-            raise ValueError(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
         if metrics_threshold is not None and not 0.0 <= float(metrics_threshold) <= 1.0:
             raise ValueError(f"metrics_threshold must be None or in [0, 1], got {metrics_threshold!r}")
+        if backend == "openfhe":  # the aggregator needs the engine too: fail before any client works
+            import flwr_fedeval.fhe.openfhe_backend  # noqa: F401  (MissingExtraError names [openfhe])
         self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
         n = self.thresholds.size
         self.slots = required_slots(n, n_splits) if protocol == "malicious" else n + 1
@@ -206,41 +210,36 @@ class FHEAUCPhase:
         self.backend = backend
         self.share_auc_with_server = bool(share_auc_with_server)
         self.metrics_threshold = None if metrics_threshold is None else float(metrics_threshold)
-        self.min_nodes = min_nodes
-        self.arrayrecord_key = arrayrecord_key
-        self.timeout = timeout
         self.roster = roster
         #: The public context of the last run (bytes), for inspection; never a secret key.
         self.public_context_bytes: bytes | None = None
 
-    def summary(self) -> str:
-        """One line: protocol, N, S, backend and who learns the AUC."""
+    def _summary_items(self) -> list[tuple[str, str]]:
         splits = f", S={self.n_splits}" if self.protocol == "malicious" else ""
-        metrics = "" if self.metrics_threshold is None else f", metrics at {self.metrics_threshold:g}"
         who = "clients (reported to the server)" if self.share_auc_with_server else "clients only"
-        return (f"FHE AUC ({self.protocol}, N={self.thresholds.size}{splits}, {self.backend}, "
-                f"{self.slots} slots{metrics}); AUC known to {who}; min_nodes={self.min_nodes}")
+        items = [("Protocol", f"{self.protocol}{splits}"),
+                 ("Decision points", f"N={self.thresholds.size}"),
+                 ("CKKS", f"{self.backend}, {self.slots} slots"),
+                 ("AUC known to", who)]
+        if self.metrics_threshold is not None:
+            items.append(("Threshold metrics at", f"{self.metrics_threshold:g}"))
+        return [*items, *super()._summary_items()]
 
     # --- message exchange -------------------------------------------------------
     def _exchange(self, grid: Grid, contents: dict[int, RecordDict], message_type: str,
-                  parse: Callable[[int, RecordDict], Any], failed: dict[int, str], what: str) -> dict[int, Any]:
-        """:func:`~flwr_fedeval.strategies.exchange.exchange` with this phase's timeout."""
-        return exchange(grid, contents, message_type, parse, failed, what=what,
-                        phase="fhe", timeout=self.timeout)
+                  parse: Callable[[int, RecordDict], Any], failed: Failures, what: str) -> dict[int, Any]:
+        """:meth:`EvaluationPhase.exchange` recording failures in ``failed``."""
+        return self.exchange(grid, contents, message_type, parse, step=what, what=what, failures=failed)
 
-    def _require(self, nodes, failed: dict[int, str], step: str) -> None:
-        if len(nodes) < self.min_nodes:
-            raise RuntimeError(
-                f"FHE AUC phase ({self.protocol}), {step}: {len(nodes)} valid replies, at least "
-                f"{self.min_nodes} needed; left out: {failed}"
-            )
+    def _require(self, nodes, failed: Failures, step: str) -> None:
+        self.require(nodes, f"({self.protocol}), {step}")
 
     def _request(self, session: str, **values: Any) -> ConfigRecord:
         return ConfigRecord({"session": session, **values})
 
     # --- step 1 -------------------------------------------------------------------
     def collect_public_keys(self, grid: Grid, nodes: list[int], session: str,
-                            failed: dict[int, str]) -> dict[int, tuple[bytes, int, SignedKey]]:
+                            failed: Failures) -> dict[int, tuple[bytes, int, SignedKey]]:
         """Step 1: ``{node: (X25519 public key, test-size bucket, signed key)}``.
 
         With a :attr:`roster`, a node whose signature does not verify is left
@@ -248,7 +247,7 @@ class FHEAUCPhase:
         both left out."""
 
         def parse(node: int, content: RecordDict) -> tuple[bytes, int, SignedKey]:
-            rec = content[PUBKEY_KEY]
+            rec = content[FHE_PUBKEY_KEY]
             pk, bucket = rec["public-key"], rec["test-size-bucket"]
             if not isinstance(pk, bytes) or len(pk) != 32:
                 raise ValueError("public key must be 32 bytes")
@@ -258,11 +257,11 @@ class FHEAUCPhase:
             if not isinstance(signer, str) or not isinstance(sig, bytes):
                 raise ValueError("public key is not signed (signer, signature missing)")
             if self.roster is not None:
-                verify_key(self.roster, signer, sig, protocol=SIGNED_PROTOCOL, session=session, round=0,
+                verify_key(self.roster, signer, sig, protocol=FHE_SIGNED_PROTOCOL, session=session, round=0,
                            role="client", key=pk)
             return pk, bucket, SignedKey(signer, pk, sig)
 
-        request = RecordDict({REQUEST_KEY: self._request(session)})
+        request = RecordDict({FHE_REQUEST_KEY: self._request(session)})
         keys = self._exchange(grid, dict.fromkeys(nodes, request), QUERY_FHE_PUBKEY, parse, failed, "public key")
         seen: dict[bytes, int] = {}
         names: dict[str, int] = {}
@@ -278,7 +277,7 @@ class FHEAUCPhase:
 
     # --- step 2 -------------------------------------------------------------------
     def setup_keys(self, grid: Grid, holder: int, peers: dict[int, SignedKey], session: str,
-                   failed: dict[int, str], *, holder_pk: bytes) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey] | None:
+                   failed: Failures, *, holder_pk: bytes) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey] | None:
         """Step 2: the key holder's public context (loaded, checked), sealed bundles and
         its signed key (role ``"key-holder"``).
 
@@ -286,27 +285,27 @@ class FHEAUCPhase:
         """
         content = RecordDict(
             {
-                REQUEST_KEY: self._request(session, backend=self.backend, slots=self.slots),
-                PEERS_KEY: ConfigRecord({str(n): p.key for n, p in peers.items()}),
-                PEER_SIGNERS_KEY: ConfigRecord({str(n): p.signer for n, p in peers.items()}),
-                PEER_SIGNATURES_KEY: ConfigRecord({str(n): p.signature for n, p in peers.items()}),
+                FHE_REQUEST_KEY: self._request(session, backend=self.backend, slots=self.slots),
+                FHE_PEERS_KEY: ConfigRecord({str(n): p.key for n, p in peers.items()}),
+                FHE_PEER_SIGNERS_KEY: ConfigRecord({str(n): p.signer for n, p in peers.items()}),
+                FHE_PEER_SIGNATURES_KEY: ConfigRecord({str(n): p.signature for n, p in peers.items()}),
             }
         )
 
         def parse(node: int, reply: RecordDict):
-            public = array_to_bytes(reply[CONTEXT_KEY]["public"])
+            public = array_to_bytes(reply[FHE_CONTEXT_KEY]["public"])
             ctx = load_context(public)
             if ctx.is_private:  # never kept: the server must not hold a secret key
                 raise ValueError("the key holder sent a context WITH the secret key; refused")
             if ctx.backend != self.backend or ctx.slot_count < self.slots:
                 raise ValueError(f"public context is {ctx.backend} with {ctx.slot_count} slots, "
                                  f"expected {self.backend} with >= {self.slots}")
-            bundles = {int(k): array_to_bytes(v) for k, v in reply[BUNDLES_KEY].items()}
-            rec = reply[HOLDER_KEY]
+            bundles = {int(k): array_to_bytes(v) for k, v in reply[FHE_BUNDLES_KEY].items()}
+            rec = reply[FHE_HOLDER_KEY]
             signed = SignedKey(str(rec["signer"]), holder_pk, bytes(rec["signature"]))
             if self.roster is not None:
-                verify_key(self.roster, signed.signer, signed.signature, protocol=SIGNED_PROTOCOL, session=session,
-                           round=0, role="key-holder", key=signed.key)
+                verify_key(self.roster, signed.signer, signed.signature, protocol=FHE_SIGNED_PROTOCOL,
+                           session=session, round=0, role="key-holder", key=signed.key)
             return ctx, public, bundles, signed
 
         got = self._exchange(grid, {holder: content}, QUERY_FHE_KEYGEN, parse, failed, "key setup")
@@ -315,7 +314,7 @@ class FHEAUCPhase:
     # --- steps 3-4 ------------------------------------------------------------------
     def collect_counts(self, grid: Grid, arrays: ArrayRecord, ctx: CKKSContext, participants: list[int],
                        bundles: dict[int, bytes], holder: int, holder_key: SignedKey, session: str,
-                       config: FHEAUCConfig, failed: dict[int, str]) -> tuple[dict[int, tuple[bytes, bytes | None]], bytes]:
+                       config: FHEAUCConfig, failed: Failures) -> tuple[dict[int, tuple[bytes, bytes | None]], bytes]:
         """Steps 3–4: relay the bundles and the key holder's signed key, collect and check the
         encrypted counts.
 
@@ -349,11 +348,11 @@ class FHEAUCPhase:
             )
             records: dict[str, Any] = {
                 self.arrayrecord_key: arrays,
-                "evaluation": ArrayRecord({"thresholds": Array(self.thresholds)}),
-                REQUEST_KEY: request,
+                EVALUATION_KEY: ArrayRecord({"thresholds": Array(self.thresholds)}),
+                FHE_REQUEST_KEY: request,
             }
             if node != holder:
-                records[BUNDLE_KEY] = ArrayRecord({"sealed": bytes_to_array(bundles[node])})
+                records[FHE_BUNDLE_KEY] = ArrayRecord({"sealed": bytes_to_array(bundles[node])})
             contents[node] = RecordDict(records)
 
         def check(data: bytes, expected: int) -> bytes:
@@ -363,7 +362,7 @@ class FHEAUCPhase:
             return data
 
         def parse(node: int, reply: RecordDict):
-            rec = reply[COUNTS_KEY]
+            rec = reply[FHE_COUNTS_KEY]
             auc_msg = check(array_to_bytes(rec["auc"]), per_client)
             metrics_msg = None
             if self.metrics_threshold is not None:
@@ -386,15 +385,15 @@ class FHEAUCPhase:
 
     # --- step 6 -----------------------------------------------------------------------
     def distribute_result(self, grid: Grid, nodes: list[int], result: bytes, metrics: bytes | None,
-                          session: str) -> tuple[dict[int, dict], dict[int, str]]:
-        """Step 6: send the result; ``({node: report}, {node: error reason})``."""
+                          session: str) -> tuple[dict[int, dict], Failures]:
+        """Step 6: send the result; ``({node: report}, {node: failure})``."""
         records = {"auc": bytes_to_array(result)}
         if metrics is not None:
             records["metrics"] = bytes_to_array(metrics)
-        content = RecordDict({REQUEST_KEY: self._request(session), RESULT_KEY: ArrayRecord(records)})
+        content = RecordDict({FHE_REQUEST_KEY: self._request(session), FHE_RESULT_KEY: ArrayRecord(records)})
 
         def parse(node: int, reply: RecordDict) -> dict:
-            report = dict(reply[REPORT_KEY])
+            report = dict(reply[FHE_REPORT_KEY])
             if report.get("status") != "ok":
                 raise ValueError(f"status {report.get('status')!r}")
             for k in ("auc", *_METRICS):
@@ -402,7 +401,7 @@ class FHEAUCPhase:
                     raise ValueError(f"report '{k}' must be a float")
             return report
 
-        errors: dict[int, str] = {}
+        errors = Failures()
         reports = self._exchange(grid, dict.fromkeys(nodes, content), QUERY_FHE_RESULT, parse, errors,
                                  "report")
         return reports, errors
@@ -441,14 +440,15 @@ class FHEAUCPhase:
         flwr_fedeval.metrics.auc.UndefinedAUCError
             If the clients report a single-class pooled test set.
         """
-        log(INFO, "%s", self.summary())
+        self.summary()
         t0 = time.perf_counter()
         session = secrets.token_hex(16)
         nodes = sorted(grid.get_node_ids())
-        failed: dict[int, str] = {}
+        failed = self._start_run()
 
         # 1. public keys
-        keys = self.collect_public_keys(grid, nodes, session, failed)
+        with self.step("step 1 (public keys)"):
+            keys = self.collect_public_keys(grid, nodes, session, failed)
         self._require(keys, failed, "step 1 (public keys)")
         total_bound = sum(v[1] for v in keys.values())
         config_kw = {"n_points": int(self.thresholds.size), "max_rows": max(int(total_bound), 1)}
@@ -462,7 +462,8 @@ class FHEAUCPhase:
             self._require(candidates, failed, "step 2 (key holder)")
             holder = secrets.choice(candidates)
             peers = {n: keys[n][2] for n in candidates if n != holder}
-            setup = self.setup_keys(grid, holder, peers, session, failed, holder_pk=keys[holder][0])
+            with self.step("step 2 (key setup)"):
+                setup = self.setup_keys(grid, holder, peers, session, failed, holder_pk=keys[holder][0])
             candidates.remove(holder)
             if setup is not None:
                 candidates.append(holder)
@@ -479,8 +480,9 @@ class FHEAUCPhase:
         while True:
             self._require(participants, failed, "step 4 (encrypted counts)")
             attempts += 1
-            valid, _ = self.collect_counts(grid, arrays, ctx, participants, bundles, holder,
-                                           holder_key, session, config, failed)
+            with self.step("steps 3-4 (encrypted counts)"):
+                valid, _ = self.collect_counts(grid, arrays, ctx, participants, bundles, holder,
+                                               holder_key, session, config, failed)
             if len(valid) == len(participants) or self.protocol == "semi-honest":
                 participants = sorted(valid)
                 break
@@ -493,30 +495,32 @@ class FHEAUCPhase:
 
         # 5. aggregation, public context only
         t_agg = time.perf_counter()
-        result = self.aggregate(ctx, [valid[n][0] for n in participants], config)
-        metrics = None
-        if self.metrics_threshold is not None:
-            metrics = self.aggregate_metrics(ctx, [valid[n][1] for n in participants], config)
+        with self.step("step 5 (aggregation, public context only)"):
+            result = self.aggregate(ctx, [valid[n][0] for n in participants], config)
+            metrics = None
+            if self.metrics_threshold is not None:
+                metrics = self.aggregate_metrics(ctx, [valid[n][1] for n in participants], config)
         t_agg = time.perf_counter() - t_agg
 
         # 6. clients decrypt
-        reports, errors = self.distribute_result(grid, participants, result, metrics, session)
+        with self.step("step 6 (clients decrypt)"):
+            reports, errors = self.distribute_result(grid, participants, result, metrics, session)
         return self._finish(participants, failed, reports, errors, holder=holder, config=config,
                             attempts=attempts, t_agg=t_agg, t_total=time.perf_counter() - t0)
 
-    def _finish(self, contributors: list[int], failed: dict[int, str], reports: dict[int, dict],
-                errors: dict[int, str], *, holder: int, config: FHEAUCConfig, attempts: int,
+    def _finish(self, contributors: list[int], failed: Failures, reports: dict[int, dict],
+                errors: Failures, *, holder: int, config: FHEAUCConfig, attempts: int,
                 t_agg: float, t_total: float) -> AUCPhaseResult:
-        tampering = {n: r for n, r in errors.items() if "TamperingDetectedError" in r}
+        tampering = {n: f.summary for n, f in errors.with_code(ReplyCode.TAMPERING_DETECTED).items()}
         if tampering:
             for node, reason in tampering.items():
                 log(ERROR, "FHE AUC phase: node %d detected tampering: %s", node, reason)
             raise TamperingReportedError(tampering)
-        undefined = {n: r for n, r in errors.items() if "UndefinedAUCError" in r}
+        undefined = {n: f.summary for n, f in errors.with_code(ReplyCode.UNDEFINED_AUC).items()}
         if not reports:
             if undefined:
                 raise UndefinedAUCError(f"FHE AUC phase: {next(iter(undefined.values()))}")
-            raise RuntimeError(f"FHE AUC phase: no client could decrypt the result: {errors}")
+            raise RuntimeError(f"FHE AUC phase: no client could decrypt the result: {'; '.join(errors.lines())}")
 
         shared = {n: r for n, r in reports.items() if r.get("shared") and "auc" in r}
         details: dict[str, Any] = {
@@ -531,7 +535,7 @@ class FHEAUCPhase:
             "aggregation_s": t_agg,
             "phase_s": t_total,
             "decrypted_by": sorted(reports),
-            "decrypt_failed": {int(k): v for k, v in errors.items()},
+            "decrypt_failed": errors.reasons(),
         }
         if self.protocol == "malicious":
             details["n_splits"] = self.n_splits
@@ -574,7 +578,7 @@ class FHEAUCPhase:
             thresholds=np.asarray(self.thresholds, dtype=np.float64),
             counts=None,
             contributors=sorted(contributors),
-            failed=dict(failed),
+            failed=failed.reasons(),
             method=self.method,
             details=details,
             resolution_bound=bound,

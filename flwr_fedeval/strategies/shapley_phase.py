@@ -51,10 +51,28 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_fedeval.clients.shapley_handlers import REQUEST_KEY, ROLES, SIGNED_PROTOCOL, SIGNED_ROLE
 from flwr_fedeval.fhe.backend import load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.identity import IdentityError, Roster, verify_key
 from flwr_fedeval.messages import (
+    ROLE_KEY,
+    SHAPLEY_AUX_KEY,
+    SHAPLEY_AUX_KEYS_KEY,
+    SHAPLEY_AUX_SHARES_KEY,
+    SHAPLEY_BATCHES_KEY,
+    SHAPLEY_BUNDLES_KEY,
+    SHAPLEY_BUNDLE_KEY,
+    SHAPLEY_CONTEXT_KEY,
+    SHAPLEY_DIFFS_KEY,
+    SHAPLEY_HELLO_KEY,
+    SHAPLEY_HELPER_KEYS_KEY,
+    SHAPLEY_JOBS_KEY,
+    SHAPLEY_MODEL_KEY,
+    SHAPLEY_PEERS_KEY,
+    SHAPLEY_PREDS_KEY,
+    SHAPLEY_PRED_KEY,
+    SHAPLEY_PRODUCTS_KEY,
+    SHAPLEY_ROUND_MODELS_KEY,
+    SHAPLEY_SHARE_KEY,
     QUERY_FEDEVAL_ROLE,
     QUERY_SHAPLEY_AUX_DIFF,
     QUERY_SHAPLEY_AUX_EVAL,
@@ -64,6 +82,12 @@ from flwr_fedeval.messages import (
     QUERY_SHAPLEY_KEYGEN,
     QUERY_SHAPLEY_MODELS,
     QUERY_SHAPLEY_SHARE,
+    ROLES,
+    ROLE_SIGNED_PROTOCOL,
+    SHAPLEY_LEADER_KEY,
+    SHAPLEY_SIGNED_PROTOCOL,
+    SHAPLEY_SIGNED_ROLE,
+    SHAPLEY_REQUEST_KEY,
     array_to_bytes,
     bytes_to_array,
 )
@@ -80,7 +104,7 @@ from flwr_fedeval.shapley.parties import (
     server_products,
 )
 from flwr_fedeval.shapley.secsv import SecSVParams, pick_helper, quantize_weights, shapley_ckks_params
-from flwr_fedeval.strategies.exchange import exchange
+from flwr_fedeval.strategies.base import EvaluationPhase, Failures, exchange_replies
 
 __all__ = ["NodeSubsetGrid", "SecSVPhase", "ShapleyPhaseError", "ShapleyPhaseResult", "discover_roles"]
 
@@ -139,11 +163,11 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
     ShapleyPhaseError
         (``strict``) A node did not answer or answered an unknown role.
     """
-    failed: dict[int, str] = {}
+    failed = Failures()
     nonce = secrets.token_hex(16)
 
     def parse(node: int, content: RecordDict) -> tuple[str, str | None, str | None]:
-        rec = content["role"]
+        rec = content[ROLE_KEY]
         role = str(rec["role"])
         if partitions is not None and "partition-id" in rec and "num-partitions" in rec:
             partitions[node] = (int(rec["partition-id"]), int(rec["num-partitions"]))
@@ -155,18 +179,18 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
         if not isinstance(signer, str) or not isinstance(sig, bytes):
             return role, None, f"no signed identity ({rec.get('identity-error', 'node sent none')})"
         try:
-            verify_key(roster, signer, sig, protocol="fedeval-role", session=nonce, round=0, role=role,
+            verify_key(roster, signer, sig, protocol=ROLE_SIGNED_PROTOCOL, session=nonce, round=0, role=role,
                        key=roster.public_key_bytes(signer))
         except IdentityError as exc:
             return role, None, str(exc)
         return role, signer, None
 
     nodes = list(grid.get_node_ids())
-    request = RecordDict({"role": ConfigRecord({"nonce": nonce})})
-    got = exchange(grid, dict.fromkeys(nodes, request), QUERY_FEDEVAL_ROLE, parse, failed,
-                   what="role", phase="roles", timeout=timeout, label=_LABEL)
+    request = RecordDict({ROLE_KEY: ConfigRecord({"nonce": nonce})})
+    got = exchange_replies(grid, dict.fromkeys(nodes, request), QUERY_FEDEVAL_ROLE, parse, failed,
+                           step="roles", what="role", timeout=timeout, label=_LABEL)
     if failed and strict:
-        raise ShapleyPhaseError("role discovery", failed)
+        raise ShapleyPhaseError("role discovery", failed.reasons())
     roles = {**{n: "client" for n in failed}, **{n: r for n, (r, _, _) in got.items()}}
     if roster is not None:
         out = {} if refused is None else refused
@@ -179,7 +203,7 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
                 out[n] = out[signers[signer]] = f"two nodes sign as roster member {signer!r}"
             else:
                 signers[signer] = n
-        out.update({n: f"no role reply: {why}" for n, why in failed.items()})
+        out.update({n: f"no role reply: {why}" for n, why in failed.reasons().items()})
         for n in out:
             roles.pop(n, None)
         if out:
@@ -247,8 +271,66 @@ def _payload_bytes(content: RecordDict) -> int:
     return total
 
 
-class SecSVPhase:
+@dataclass
+class _SecSVRun:
+    """Per-run state of :class:`SecSVPhase`, filled step by step (nothing is set on the phase)."""
+
+    clients: list[int]
+    aux: int
+    #: Public fields sent in every request (session id, then the public parameters).
+    request: dict
+    stats: dict
+    # step 1 (hello)
+    params: SecSVParams | None = None
+    n_classes: int = 0
+    m: int = 0
+    d_out: int = 0
+    weights: dict[int, int] = field(default_factory=dict)
+    pk: dict[int, bytes] = field(default_factory=dict)
+    n_test: dict[int, int] = field(default_factory=dict)
+    recorded: dict[int, set[int]] = field(default_factory=dict)
+    #: Step-1 replies (signed X25519 keys, relayed to the other parties as signed).
+    hello: dict[int, dict] = field(default_factory=dict)
+    # step 2 (keygen)
+    leader: int = -1
+    #: The leader's signature of its X25519 key for role "key-holder" (``signer``, ``signature``).
+    leader_signature: dict = field(default_factory=dict)
+    ctx: Any = None
+    public_context: bytes = b""
+    # step 3 (share)
+    X_P: np.ndarray | None = None
+    y_P: np.ndarray | None = None
+    #: Owner of every sample as an index into ``clients`` (node IDs are 64-bit unsigned).
+    owners: np.ndarray | None = None
+    # steps 5-8
+    full_batches: list[np.ndarray] = field(default_factory=list)
+    full_keys: set[bytes] = field(default_factory=set)
+    full_plain: dict[bytes, list] = field(default_factory=dict)
+    helper_turn: int = 0
+    failed_helpers: set[int] = field(default_factory=set)
+
+    @property
+    def index(self) -> dict[int, int]:
+        return {n: i for i, n in enumerate(self.clients)}
+
+    @property
+    def num_samples(self) -> int:
+        return 0 if self.y_P is None else len(self.y_P)
+
+
+def _new_stats() -> dict:
+    return {"bytes_sent": 0, "bytes_received": 0, "messages": 0, "batches": 0,
+            "evaluated_samples": 0, "skipped_samples": 0, "helper_replacements": 0}
+
+
+class SecSVPhase(EvaluationPhase):
     """Secure Federated Shapley Values with two non-colluding servers (Zheng et al. 2023, Alg. 3).
+
+    One method per protocol step (see the module docstring): :meth:`hello`
+    (1), :meth:`keygen` (2), :meth:`share` (3), :meth:`aux_setup` (4),
+    :meth:`encrypted_models` (5), :meth:`aux_products` (6),
+    :meth:`helper_decryption` (7), :meth:`aux_differences` (8); per-run state
+    lives in one ``_SecSVRun`` object passed between them.
 
     Parameters
     ----------
@@ -267,8 +349,7 @@ class SecSVPhase:
         Fixed point (see :class:`~flwr_fedeval.shapley.secsv.SecSVParams`); the
         ring ``Z_{2^k}`` and the limbs follow from the bounds (``for_bounds``).
     min_nodes : int, default=2
-        Fewest data clients the phase runs with (a helper must not own the
-        batch it decrypts).
+        At least 2: a helper must not own the batch it decrypts.
     timeout : float, default=600
         Seconds per exchange.
     roster : flwr_fedeval.identity.Roster, optional
@@ -279,50 +360,60 @@ class SecSVPhase:
     Raises
     ------
     ValueError
-        If ``model_bound`` or ``feature_bound`` is not > 0, or ``min_nodes``
-        is not an integer ≥ 2. Bounds that fit no fixed-point parameters are
-        refused when :meth:`run` derives them (``SecSVParams.for_bounds``).
+        A bound is not > 0, a number of bits is not an integer >= 1,
+        ``min_nodes`` < 2 or ``timeout`` is not > 0. Bounds that fit no
+        fixed-point parameters are refused when :meth:`run` derives them
+        (``SecSVParams.for_bounds``).
     """
+
+    method = "secsv"
+    label = _LABEL
 
     def __init__(self, *, sample_skip: bool = True, binary_margin: bool = True, model_bound: float = 8.0,
                  feature_bound: float = 16.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
                  weight_bits: int = 8, min_nodes: int = 2, timeout: float = 600.0,
                  roster: Roster | None = None) -> None:
+        super().__init__(min_nodes=min_nodes, timeout=timeout, min_nodes_floor=2)
         if not (model_bound > 0 and feature_bound > 0):
             raise ValueError("model_bound and feature_bound must be > 0")
-        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 2:
-            raise ValueError(f"min_nodes must be an integer >= 2 (a helper must not own the batch), got {min_nodes!r}")
+        for name, bits in (("data_frac_bits", data_frac_bits), ("model_frac_bits", model_frac_bits),
+                           ("weight_bits", weight_bits)):
+            if isinstance(bits, bool) or not isinstance(bits, int) or bits < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {bits!r}")
         self.sample_skip = bool(sample_skip)
         self.binary_margin = bool(binary_margin)
         self.bounds = dict(model_bound=float(model_bound), feature_bound=float(feature_bound),
                            data_frac_bits=int(data_frac_bits), model_frac_bits=int(model_frac_bits),
                            weight_bits=int(weight_bits))
-        self.min_nodes = min_nodes
-        self.timeout = float(timeout)
         self.roster = roster
 
-    def summary(self) -> str:
-        return (f"SecSV (two servers, Matrix Reducing{', SampleSkip' if self.sample_skip else ''}), "
-                f"|θ| ≤ {self.bounds['model_bound']}, |x| ≤ {self.bounds['feature_bound']}")
+    def _summary_items(self) -> list[tuple[str, str]]:
+        return [("Protocol", f"SecSV (two servers, Matrix Reducing{', SampleSkip' if self.sample_skip else ''})"),
+                ("Public bounds", f"|θ| ≤ {self.bounds['model_bound']}, |x| ≤ {self.bounds['feature_bound']}"),
+                ("Fixed point", f"data 2^-{self.bounds['data_frac_bits']}, model 2^-{self.bounds['model_frac_bits']}, "
+                                f"weights {self.bounds['weight_bits']} bits"),
+                ("Minimum nodes", str(self.min_nodes)), ("Timeout per step", f"{self.timeout:g} s")]
 
     # -- plumbing -------------------------------------------------------------
-    def _exchange(self, grid, contents: dict[int, RecordDict], mtype: str, parse, step: str, *,
+    def _exchange(self, grid, st: _SecSVRun, contents: dict[int, RecordDict], mtype: str, parse, step: str, *,
                   allow_failures: bool = False) -> tuple[dict[int, Any], dict[int, str]]:
+        """Send (with the run's public request fields), check, count bytes; a failure ends the phase
+        with :class:`ShapleyPhaseError` unless ``allow_failures``."""
         for c in contents.values():
-            c[REQUEST_KEY] = ConfigRecord(dict(self._request, **dict(c.get(REQUEST_KEY, {}))))
-            self._stats["bytes_sent"] += _payload_bytes(c)
-        failed: dict[int, str] = {}
+            c[SHAPLEY_REQUEST_KEY] = ConfigRecord(dict(st.request, **dict(c.get(SHAPLEY_REQUEST_KEY, {}))))
+            st.stats["bytes_sent"] += _payload_bytes(c)
+        failures = Failures()
 
         def counted(node, content):
-            self._stats["bytes_received"] += _payload_bytes(content)
+            st.stats["bytes_received"] += _payload_bytes(content)
             return parse(node, content)
 
-        valid = exchange(grid, contents, mtype, counted, failed, what=step, phase=step,
-                         timeout=self.timeout, label=_LABEL)
-        self._stats["messages"] += len(contents)
-        if failed and not allow_failures:
-            raise ShapleyPhaseError(step, failed)
-        return valid, failed
+        valid = self.exchange(grid, contents, mtype, counted, step=step, what=step, failures=failures)
+        self.failures.update(failures)
+        st.stats["messages"] += len(contents)
+        if failures and not allow_failures:
+            raise ShapleyPhaseError(step, failures.reasons())
+        return valid, failures.reasons()
 
     # -- the phase ------------------------------------------------------------
     def run(self, grid: Grid, *, clients: Iterable[int] | None = None,
@@ -341,8 +432,11 @@ class SecSVPhase:
             bounds that fit no fixed-point parameters.
         """
         t0 = time.perf_counter()
+        self._start_run()
+        self.summary()
         if clients is None or aux_node is None:
-            roles = discover_roles(grid, timeout=self.timeout)
+            with self.step("step 0 (roles)"):
+                roles = discover_roles(grid, timeout=self.timeout)
             auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
             if not auxes:
                 raise ShapleyPhaseError("role discovery", {0: "no node has fedeval-role = 'shapley-aux' "
@@ -355,130 +449,75 @@ class SecSVPhase:
             raise ValueError("the auxiliary server cannot be a data client")
         if len(clients) < self.min_nodes:
             raise ValueError(f"{len(clients)} clients, the phase needs at least {self.min_nodes}")
-        self._stats = {"bytes_sent": 0, "bytes_received": 0, "messages": 0, "batches": 0,
-                       "evaluated_samples": 0, "skipped_samples": 0, "helper_replacements": 0}
-        self._request = {"session": secrets.token_hex(16)}
+        st = _SecSVRun(clients=clients, aux=aux, request={"session": secrets.token_hex(16)}, stats=_new_stats())
 
-        # step 1
-        hello, _ = self._exchange(grid, {n: RecordDict() for n in clients + [aux]}, QUERY_SHAPLEY_HELLO,
-                                  lambda n, c: dict(c["shapley-hello"]), "hello")
+        with self.step("step 1 (hello)"):
+            self.hello(grid, st)
+        with self.step("step 2 (key generation)"):
+            bundles = self.keygen(grid, st)
+        with self.step("step 3 (test-set shares)"):
+            sealed_for_aux = self.share(grid, st, bundles)
+        with self.step("step 4 (aux setup)"):
+            self.aux_setup(grid, st, sealed_for_aux)
+
+        # steps 5-8, round by round
+        rounds = sorted(set().union(*st.recorded.values()))
+        players, utilities = [], []
+        for t in rounds:       # every round in the union has at least one member
+            members = [n for n in clients if t in st.recorded[n]]
+            with self.step(f"steps 5-8 (round {t})"):
+                utilities.append(self.round_utilities(grid, st, t, members))
+            players.append(members)
+            log(INFO, "%s: round %d, %d coalitions, v(I^t) = %.4f", _LABEL, t, len(utilities[-1]),
+                utilities[-1][frozenset(members)])
+        res = fsv_from_utilities(utilities, players, n_classes=st.n_classes)
+        st.stats["seconds"] = time.perf_counter() - t0
+        st.stats["samples"] = st.num_samples
+        log(INFO, "%s: FSV %s (%.1f s, %d (sample, coalition) pairs evaluated, %d skipped, %.1f MB sent, "
+            "%.1f MB received)", _LABEL, " ".join(f"node {n}: {v:+.4f}" for n, v in zip(res.clients, res.fsv)),
+            st.stats["seconds"], st.stats["evaluated_samples"], st.stats["skipped_samples"],
+            st.stats["bytes_sent"] / 1e6, st.stats["bytes_received"] / 1e6)
+        return ShapleyPhaseResult(
+            fsv={int(n): float(v) for n, v in zip(res.clients, res.fsv)}, ssv=res.ssv,
+            utilities=[{tuple(sorted(S)): float(v) for S, v in u.items()} for u in res.utilities],
+            empty_utilities=res.empty_utilities, rounds=rounds,
+            clients=res.clients, weights=st.weights, aux_node=aux, leader=st.leader, sample_skip=self.sample_skip,
+            stats=dict(st.stats))
+
+    # -- step 1 ---------------------------------------------------------------
+    def hello(self, grid: Grid, st: _SecSVRun) -> None:
+        """Step 1: roles, X25519 keys, sizes and recorded rounds of every client and A; fixes the
+        public parameters (fixed point, CKKS, batch size m, output rows d_out, FedAvg weights)."""
+        clients, aux = st.clients, st.aux
+        hello, _ = self._exchange(grid, st, {n: RecordDict() for n in clients + [aux]}, QUERY_SHAPLEY_HELLO,
+                                  lambda n, c: dict(c[SHAPLEY_HELLO_KEY]), "hello")
         self._check_roles(hello, clients, aux)
-        self._check_signatures(hello)
+        self._check_signatures(st, hello)
+        st.hello = hello
         info = {n: hello[n] for n in clients}
         n_features = {int(i["n-features"]) for i in info.values()}
         n_classes = {int(i["n-classes"]) for i in info.values()}
         if len(n_features) != 1 or len(n_classes) != 1:
             raise ValueError(f"clients disagree on the model: features {sorted(n_features)}, classes {sorted(n_classes)}")
         (d,), (c,) = n_features, n_classes
-        n_test = {n: int(info[n]["num-test"]) for n in clients}
-        if sum(n_test.values()) == 0:
+        st.n_test = {n: int(info[n]["num-test"]) for n in clients}
+        if sum(st.n_test.values()) == 0:
             raise ValueError("no client has test samples")
         params = SecSVParams.for_bounds(n_features=d, max_clients=len(clients), ckks=shapley_ckks_params(),
                                         **self.bounds)
-        d_out = 1 if (self.binary_margin and c == 2) else c
-        m = max_batch(params.ckks.slot_count, d_out)
-        weights = quantize_weights({n: int(info[n]["num-examples"]) for n in clients}, bits=params.weight_bits)
-        self._request.update({k.replace("_", "-"): v for k, v in params.to_config().items()})
-        self._request.update({"m": m, "d-out": d_out, "n-classes": c})
-        pk = {n: bytes(hello[n]["public-key"]) for n in clients + [aux]}
+        st.params, st.n_classes = params, c
+        st.d_out = 1 if (self.binary_margin and c == 2) else c
+        st.m = max_batch(params.ckks.slot_count, st.d_out)
+        st.weights = quantize_weights({n: int(info[n]["num-examples"]) for n in clients}, bits=params.weight_bits)
+        st.request.update({k.replace("_", "-"): v for k, v in params.to_config().items()})
+        st.request.update({"m": st.m, "d-out": st.d_out, "n-classes": c})
+        st.pk = {n: bytes(hello[n]["public-key"]) for n in clients + [aux]}
+        st.recorded = {n: {int(r) for r in info[n]["rounds"]} for n in clients}
         log(INFO, "%s: %s; %d clients, aux server node %d, ring Z_2^%d, %d limbs of %d bits, m=%d, d_out=%d",
-            _LABEL, self.summary(), len(clients), aux, params.ring_bits, params.n_limbs, params.limb_bits, m, d_out)
+            _LABEL, self.describe(), len(clients), aux, params.ring_bits, params.n_limbs, params.limb_bits,
+            st.m, st.d_out)
 
-        # step 2
-        leader = secrets.choice(clients)
-        others = [n for n in clients if n != leader]
-        keyrep, _ = self._exchange(grid, {leader: RecordDict(self._signed_keys("shapley-peers", others, hello))},
-                                   QUERY_SHAPLEY_KEYGEN,
-                                   lambda n, ct: (array_to_bytes(ct["shapley-context"]["public"]),
-                                                  {k: array_to_bytes(v) for k, v in ct["shapley-bundles"].items()},
-                                                  dict(ct["shapley-leader"])),
-                                   "keygen")
-        public_bytes, bundles, leader_sig = keyrep[leader]
-        if self.roster is not None:
-            try:
-                verify_key(self.roster, str(leader_sig["signer"]), bytes(leader_sig["signature"]),
-                           protocol=SIGNED_PROTOCOL, session=self._request["session"], round=0, role="key-holder",
-                           key=pk[leader])
-            except IdentityError as exc:
-                raise ShapleyPhaseError("keygen", {leader: str(exc)}) from None
-        ctx = load_context(public_bytes)
-        if ctx.is_private:
-            raise ShapleyPhaseError("keygen", {leader: "the public context carries a secret key"})
-        if ctx.params != params.ckks:
-            raise ShapleyPhaseError("keygen", {leader: f"CKKS parameters {ctx.params} differ from {params.ckks}"})
-        missing = [n for n in clients if n != leader and str(n) not in bundles]
-        if missing:
-            raise ShapleyPhaseError("keygen", {leader: f"no key bundle for nodes {missing}"})
-
-        # step 3
-        extra = {"leader-public-key": pk[leader], "leader-signer": str(leader_sig["signer"]),
-                 "leader-signature": bytes(leader_sig["signature"]), "aux-public-key": pk[aux],
-                 "aux-signer": str(hello[aux]["signer"]), "aux-signature": bytes(hello[aux]["signature"])}
-        contents = {}
-        for n in clients:
-            rd = RecordDict({REQUEST_KEY: ConfigRecord(extra)})
-            if n != leader:
-                rd["shapley-bundle"] = ArrayRecord({"sealed": bytes_to_array(bundles[str(n)])})
-            contents[n] = rd
-
-        def parse_share(n, ct):
-            rec = ct["shapley-share"]
-            x, y = rec["x"].numpy(), rec["y"].numpy()
-            if x.dtype != np.uint64 or y.dtype != np.uint64 or x.shape != (n_test[n], d + 1) or y.shape != (n_test[n],):
-                raise ValueError(f"share shapes {x.shape}/{y.shape} (uint64 expected), announced {n_test[n]} samples")
-            return x, y, array_to_bytes(rec["sealed-aux"])
-
-        shares, _ = self._exchange(grid, contents, QUERY_SHAPLEY_SHARE, parse_share, "share")
-        self.X_P = np.vstack([shares[n][0] for n in clients])
-        self.y_P = np.concatenate([shares[n][1] for n in clients])
-        # Owner of every sample as an index into ``clients`` (node IDs are 64-bit unsigned).
-        self.owners = np.concatenate([np.full(n_test[n], i, dtype=np.int64) for i, n in enumerate(clients)])
-        M = len(self.y_P)
-
-        # step 4
-        aux_content = RecordDict({
-            REQUEST_KEY: ConfigRecord({"order": [str(n) for n in clients]}),
-            "shapley-context": ArrayRecord({"public": bytes_to_array(public_bytes)}),
-            "shapley-aux-shares": ArrayRecord({f"sealed-{n}": bytes_to_array(shares[n][2]) for n in clients}),
-            **self._signed_keys("shapley-aux-keys", clients, hello),
-        })
-        got, _ = self._exchange(grid, {aux: aux_content}, QUERY_SHAPLEY_AUX_SETUP,
-                                lambda n, ct: int(ct["shapley-aux"]["samples"]), "aux setup")
-        if got[aux] != M:
-            raise ShapleyPhaseError("aux setup", {aux: f"holds {got[aux]} samples, P holds {M}"})
-
-        # steps 5-8, round by round
-        self._ctx, self._params, self._m, self._d_out, self._pk, self._clients = ctx, params, m, d_out, pk, clients
-        self._aux, self._index = aux, {n: i for i, n in enumerate(clients)}
-        self._full_plain: dict[bytes, list] = {}
-        self._full_batches = [np.arange(M)[pos] for pos in plan_batches(self.owners, m, range(len(clients)))]
-        self._full_keys = {b.tobytes() for b in self._full_batches}
-        self._helper_turn = 0
-        self._failed_helpers: set[int] = set()
-        recorded = {n: {int(r) for r in info[n]["rounds"]} for n in clients}
-        rounds = sorted(set().union(*recorded.values()))
-        players, utilities = [], []
-        for t in rounds:       # every round in the union has at least one member
-            members = [n for n in clients if t in recorded[n]]
-            utilities.append(self._round(grid, t, members, weights, aux, M))
-            players.append(members)
-            log(INFO, "%s: round %d, %d coalitions, v(I^t) = %.4f", _LABEL, t, len(utilities[-1]),
-                utilities[-1][frozenset(members)])
-        res = fsv_from_utilities(utilities, players, n_classes=c)
-        self._stats["seconds"] = time.perf_counter() - t0
-        self._stats["samples"] = M
-        log(INFO, "%s: FSV %s (%.1f s, %d (sample, coalition) pairs evaluated, %d skipped, %.1f MB sent, "
-            "%.1f MB received)", _LABEL, " ".join(f"node {n}: {v:+.4f}" for n, v in zip(res.clients, res.fsv)),
-            self._stats["seconds"], self._stats["evaluated_samples"], self._stats["skipped_samples"],
-            self._stats["bytes_sent"] / 1e6, self._stats["bytes_received"] / 1e6)
-        return ShapleyPhaseResult(
-            fsv={int(n): float(v) for n, v in zip(res.clients, res.fsv)}, ssv=res.ssv,
-            utilities=[{tuple(sorted(S)): float(v) for S, v in u.items()} for u in res.utilities],
-            empty_utilities=res.empty_utilities, rounds=rounds,
-            clients=res.clients, weights=weights, aux_node=aux, leader=leader, sample_skip=self.sample_skip,
-            stats=dict(self._stats))
-
-    def _check_signatures(self, hello: dict) -> None:
+    def _check_signatures(self, st: _SecSVRun, hello: dict) -> None:
         """With a roster: every hello key signed by a distinct roster member for its role."""
         failed: dict[int, str] = {}
         signers: dict[str, int] = {}
@@ -493,8 +532,8 @@ class SecSVPhase:
             if self.roster is None:
                 continue
             try:
-                verify_key(self.roster, signer, sig, protocol=SIGNED_PROTOCOL, session=self._request["session"],
-                           round=0, role=SIGNED_ROLE[h["role"]], key=bytes(h["public-key"]))
+                verify_key(self.roster, signer, sig, protocol=SHAPLEY_SIGNED_PROTOCOL, session=st.request["session"],
+                           round=0, role=SHAPLEY_SIGNED_ROLE[h["role"]], key=bytes(h["public-key"]))
             except IdentityError as exc:
                 failed[n] = str(exc)
         if failed:
@@ -515,24 +554,123 @@ class SecSVPhase:
         if wrong:
             raise ShapleyPhaseError("hello", wrong)
 
-    def _round(self, grid, t: int, members: list[int], weights: dict[int, int], aux: int, M: int) -> dict:
-        """Steps 5–8 for round ``t``: utilities of every coalition of ``members``."""
-        d_in = self._params.n_features + 1
+    # -- step 2 ---------------------------------------------------------------
+    def keygen(self, grid: Grid, st: _SecSVRun) -> dict[str, bytes]:
+        """Step 2: a random leader makes the clients' CKKS keys; P loads and checks the public
+        context. Returns the sealed key bundles ``{str(node): bytes}`` for the other clients."""
+        clients = st.clients
+        leader = secrets.choice(clients)
+        others = [n for n in clients if n != leader]
+        keyrep, _ = self._exchange(grid, st, {leader: RecordDict(self._signed_keys(SHAPLEY_PEERS_KEY, others, st.hello))},
+                                   QUERY_SHAPLEY_KEYGEN,
+                                   lambda n, ct: (array_to_bytes(ct[SHAPLEY_CONTEXT_KEY]["public"]),
+                                                  {k: array_to_bytes(v) for k, v in ct[SHAPLEY_BUNDLES_KEY].items()},
+                                                  dict(ct[SHAPLEY_LEADER_KEY])),
+                                   "keygen")
+        public_bytes, bundles, leader_sig = keyrep[leader]
+        if self.roster is not None:
+            try:
+                verify_key(self.roster, str(leader_sig["signer"]), bytes(leader_sig["signature"]),
+                           protocol=SHAPLEY_SIGNED_PROTOCOL, session=st.request["session"], round=0,
+                           role="key-holder", key=st.pk[leader])
+            except IdentityError as exc:
+                raise ShapleyPhaseError("keygen", {leader: str(exc)}) from None
+        st.leader_signature = leader_sig
+        ctx = load_context(public_bytes)
+        if ctx.is_private:
+            raise ShapleyPhaseError("keygen", {leader: "the public context carries a secret key"})
+        if ctx.params != st.params.ckks:
+            raise ShapleyPhaseError("keygen", {leader: f"CKKS parameters {ctx.params} differ from {st.params.ckks}"})
+        missing = [n for n in clients if n != leader and str(n) not in bundles]
+        if missing:
+            raise ShapleyPhaseError("keygen", {leader: f"no key bundle for nodes {missing}"})
+        st.leader, st.ctx, st.public_context = leader, ctx, public_bytes
+        return bundles
+
+    # -- step 3 ---------------------------------------------------------------
+    def share(self, grid: Grid, st: _SecSVRun, bundles: dict[str, bytes]) -> dict[int, bytes]:
+        """Step 3: every client's test-set shares (P's in the clear, checked; A's sealed for A).
+        Returns ``{node: sealed share for A}``."""
+        clients, d = st.clients, st.params.n_features
+        hello, sig = st.hello, st.leader_signature
+        extra = {"leader-public-key": st.pk[st.leader], "leader-signer": str(sig["signer"]),
+                 "leader-signature": bytes(sig["signature"]), "aux-public-key": st.pk[st.aux],
+                 "aux-signer": str(hello[st.aux]["signer"]), "aux-signature": bytes(hello[st.aux]["signature"])}
+        contents = {}
+        for n in clients:
+            rd = RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord(extra)})
+            if n != st.leader:
+                rd[SHAPLEY_BUNDLE_KEY] = ArrayRecord({"sealed": bytes_to_array(bundles[str(n)])})
+            contents[n] = rd
+
+        def parse_share(n, ct):
+            rec = ct[SHAPLEY_SHARE_KEY]
+            x, y = rec["x"].numpy(), rec["y"].numpy()
+            if x.dtype != np.uint64 or y.dtype != np.uint64 or x.shape != (st.n_test[n], d + 1) \
+                    or y.shape != (st.n_test[n],):
+                raise ValueError(f"share shapes {x.shape}/{y.shape} (uint64 expected), announced {st.n_test[n]} samples")
+            return x, y, array_to_bytes(rec["sealed-aux"])
+
+        shares, _ = self._exchange(grid, st, contents, QUERY_SHAPLEY_SHARE, parse_share, "share")
+        st.X_P = np.vstack([shares[n][0] for n in clients])
+        st.y_P = np.concatenate([shares[n][1] for n in clients])
+        st.owners = np.concatenate([np.full(st.n_test[n], i, dtype=np.int64) for i, n in enumerate(clients)])
+        M = st.num_samples
+        st.full_batches = [np.arange(M)[pos] for pos in plan_batches(st.owners, st.m, range(len(clients)))]
+        st.full_keys = {b.tobytes() for b in st.full_batches}
+        return {n: shares[n][2] for n in clients}
+
+    # -- step 4 ---------------------------------------------------------------
+    def aux_setup(self, grid: Grid, st: _SecSVRun, sealed_for_aux: dict[int, bytes]) -> None:
+        """Step 4: A opens and keeps its shares; it must hold as many samples as P."""
+        clients, aux = st.clients, st.aux
+        aux_content = RecordDict({
+            SHAPLEY_REQUEST_KEY: ConfigRecord({"order": [str(n) for n in clients]}),
+            SHAPLEY_CONTEXT_KEY: ArrayRecord({"public": bytes_to_array(st.public_context)}),
+            SHAPLEY_AUX_SHARES_KEY: ArrayRecord({f"sealed-{n}": bytes_to_array(sealed_for_aux[n]) for n in clients}),
+            **self._signed_keys(SHAPLEY_AUX_KEYS_KEY, clients, st.hello),
+        })
+        got, _ = self._exchange(grid, st, {aux: aux_content}, QUERY_SHAPLEY_AUX_SETUP,
+                                lambda n, ct: int(ct[SHAPLEY_AUX_KEY]["samples"]), "aux setup")
+        if got[aux] != st.num_samples:
+            raise ShapleyPhaseError("aux setup", {aux: f"holds {got[aux]} samples, P holds {st.num_samples}"})
+
+    # -- step 5 ---------------------------------------------------------------
+    def encrypted_models(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> tuple[dict, ArrayRecord]:
+        """Step 5: the members' encrypted local models of round ``t`` (each ciphertext checked).
+
+        Returns ``({node: ciphertexts}, the packed models as received, for A)``.
+        """
+        d_in = st.params.n_features + 1
 
         def parse_model(n, ct):
-            packed = ct["shapley-model"]["cts"]
-            return packed, [self._ctx.deserialize_ciphertext(b)
+            packed = ct[SHAPLEY_MODEL_KEY]["cts"]
+            return packed, [st.ctx.deserialize_ciphertext(b)
                             for b in unpack_blobs(array_to_bytes(packed), expected=d_in)]
 
         enc, _ = self._exchange(
-            grid, {n: RecordDict({REQUEST_KEY: ConfigRecord({"round": t, "weight": weights[n]})}) for n in members},
+            grid, st,
+            {n: RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord({"round": t, "weight": st.weights[n]})})
+             for n in members},
             QUERY_SHAPLEY_MODELS, parse_model, f"models of round {t}")
         models = {n: enc[n][1] for n in members}
         forward = ArrayRecord({str(n): enc[n][0] for n in members})   # checked above, relayed as received
+        return models, forward
+
+    def round_utilities(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> dict:
+        """Steps 5–8 for round ``t``: utilities of every coalition of ``members``.
+
+        Coalitions are evaluated by increasing size, all coalitions of one size in
+        one exchange of steps 6–8; with SampleSkip, the samples that
+        :func:`~flwr_fedeval.shapley.fsv.find_skippable` (Algorithm 7) marks are
+        not evaluated and count as correct (Algorithm 6).
+        """
+        models, forward = self.encrypted_models(grid, st, t, members)
+        M = st.num_samples
         correct: dict[frozenset, np.ndarray] = {}
         utilities: dict[frozenset, float] = {}
         for size in range(1, len(members) + 1):
-            jobs = []   # (coalition, sample ids of one batch, positions into the coalition mask)
+            jobs = []   # (coalition, sample ids of one batch)
             masks = {}
             for S in coalitions(members, min_size=size):
                 if len(S) != size:
@@ -541,12 +679,12 @@ class SecSVPhase:
                         else np.zeros(M, dtype=bool))
                 idx = np.flatnonzero(~skip)
                 masks[S] = skip.copy()
-                self._stats["skipped_samples"] += int(skip.sum())
-                self._stats["evaluated_samples"] += int(idx.size)
-                for ids in choose_batches(idx, self.owners, self._m, range(len(self._clients)), self._full_batches):
+                st.stats["skipped_samples"] += int(skip.sum())
+                st.stats["evaluated_samples"] += int(idx.size)
+                for ids in choose_batches(idx, st.owners, st.m, range(len(st.clients)), st.full_batches):
                     jobs.append((S, ids))
             if jobs:
-                ok = self._secure_test(grid, t, jobs, models, forward if size == 1 else None, aux)
+                ok = self.secure_test(grid, st, t, jobs, models, forward if size == 1 else None)
                 for (S, ids), res in zip(jobs, ok):
                     use = ~masks[S][ids]      # results of skipped samples in a cached batch are not used
                     masks[S][ids[use]] = res[use]
@@ -555,28 +693,41 @@ class SecSVPhase:
                 utilities[S] = float(mask.mean())
         return utilities
 
-    def _secure_test(self, grid, t: int, jobs: list, models: dict, forward, aux: int) -> list[np.ndarray]:
-        """Π_Sec (Algorithm 4) for a list of (coalition, batch) jobs; correct-prediction masks."""
-        p, ctx, k = self._params, self._ctx, self._params.ring_bits
-        self._stats["batches"] += len(jobs)
-        # step 6 (A): its half of every product
+    def secure_test(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, models: dict,
+                    forward: ArrayRecord | None) -> list[np.ndarray]:
+        """Π_Sec (Algorithm 4) for a list of (coalition, batch) jobs: steps 6–8; correct-prediction masks."""
+        st.stats["batches"] += len(jobs)
+        from_aux = self.aux_products(grid, st, t, jobs, forward)
+        totals = self._combine_products(st, jobs, models, from_aux)
+        preds = self.helper_decryption(grid, st, jobs, totals)
+        return self.aux_differences(grid, st, t, jobs, preds)
+
+    # -- step 6 ---------------------------------------------------------------
+    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, forward: ArrayRecord | None) -> list:
+        """Step 6 (A): its half of every product, per job (ciphertexts checked)."""
+        p, ctx, aux = st.params, st.ctx, st.aux
+        index = st.index
         job_rec = {}
         for j, (S, ids) in enumerate(jobs):
-            job_rec[f"members-{j}"] = Array(np.array([self._index[n] for n in sorted(S)], dtype=np.int64))
+            job_rec[f"members-{j}"] = Array(np.array([index[n] for n in sorted(S)], dtype=np.int64))
             job_rec[f"ids-{j}"] = Array(ids.astype(np.int64))
-        content = RecordDict({REQUEST_KEY: ConfigRecord({"round": t}), "shapley-jobs": ArrayRecord(job_rec)})
+        content = RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord({"round": t}), SHAPLEY_JOBS_KEY: ArrayRecord(job_rec)})
         if forward is not None:
-            content["shapley-round-models"] = forward
+            content[SHAPLEY_ROUND_MODELS_KEY] = forward
 
         def parse_products(n, ct):
-            rec = ct["shapley-products"]
+            rec = ct[SHAPLEY_PRODUCTS_KEY]
             return [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(array_to_bytes(rec[f"cts-{j}"]),
                                                                         expected=p.n_limbs)]
                     for j in range(len(jobs))]
 
-        from_aux, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_EVAL, parse_products,
+        from_aux, _ = self._exchange(grid, st, {aux: content}, QUERY_SHAPLEY_AUX_EVAL, parse_products,
                                      f"aux products, round {t}")
-        # step 7 (P): own half, sum; helpers decrypt
+        return from_aux[aux]
+
+    def _combine_products(self, st: _SecSVRun, jobs: list, models: dict, from_aux: list) -> list:
+        """Step 7 (P): its own half of every product (aggregated model × its data shares), plus A's."""
+        ctx = st.ctx
         agg: dict[frozenset, list] = {}
         layer_plain: dict[bytes, list] = {}
         totals = []
@@ -584,61 +735,42 @@ class SecSVPhase:
             if S not in agg:
                 agg[S] = aggregate_model(ctx, [models[n] for n in sorted(S)])
             key = ids.tobytes()
-            cache = self._full_plain if key in self._full_keys else layer_plain
+            cache = st.full_plain if key in st.full_keys else layer_plain
             if key not in cache:
-                cache[key] = server_plaintexts(ctx, self.X_P[ids], p, m=self._m, d_out=self._d_out)
-            totals.append(add_products(ctx, server_products(ctx, agg[S], cache[key]), from_aux[aux][j]))
-        preds = self._helpers(grid, jobs, totals)
-        # step 8 (A): its share of Ŷ − Y
-        rec, keys = {}, {}
-        for j, (S, ids) in enumerate(jobs):
-            rec[f"sealed-{j}"] = bytes_to_array(preds[j][1])
-            rec[f"ids-{j}"] = Array(ids.astype(np.int64))
-            keys[f"helper-{j}"] = self._pk[preds[j][2]]
-        content = RecordDict({"shapley-preds": ArrayRecord(rec), "shapley-helper-keys": ConfigRecord(keys)})
+                cache[key] = server_plaintexts(ctx, st.X_P[ids], st.params, m=st.m, d_out=st.d_out)
+            totals.append(add_products(ctx, server_products(ctx, agg[S], cache[key]), from_aux[j]))
+        return totals
 
-        def parse_diffs(n, ct):
-            out = []
-            for j, (S, ids) in enumerate(jobs):
-                dj = ct["shapley-diffs"][f"d-{j}"].numpy()
-                if dj.dtype != np.uint64 or dj.shape != ids.shape:
-                    raise ValueError(f"difference share {j} has {dj.dtype} {dj.shape}, expected uint64 {ids.shape}")
-                out.append(dj)
-            return out
-
-        diffs, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_DIFF, parse_diffs, f"aux differences, round {t}")
-        return [correct_mask(masked_difference(preds[j][0], self.y_P[ids], k), diffs[aux][j], k)
-                for j, (S, ids) in enumerate(jobs)]
-
-    def _helpers(self, grid, jobs: list, totals: list) -> list[tuple[np.ndarray, bytes, int]]:
+    # -- step 7 ---------------------------------------------------------------
+    def helper_decryption(self, grid: Grid, st: _SecSVRun, jobs: list, totals: list) -> list[tuple[np.ndarray, bytes, int]]:
         """Step 7: send each batch to a helper client that owns none of it (and, when possible, is
         outside the coalition); replace failing helpers for the rest of the phase. Returns ``(pred_P, sealed pred_A, helper)``."""
-        failed_helpers = self._failed_helpers      # a helper that failed once is not asked again
+        failed_helpers = st.failed_helpers      # a helper that failed once is not asked again
         pending = list(range(len(jobs)))
         out: dict[int, tuple] = {}
         while pending:
             assign: dict[int, list[int]] = {}
             for j in pending:
                 S, ids = jobs[j]
-                owners = {self._clients[i] for i in set(self.owners[ids].tolist())}
+                owners = {st.clients[i] for i in set(st.owners[ids].tolist())}
                 try:
-                    h, _ = pick_helper(self._clients, owners | failed_helpers, set(S), self._helper_turn)
+                    h, _ = pick_helper(st.clients, owners | failed_helpers, set(S), st.helper_turn)
                 except ValueError:
                     raise ShapleyPhaseError("helper decryption", {n: "failed as helper" for n in failed_helpers}
                                             | {0: f"no eligible helper left for a batch owned by {sorted(owners)}"})
-                self._helper_turn += 1
+                st.helper_turn += 1
                 assign.setdefault(h, []).append(j)
             contents = {}
             for h, js in assign.items():
                 rec = {}
                 for j in js:
-                    rec[f"cts-{j}"] = bytes_to_array(pack_blobs([self._ctx.serialize_ciphertext(c) for c in totals[j]]))
+                    rec[f"cts-{j}"] = bytes_to_array(pack_blobs([st.ctx.serialize_ciphertext(c) for c in totals[j]]))
                     rec[f"n-{j}"] = Array(np.array([len(jobs[j][1])], dtype=np.int64))
-                contents[h] = RecordDict({REQUEST_KEY: ConfigRecord({"aux-public-key": self._pk[self._aux]}),
-                                          "shapley-batches": ArrayRecord(rec)})
+                contents[h] = RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord({"aux-public-key": st.pk[st.aux]}),
+                                          SHAPLEY_BATCHES_KEY: ArrayRecord(rec)})
 
             def parse(h, ct, assign=assign):
-                rec = ct["shapley-pred"]
+                rec = ct[SHAPLEY_PRED_KEY]
                 res = {}
                 for j in assign[h]:
                     pred = rec[f"p-{j}"].numpy()
@@ -647,14 +779,39 @@ class SecSVPhase:
                     res[j] = (pred, array_to_bytes(rec[f"a-{j}"]), h)
                 return res
 
-            valid, failed = self._exchange(grid, contents, QUERY_SHAPLEY_HELPER, parse, "helper decryption",
+            valid, failed = self._exchange(grid, st, contents, QUERY_SHAPLEY_HELPER, parse, "helper decryption",
                                            allow_failures=True)
             for res in valid.values():
                 out.update(res)
             if failed:
                 failed_helpers |= set(failed)
-                self._stats["helper_replacements"] += sum(len(assign[h]) for h in failed)
+                st.stats["helper_replacements"] += sum(len(assign[h]) for h in failed)
                 log(WARNING, "%s: helpers %s failed (not asked again); their %d batches go to other clients", _LABEL,
                     sorted(failed), sum(len(assign[h]) for h in failed))
             pending = [j for j in pending if j not in out]
         return [out[j] for j in range(len(jobs))]
+
+    # -- step 8 ---------------------------------------------------------------
+    def aux_differences(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, preds: list) -> list[np.ndarray]:
+        """Step 8 (A): its share of Ŷ − Y; P learns the correct-prediction mask of every job."""
+        k, aux = st.params.ring_bits, st.aux
+        rec, keys = {}, {}
+        for j, (S, ids) in enumerate(jobs):
+            rec[f"sealed-{j}"] = bytes_to_array(preds[j][1])
+            rec[f"ids-{j}"] = Array(ids.astype(np.int64))
+            keys[f"helper-{j}"] = st.pk[preds[j][2]]
+        content = RecordDict({SHAPLEY_PREDS_KEY: ArrayRecord(rec), SHAPLEY_HELPER_KEYS_KEY: ConfigRecord(keys)})
+
+        def parse_diffs(n, ct):
+            out = []
+            for j, (S, ids) in enumerate(jobs):
+                dj = ct[SHAPLEY_DIFFS_KEY][f"d-{j}"].numpy()
+                if dj.dtype != np.uint64 or dj.shape != ids.shape:
+                    raise ValueError(f"difference share {j} has {dj.dtype} {dj.shape}, expected uint64 {ids.shape}")
+                out.append(dj)
+            return out
+
+        diffs, _ = self._exchange(grid, st, {aux: content}, QUERY_SHAPLEY_AUX_DIFF, parse_diffs,
+                                  f"aux differences, round {t}")
+        return [correct_mask(masked_difference(preds[j][0], st.y_P[ids], k), diffs[aux][j], k)
+                for j, (S, ids) in enumerate(jobs)]

@@ -27,9 +27,10 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe import keyset
-from flwr_fedeval.clients.keras_adapter import WeightLayout
 from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures, replies_by_node
+from flwr_fedeval.weights import WeightLayout
 from flwr_fedeval.messages import (
+    METRICS_KEY,
     QUERY_XMK_KEYGEN,
     QUERY_XMK_PDEC,
     QUERY_XMK_REVEAL,
@@ -414,7 +415,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                 raise ValueError(
                     f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh"
                 )
-            return ct, reply.content["metrics"] if "metrics" in reply.content else None
+            return ct, reply.content[METRICS_KEY] if METRICS_KEY in reply.content else None
 
         parsed = self._check_replies("encrypted training", "ciphertext", nodes, by_node, parse_ciphertext)
         total = rlwe.add_ciphertexts([ct for ct, _ in parsed])

@@ -1,4 +1,7 @@
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser (a dependency of flwr)
+    import tomli as tomllib
 from pathlib import Path
 
 import pytest

@@ -24,9 +24,14 @@ def test_format_and_merge_round_trip(value):
 
 def test_garbage_is_refused_with_one_line():
     with pytest.raises(ConfigError) as err:
-        merge_overrides("local-epochs=1 oops", "dataset=chest xray")
-    assert len(err.value.problems) >= 2
+        merge_overrides("local-epochs=1 oops", "dataset=chest xray", "seed='7")
+    assert len(err.value.problems) >= 3
     assert any("'oops'" in p for p in err.value.problems)
+
+
+def test_unquoted_words_are_strings():
+    assert merge_overrides("data-dir=/work/shared/data/bank-marketing dataset=bank-marketing seed=3") == {
+        "data-dir": "/work/shared/data/bank-marketing", "dataset": "bank-marketing", "seed": 3}
 
 
 def test_every_problem_is_reported_one_line_each(capsys):
@@ -59,6 +64,15 @@ def test_missing_data_folder_is_caught_on_the_server_side(tmp_path):
         check_run({"dataset": "chest-xray", "data-dir": str(tmp_path)}, 3)
     with pytest.raises(ConfigError, match="bank-full.csv"):
         check_run({"dataset": "bank-marketing", "data-dir": str(tmp_path)}, 3)
+
+
+def test_output_dir_must_be_writable(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="'output-dir'"):
+        check_run({"output-dir": str(blocker / "sub")}, 3)
+    check_run({"output-dir": str(tmp_path / "new" / "dir")}, 3)
+    assert not (tmp_path / "new").exists()          # checked, not created
 
 
 def test_shapley_aux_node_is_not_a_data_client():

@@ -69,7 +69,7 @@ def test_single_class_client_is_fine_but_single_class_pool_is_undefined(keysets)
     th = decision_points(10)
     pos_only = threshold_counts(np.ones(5, int), np.linspace(0.2, 0.9, 5), th)
     neg_only = threshold_counts(np.zeros(6, int), np.linspace(0.1, 0.7, 6), th)
-    cfg = fa.FHEAUCConfig(n_points=10, max_rows=64)
+    cfg = fa.FHEAUCConfig(n_points=10, max_rows=16)  # 11 rows; power-of-two declarations
     res, _ = _run(ks, [pos_only, neg_only], cfg)
     assert res.auc == pytest.approx(auc_from_counts(pos_only + neg_only), abs=1e-6)
     with pytest.raises(UndefinedAUCError):

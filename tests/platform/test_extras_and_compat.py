@@ -50,3 +50,16 @@ def test_flwr_version_is_in_the_supported_range():
     run = _compat.Run.create_empty(run_id=7)
     assert run.run_id == 7
     _compat.set_serverapp_identity(run_id=7)  # no-op on 1.30, sets TaskIdentity on 1.41
+
+
+def test_openfhe_engine_without_its_extra_is_refused_early(monkeypatch):
+    from flwr_fedeval.app.task import JobConfig
+    from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
+
+    monkeypatch.setitem(sys.modules, "openfhe", None)  # as on a Python where the wheel does not load
+    monkeypatch.delitem(sys.modules, "flwr_fedeval.fhe.openfhe_backend", raising=False)
+    with pytest.raises(MissingExtraError, match=r"\[openfhe\] extra"):
+        FHEAUCPhase(10, backend="openfhe")
+    with pytest.raises(ValueError, match=r"'fhe-backend' = 'openfhe'.*\[openfhe\] extra.*CPython 3\.10"):
+        JobConfig.from_run_config({"auc-method": "fhe", "fhe-backend": "openfhe"})
+    assert FHEAUCPhase(10, backend="tenseal").backend == "tenseal"

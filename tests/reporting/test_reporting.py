@@ -71,3 +71,22 @@ def test_publish_refuses_bad_names_and_broken_markers(tmp_path):
     (tmp_path / "results.md").write_text("<!-- begin generated: delta -->\nno end\n")
     with pytest.raises(ValueError, match="markers"):
         publish("delta", "t", "b", docs_dir=tmp_path, command="c")
+
+
+def test_provenance_commit_ignores_changes_to_the_docs_folder(tmp_path):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("a\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    (tmp_path / "docs" / "results.md").write_text("b\n")  # what publishing itself changes
+    info = provenance("c", repo=tmp_path, ignore=tmp_path / "docs")
+    assert info["commit"] and "+" not in info["commit"]
+    (tmp_path / "code.py").write_text("x = 2\n")  # a code change does count
+    assert provenance("c", repo=tmp_path, ignore=tmp_path / "docs")["commit"].endswith("+uncommitted changes")

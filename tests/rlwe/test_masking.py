@@ -112,9 +112,12 @@ def test_expand_mask_is_deterministic_reduced_and_uniform():
         assert np.sum((counts - expected) ** 2 / expected) < 37.7
 
 
-def test_rejection_sampling_with_low_acceptance_is_uniform_and_reproducible():
+@pytest.mark.parametrize("spare", [None, 3])  # None: the protocol's pool; 3: the pool runs out every chunk
+def test_rejection_sampling_with_low_acceptance_is_uniform_and_reproducible(spare):
     p = (1 << 26) + 15  # bit_length 27: about half of the 27-bit words are rejected
     s1, s2 = _LimbStream(b"r" * 32, 0, p, 4096), _LimbStream(b"r" * 32, 0, p, 4096)
+    if spare is not None:
+        s1._spare = s2._spare = spare
     a = np.concatenate([s1.next(4096).copy() for _ in range(8)])
     b = np.concatenate([s2.next(4096).copy() for _ in range(8)])
     assert np.array_equal(a, b)
