@@ -180,7 +180,7 @@ class FailureLog(list):
     """Every failure of a run, in order: a list of :class:`Failure` with ``node`` set.
 
     :meth:`add` logs one readable WARNING line per failure
-    (``failure: node 7, round 2, step query.xmk_pdec: no reply within step-timeout 600 s
+    (``failure: node 7, round 2, step query.xmk_pdec: no reply within our timeout of 600 s
     [TIMEOUT, 600.0 s to detect]``); :meth:`to_json` is what ``results.json`` holds.
     """
 
@@ -240,8 +240,8 @@ class FailureRecordingGrid:
             step, rnd = msg.metadata.message_type, _round_of(msg.content)
             reply = got.get(node)
             if reply is None:
-                limit = "" if timeout is None else f" {timeout:g} s"
-                self.failures.add(node, step, int(ReplyCode.TIMEOUT), f"no reply within step-timeout{limit}",
+                limit = "" if timeout is None else f" of {timeout:g} s"
+                self.failures.add(node, step, int(ReplyCode.TIMEOUT), f"no reply within our timeout{limit}",
                                   round=rnd, seconds_to_detect=seconds)
             elif reply.has_error():
                 self.failures.add(node, step, int(reply.error.code), str(reply.error.reason), round=rnd,

@@ -56,7 +56,7 @@ def test_reference_after_a_dropout_is_over_exactly_the_contributors(tmp_path):
     # Every failure recorded with its step, round and the reason that fired (our timeout here).
     mine = [f for f in result["failures"] if f["node"] == victim]
     assert {(f["step"], f["round"]) for f in mine} == {("train", 1), ("evaluate.threshold_counts", None)}
-    assert all(f["code"] == int(ReplyCode.TIMEOUT) and "step-timeout" in f["reason"] for f in mine)
+    assert all(f["code"] == int(ReplyCode.TIMEOUT) and "our timeout of" in f["reason"] for f in mine)
     assert all(f["seconds_to_detect"] >= 0 for f in mine)
 
 
