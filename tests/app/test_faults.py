@@ -100,3 +100,20 @@ def test_main_job_resumes_after_a_serverapp_crash(tmp_path):
     assert set(result["train_metrics"]) == {"2"} and result["num_clients"] == 3
     assert abs(result["federated_auc"] - result["reference_roc_auc_score"]) <= 0.01
     assert json.loads((folder / "checkpoint" / "state.json").read_text())["round"] == 2
+
+
+@pytest.mark.parametrize("partitions, note", [
+    ({1: (0, 3)}, "reported no partition id"),                 # node 2 did not report
+    ({1: (0, 3), 2: (1, 4)}, "different num-partitions"),
+    ({1: (0, 3), 2: (0, 3)}, "claim partitions [0, 0] of 3"),
+    ({1: (0, 3), 2: (3, 3)}, "claim partitions [0, 3] of 3"),
+])
+def test_reference_is_left_out_with_a_note_when_it_cannot_be_honest(partitions, note):
+    import math
+
+    from flwr_fedeval.app.harness import contributors_reference_auc
+    from flwr_fedeval.app.task import JobConfig
+
+    auc, y, s, why = contributors_reference_auc(JobConfig(), [], [1, 2], partitions)
+    assert math.isnan(auc) and y.size == 0 and s.size == 0
+    assert why.startswith("left out") and note in why
