@@ -12,8 +12,10 @@ recipient_pk), AES-256-GCM with a random 96-bit nonce and the header as
 associated data. Static–static DH authenticates the sender to the recipient
 *provided the public keys themselves are authentic*: the server relays them
 too, so a malicious server could substitute its own keys (man in the
-middle). Compare :func:`fingerprint` out of band, or distribute public keys
-through a PKI, as the paper assumes (Assumption 3).
+middle). The FHE AUC and SecSV phases therefore sign every relayed public
+key with the node's roster key and check it before use
+(:mod:`flwr_fedeval.identity`, DESIGN.md §7); :func:`fingerprint` remains
+for out-of-band comparison.
 
 All randomness comes from ``os.urandom`` (via ``cryptography`` and
 ``secrets``).

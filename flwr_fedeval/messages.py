@@ -300,26 +300,19 @@ QUERY_SHAPLEY_AUX_DIFF = "query.shapley_aux_diff"
 ROLES = ("client", "shapley-aux")
 #: Reply of ``query.fedeval_role``: ConfigRecord ``role``.
 ROLE_KEY = "role"
-#: ``protocol`` field of the signed role statement of ``query.fedeval_role`` (nonce as session).
-ROLE_SIGNED_PROTOCOL = "fedeval-role"
 #: ConfigRecord of every Shapley request: ``session`` and the public parameters.
 SHAPLEY_REQUEST_KEY = "shapley"
-#: ``protocol`` field of SecSV's signed key statements (:func:`flwr_fedeval.identity.key_statement`).
-SHAPLEY_SIGNED_PROTOCOL = "secsv"
-#: Node role -> the ``role`` field of its signed X25519 key statement.
-SHAPLEY_SIGNED_ROLE = {"client": "client", "shapley-aux": "aux"}
 #: Reply of hello: ConfigRecord ``role``, ``public-key``, sizes, ``rounds``.
 SHAPLEY_HELLO_KEY = "shapley-hello"
 #: Request of keygen: ConfigRecord ``{str(node_id): X25519 public key}``.
 SHAPLEY_PEERS_KEY = "shapley-peers"
 #: Reply of keygen / request of aux setup: ArrayRecord ``public`` (public CKKS context).
 SHAPLEY_CONTEXT_KEY = "shapley-context"
+#: Reply of keygen: ConfigRecord, the leader's X25519 key signed for role ``"key-holder"``.
+SHAPLEY_LEADER_KEY = "shapley-leader"
 #: Reply of keygen: ArrayRecord ``{str(node_id): sealed bundle}``; request of share: ``sealed``.
 SHAPLEY_BUNDLES_KEY = "shapley-bundles"
 SHAPLEY_BUNDLE_KEY = "shapley-bundle"
-#: Reply of keygen: ConfigRecord ``signer``, ``signature``: the leader's X25519 key signed for role
-#: ``"key-holder"``.
-SHAPLEY_LEADER_KEY = "shapley-leader"
 #: Reply of share: ArrayRecord ``x``, ``y`` (P's shares, uint64), ``sealed-aux``.
 SHAPLEY_SHARE_KEY = "shapley-share"
 #: Request of aux setup: ArrayRecord ``sealed-<node>``; ConfigRecord ``{node: public key}``.
@@ -342,3 +335,13 @@ SHAPLEY_PREDS_KEY = "shapley-preds"
 SHAPLEY_HELPER_KEYS_KEY = "shapley-helper-keys"
 #: Reply of aux diff: ArrayRecord ``d-<j>``.
 SHAPLEY_DIFFS_KEY = "shapley-diffs"
+#: Relayed keys are signed (:mod:`flwr_fedeval.identity`): a record ``<key>`` of relayed keys
+#: comes with ConfigRecords ``<key>-signers`` (roster names) and ``<key>-signatures``.
+SIGNERS_SUFFIX = "-signers"
+SIGNATURES_SUFFIX = "-signatures"
+#: ``protocol`` of the SecSV signed key statements; ``round`` is 0 (the session id binds a key to one phase).
+SHAPLEY_SIGNED_PROTOCOL = "secsv"
+#: Signing role per node role.
+SHAPLEY_SIGNED_ROLE = {"client": "client", "shapley-aux": "aux"}
+#: ``protocol`` of the signed role statement of ``query.fedeval_role``.
+ROLE_PROTOCOL = "fedeval-role"

@@ -14,6 +14,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_fedeval.app.harness import positive_scores
 from flwr_fedeval.app.node_cache import NodeCache
 from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.clients.auc_handlers import threshold_counts_reply
@@ -23,7 +24,7 @@ from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 app = ClientApp()
 #: This process's loaded data, models and scores (see :mod:`flwr_fedeval.app.node_cache`).
 CACHE = NodeCache()
-register_xmkckks_handlers(app)  # query.xmk_keygen, query.xmk_pdec (secure aggregation)
+register_xmkckks_handlers(app)  # query.xmk_keygen, query.xmk_reveal, query.xmk_pdec (secure aggregation)
 
 
 def _aux_partition(context: Context) -> int:
@@ -125,14 +126,16 @@ def local_test_scores(msg: Message, context: Context) -> tuple[np.ndarray, np.nd
     -------
     y_true : ndarray of shape (n_test,), dtype int64
     y_score : ndarray of shape (n_test,), dtype float64, in [0, 1]
-        Computed once per process for each (partition, global weights).
+        Computed once per process for each (partition, global weights); with
+        logit-spaced decision points, from the pre-softmax logit margin
+        (:func:`flwr_fedeval.app.harness.positive_scores`).
     """
     cfg = CACHE.config(context)
     pid, num = _partition(context)
 
     def compute() -> tuple[np.ndarray, np.ndarray]:
-        _, data, adapter = _setup(msg, context)
-        return data.y_test, adapter.predict_scores(data.x_test)
+        cfg_, data, adapter = _setup(msg, context)
+        return data.y_test, positive_scores(cfg_, adapter, data.x_test)
 
     return CACHE.scores(cfg, pid, num, msg.content["arrays"], compute)
 

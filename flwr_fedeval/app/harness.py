@@ -19,7 +19,26 @@ import numpy as np
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 
-__all__ = ["contributors_reference_auc", "pooled_reference_auc", "run_folder", "score_histogram", "write_results"]
+__all__ = ["contributors_reference_auc", "pooled_reference_auc", "positive_scores", "run_folder",
+           "score_histogram", "write_results"]
+
+
+def positive_scores(cfg: JobConfig, adapter: KerasModelAdapter, x: np.ndarray) -> np.ndarray:
+    """Positive-class scores in ``[0, 1]`` of the App's models (seed CNN, MLP).
+
+    With ``decision-point-spacing = "logit"`` the scores come from the
+    pre-softmax logit margin in float64
+    (:meth:`~flwr_fedeval.clients.keras_adapter.KerasModelAdapter.predict_margin_scores`,
+    margins ±64 over the decision points' ±12): float32 softmax saturation
+    cannot collapse the ROC bins. Otherwise the softmax probability.
+
+    Returns
+    -------
+    ndarray of shape (n_samples,), dtype float64
+    """
+    if cfg.decision_point_spacing == "logit":
+        return adapter.predict_margin_scores(x)
+    return adapter.predict_scores(x)
 
 
 def pooled_reference_auc(
@@ -45,7 +64,7 @@ def pooled_reference_auc(
     for pid in (range(num_partitions) if partition_ids is None else partition_ids):
         split = load_client_data(cfg, pid, num_partitions)
         ys.append(split.y_test)
-        scores.append(adapter.predict_scores(split.x_test))
+        scores.append(positive_scores(cfg, adapter, split.x_test))
     y_true, y_score = np.concatenate(ys), np.concatenate(scores)
     return float(roc_auc_score(y_true, y_score)), y_true, y_score
 

@@ -84,6 +84,14 @@ def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result)
             failures.add(node, f"{auc_result.method} AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
 
 
+def warn_resolution(bound: float) -> bool:
+    """Log a warning with the fix when the AUC's resolution bound exceeds 0.01; True if it did."""
+    if bound > RESOLUTION_WARN_THRESHOLD:  # nan: unknown, no warning
+        log(WARNING, "FINAL federated AUC: %s", resolution_advice(bound))
+        return True
+    return False
+
+
 def _metric_history(history: dict) -> dict[int, dict[str, float]]:
     return {int(r): {k: float(v) for k, v in rec.items()} for r, rec in history.items()}
 
@@ -212,8 +220,7 @@ def main(grid: Grid, context: Context) -> None:
             ref_auc,
             abs(auc_result.auc - ref_auc),
         )
-    if auc_result.resolution_bound > RESOLUTION_WARN_THRESHOLD:  # nan: unknown, no warning
-        log(WARNING, "FINAL federated AUC: %s", resolution_advice(auc_result.resolution_bound))
+    warn_resolution(auc_result.resolution_bound)
     ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score) if y_true.size else None
     if shapley is not None:
         last = shapley.utilities[-1][tuple(shapley.clients)]

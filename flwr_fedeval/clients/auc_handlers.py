@@ -67,10 +67,14 @@ def threshold_counts_reply(msg: Message, context: Context, y_true: np.ndarray, y
     The plaintext AUC phase (``evaluate.threshold_counts``): the request's
     ArrayRecord ``evaluation`` holds ``thresholds`` (float64, shape (N,)); the
     reply's ArrayRecord ``counts`` holds int64 arrays of shape (N,)
-    (:func:`flwr_fedeval.messages.counts_to_record`).
+    (:func:`flwr_fedeval.messages.counts_to_record`). Decision points inside
+    [0, 1] are probabilities (scores outside [0, 1] are refused); otherwise
+    the scores are real numbers in the decision points' units (logits,
+    ``decision_function`` outputs).
     """
     thresholds = msg.content[EVALUATION_KEY]["thresholds"].numpy().astype(np.float64)
-    counts = threshold_counts(y_true, y_score, thresholds)
+    probability = bool(thresholds.size) and 0.0 <= thresholds.min() and thresholds.max() <= 1.0
+    counts = threshold_counts(y_true, y_score, thresholds, score_range=(0.0, 1.0) if probability else None)
     return Message(content=RecordDict({COUNTS_KEY: counts_to_record(counts)}), reply_to=msg)
 
 

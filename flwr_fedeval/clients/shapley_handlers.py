@@ -76,7 +76,7 @@ from flwr_fedeval.messages import (
     METRICS_KEY,
     ROLES,
     ROLE_KEY,
-    ROLE_SIGNED_PROTOCOL,
+    ROLE_PROTOCOL,
     SHAPLEY_AUX_KEY,
     SHAPLEY_AUX_KEYS_KEY,
     SHAPLEY_AUX_SHARES_KEY,
@@ -99,6 +99,8 @@ from flwr_fedeval.messages import (
     SHAPLEY_SHARE_KEY,
     SHAPLEY_SIGNED_PROTOCOL,
     SHAPLEY_SIGNED_ROLE,
+    SIGNATURES_SUFFIX,
+    SIGNERS_SUFFIX,
     array_to_bytes,
     bytes_to_array,
 )
@@ -143,9 +145,7 @@ STATE_SECRET = "shapley.secret"
 STATE_AUX = "shapley.aux"                # A: shares (ArrayRecord)
 STATE_AUX_MODELS = "shapley.aux-models"  # A: the current round's ciphertexts
 STATE_PEERS = "shapley.peers"            # verified relayed keys: client {"aux"}, A {<node>: client key}
-#: ``protocol`` of the signed key statements; ``round`` is 0 (the session id binds a key to one phase).
-SIGNED_PROTOCOL = SHAPLEY_SIGNED_PROTOCOL
-#: Signing role per node role.
+SIGNED_PROTOCOL = SHAPLEY_SIGNED_PROTOCOL  # defined in flwr_fedeval.messages; importable from here
 SIGNED_ROLE = SHAPLEY_SIGNED_ROLE
 
 
@@ -255,8 +255,9 @@ def read_raw_npz(data: bytes, expected: dict[str, tuple[Any, Callable[[tuple], b
 
 def _signed_entries(msg: Message, record: str, keys: dict[str, bytes]) -> dict[str, SignedKey]:
     """``{node: SignedKey}`` from ``<record>`` and its ``<record>-signers`` / ``<record>-signatures``."""
-    signers = dict(msg.content[f"{record}-signers"]) if f"{record}-signers" in msg.content else {}
-    signatures = dict(msg.content[f"{record}-signatures"]) if f"{record}-signatures" in msg.content else {}
+    signers_key, signatures_key = record + SIGNERS_SUFFIX, record + SIGNATURES_SUFFIX
+    signers = dict(msg.content[signers_key]) if signers_key in msg.content else {}
+    signatures = dict(msg.content[signatures_key]) if signatures_key in msg.content else {}
     out = {}
     for node, pk in keys.items():
         if node not in signers or node not in signatures:
@@ -351,8 +352,6 @@ def recorded_models(context: Context) -> dict[int, np.ndarray]:
 
 
 # --- every node --------------------------------------------------------------
-#: ``protocol`` of the signed role statement of ``query.fedeval_role``.
-ROLE_PROTOCOL = ROLE_SIGNED_PROTOCOL
 
 
 def role_reply(msg: Message, role: str, context: Context | None = None,

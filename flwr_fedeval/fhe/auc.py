@@ -479,12 +479,23 @@ _METRIC_WEIGHTS = {
 def client_encrypt_confusion(ctx: CKKSContext, tp: int, fp: int, tn: int, fn: int, *, config: FHEAUCConfig) -> bytes:
     """Encrypt one client's ``[TP, FP, TN, FN]`` at a single public threshold.
 
-    ``config.n_points`` is ignored here; ``count_scale`` and ``mask_range`` apply.
+    ``config.n_points`` is ignored here; the derived ``count_scale`` and
+    ``mask_range`` apply.
+
+    Raises
+    ------
+    CountBoundError
+        If the four counts sum to more than ``config.max_rows``.
     Use ``threshold_counts(y, s, [θ])`` to get the four counts.
     """
     vals = np.array([tp, fp, tn, fn], dtype=np.float64)
     if (vals < 0).any() or not np.all(vals == np.round(vals)):
         raise ValueError(f"counts must be non-negative integers, got {vals.tolist()}")
+    if vals.sum() > int(config.max_rows):
+        raise CountBoundError(
+            f"this client's test split has {int(vals.sum())} rows, more than the public pooled bound "
+            f"max_rows={config.max_rows}; fix: declare a bound at least the true size"
+        )
     return pack_blobs([ctx.serialize_ciphertext(ctx.encrypt(vals / config.count_scale))])
 
 

@@ -10,7 +10,6 @@ phases replace exactly this step.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from logging import INFO
 

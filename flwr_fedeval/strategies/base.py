@@ -351,7 +351,7 @@ def exchange_replies(
     contents: Mapping[int, RecordDict],
     message_type: str,
     parse: Callable[[int, RecordDict], Any],
-    failures: Failures,
+    failures: Failures | dict[int, str],
     *,
     step: str,
     what: str,
@@ -387,7 +387,10 @@ def exchange_replies(
         missing.pop(node)
     if missing:
         log_failures(label, step, missing)
-    failures.update(missing)
+    if isinstance(failures, Failures):
+        failures.update(missing)
+    else:  # a plain dict keeps the full reasons as strings
+        failures.update({n: f.reason for n, f in missing.items()})
     return valid
 
 

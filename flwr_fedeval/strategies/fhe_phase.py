@@ -140,8 +140,7 @@ class FHEAUCPhase(EvaluationPhase):
         S, additive shares per value (malicious only). Needs
         ``S·(N+1) + 2 ≤`` slot count (4096 with TenSEAL).
     backend : {"tenseal", "openfhe"}, default="tenseal"
-        CKKS engine the key holder uses (OpenFHE: the ``[openfhe]`` extra,
-        CPython 3.10 here; without it ``MissingExtraError``, an ``ImportError``).
+        CKKS engine the key holder uses (OpenFHE needs Python 3.10).
     spacing : {"linear", "logit"}, default="linear"
         See :func:`flwr_fedeval.fhe.counts.decision_points`.
     share_auc_with_server : bool, default=True
@@ -192,8 +191,6 @@ class FHEAUCPhase(EvaluationPhase):
             raise ValueError(f"n_splits must be an integer >= 2, got {n_splits!r}")
         if metrics_threshold is not None and not 0.0 <= float(metrics_threshold) <= 1.0:
             raise ValueError(f"metrics_threshold must be None or in [0, 1], got {metrics_threshold!r}")
-        if backend == "openfhe":  # the aggregator needs the engine too: fail before any client works
-            import flwr_fedeval.fhe.openfhe_backend  # noqa: F401  (MissingExtraError names [openfhe])
         self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
         n = self.thresholds.size
         self.slots = required_slots(n, n_splits) if protocol == "malicious" else n + 1
@@ -304,8 +301,8 @@ class FHEAUCPhase(EvaluationPhase):
             rec = reply[FHE_HOLDER_KEY]
             signed = SignedKey(str(rec["signer"]), holder_pk, bytes(rec["signature"]))
             if self.roster is not None:
-                verify_key(self.roster, signed.signer, signed.signature, protocol=FHE_SIGNED_PROTOCOL,
-                           session=session, round=0, role="key-holder", key=signed.key)
+                verify_key(self.roster, signed.signer, signed.signature, protocol=FHE_SIGNED_PROTOCOL, session=session,
+                           round=0, role="key-holder", key=signed.key)
             return ctx, public, bundles, signed
 
         got = self._exchange(grid, {holder: content}, QUERY_FHE_KEYGEN, parse, failed, "key setup")

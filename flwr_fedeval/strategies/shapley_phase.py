@@ -82,12 +82,14 @@ from flwr_fedeval.messages import (
     QUERY_SHAPLEY_KEYGEN,
     QUERY_SHAPLEY_MODELS,
     QUERY_SHAPLEY_SHARE,
+    ROLE_PROTOCOL,
     ROLES,
-    ROLE_SIGNED_PROTOCOL,
     SHAPLEY_LEADER_KEY,
+    SHAPLEY_REQUEST_KEY,
     SHAPLEY_SIGNED_PROTOCOL,
     SHAPLEY_SIGNED_ROLE,
-    SHAPLEY_REQUEST_KEY,
+    SIGNATURES_SUFFIX,
+    SIGNERS_SUFFIX,
     array_to_bytes,
     bytes_to_array,
 )
@@ -179,7 +181,7 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
         if not isinstance(signer, str) or not isinstance(sig, bytes):
             return role, None, f"no signed identity ({rec.get('identity-error', 'node sent none')})"
         try:
-            verify_key(roster, signer, sig, protocol=ROLE_SIGNED_PROTOCOL, session=nonce, round=0, role=role,
+            verify_key(roster, signer, sig, protocol=ROLE_PROTOCOL, session=nonce, round=0, role=role,
                        key=roster.public_key_bytes(signer))
         except IdentityError as exc:
             return role, None, str(exc)
@@ -207,7 +209,7 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
         for n in out:
             roles.pop(n, None)
         if out:
-            log(WARNING, "%s: node(s) left out, not authenticated against the roster: %s", _LABEL, out)
+            log(WARNING, "Role discovery: node(s) left out, not authenticated against the roster: %s", out)
     return roles
 
 
@@ -289,12 +291,12 @@ class _SecSVRun:
     pk: dict[int, bytes] = field(default_factory=dict)
     n_test: dict[int, int] = field(default_factory=dict)
     recorded: dict[int, set[int]] = field(default_factory=dict)
-    #: Step-1 replies (signed X25519 keys, relayed to the other parties as signed).
+    #: The checked hello replies of every node (relayed keys and their signatures come from here).
     hello: dict[int, dict] = field(default_factory=dict)
     # step 2 (keygen)
     leader: int = -1
-    #: The leader's signature of its X25519 key for role "key-holder" (``signer``, ``signature``).
-    leader_signature: dict = field(default_factory=dict)
+    #: The leader's X25519 key signed for role "key-holder": ConfigRecord fields ``signer``, ``signature``.
+    leader_sig: dict = field(default_factory=dict)
     ctx: Any = None
     public_context: bytes = b""
     # step 3 (share)
@@ -349,7 +351,8 @@ class SecSVPhase(EvaluationPhase):
         Fixed point (see :class:`~flwr_fedeval.shapley.secsv.SecSVParams`); the
         ring ``Z_{2^k}`` and the limbs follow from the bounds (``for_bounds``).
     min_nodes : int, default=2
-        At least 2: a helper must not own the batch it decrypts.
+        Fewest data clients the phase runs with, at least 2 (a helper must not
+        own the batch it decrypts).
     timeout : float, default=600
         Seconds per exchange.
     roster : flwr_fedeval.identity.Roster, optional
@@ -374,6 +377,7 @@ class SecSVPhase(EvaluationPhase):
                  weight_bits: int = 8, min_nodes: int = 2, timeout: float = 600.0,
                  roster: Roster | None = None) -> None:
         super().__init__(min_nodes=min_nodes, timeout=timeout, min_nodes_floor=2)
+        self.roster = roster
         if not (model_bound > 0 and feature_bound > 0):
             raise ValueError("model_bound and feature_bound must be > 0")
         for name, bits in (("data_frac_bits", data_frac_bits), ("model_frac_bits", model_frac_bits),
@@ -385,7 +389,6 @@ class SecSVPhase(EvaluationPhase):
         self.bounds = dict(model_bound=float(model_bound), feature_bound=float(feature_bound),
                            data_frac_bits=int(data_frac_bits), model_frac_bits=int(model_frac_bits),
                            weight_bits=int(weight_bits))
-        self.roster = roster
 
     def _summary_items(self) -> list[tuple[str, str]]:
         return [("Protocol", f"SecSV (two servers, Matrix Reducing{', SampleSkip' if self.sample_skip else ''})"),
@@ -395,7 +398,7 @@ class SecSVPhase(EvaluationPhase):
                 ("Minimum nodes", str(self.min_nodes)), ("Timeout per step", f"{self.timeout:g} s")]
 
     # -- plumbing -------------------------------------------------------------
-    def _exchange(self, grid, st: _SecSVRun, contents: dict[int, RecordDict], mtype: str, parse, step: str, *,
+    def _exchange(self, grid, contents: dict[int, RecordDict], mtype: str, parse, step: str, *, st: _SecSVRun,
                   allow_failures: bool = False) -> tuple[dict[int, Any], dict[int, str]]:
         """Send (with the run's public request fields), check, count bytes; a failure ends the phase
         with :class:`ShapleyPhaseError` unless ``allow_failures``."""
@@ -489,8 +492,8 @@ class SecSVPhase(EvaluationPhase):
         """Step 1: roles, X25519 keys, sizes and recorded rounds of every client and A; fixes the
         public parameters (fixed point, CKKS, batch size m, output rows d_out, FedAvg weights)."""
         clients, aux = st.clients, st.aux
-        hello, _ = self._exchange(grid, st, {n: RecordDict() for n in clients + [aux]}, QUERY_SHAPLEY_HELLO,
-                                  lambda n, c: dict(c[SHAPLEY_HELLO_KEY]), "hello")
+        hello, _ = self._exchange(grid, {n: RecordDict() for n in clients + [aux]}, QUERY_SHAPLEY_HELLO,
+                                  lambda n, c: dict(c[SHAPLEY_HELLO_KEY]), "hello", st=st)
         self._check_roles(hello, clients, aux)
         self._check_signatures(st, hello)
         st.hello = hello
@@ -518,7 +521,7 @@ class SecSVPhase(EvaluationPhase):
             st.m, st.d_out)
 
     def _check_signatures(self, st: _SecSVRun, hello: dict) -> None:
-        """With a roster: every hello key signed by a distinct roster member for its role."""
+        """Every hello key signed by a distinct roster member for its role (checked against the roster if given)."""
         failed: dict[int, str] = {}
         signers: dict[str, int] = {}
         for n, h in hello.items():
@@ -543,8 +546,8 @@ class SecSVPhase(EvaluationPhase):
     def _signed_keys(record: str, nodes: list[int], hello: dict) -> dict[str, ConfigRecord]:
         """``record`` (``{node: key}``) with ``record-signers`` and ``record-signatures`` as relayed from hello."""
         return {record: ConfigRecord({str(n): bytes(hello[n]["public-key"]) for n in nodes}),
-                f"{record}-signers": ConfigRecord({str(n): str(hello[n]["signer"]) for n in nodes}),
-                f"{record}-signatures": ConfigRecord({str(n): bytes(hello[n]["signature"]) for n in nodes})}
+                record + SIGNERS_SUFFIX: ConfigRecord({str(n): str(hello[n]["signer"]) for n in nodes}),
+                record + SIGNATURES_SUFFIX: ConfigRecord({str(n): bytes(hello[n]["signature"]) for n in nodes})}
 
     @staticmethod
     def _check_roles(hello: dict, clients: list[int], aux: int) -> None:
@@ -561,12 +564,12 @@ class SecSVPhase(EvaluationPhase):
         clients = st.clients
         leader = secrets.choice(clients)
         others = [n for n in clients if n != leader]
-        keyrep, _ = self._exchange(grid, st, {leader: RecordDict(self._signed_keys(SHAPLEY_PEERS_KEY, others, st.hello))},
-                                   QUERY_SHAPLEY_KEYGEN,
+        request = RecordDict(self._signed_keys(SHAPLEY_PEERS_KEY, others, st.hello))
+        keyrep, _ = self._exchange(grid, {leader: request}, QUERY_SHAPLEY_KEYGEN,
                                    lambda n, ct: (array_to_bytes(ct[SHAPLEY_CONTEXT_KEY]["public"]),
                                                   {k: array_to_bytes(v) for k, v in ct[SHAPLEY_BUNDLES_KEY].items()},
                                                   dict(ct[SHAPLEY_LEADER_KEY])),
-                                   "keygen")
+                                   "keygen", st=st)
         public_bytes, bundles, leader_sig = keyrep[leader]
         if self.roster is not None:
             try:
@@ -575,7 +578,6 @@ class SecSVPhase(EvaluationPhase):
                            role="key-holder", key=st.pk[leader])
             except IdentityError as exc:
                 raise ShapleyPhaseError("keygen", {leader: str(exc)}) from None
-        st.leader_signature = leader_sig
         ctx = load_context(public_bytes)
         if ctx.is_private:
             raise ShapleyPhaseError("keygen", {leader: "the public context carries a secret key"})
@@ -584,7 +586,7 @@ class SecSVPhase(EvaluationPhase):
         missing = [n for n in clients if n != leader and str(n) not in bundles]
         if missing:
             raise ShapleyPhaseError("keygen", {leader: f"no key bundle for nodes {missing}"})
-        st.leader, st.ctx, st.public_context = leader, ctx, public_bytes
+        st.leader, st.leader_sig, st.ctx, st.public_context = leader, leader_sig, ctx, public_bytes
         return bundles
 
     # -- step 3 ---------------------------------------------------------------
@@ -592,10 +594,10 @@ class SecSVPhase(EvaluationPhase):
         """Step 3: every client's test-set shares (P's in the clear, checked; A's sealed for A).
         Returns ``{node: sealed share for A}``."""
         clients, d = st.clients, st.params.n_features
-        hello, sig = st.hello, st.leader_signature
-        extra = {"leader-public-key": st.pk[st.leader], "leader-signer": str(sig["signer"]),
-                 "leader-signature": bytes(sig["signature"]), "aux-public-key": st.pk[st.aux],
-                 "aux-signer": str(hello[st.aux]["signer"]), "aux-signature": bytes(hello[st.aux]["signature"])}
+        hello_aux = st.hello[st.aux]
+        extra = {"leader-public-key": st.pk[st.leader], "leader-signer": str(st.leader_sig["signer"]),
+                 "leader-signature": bytes(st.leader_sig["signature"]), "aux-public-key": st.pk[st.aux],
+                 "aux-signer": str(hello_aux["signer"]), "aux-signature": bytes(hello_aux["signature"])}
         contents = {}
         for n in clients:
             rd = RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord(extra)})
@@ -611,7 +613,7 @@ class SecSVPhase(EvaluationPhase):
                 raise ValueError(f"share shapes {x.shape}/{y.shape} (uint64 expected), announced {st.n_test[n]} samples")
             return x, y, array_to_bytes(rec["sealed-aux"])
 
-        shares, _ = self._exchange(grid, st, contents, QUERY_SHAPLEY_SHARE, parse_share, "share")
+        shares, _ = self._exchange(grid, contents, QUERY_SHAPLEY_SHARE, parse_share, "share", st=st)
         st.X_P = np.vstack([shares[n][0] for n in clients])
         st.y_P = np.concatenate([shares[n][1] for n in clients])
         st.owners = np.concatenate([np.full(st.n_test[n], i, dtype=np.int64) for i, n in enumerate(clients)])
@@ -630,8 +632,8 @@ class SecSVPhase(EvaluationPhase):
             SHAPLEY_AUX_SHARES_KEY: ArrayRecord({f"sealed-{n}": bytes_to_array(sealed_for_aux[n]) for n in clients}),
             **self._signed_keys(SHAPLEY_AUX_KEYS_KEY, clients, st.hello),
         })
-        got, _ = self._exchange(grid, st, {aux: aux_content}, QUERY_SHAPLEY_AUX_SETUP,
-                                lambda n, ct: int(ct[SHAPLEY_AUX_KEY]["samples"]), "aux setup")
+        got, _ = self._exchange(grid, {aux: aux_content}, QUERY_SHAPLEY_AUX_SETUP,
+                                lambda n, ct: int(ct[SHAPLEY_AUX_KEY]["samples"]), "aux setup", st=st)
         if got[aux] != st.num_samples:
             raise ShapleyPhaseError("aux setup", {aux: f"holds {got[aux]} samples, P holds {st.num_samples}"})
 
@@ -649,10 +651,10 @@ class SecSVPhase(EvaluationPhase):
                             for b in unpack_blobs(array_to_bytes(packed), expected=d_in)]
 
         enc, _ = self._exchange(
-            grid, st,
+            grid,
             {n: RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord({"round": t, "weight": st.weights[n]})})
              for n in members},
-            QUERY_SHAPLEY_MODELS, parse_model, f"models of round {t}")
+            QUERY_SHAPLEY_MODELS, parse_model, f"models of round {t}", st=st)
         models = {n: enc[n][1] for n in members}
         forward = ArrayRecord({str(n): enc[n][0] for n in members})   # checked above, relayed as received
         return models, forward
@@ -721,8 +723,8 @@ class SecSVPhase(EvaluationPhase):
                                                                         expected=p.n_limbs)]
                     for j in range(len(jobs))]
 
-        from_aux, _ = self._exchange(grid, st, {aux: content}, QUERY_SHAPLEY_AUX_EVAL, parse_products,
-                                     f"aux products, round {t}")
+        from_aux, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_EVAL, parse_products,
+                                     f"aux products, round {t}", st=st)
         return from_aux[aux]
 
     def _combine_products(self, st: _SecSVRun, jobs: list, models: dict, from_aux: list) -> list:
@@ -779,8 +781,8 @@ class SecSVPhase(EvaluationPhase):
                     res[j] = (pred, array_to_bytes(rec[f"a-{j}"]), h)
                 return res
 
-            valid, failed = self._exchange(grid, st, contents, QUERY_SHAPLEY_HELPER, parse, "helper decryption",
-                                           allow_failures=True)
+            valid, failed = self._exchange(grid, contents, QUERY_SHAPLEY_HELPER, parse, "helper decryption",
+                                           allow_failures=True, st=st)
             for res in valid.values():
                 out.update(res)
             if failed:
@@ -811,7 +813,7 @@ class SecSVPhase(EvaluationPhase):
                 out.append(dj)
             return out
 
-        diffs, _ = self._exchange(grid, st, {aux: content}, QUERY_SHAPLEY_AUX_DIFF, parse_diffs,
-                                  f"aux differences, round {t}")
+        diffs, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_DIFF, parse_diffs,
+                                  f"aux differences, round {t}", st=st)
         return [correct_mask(masked_difference(preds[j][0], st.y_P[ids], k), diffs[aux][j], k)
                 for j, (S, ids) in enumerate(jobs)]

@@ -41,6 +41,7 @@ def test_reference_after_a_dropout_is_over_exactly_the_contributors(tmp_path):
     # The reference is roc_auc_score over the contributors' own test splits (partitions 0 and 2 of 3).
     from sklearn.metrics import roc_auc_score
 
+    from flwr_fedeval.app.harness import positive_scores
     from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
     from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 
@@ -49,7 +50,7 @@ def test_reference_after_a_dropout_is_over_exactly_the_contributors(tmp_path):
     adapter.set_weights(seen["arrays"])
     splits = [load_client_data(cfg, pid, 3) for pid in (0, 2)]
     y = np.concatenate([s.y_test for s in splits])
-    s = np.concatenate([adapter.predict_scores(sp.x_test) for sp in splits])
+    s = np.concatenate([positive_scores(cfg, adapter, sp.x_test) for sp in splits])
     assert result["reference_roc_auc_score"] == pytest.approx(roc_auc_score(y, s), abs=1e-12)
     assert result["num_test_samples"] == y.size
 

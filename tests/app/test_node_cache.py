@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
-from inprocess_grid import InProcessGrid
+from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import client_app, task
 from flwr_fedeval.app.node_cache import NodeCache, weights_digest

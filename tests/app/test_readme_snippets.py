@@ -25,10 +25,13 @@ from sklearn.metrics import roc_auc_score
 from flwr_fedeval.fhe.counts import decision_points, threshold_counts
 from flwr_fedeval.metrics.auc import auc_from_counts
 from flwr_fedeval.testing import InProcessGrid
+from identities import IDENTITY_DIR
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 W_TRUE = np.array([1.5, -1.0, 0.8, -0.5], dtype=np.float32)
 NUM_CLIENTS = 3
+#: Every node's roster identity (README: "every node needs its roster identity").
+RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
 
 
 def snippets() -> dict[str, str]:
@@ -125,7 +128,7 @@ def test_quickstart_adds_xmkckks_fhe_and_dp_in_at_most_15_lines(task, capsys, mo
     monkeypatch.setattr(FHEAUCPhase, "run", lambda self, grid, arrays: evaluated.append(arrays) or run(self, grid, arrays))
     client = _exec(blocks["quickstart-client"])
     server = _exec(blocks["quickstart-server"])
-    grid = InProcessGrid(client["app"], NUM_CLIENTS)
+    grid = InProcessGrid(client["app"], NUM_CLIENTS, RUN_CONFIG)
     with flwr_records() as records:
         server["main"](grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
     fhe_auc, dp_auc = map(float, re.search(r"FHE AUC ([\d.]+), DPAUC_Lap AUC ([\d.-]+)",
@@ -166,7 +169,7 @@ def _trained(grid, rounds=1):
 def test_each_auc_phase_snippet_runs_as_written(task, name):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
-    grid = InProcessGrid(_client(blocks, name, quick), NUM_CLIENTS, {"dp-budget": 2.0})
+    grid = InProcessGrid(_client(blocks, name, quick), NUM_CLIENTS, {**RUN_CONFIG, "dp-budget": 2.0})
     result = _trained(grid)
     ns = _exec(blocks[f"{name}-server"], {"grid": grid, "result": result})
     y, s = _pooled(result.arrays)
@@ -184,7 +187,7 @@ def test_each_auc_phase_snippet_runs_as_written(task, name):
 def test_xmkckks_snippet_runs_as_written(task):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
-    grid = InProcessGrid(_client(blocks, "xmkckks", quick, train_plain=False), NUM_CLIENTS)
+    grid = InProcessGrid(_client(blocks, "xmkckks", quick, train_plain=False), NUM_CLIENTS, RUN_CONFIG)
     start = types.SimpleNamespace(arrays=ArrayRecord(load_model().get_weights()))
     ns = _exec(blocks["xmkckks-server"], {"grid": grid, "result": start})
     assert ("query.xmk_pdec", True) in {(t, ok) for _, t, ok in grid.log}
@@ -197,8 +200,9 @@ def test_shapley_snippet_runs_as_written(task):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
     app = _client(blocks, "shapley", quick, train_plain=False)
-    configs = [{"partition-id": i} for i in range(NUM_CLIENTS)] + [{"fedeval-role": "shapley-aux"}]
-    grid = InProcessGrid(app, NUM_CLIENTS + 1, node_configs=configs)
+    configs = [{"partition-id": i} for i in range(NUM_CLIENTS)] + [
+        {"fedeval-role": "shapley-aux", "partition-id": NUM_CLIENTS}]      # its identity: node-3.key
+    grid = InProcessGrid(app, NUM_CLIENTS + 1, RUN_CONFIG, node_configs=configs)
     ns = _exec(blocks["shapley-server"], {"grid": grid, "initial": ArrayRecord(load_model().get_weights())})
     fsv = ns["fsv"]
     assert set(fsv) == set(grid.node_ids[:NUM_CLIENTS])

@@ -56,3 +56,51 @@ def test_predict_scores_are_positive_class_probabilities():
     assert np.allclose(scores, expected, atol=1e-6)
     assert ((0 <= scores) & (scores <= 1)).all()
     assert adapter.predict_scores(x[:0]).shape == (0,)
+
+
+def test_logit_margin_keeps_saturated_scores_apart_and_tightens_the_bound():
+    """float32 softmax rounds confident scores to exactly 0/1 and collapses the ROC bins;
+    the pre-softmax margin (issue 15.3) keeps them apart: the certified resolution bound
+    shrinks and the AUC moves to roc_auc_score of the margins."""
+    from sklearn.metrics import roc_auc_score
+
+    from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
+    from flwr_fedeval.metrics.counts import decision_points, threshold_counts
+
+    rng = np.random.default_rng(0)
+    model = build_mlp(3, hidden_units=())  # logreg: one softmax Dense layer
+    w = np.array([[0.0, 20.0], [0.0, 8.0], [0.0, 0.0]], dtype=np.float32)  # margins of tens of logits
+    model.layers[-1].set_weights([w, np.array([0.0, 15.0], np.float32)])
+    y = rng.integers(0, 2, 3000)
+    x = (rng.normal(size=(3000, 3)) + 0.8 * y[:, None]).astype(np.float32)
+    adapter = KerasModelAdapter(model)
+    prob = adapter.predict_scores(x)
+    margin = adapter.predict_logit_margin(x)
+    assert margin.dtype == np.float64 and np.ptp(margin) > 60
+    assert np.mean((prob == 0.0) | (prob == 1.0)) > 0.5  # float32 saturation
+    # same ordering where float32 still separates them
+    inner = (prob > 1e-3) & (prob < 1 - 1e-3)
+    assert np.allclose(1 / (1 + np.exp(-margin[inner])), prob[inner], atol=1e-5)
+
+    th_prob = decision_points(100, spacing="logit")
+    b_prob = resolution_bound(threshold_counts(y, prob, th_prob))
+    th_margin = decision_points(100, spacing="logit", units="logit", logit_range=64)
+    c_margin = threshold_counts(y, margin, th_margin, score_range=None)
+    b_margin = resolution_bound(c_margin)
+    assert b_prob > 0.1 and b_margin < 0.01
+    assert abs(auc_from_counts(c_margin) - roc_auc_score(y, margin)) <= b_margin
+    # The App's route: the same margins mapped into probability units by a public temperature,
+    # scored against the usual logit-spaced decision points (no float32 anywhere).
+    scores = adapter.predict_margin_scores(x)
+    c_app = threshold_counts(y, scores, th_prob)
+    b_app = resolution_bound(c_app)
+    assert b_app < 0.01
+    assert abs(auc_from_counts(c_app) - roc_auc_score(y, margin)) <= b_app
+
+
+def test_logit_margin_refuses_models_without_a_dense_softmax_head():
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="softmax"):
+        KerasModelAdapter(model).predict_logit_margin(np.zeros((2, 3), np.float32))

@@ -61,9 +61,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NUM_NODES = 3
-# Hard bound for the whole test (start-up + both runs); measured
-# ~3.5 min for run 1 alone on the 2-core dev machine under load. Overridable for slower hosts.
-BUDGET_S = float(os.environ.get("FEDEVAL_DEPLOYMENT_BUDGET_S", 12 * 60))
+# Hard bound for the whole test (start-up + both runs); measured 13.4 min in all (run 1 with
+# the FHE AUC phase 320 s, the SecSV run 460 s) on the 2-core dev machine under load
+# (load average ~8). Overridable for slower hosts.
+BUDGET_S = float(os.environ.get("FEDEVAL_DEPLOYMENT_BUDGET_S", 25 * 60))
 RESERVED_PORTS = {39091, 39092, 39093, 8000, 9091, 9092, 9093, 9094}  # flwr defaults
 MARKER = "FEDEVAL_DEPLOYMENT_TEST_TOKEN"
 RUN_CONFIG = (

@@ -271,3 +271,9 @@ def test_out_of_range_result_raises_never_returned(keysets):
         bad = pack_blobs([forged, *good[1:]])
         with pytest.raises(fa.AUCPrecisionError, match="outside"):
             fa.client_decrypt_auc(ks.client, bad, config=cfg)
+
+
+def test_threshold_metrics_refuse_counts_beyond_the_bound(keysets):
+    ks = keysets(8)
+    with pytest.raises(fa.CountBoundError, match="max_rows=8"):
+        fa.client_encrypt_confusion(ks.client, 5, 0, 7, 3, config=fa.FHEAUCConfig(n_points=2, max_rows=8))

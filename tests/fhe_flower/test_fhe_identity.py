@@ -102,10 +102,11 @@ def test_key_holder_refuses_replayed_and_unsigned_keys(grid):
                                                                   "slots": N + 1}),
                           fhe_handlers.PEERS_KEY: ConfigRecord({str(n): keys[n][0] for n in keys if n != holder})})
     from flwr_fedeval.messages import QUERY_FHE_KEYGEN
-    from flwr_fedeval.strategies.exchange import exchange
+    from flwr_fedeval.strategies.base import exchange_replies
 
     failed = {}
-    exchange(grid, {holder: content}, QUERY_FHE_KEYGEN, lambda n, c: c, failed, what="keygen", phase="t", timeout=5)
+    exchange_replies(grid, {holder: content}, QUERY_FHE_KEYGEN, lambda n, c: c, failed, step="t", what="keygen",
+                     timeout=5, label="test")
     assert "not signed" in failed[holder]
 
 

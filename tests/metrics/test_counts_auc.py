@@ -209,3 +209,4 @@ def test_metrics_does_not_import_fhe():
     code = ("import sys, flwr_fedeval.metrics.auc, flwr_fedeval.metrics.counts; "
             "sys.exit(int(any(m.startswith('flwr_fedeval.fhe') for m in sys.modules)))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+

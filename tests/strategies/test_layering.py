@@ -31,7 +31,7 @@ def test_record_keys_are_unique_and_not_spelled_out_in_phases_or_handlers():
     assert len(set(keys.values())) == len(keys), "two record-key constants share one string"
     record_names = {v for v in keys.values() if v not in ("arrays", "config", "metrics")}
     files = [*(PACKAGE / "strategies").glob("*.py"), *(PACKAGE / "clients").glob("*_handlers.py")]
-    pattern = re.compile(r"(?:content|ct|reply|c)\[\"([a-z-]+)\"\]|RecordDict\(\{\"([a-z-]+)\"")
+    pattern = re.compile(r"\b(?:content|ct|reply|c)\[\"([a-z-]+)\"\]|RecordDict\(\{\"([a-z-]+)\"")
     for path in files:
         for match in pattern.finditer(path.read_text()):
             name = match.group(1) or match.group(2)
