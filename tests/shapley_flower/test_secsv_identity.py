@@ -53,11 +53,11 @@ class DeviatingP(SecSVPhase):
         self.attacker = keyshare.generate_keypair()
         self.sent: list = []
 
-    def _exchange(self, grid, contents, mtype, parse, step, **kw):
+    def _exchange(self, grid, st, contents, mtype, parse, step, **kw):
         if mtype == self.target:
             self.edit(contents, self.attacker)
             self.sent.append(contents)
-        return super()._exchange(grid, contents, mtype, parse, step, **kw)
+        return super()._exchange(grid, st, contents, mtype, parse, step, **kw)
 
 
 def _run_deviating(grid, mtype, edit):
