@@ -189,6 +189,8 @@ class FHEAUCPhase(EvaluationPhase):
             raise ValueError(f"protocol must be one of {FHE_PROTOCOLS}, got {protocol!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "openfhe":  # the aggregator needs the engine too: fail before any client works
+            import flwr_fedeval.fhe.openfhe_backend  # noqa: F401  (MissingExtraError names [openfhe])
         if isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 2:
             raise ValueError(f"n_splits must be an integer >= 2, got {n_splits!r}")
         if metrics_threshold is not None and not 0.0 <= float(metrics_threshold) <= 1.0:
