@@ -21,7 +21,10 @@ import math
 import os
 import re
 import sys
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency of flwr)
+    import tomli as tomllib
 from pathlib import Path
 from typing import Any
 

@@ -155,6 +155,7 @@ class JobConfig:
     shapley_frac_bits: int = 10
     shapley_aux_partition_id: int = -1
     output_dir: str = "outputs"
+    resume_from: str = ""
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> "JobConfig":

@@ -70,6 +70,7 @@ from flwr_fedeval.fhe.auc import (
     client_decrypt_threshold_metrics,
     client_encrypt_confusion,
     client_encrypt_counts,
+    ckks_params_for,
 )
 from flwr_fedeval.fhe.auc_malicious import (
     MaliciousAUCConfig,
@@ -78,7 +79,7 @@ from flwr_fedeval.fhe.auc_malicious import (
     client_encrypt_counts_malicious,
     new_seed,
 )
-from flwr_fedeval.fhe.backend import CKKSParams, FHEError, create_context, load_context
+from flwr_fedeval.fhe.backend import FHEError, create_context, load_context
 from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.identity import IdentityError, SignedKey, verify_key, verify_key_set
 from flwr_fedeval.messages import (
@@ -253,7 +254,8 @@ def keygen(msg: Message, context: Context) -> Message:
     """Step 2 (key holder): CKKS keys and common seed; public context + sealed bundles.
 
     Request: ``fhe.session``, ``fhe.backend``, ``fhe.slots`` (slots the
-    protocol needs), ``fhe-peers`` (``{str(node_id): X25519 public key}``
+    protocol needs), ``fhe.max-rows`` (the public pooled bound; the CKKS
+    parameter set follows from it, :func:`flwr_fedeval.fhe.auc.ckks_params_for`), ``fhe-peers`` (``{str(node_id): X25519 public key}``
     of the other clients), ``fhe-peer-signers`` and ``fhe-peer-signatures``
     (each peer's roster name and step-1 signature). Every peer key is checked
     against the roster first (:func:`flwr_fedeval.identity.verify_key_set`:
@@ -281,7 +283,7 @@ def keygen(msg: Message, context: Context) -> Message:
                 raise IdentityError(f"peer node {node} relays this key holder's own key")
         names = verify_key_set(roster, entries, protocol=SIGNED_PROTOCOL, session=session, round=0, role="client",
                                floor=key_set_floor(context), own=ident.name)
-        params = CKKSParams.for_slots(_int(request, "slots", 1), str(request["backend"]))
+        params = ckks_params_for(str(request["backend"]), _int(request, "slots", 1), _int(request, "max-rows", 1))
         ctx = create_context(params=params)
         seed = new_seed()
         secret = ctx.secret_bytes()

@@ -27,7 +27,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe import keyset
-from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures
+from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures, replies_by_node
 from flwr_fedeval.weights import WeightLayout
 from flwr_fedeval.messages import (
     METRICS_KEY,
@@ -94,6 +94,7 @@ class _RoundState:
     grid: Grid
     key_set: _KeySet | None = None
     aborted: list[RoundAborted] = field(default_factory=list)
+    sent: list[Message] = field(default_factory=list)  # the step-2 requests (replies matched by message id)
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
@@ -403,7 +404,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         state = self._round
         assert state is not None and state.key_set is not None
         nodes = state.key_set.nodes
-        by_node = {r.metadata.src_node_id: r for r in replies}
+        by_node = replies_by_node(state.sent, replies)
         expected_polys = -(-self._plaintext_length() // self.params.n)
 
         def parse_ciphertext(reply: Message) -> tuple[rlwe.Ciphertext, MetricRecord | None]:
@@ -505,11 +506,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     def _send(self, nodes: Iterable[int], message_type: str, content: RecordDict) -> dict[int, Message]:
         grid = self._round.grid  # type: ignore[union-attr]
         messages = [Message(content=content, dst_node_id=n, message_type=message_type) for n in nodes]
-        replies = grid.send_and_receive(messages, timeout=self.step_timeout)
-        return {r.metadata.src_node_id: r for r in replies}
+        return replies_by_node(messages, grid.send_and_receive(messages, timeout=self.step_timeout))
 
-    @staticmethod
-    def _check_replies(step: str, what: str, nodes, replies: dict[int, Message], parse) -> list:
+    def _check_replies(self, step: str, what: str, nodes, replies: dict[int, Message], parse) -> list:
         """Parse every node's reply, in node order, or raise :class:`RoundAborted`
         naming each node that timed out, replied with an error, or sent a
         malformed ``what``."""
@@ -517,9 +516,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         for node in nodes:
             reply = replies.get(node)
             if reply is None:
-                failed[node] = f"no reply to {step} (timeout)"
+                failed[node] = f"no reply to {step} within our timeout"
             elif reply.has_error():
-                failed[node] = f"{step} error: {reply.error.reason}"
+                failed[node] = f"{step} error (code {reply.error.code}): {reply.error.reason}"
             else:
                 try:
                     parsed.append(parse(reply))
@@ -549,7 +548,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                 key_set = self.keygen(remaining)
         state.key_set = key_set
         log(INFO, "configure_train: key set %s of %d clients ready", key_set.key_id, len(key_set.nodes))
-        return self.train_messages(key_set)
+        state.sent = self.train_messages(key_set)
+        return state.sent
 
     def _finish_attempt(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """Steps 2 (replies), 3 and 4 of one attempt."""

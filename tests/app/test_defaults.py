@@ -8,7 +8,10 @@ values, and its enumerations are values the library accepts.
 import importlib
 import inspect
 import re
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency of flwr)
+    import tomli as tomllib
 from dataclasses import fields
 from pathlib import Path
 
