@@ -38,6 +38,7 @@ Imports neither flwr nor TensorFlow.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from typing import Mapping
 
@@ -61,10 +62,21 @@ __all__ = [
     "client_mask",
     "mask_plaintext",
     "apply_mask",
+    "DEFAULT_MASK_DEGREE",
+    "graph_degree",
+    "check_mask_degree",
+    "mask_neighbours",
 ]
 
 MASK_KEY_BYTES = 32
 _DOMAIN = b"flwr-fedeval/xmkckks/pairwise-mask/v2"  # v2: AES-256-CTR PRG
+
+
+#: Default degree k of the mask graph (SecAgg+, Bell et al. 2020): the smallest k >= 4
+#: that keeps the cost of issue 12 within 10 % of an xMK-CKKS round at M = 10
+#: (``benchmarks/bench_xmk_security.py``). 0 = the complete graph (Bonawitz et al. 2017).
+DEFAULT_MASK_DEGREE = 4
+_GRAPH_DOMAIN = b"flwr-fedeval/xmkckks/mask-graph/v1"
 
 
 class MaskKeyError(ValueError):
@@ -395,3 +407,114 @@ def apply_mask(params: ParameterSet, plaintext: np.ndarray, mask: np.ndarray) ->
         raise ValueError(f"mask has shape {mask.shape}, plaintext {plaintext.shape}")
     return ring.add(plaintext, mask)
 
+
+
+def _check_degree_value(degree, what: str = "mask degree") -> int:
+    if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) or degree < 0:
+        raise MaskKeyError(f"{what} must be an integer >= 0 (0 = complete graph), got {degree!r}")
+    return int(degree)
+
+
+def graph_degree(degree: int, num_members: int) -> int:
+    """The degree the mask graph of ``num_members`` members actually has for a requested ``degree``.
+
+    0 or any value >= M - 1 gives the complete graph (M - 1). Otherwise the
+    smallest feasible degree >= max(degree, 2) of a circulant graph: 2 keeps
+    it connected (a ring), and an odd degree needs an even M (M·k is twice
+    the number of edges), so it is raised by one for odd M.
+
+    Raises
+    ------
+    MaskKeyError
+        If ``degree`` is not an integer >= 0 or ``num_members`` < 2.
+    """
+    degree = _check_degree_value(degree)
+    if isinstance(num_members, bool) or not isinstance(num_members, (int, np.integer)) or num_members < 2:
+        raise MaskKeyError(f"a mask graph needs at least 2 members, got {num_members!r}")
+    m = int(num_members)
+    if degree == 0 or degree >= m - 1:
+        return m - 1
+    degree = max(degree, 2)
+    if degree % 2 and m % 2:
+        degree += 1
+    return min(degree, m - 1)
+
+
+def check_mask_degree(degree: int, num_members: int, floor: int) -> int:
+    """A member's check of the server's mask degree against its own floor; returns the graph's degree.
+
+    Both are read through :func:`graph_degree`, so a floor of 0 (or >= M - 1)
+    demands the complete graph and a floor f accepts any graph of degree >= f.
+
+    Raises
+    ------
+    MaskKeyError
+        If the graph of ``degree`` has a lower degree than the graph of ``floor``
+        (a member with fewer neighbours than this client requires), or a value
+        is not an integer >= 0.
+    """
+    floor = _check_degree_value(floor, "mask-degree floor")
+    got, need = graph_degree(degree, num_members), graph_degree(floor, num_members)
+    if got < need:
+        raise MaskKeyError(
+            f"mask degree {degree} gives each of the {num_members} members {got} neighbours, this client requires "
+            f"at least {need} (its floor xmk-mask-degree = {floor}; 0 = complete graph)"
+        )
+    return got
+
+
+def mask_neighbours(names, degree: int, transcript: bytes) -> dict[str, tuple[str, ...]]:
+    """The mask graph of a key set: each member's neighbours (SecAgg+, Bell et al., CCS 2020, §3).
+
+    The members are placed on a ring in the order of
+    SHA-256(domain || T || name), T the key-set transcript digest (which
+    holds every member's commitment, fixed before anyone's share is
+    revealed, and the degree), so the server cannot choose who is adjacent
+    to whom. Member at position i is adjacent to positions i ± 1, ...,
+    i ± floor(k/2) and, for odd k, i + M/2 (a Harary graph H_{k,M}: k-regular
+    and k-connected, hence connected), k = :func:`graph_degree`; for
+    k = M - 1 the complete graph.
+
+    Why any connected graph suffices against the server: the masks of a
+    linear combination Σ a_i (m_i + r_i) cancel only if a_i = a_j (mod q_l)
+    on every edge, i.e. a is constant on the (single) connected component:
+    only multiples of the full sum decrypt.
+
+    Parameters
+    ----------
+    names : sequence of str
+        The key set's members (distinct roster names).
+    degree : int
+        The public degree k (0 = complete graph).
+    transcript : bytes
+        The key-set transcript digest T every member signed.
+
+    Returns
+    -------
+    dict of str to tuple of str
+        Each member's neighbours, sorted by name; symmetric.
+
+    Raises
+    ------
+    MaskKeyError
+        Duplicate names, fewer than 2 members, or a bad degree.
+    """
+    names = [str(n) for n in names]
+    if len(set(names)) != len(names):
+        raise MaskKeyError("mask graph members must be distinct")
+    m = len(names)
+    k = graph_degree(degree, m)
+    if k == m - 1:
+        return {name: tuple(sorted(o for o in names if o != name)) for name in names}
+    t = _lp(bytes(transcript))
+
+    def rank(name: str) -> bytes:
+        return hashlib.sha256(_GRAPH_DOMAIN + t + _lp(name.encode())).digest()
+
+    ring = sorted(names, key=lambda name: (rank(name), name))
+    offsets = list(range(1, k // 2 + 1)) + ([m // 2] if k % 2 else [])
+    out = {}
+    for i, name in enumerate(ring):
+        adj = {ring[(i + o) % m] for o in offsets} | {ring[(i - o) % m] for o in offsets}
+        out[name] = tuple(sorted(adj))
+    return out

@@ -145,7 +145,8 @@ def test_honest_steps_decrypt_the_full_sum():
 # ---------------------------------------------------------------------------------------------
 def _reveal_config(committed, **changes):
     config = {"key-id": committed.key_id, "round": committed.round, "signers": list(committed.names),
-              "commitments": list(committed.commitments), "signatures": list(committed.signatures)}
+              "commitments": list(committed.commitments), "signatures": list(committed.signatures),
+              "mask-degree": 0}
     config.update(changes)
     return config
 
