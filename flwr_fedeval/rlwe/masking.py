@@ -1,22 +1,26 @@
-"""Pairwise zero-sum masks mod q for xMK-CKKS (Bonawitz et al., CCS 2017, §4).
+"""Pairwise zero-sum masks mod q for xMK-CKKS (Bonawitz et al., CCS 2017, §4; Bell et al., CCS 2020).
 
 Why: a partial decryption D_i = s_i·C1 + e*_i (Walskaar et al. 2023, Eq. 7)
 is computed for whatever C1 the server sends. A deviating server that sends
 C1 = c1_i + 1 (or any crafted C1) would otherwise decrypt client i's update.
 With masks, every client encrypts m_i + r_i instead of m_i, where
 
-    r_i = sum_{j in K, j != i} sign(i, j) * PRG(k_ij)      mod q,
+    r_i = sum_{j in N(i)} sign(i, j) * PRG(k_ij)      mod q,
     sign(i, j) = +1 if name_i < name_j else -1,
 
-K is the key set (roster names), and k_ij = k_ji is a pairwise key from an
-X25519 agreement between i and j. The masks cancel exactly in the sum over
-the whole key set, sum_{i in K} r_i = 0 (mod q), so the decoded sum is
+K is the key set (roster names), N(i) the neighbours of i in the mask
+graph over K (:func:`mask_neighbours`: the complete graph, N(i) = K minus {i},
+of Bonawitz et al., or a k-regular connected graph derived from the signed
+key-set transcript, as in SecAgg+), and k_ij = k_ji is a pairwise key from
+an X25519 agreement between i and j. The masks cancel exactly in the sum
+over the whole key set, sum_{i in K} r_i = 0 (mod q), so the decoded sum is
 unchanged (no headroom is used: the masks are exact residues mod q and leave
 the noise untouched). For any other combination -- one client, a strict
-subset T of K, or any C1 the server crafts -- the masks of the pairs
-crossing T do not cancel and the decrypted value is uniform mod q, i.e.
-independent of every update (as long as the server does not know k_ij,
-which needs one of the two X25519 private keys).
+subset T of K, or any C1 the server crafts -- the masks of the edges
+crossing T (there is one: the graph is connected) do not cancel and the
+decrypted value is uniform mod q, i.e. independent of every update (as long
+as the server does not know k_ij, which needs one of the two X25519 private
+keys).
 
 Derivation, per pair and per encryption (key set and round):
 
@@ -328,7 +332,7 @@ def mask_plaintext(
     peers: Mapping[str, bytes],
     context: bytes,
 ) -> np.ndarray:
-    """m_i + r_i mod q with r_i = sum_{j != i} sign(i, j)·PRG(k_ij) (Bonawitz et al. 2017, §4).
+    """m_i + r_i mod q with r_i = sum_{j in N(i)} sign(i, j)·PRG(k_ij) (Bonawitz et al. 2017, §4).
 
     Parameters
     ----------
@@ -340,17 +344,19 @@ def mask_plaintext(
     own_private : bytes
         This client's X25519 mask private key (32 bytes).
     peers : mapping of str to bytes
-        Every *other* key-set member's name -> its X25519 mask public key
-        (32 bytes), as checked against its signed commitment. Must not
-        contain ``own_name``; must not be empty.
+        Each neighbour's name (every other member for the complete graph,
+        else :func:`mask_neighbours`) -> its X25519 mask public key (32
+        bytes), as checked against its signed commitment. Must not contain
+        ``own_name``; must not be empty.
     context : bytes
         :func:`mask_context` of the key set and round.
 
     Returns
     -------
     ndarray of shape (k, L, n), uint64
-        m_i + r_i; the masks r_i of all members of a key set sum to 0 mod q,
-        so the sum of the masked plaintexts is sum_i m_i exactly.
+        m_i + r_i; the masks r_i of all members of a key set (each over its
+        neighbours in the same graph) sum to 0 mod q, so the sum of the
+        masked plaintexts is sum_i m_i exactly.
 
     Raises
     ------

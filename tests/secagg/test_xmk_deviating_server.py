@@ -583,6 +583,12 @@ def test_degree_below_the_client_floor_is_refused():
              "MaskKeyError", "requires at least 4")
     assert not server.send(server.nodes[1], QUERY_XMK_REVEAL,
                            _reveal_config(committed, **{"mask-degree": 4})).has_error()
+    for bad in (-1, 2.5, "4"):
+        _refused(server.send(server.nodes[2], QUERY_XMK_REVEAL, _reveal_config(committed, **{"mask-degree": bad})),
+                 "integer")
+    missing = _reveal_config(committed)
+    del missing["mask-degree"]
+    _refused(server.send(server.nodes[3], QUERY_XMK_REVEAL, missing), "mask-degree")
     # an operator who demands the complete graph (node config 0) refuses any sparse one
     server = Server(6, node_configs=_configs(6, **{"xmk-mask-degree": 0}))
     committed = server.commit()
