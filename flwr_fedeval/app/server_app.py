@@ -53,6 +53,7 @@ def make_strategy(cfg: JobConfig) -> FedAvg:
             parameter_set=cfg.xmk_parameter_set,
             max_abs_value=cfg.xmk_max_abs_value,
             rekey=cfg.xmk_rekey,
+            mask_degree=int(cfg.xmk_mask_degree),
             step_timeout=cfg.step_timeout,
             **common,
         )

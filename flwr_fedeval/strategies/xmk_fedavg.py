@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.rlwe import keyset
+from flwr_fedeval.rlwe import keyset, masking
 from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures, replies_by_node
 from flwr_fedeval.weights import WeightLayout
 from flwr_fedeval.messages import (
@@ -143,6 +143,15 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         decryption (the training step uses the ``timeout`` of ``start``).
     max_attempts : int, default=3
         Attempts per round (the first one included).
+    mask_degree : int, default=4
+        Degree k of the pairwise-mask graph (SecAgg+, Bell et al. 2020):
+        each client masks with k neighbours derived from the signed key-set
+        transcript (:func:`flwr_fedeval.rlwe.masking.mask_neighbours`), not
+        with all M - 1 others; 0 (or any k >= M - 1) is the complete graph
+        of Bonawitz et al. 2017. Partial sums stay masked for every
+        connected graph; stripping an honest client's mask needs its k
+        neighbours to collude with the server. Each client refuses a degree
+        below its own floor (config ``xmk-mask-degree``).
     **kwargs
         Passed to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``,
         ``min_train_nodes``, ``min_available_nodes``, ...).
@@ -164,8 +173,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     ValueError
         At construction: ``parameter_set`` is unknown or weaker than the
         128-bit HomomorphicEncryption.org bound, ``max_abs_value`` is not a
-        finite number ≥ 1, ``rekey`` is not one of its choices, or
-        ``max_attempts < 1``.
+        finite number ≥ 1, ``rekey`` is not one of its choices,
+        ``max_attempts < 1``, or ``mask_degree`` is not an integer ≥ 0.
     flwr_fedeval.rlwe.NoiseBudgetError
         From ``configure_train``/``aggregate_train`` (and so from ``start``):
         ``scale_bits`` (or, when unset, any scale) does not fit the noise
@@ -185,6 +194,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         rekey: str = "every-round",
         step_timeout: float = 600.0,
         max_attempts: int = 3,
+        mask_degree: int = masking.DEFAULT_MASK_DEGREE,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -204,6 +214,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         self.rekey = rekey
         self.step_timeout = step_timeout
         self.max_attempts = max_attempts
+        if isinstance(mask_degree, bool) or not isinstance(mask_degree, (int, np.integer)) or mask_degree < 0:
+            raise ValueError(f"mask_degree must be an integer >= 0 (0 = complete graph), got {mask_degree!r}")
+        self.mask_degree = int(mask_degree)
         self._round: _RoundState | None = None
         #: ``timer.timings``: (step, seconds) of every protocol step run so far.
         self.timer = StepTimer("XMKFedAvg")
@@ -348,7 +361,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         nodes = committed.nodes
         request = ConfigRecord({"key-id": committed.key_id, "round": committed.round,
                                 "signers": list(committed.names), "commitments": list(committed.commitments),
-                                "signatures": list(committed.signatures)})
+                                "signatures": list(committed.signatures), "mask-degree": self.mask_degree})
         replies = self._send(nodes, QUERY_XMK_REVEAL, RecordDict({XMK_CONFIG_KEY: request}))
         expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
 
