@@ -293,7 +293,6 @@ def _masked(params: ParameterSet, base: np.ndarray, pairs: list) -> np.ndarray:
     """
     k, L, n = base.shape
     out = np.empty_like(base)
-    total = k * n
     rows = max(_STEP // n, 1)  # whole polynomials per step (n and _STEP are powers of two)
     step = rows * n
     scratch = _Scratch(step)

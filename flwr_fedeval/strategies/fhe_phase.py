@@ -195,8 +195,6 @@ class FHEAUCPhase(EvaluationPhase):
             raise ValueError(f"n_splits must be an integer >= 2, got {n_splits!r}")
         if metrics_threshold is not None and not 0.0 <= float(metrics_threshold) <= 1.0:
             raise ValueError(f"metrics_threshold must be None or in [0, 1], got {metrics_threshold!r}")
-        if backend == "openfhe":  # the aggregator needs the engine too: fail before any client works
-            import flwr_fedeval.fhe.openfhe_backend  # noqa: F401  (MissingExtraError names [openfhe])
         self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
         n = self.thresholds.size
         self.slots = required_slots(n, n_splits) if protocol == "malicious" else n + 1
