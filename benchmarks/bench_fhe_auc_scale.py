@@ -60,7 +60,7 @@ def tiled_counts(factor: int, n_clients: int = 5, n_points: int = 100):
 def main() -> None:
     from flwr_fedeval.fhe import auc as fa
     from flwr_fedeval.fhe import auc_malicious as am
-    from flwr_fedeval.fhe.backend import CKKSParams, create_context, default_backend, load_context
+    from flwr_fedeval.fhe.backend import create_context, default_backend, load_context
     from flwr_fedeval.metrics.auc import auc_with_bound
 
     ap = argparse.ArgumentParser()
@@ -80,10 +80,10 @@ def main() -> None:
             for _ in range(args.repeats):
                 if protocol == "semi-honest":
                     cfg = fa.FHEAUCConfig(n_points=100, max_rows=rows)
-                    params = CKKSParams.for_slots(102, backend)
+                    params = fa.ckks_params_for(backend, 102, rows)
                 else:
                     cfg = am.MaliciousAUCConfig(n_points=100, max_rows=rows)
-                    params = CKKSParams.for_slots(am.required_slots(100, cfg.n_splits), backend)
+                    params = fa.ckks_params_for(backend, am.required_slots(100, cfg.n_splits), rows)
                 ctx = create_context(params=params)
                 server = load_context(ctx.public_bytes())
                 t0 = time.perf_counter()

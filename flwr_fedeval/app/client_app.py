@@ -221,4 +221,5 @@ def _shapley_test_set(context: Context) -> tuple[np.ndarray, np.ndarray]:
     return data.x_test.reshape(len(data.y_test), -1), data.y_test
 
 
-register_shapley_handlers(app, test_set=_shapley_test_set, role=node_role)
+register_shapley_handlers(app, test_set=_shapley_test_set, role=node_role,
+                          partition=lambda c: _partition(c) if node_role(c) == "client" else None)

@@ -9,6 +9,7 @@ protocol message carries these data.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ import numpy as np
 from flwr_fedeval.app.task import JobConfig, build_model, load_client_data
 from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 
-__all__ = ["pooled_reference_auc", "positive_scores", "score_histogram", "write_results"]
+__all__ = ["contributors_reference_auc", "pooled_reference_auc", "positive_scores", "run_folder",
+           "score_histogram", "write_results"]
 
 
 def positive_scores(cfg: JobConfig, adapter: KerasModelAdapter, x: np.ndarray) -> np.ndarray:
@@ -40,9 +42,13 @@ def positive_scores(cfg: JobConfig, adapter: KerasModelAdapter, x: np.ndarray) -
 
 
 def pooled_reference_auc(
-    cfg: JobConfig, weights: list[np.ndarray], num_partitions: int
+    cfg: JobConfig, weights: list[np.ndarray], num_partitions: int, partition_ids: list[int] | None = None
 ) -> tuple[float, np.ndarray, np.ndarray]:
-    """``roc_auc_score`` of the global model on all clients' test splits pooled.
+    """``roc_auc_score`` of the global model on the clients' test splits pooled.
+
+    ``num_partitions`` is the number of partitions the data was split into
+    (the nodes' ``num-partitions``); ``partition_ids`` (default: all) the
+    partitions whose test splits are pooled.
 
     Returns
     -------
@@ -55,12 +61,50 @@ def pooled_reference_auc(
     adapter = KerasModelAdapter(build_model(cfg))
     adapter.set_weights(weights)
     ys, scores = [], []
-    for pid in range(num_partitions):
+    for pid in (range(num_partitions) if partition_ids is None else partition_ids):
         split = load_client_data(cfg, pid, num_partitions)
         ys.append(split.y_test)
         scores.append(positive_scores(cfg, adapter, split.x_test))
     y_true, y_score = np.concatenate(ys), np.concatenate(scores)
     return float(roc_auc_score(y_true, y_score)), y_true, y_score
+
+
+def contributors_reference_auc(
+    cfg: JobConfig, weights: list[np.ndarray], contributors: list[int], partitions: dict[int, tuple[int, int]]
+) -> tuple[float, np.ndarray, np.ndarray, str]:
+    """The pooled reference over exactly the partitions of ``contributors`` (issue 16).
+
+    ``partitions`` maps node IDs to ``(partition id, num-partitions)`` as the
+    nodes reported them (:func:`~flwr_fedeval.strategies.shapley_phase.discover_roles`).
+    The data are split into the nodes' ``num-partitions``, never into the
+    number of nodes still connected (after a dropout that would be another
+    data set).
+
+    Returns
+    -------
+    auc : float
+        ``nan`` when the reference cannot be computed honestly.
+    y_true : ndarray of shape (n_test,), dtype int64 (empty when ``auc`` is nan)
+    y_score : ndarray of shape (n_test,), dtype float64 (empty when ``auc`` is nan)
+    note : str
+        Why the reference is left out (a contributor did not report its
+        partition, the nodes disagree on ``num-partitions``, two contributors
+        claim one partition); ``""`` when it is computed.
+    """
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
+    unknown = [n for n in contributors if n not in partitions]
+    if not contributors or unknown:
+        return (math.nan, *empty,
+                f"left out: contributor(s) {unknown or '(none)'} reported no partition id")
+    nums = {partitions[n][1] for n in contributors}
+    pids = sorted(partitions[n][0] for n in contributors)
+    if len(nums) != 1:
+        return math.nan, *empty, f"left out: the contributors report different num-partitions {sorted(nums)}"
+    (num,) = nums
+    if len(set(pids)) != len(pids) or not all(0 <= p < num for p in pids):
+        return math.nan, *empty, f"left out: contributors claim partitions {pids} of {num}"
+    auc, y_true, y_score = pooled_reference_auc(cfg, weights, num, pids)
+    return auc, y_true, y_score, ""
 
 
 def score_histogram(y_true: np.ndarray, y_score: np.ndarray, *, bins: int = 20) -> dict[str, Any]:
@@ -104,25 +148,33 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def run_folder(cfg: JobConfig) -> Path:
+    """The run folder: ``resume-from`` when set, else a new ``<output-dir>/<dataset>-<UTC timestamp>``.
+
+    A relative ``output-dir`` is resolved against the current working directory.
+    """
+    if cfg.resume_from:
+        return Path(cfg.resume_from).expanduser().resolve()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return Path(cfg.output_dir).expanduser().resolve() / f"{cfg.dataset}-{stamp}"
+
+
 def write_results(
     cfg: JobConfig,
     payload: dict[str, Any],
     *,
     roc: tuple[np.ndarray, np.ndarray] | None = None,
     reference_roc: tuple[np.ndarray, np.ndarray] | None = None,
+    folder: Path | None = None,
 ) -> Path:
-    """Write ``results.json`` (and ``roc.png``) to a new run folder.
-
-    The folder is ``<output-dir>/<dataset>-<UTC timestamp>``; a relative
-    ``output-dir`` is resolved against the current working directory.
+    """Write ``results.json`` (and ``roc.png``) to the run folder (default: a new :func:`run_folder`).
 
     Returns
     -------
     Path
         The run folder.
     """
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    folder = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.dataset}-{stamp}"
+    folder = run_folder(cfg) if folder is None else Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(_jsonable(payload), indent=2))
     if roc is not None:

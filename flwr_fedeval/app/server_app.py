@@ -6,6 +6,7 @@ Run with ``flwr run .`` (see README). Configuration keys are in
 
 from __future__ import annotations
 
+import math
 import time
 from logging import INFO, WARNING
 
@@ -14,11 +15,15 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_fedeval.app.harness import pooled_reference_auc, score_histogram, write_fsv_chart, write_results
+from flwr_fedeval.app.checkpoint import train_with_checkpoints
+from flwr_fedeval.app.harness import (contributors_reference_auc, run_folder, score_histogram, write_fsv_chart,
+                                      write_results)
 from flwr_fedeval.app.task import ConfigError, JobConfig, build_model
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
+from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
 from flwr_fedeval.strategies.base import ReadableFedAvg
@@ -48,6 +53,7 @@ def make_strategy(cfg: JobConfig) -> FedAvg:
             parameter_set=cfg.xmk_parameter_set,
             max_abs_value=cfg.xmk_max_abs_value,
             rekey=cfg.xmk_rekey,
+            mask_degree=int(cfg.xmk_mask_degree),
             step_timeout=cfg.step_timeout,
             **common,
         )
@@ -66,6 +72,18 @@ def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPha
         timeout=cfg.step_timeout,
         roster=roster,
     )
+
+
+def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result) -> None:
+    """Add the failures the server's checks found (malformed replies, aborted xMK attempts) to
+    ``failures``, which already holds every timeout and error reply (:class:`FailureRecordingGrid`)."""
+    for rnd, exc in getattr(strategy, "aborted_attempts", []):
+        for node, reason in exc.failed.items():
+            if exc.step != "sampling" and not failures.has(node, rnd):
+                failures.add(node, exc.step, int(ReplyCode.MALFORMED_REPLY), str(reason), round=rnd)
+    for node, reason in auc_result.failed.items():
+        if not failures.has(node, None):
+            failures.add(node, f"{auc_result.method} AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
 
 
 def warn_resolution(bound: float) -> bool:
@@ -118,11 +136,14 @@ def main(grid: Grid, context: Context) -> None:
                            f"'identity-dir' (simulation) or 'fedeval-roster' (the ServerApp's copy of the "
                            f"roster); every node: {CONFIG_HELP}"])
     t_start = time.perf_counter()
+    grid = FailureRecordingGrid(grid)  # every failure of every step, with its true reason (issue 16)
+    failures = grid.failures
     # Nodes with fedeval-role = "shapley-aux" (the auxiliary server A of the Shapley
     # phase) hold no data: they stay out of training and of the AUC phase.
     refused: dict[int, str] = {}
+    partitions: dict[int, tuple[int, int]] = {}  # node -> (partition id, num-partitions), for the reference
     roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none", roster=roster,
-                           refused=refused)
+                           refused=refused, partitions=partitions)
     auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
     if cfg.shapley != "none" and len(auxes) != 1:
         raise ValueError(
@@ -145,12 +166,10 @@ def main(grid: Grid, context: Context) -> None:
     auc_phase = make_auc_phase(cfg, roster)
 
     strategy = make_strategy(cfg)
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=initial,
-        num_rounds=cfg.num_server_rounds,
-        train_config=ConfigRecord({"local-epochs": cfg.local_epochs}),
-    )
+    folder = run_folder(cfg)  # checkpoint/ after every completed round; resume-from continues one
+    result = train_with_checkpoints(strategy, grid, initial, num_rounds=cfg.num_server_rounds,
+                                    run_config=cfg.as_dict(), folder=folder, resume_from=cfg.resume_from or None,
+                                    train_config=ConfigRecord({"local-epochs": cfg.local_epochs}))
     train_hist = _metric_history(result.train_metrics_clientapp)
     eval_hist = _metric_history(result.evaluate_metrics_clientapp)
     for rnd in sorted(set(train_hist) | set(eval_hist)):
@@ -173,11 +192,12 @@ def main(grid: Grid, context: Context) -> None:
         shapley = make_shapley_phase(cfg, roster).run(grid, clients=grid.get_node_ids(), aux_node=aux_node)
         t_sv = time.perf_counter() - t_sv
 
-    # Harness reference (not part of the protocol): pooled roc_auc_score.
-    num_partitions = len(list(grid.get_node_ids()))
-    ref_auc, y_true, y_score = pooled_reference_auc(
-        cfg, result.arrays.to_numpy_ndarrays(), num_partitions
-    )
+    _record_checked_failures(failures, strategy, auc_result)
+    # Harness reference (not part of the protocol): pooled roc_auc_score over exactly the contributors' data.
+    ref_auc, y_true, y_score, ref_note = contributors_reference_auc(
+        cfg, result.arrays.to_numpy_ndarrays(), auc_result.contributors, partitions)
+    if ref_note:
+        log(WARNING, "FINAL pooled reference %s", ref_note)
     wall = time.perf_counter() - t_start
     if auc_result.details.get("auc_known_to") == "clients":
         log(
@@ -203,7 +223,7 @@ def main(grid: Grid, context: Context) -> None:
             abs(auc_result.auc - ref_auc),
         )
     warn_resolution(auc_result.resolution_bound)
-    ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score)
+    ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score) if y_true.size else None
     if shapley is not None:
         last = shapley.utilities[-1][tuple(shapley.clients)]
         pooled_acc = float(((y_score >= 0.5).astype(int) == y_true).mean())
@@ -215,7 +235,7 @@ def main(grid: Grid, context: Context) -> None:
             sum(shapley.fsv.values()), last, pooled_acc)
     from sklearn.metrics import roc_curve
 
-    ref_fpr, ref_tpr, _ = roc_curve(y_true, y_score)
+    reference_roc = roc_curve(y_true, y_score)[:2] if y_true.size else None
     folder = write_results(
         cfg,
         {
@@ -223,10 +243,12 @@ def main(grid: Grid, context: Context) -> None:
             "auc_method": auc_result.method,
             "auc_details": auc_result.details,
             "federated_auc": auc_result.auc,
-            "resolution_bound": None if auc_result.resolution_bound != auc_result.resolution_bound else auc_result.resolution_bound,
-            "reference_roc_auc_score": ref_auc,
+            "resolution_bound": None if math.isnan(auc_result.resolution_bound) else auc_result.resolution_bound,
+            "reference_roc_auc_score": None if ref_note else ref_auc,
+            **({"reference_note": ref_note} if ref_note else {}),
             "num_clients": len(auc_result.contributors),
             "failed_nodes": auc_result.failed,
+            "failures": failures.to_json(),
             **({"refused_nodes": {str(k): v for k, v in refused.items()}} if refused else {}),
             **({"reference_threshold_metrics": ref_threshold_metrics} if ref_threshold_metrics else {}),
             "num_test_samples": int(y_true.size),
@@ -237,7 +259,8 @@ def main(grid: Grid, context: Context) -> None:
             **({"shapley": shapley.to_json()} if shapley is not None else {}),
         },
         roc=roc_points(auc_result.counts) if auc_result.counts is not None else None,
-        reference_roc=(ref_fpr, ref_tpr),
+        reference_roc=reference_roc,
+        folder=folder,
     )
     if shapley is not None:
         write_fsv_chart(folder, shapley.fsv, title=f"Federated Shapley Values (SecSV), {cfg.dataset}")

@@ -66,6 +66,7 @@ LIBRARY_PARAMETERS: dict[str, tuple[str, str]] = {
     "xmk-parameter-set": ("flwr_fedeval.strategies.xmk_fedavg:XMKFedAvg", "parameter_set"),
     "xmk-max-abs-value": ("flwr_fedeval.strategies.xmk_fedavg:XMKFedAvg", "max_abs_value"),
     "xmk-rekey": ("flwr_fedeval.strategies.xmk_fedavg:XMKFedAvg", "rekey"),
+    "xmk-mask-degree": ("flwr_fedeval.strategies.xmk_fedavg:XMKFedAvg", "mask_degree"),
     "step-timeout": ("flwr_fedeval.strategies.xmk_fedavg:XMKFedAvg", "step_timeout"),
     "shapley-sample-skip": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "sample_skip"),
     "shapley-model-bound": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "model_bound"),
@@ -145,6 +146,7 @@ class JobConfig:
     xmk_parameter_set: str = "xmk-n4096-q108"
     xmk_max_abs_value: float = 65536.0
     xmk_rekey: str = "every-round"
+    xmk_mask_degree: int = 4
     step_timeout: float = 600.0
     identity_dir: str = ""
     fedeval_roster: str = ""
@@ -155,6 +157,7 @@ class JobConfig:
     shapley_frac_bits: int = 10
     shapley_aux_partition_id: int = -1
     output_dir: str = "outputs"
+    resume_from: str = ""
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> "JobConfig":
@@ -265,6 +268,9 @@ class JobConfig:
                   "config 'xmk-parameter-set'", "xmk_parameter_set")
             check(lambda: 1.0 <= self.xmk_max_abs_value < math.inf,
                   "config 'xmk-max-abs-value' must be a finite number >= 1", "xmk_max_abs_value")
+            check(lambda: not isinstance(self.xmk_mask_degree, bool) and self.xmk_mask_degree == int(
+                self.xmk_mask_degree) and self.xmk_mask_degree >= 0,
+                  "config 'xmk-mask-degree' must be an integer >= 0 (0 = complete mask graph)", "xmk_mask_degree")
         check(lambda: 0 < self.step_timeout < math.inf, "config 'step-timeout' must be a finite number > 0 (seconds)",
               "step_timeout")
         check(lambda: self.dataset == "breast-cancer" or bool(self.data_dir),

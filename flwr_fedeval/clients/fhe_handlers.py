@@ -54,6 +54,8 @@ use the clients as a decryption oracle.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 from logging import INFO
 
@@ -70,6 +72,7 @@ from flwr_fedeval.fhe.auc import (
     client_decrypt_threshold_metrics,
     client_encrypt_confusion,
     client_encrypt_counts,
+    ckks_params_for,
 )
 from flwr_fedeval.fhe.auc_malicious import (
     MaliciousAUCConfig,
@@ -78,7 +81,7 @@ from flwr_fedeval.fhe.auc_malicious import (
     client_encrypt_counts_malicious,
     new_seed,
 )
-from flwr_fedeval.fhe.backend import CKKSParams, FHEError, create_context, load_context
+from flwr_fedeval.fhe.backend import FHEError, create_context, load_context
 from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.identity import IdentityError, SignedKey, verify_key, verify_key_set
 from flwr_fedeval.messages import (
@@ -184,12 +187,27 @@ def _store_secrets(context: Context, session: str, secret_context: bytes, seed: 
     context.state[STATE_SESSION] = ConfigRecord({"session": session, "seed": bytes(seed)})
 
 
+#: Deserialised secret contexts of this process, by SHA-256 of their bytes (a few, most recent last).
+#: Loading one costs ~60 ms (TenSEAL, n = 8192); in simulation every client of a process holds the
+#: same relayed secret context, and each client needs it at two steps. The digest of the stored
+#: bytes is the key, so a node only ever gets the context its own state holds.
+_CONTEXT_CACHE: "OrderedDict[bytes, object]" = OrderedDict()
+_CONTEXT_CACHE_SIZE = 4
+
+
 def _secret_context(context: Context, session: str):
     if STATE_SECRET not in context.state or STATE_SESSION not in context.state:
         raise _Refused("no CKKS secret context for this phase")
     if context.state[STATE_SESSION]["session"] != session:
         raise _Refused("session id does not match the stored secret context")
-    ctx = load_context(array_to_bytes(context.state[STATE_SECRET]["context"]))
+    data = array_to_bytes(context.state[STATE_SECRET]["context"])
+    digest = hashlib.sha256(data).digest()
+    ctx = _CONTEXT_CACHE.pop(digest, None)
+    if ctx is None:
+        ctx = load_context(data)
+    _CONTEXT_CACHE[digest] = ctx
+    while len(_CONTEXT_CACHE) > _CONTEXT_CACHE_SIZE:
+        _CONTEXT_CACHE.popitem(last=False)
     if not ctx.is_private:
         raise _Refused("the stored context holds no secret key")
     return ctx
@@ -253,7 +271,8 @@ def keygen(msg: Message, context: Context) -> Message:
     """Step 2 (key holder): CKKS keys and common seed; public context + sealed bundles.
 
     Request: ``fhe.session``, ``fhe.backend``, ``fhe.slots`` (slots the
-    protocol needs), ``fhe-peers`` (``{str(node_id): X25519 public key}``
+    protocol needs), ``fhe.max-rows`` (the public pooled bound; the CKKS
+    parameter set follows from it, :func:`flwr_fedeval.fhe.auc.ckks_params_for`), ``fhe-peers`` (``{str(node_id): X25519 public key}``
     of the other clients), ``fhe-peer-signers`` and ``fhe-peer-signatures``
     (each peer's roster name and step-1 signature). Every peer key is checked
     against the roster first (:func:`flwr_fedeval.identity.verify_key_set`:
@@ -281,7 +300,7 @@ def keygen(msg: Message, context: Context) -> Message:
                 raise IdentityError(f"peer node {node} relays this key holder's own key")
         names = verify_key_set(roster, entries, protocol=SIGNED_PROTOCOL, session=session, round=0, role="client",
                                floor=key_set_floor(context), own=ident.name)
-        params = CKKSParams.for_slots(_int(request, "slots", 1), str(request["backend"]))
+        params = ckks_params_for(str(request["backend"]), _int(request, "slots", 1), _int(request, "max-rows", 1))
         ctx = create_context(params=params)
         seed = new_seed()
         secret = ctx.secret_bytes()

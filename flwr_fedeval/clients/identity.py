@@ -26,10 +26,12 @@ from typing import Any
 from flwr.app import Context
 
 from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster, SignedKey, sign_key
+from flwr_fedeval.rlwe.masking import DEFAULT_MASK_DEGREE
 
 __all__ = [
     "CONFIG_HELP",
     "key_set_floor",
+    "mask_degree_floor",
     "node_identity",
     "server_roster",
     "signed_key_record",
@@ -113,6 +115,23 @@ def key_set_floor(context: Context) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
         raise IdentityError(f"key-set floor (fedeval-min-clients / min-nodes) must be an integer, got {value!r}")
     return max(2, int(value))
+
+
+def mask_degree_floor(context: Context) -> int:
+    """This node's floor on the degree of the xMK-CKKS mask graph (0 = it requires the complete graph).
+
+    Node config ``xmk-mask-degree`` (the SuperNode operator's), else run
+    config ``xmk-mask-degree``, else
+    :data:`flwr_fedeval.rlwe.masking.DEFAULT_MASK_DEGREE`. With degree k,
+    stripping an honest client's mask needs all of its k neighbours to
+    collude with the server (Bell et al. 2020); checked by
+    :func:`flwr_fedeval.rlwe.masking.check_mask_degree`.
+    """
+    node, run = dict(context.node_config), dict(context.run_config)
+    value = node.get("xmk-mask-degree", run.get("xmk-mask-degree", DEFAULT_MASK_DEGREE))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+        raise IdentityError(f"xmk-mask-degree must be an integer >= 0 (0 = complete graph), got {value!r}")
+    return int(value)
 
 
 def server_roster(run_config: dict[str, Any]) -> Roster | None:

@@ -354,7 +354,8 @@ def recorded_models(context: Context) -> dict[int, np.ndarray]:
 # --- every node --------------------------------------------------------------
 
 
-def role_reply(msg: Message, role: str, context: Context | None = None) -> Message:
+def role_reply(msg: Message, role: str, context: Context | None = None,
+               partition: tuple[int, int] | None = None) -> Message:
     """``query.fedeval_role``: this node's role and, if it has an identity, a signed statement of it.
 
     Request (optional) ``role.nonce`` (str, the server's fresh nonce). Reply
@@ -363,11 +364,16 @@ def role_reply(msg: Message, role: str, context: Context | None = None) -> Messa
     role, this node's public signing key)`` — lets a server that holds the
     roster leave out nodes outside it before training (:func:`~flwr_fedeval.
     strategies.shapley_phase.discover_roles`). A node without an identity
-    still answers, unsigned.
+    still answers, unsigned. With ``partition = (partition id, number of
+    partitions)`` of a data client, the reply also carries ``partition-id``
+    and ``num-partitions`` (unsigned; the server's harness uses them only
+    for its reference numbers, never in a protocol).
     """
     if role not in ROLES:
         return _error_reply(msg, Refused(f"unknown role {role!r}, expected one of {ROLES}"))
     out: dict = {"role": role}
+    if partition is not None:
+        out["partition-id"], out["num-partitions"] = int(partition[0]), int(partition[1])
     nonce = msg.content[ROLE_KEY].get("nonce") if ROLE_KEY in msg.content else None
     if context is not None and isinstance(nonce, str) and nonce:
         try:
@@ -759,6 +765,7 @@ def register_shapley_handlers(
     *,
     test_set: Callable[[Context], tuple[np.ndarray, np.ndarray]],
     role: Callable[[Context], str] = node_role,
+    partition: Callable[[Context], tuple[int, int] | None] | None = None,
 ) -> None:
     """Register the SecSV handlers on a ``ClientApp``.
 
@@ -770,6 +777,9 @@ def register_shapley_handlers(
         test features (within the public ``feature-bound``) and labels.
     role : callable, default=:func:`node_role`
         ``context -> "client" | "shapley-aux"``.
+    partition : callable, optional
+        ``context -> (partition id, number of partitions)`` of a data client
+        (``None`` for a node without data), reported in ``query.fedeval_role``.
 
     Also wrap the train handler with :func:`shapley_record_mod`.
     """
@@ -793,7 +803,7 @@ def register_shapley_handlers(
 
     @app.query("fedeval_role")
     def _role(msg: Message, context: Context) -> Message:
-        return role_reply(msg, role(context), context)
+        return role_reply(msg, role(context), context, partition(context) if partition else None)
 
     @app.query("shapley_hello")
     def _hello(msg: Message, context: Context) -> Message:

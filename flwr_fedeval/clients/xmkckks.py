@@ -32,11 +32,16 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   (:func:`~flwr_fedeval.clients.identity.key_set_floor`: node config
   ``fedeval-min-clients`` / ``xmk-min-clients``, else run config
   ``min-nodes``); ▲ one reveal per key set. Replies (b_i, X_i) and its
-  signature over the key-set transcript T.
+  signature over the key-set transcript T, which includes the mask degree
+  k; ▲ k gives at least this client's floor of neighbours
+  (:func:`~flwr_fedeval.clients.identity.mask_degree_floor`: node config,
+  else run config ``xmk-mask-degree``; 0 = the complete graph).
 * ``train`` (the mod): ▲ every opening matches its commitment, every member
   signed the same T, the round is later than its last encryption under
   this key set (masks are never reused), ``num-clients`` = |K|, at least
-  its floor. Encrypts m_i + r_i under b = Σ b_j.
+  its floor. Encrypts m_i + r_i under b = Σ b_j, r_i over its neighbours
+  in the mask graph it derives itself from T
+  (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`).
 * ``query.xmk_pdec``: ▲ the key set and round of its last encryption, at
   most **one** partial decryption per key set and round (a second request
   is refused whatever C1), the contributor list = the key set's members,
@@ -56,7 +61,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.clients.identity import key_set_floor, node_identity
+from flwr_fedeval.clients.identity import key_set_floor, mask_degree_floor, node_identity
 from flwr_fedeval.clients.keras_adapter import WeightLayout
 from flwr_fedeval.clients.replies import error_reply, serve
 from flwr_fedeval.identity import IdentityError
@@ -173,12 +178,14 @@ def xmk_reveal(msg: Message, context: Context) -> Message:
 
     Request ``"xmk"``: ``key-id``, ``round``, ``signers`` (roster names),
     ``commitments`` and ``signatures`` (aligned lists, as each member replied
-    to step 1). Reply ``"xmk"``: ``public-share`` (b_i), ``mask-key`` (X_i),
+    to step 1), ``mask-degree`` (k of the mask graph, 0 = complete). Reply
+    ``"xmk"``: ``public-share`` (b_i), ``mask-key`` (X_i),
     ``transcript`` (T, 32 bytes) and ``transcript-signature``.
 
     Refuses (error reply) an unsigned, forged or duplicated entry, a key set
     without this client or with another commitment for it, fewer members
-    than its floor, or a second reveal for the same key set.
+    than its floor, a mask degree below its floor, or a second reveal for
+    the same key set.
     """
 
     def step(config: dict) -> RecordDict:
@@ -197,9 +204,12 @@ def xmk_reveal(msg: Message, context: Context) -> Message:
             roster, list(zip(signers, hs, sigs)), key_id=key_id, round_=round_, own_name=identity.name,
             own_commitment=bytes(state["commitment"]), floor=key_set_floor(context),
         )
+        degree = config["mask-degree"]
+        masking.check_mask_degree(degree, len(members), mask_degree_floor(context))
         params = rlwe.get_parameter_set(str(state["params"]))
         digest = keyset.transcript_digest(params, key_id=key_id, seed_a=bytes(state["seed-a"]), round_=round_,
-                                          members=members)
+                                          members=members, mask_degree=int(degree))
+        state["mask-degree"] = int(degree)
         state["members"] = [name for name, _ in members]
         state["member-commitments"] = [h for _, h in members]
         state["transcript"] = digest
@@ -244,8 +254,9 @@ def _open(config: ConfigRecord, state: ConfigRecord, context: Context, params: r
     own = str(state["name"])
     if peers[own] != bytes(state["mask-public"]) or openings[own][0] != bytes(state["share"]):
         raise keyset.KeySetError("the relayed opening of this client is not its own")
-    del peers[own]
-    return joint, peers
+    # the mask graph: recomputed here from the signed transcript, never taken from the server
+    neighbours = masking.mask_neighbours(names, int(state["mask-degree"]), bytes(state["transcript"]))[own]
+    return joint, {name: peers[name] for name in neighbours}
 
 
 def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:

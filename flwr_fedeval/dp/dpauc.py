@@ -39,8 +39,8 @@ from flwr_fedeval.dp.mechanisms import (
     randomized_response,
 )
 from flwr_fedeval.dp.result import AUCEstimate, undefined_estimate
-from flwr_fedeval.fhe.counts import ConfusionCounts
-from flwr_fedeval.metrics.auc import UndefinedAUCError, auc_from_counts
+from flwr_fedeval.metrics.counts import ConfusionCounts
+from flwr_fedeval.metrics.auc import UndefinedAUCError, auc_from_counts, resolution_bound
 
 __all__ = [
     "Clipping",
@@ -369,6 +369,10 @@ def dpauc_rr_server(
     d = menon_debias(noisy_auc, total.n_positive, total.n_negative, params.epsilon)
     details = {"noisy_auc": noisy_auc, "noisy_p": total.n_positive, "noisy_n": total.n_negative,
                "p_est": d.p_est, "n_est": d.n_est, "rho": d.rho}
+    if d.auc is not None:
+        # The debiasing is affine in the noisy AUC (slope 1/(1-α-β)): the discretisation part
+        # of the error is the flipped labels' resolution bound scaled by it (the RR noise is separate).
+        details["resolution_bound"] = resolution_bound(total) / abs(1.0 - d.alpha - d.beta)
     if d.auc is None:
         return undefined_estimate(method, variant, params.epsilon, d.reason, **details)
     return AUCEstimate(auc=float(d.auc), method=method, variant=variant, epsilon=params.epsilon, details=details)

@@ -66,12 +66,16 @@ beyond it; no path returns an AUC outside ``[0, 1]``.
 Supported maximum: one count ``1/K`` must stay above ``ε``, i.e.
 ``R ≤ 2^(Δbits − 23)`` (:func:`max_pooled_rows`):
 
-==========================  ==========  =========================
-parameter set               Δ           max pooled rows ``R``
-==========================  ==========  =========================
-TenSEAL default (n=8192)    2^49        2^26 = 67,108,864
-OpenFHE default (n=16384)   2^50        2^27 = 134,217,728
-==========================  ==========  =========================
+============================  ==========  =========================
+parameter set                 Δ           max pooled rows ``R``
+============================  ==========  =========================
+TenSEAL default (n=8192)      2^49        2^26 = 67,108,864
+OpenFHE default (n=8192)      2^45        2^22 = 4,194,304
+OpenFHE paper set (n=16384)   2^50        2^27 = 134,217,728
+============================  ==========  =========================
+
+:func:`ckks_params_for` (the key holder's choice in the Flower phase) takes
+OpenFHE's paper set when ``max_rows`` exceeds 2^22.
 
 A larger ``max_rows`` is refused up front (:class:`CountBoundError`, naming the
 maximum and the fix); so is a client whose counts exceed its declaration.
@@ -106,6 +110,7 @@ __all__ = [
     "client_vectors",
     "count_scale_for",
     "max_pooled_rows",
+    "ckks_params_for",
     "random_mask",
 ]
 
@@ -129,9 +134,37 @@ def max_pooled_rows(params: CKKSParams) -> int:
     """Largest public pooled-row bound ``R`` a parameter set supports: ``2^(Δbits − 23)``.
 
     Beyond it one count (``1/K``) falls below the CKKS error of the final
-    values (see module docstring). TenSEAL default: 2^26; OpenFHE default: 2^27.
+    values (see module docstring). TenSEAL default: 2^26; OpenFHE default
+    (Δ = 2^45): 2^22; OpenFHE paper set (Δ = 2^50): 2^27 (:func:`ckks_params_for`
+    switches to it above 2^22).
     """
     return 1 << (int(params.scale_bits) - _CIRCUIT_LOSS_BITS - 3)
+
+
+def ckks_params_for(backend: str, slots: int, max_rows: int) -> CKKSParams:
+    """The CKKS parameter set the key holder uses for ``slots`` slots and the public bound ``max_rows``.
+
+    The backend's default set (:meth:`CKKSParams.default`) when it supports
+    ``max_rows`` (:func:`max_pooled_rows`); for OpenFHE beyond its fast
+    default (Δ = 2^45: 2^22 rows), the paper's set (Δ = 2^50, ``n = 2^14``:
+    2^27 rows, :meth:`CKKSParams.paper_openfhe`). Both are 128-bit sets of
+    the HE Standard. Derived from public values only, so every party can
+    check the choice.
+
+    Raises
+    ------
+    CountBoundError
+        If no set of ``backend`` supports ``max_rows`` (names the maximum).
+    ValueError
+        If ``slots`` exceed the set's slot count, or ``max_rows`` < 1.
+    """
+    _check_max_rows(max_rows)
+    base = CKKSParams.default(backend)
+    if backend == "openfhe" and int(max_rows) > max_pooled_rows(base):
+        base = CKKSParams.paper_openfhe()
+    params = CKKSParams.for_slots(int(slots), backend, base=base)
+    check_supported(FHEAUCConfig(n_points=2, max_rows=int(max_rows)), params)
+    return params
 
 
 def count_scale_for(max_rows: int, *, shift: int = 3) -> float:

@@ -13,4 +13,4 @@ from flwr_fedeval.metrics.counts import (  # noqa: F401
     threshold_counts,
 )
 
-__all__ = ["ConfusionCounts", "decision_points", "threshold_counts", "tf_vectors"]
+__all__ = ["ConfusionCounts", "Spacing", "decision_points", "threshold_counts", "tf_vectors"]

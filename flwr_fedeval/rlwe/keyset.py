@@ -28,14 +28,17 @@ Protocol for one key set K (cait-sith notation: ★ send, • wait, ▲ check
    ▲ (:func:`check_commitments`) every name is in the roster, names and
    commitments are distinct, every sig_j verifies for (kid, r), i is listed
    with its own h_i, and |K| >= i's floor;
-   T = :func:`transcript_digest` (params, kid, seed_a, r, sorted (name, h));
+   ▲ the server's mask degree k gives at least i's floor of neighbours
+   (:func:`~flwr_fedeval.rlwe.masking.check_mask_degree`);
+   T = :func:`transcript_digest` (params, kid, seed_a, r, k, sorted (name, h));
    ▲ i reveals at most once per key set;
    ★ (b_i, X_i, Sign_i("xmkckks", kid, r, "key-set", T)).
 3. **Encrypt** (``train``). • every member's (b_j, X_j, transcript sig_j); i:
    ▲ (:func:`open_key_set`) the members are exactly K, each (b_j, X_j)
    matches h_j, each b_j is a canonical single share;
    ▲ (:func:`check_transcript_signatures`) every member signed the same T;
-   b = Σ b_j; masks from X_j and T (:mod:`~flwr_fedeval.rlwe.masking`).
+   b = Σ b_j; masks from X_j of i's neighbours in the mask graph of
+   degree k derived from T (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`).
 
 Imports neither flwr nor TensorFlow.
 """
@@ -180,11 +183,24 @@ def check_commitments(
 
 
 def transcript_digest(
-    params: ParameterSet, *, key_id: str, seed_a: bytes, round_: int, members: Sequence[tuple[str, bytes]]
+    params: ParameterSet,
+    *,
+    key_id: str,
+    seed_a: bytes,
+    round_: int,
+    members: Sequence[tuple[str, bytes]],
+    mask_degree: int = 0,
 ) -> bytes:
-    """T = SHA-256(domain, params, kid, seed_a, r, (name, h) sorted by name): the key set every member must agree on."""
+    """T = SHA-256(domain, params, kid, seed_a, r, k, (name, h) sorted by name): the key set every member must agree on.
+
+    ``mask_degree`` k is the public degree of the mask graph
+    (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`; 0 = complete): signed
+    with the key set, so every member masks over the same graph.
+    """
+    if isinstance(mask_degree, bool) or not isinstance(mask_degree, int) or mask_degree < 0:
+        raise KeySetError(f"mask degree must be an integer >= 0, got {mask_degree!r}")
     parts = [_TRANSCRIPT_DOMAIN, _lp(params.name.encode()), _lp(key_id.encode()), _lp(seed_a),
-             struct.pack(">Q", round_), struct.pack(">Q", len(members))]
+             struct.pack(">Q", round_), struct.pack(">Q", mask_degree), struct.pack(">Q", len(members))]
     for name, h in sorted(members):
         parts += [_lp(name.encode()), _lp(h)]
     return hashlib.sha256(b"".join(parts)).digest()

@@ -1,31 +1,36 @@
-"""Pairwise zero-sum masks mod q for xMK-CKKS (Bonawitz et al., CCS 2017, §4).
+"""Pairwise zero-sum masks mod q for xMK-CKKS (Bonawitz et al., CCS 2017, §4; Bell et al., CCS 2020).
 
 Why: a partial decryption D_i = s_i·C1 + e*_i (Walskaar et al. 2023, Eq. 7)
 is computed for whatever C1 the server sends. A deviating server that sends
 C1 = c1_i + 1 (or any crafted C1) would otherwise decrypt client i's update.
 With masks, every client encrypts m_i + r_i instead of m_i, where
 
-    r_i = sum_{j in K, j != i} sign(i, j) * PRG(k_ij)      mod q,
+    r_i = sum_{j in N(i)} sign(i, j) * PRG(k_ij)      mod q,
     sign(i, j) = +1 if name_i < name_j else -1,
 
-K is the key set (roster names), and k_ij = k_ji is a pairwise key from an
-X25519 agreement between i and j. The masks cancel exactly in the sum over
-the whole key set, sum_{i in K} r_i = 0 (mod q), so the decoded sum is
+K is the key set (roster names), N(i) the neighbours of i in the mask
+graph over K (:func:`mask_neighbours`: the complete graph, N(i) = K minus {i},
+of Bonawitz et al., or a k-regular connected graph derived from the signed
+key-set transcript, as in SecAgg+), and k_ij = k_ji is a pairwise key from
+an X25519 agreement between i and j. The masks cancel exactly in the sum
+over the whole key set, sum_{i in K} r_i = 0 (mod q), so the decoded sum is
 unchanged (no headroom is used: the masks are exact residues mod q and leave
 the noise untouched). For any other combination -- one client, a strict
-subset T of K, or any C1 the server crafts -- the masks of the pairs
-crossing T do not cancel and the decrypted value is uniform mod q, i.e.
-independent of every update (as long as the server does not know k_ij,
-which needs one of the two X25519 private keys).
+subset T of K, or any C1 the server crafts -- the masks of the edges
+crossing T (there is one: the graph is connected) do not cancel and the
+decrypted value is uniform mod q, i.e. independent of every update (as long
+as the server does not know k_ij, which needs one of the two X25519 private
+keys).
 
 Derivation, per pair and per encryption (key set and round):
 
     shared = X25519(x_i, X_j)                               (RFC 7748)
     k_ij   = HKDF-SHA256(shared, salt = none,
                          info = DOMAIN || context || name_lo || name_hi)
-    PRG    = ChaCha20 keystream under k_ij (``cryptography``), expanded to
-             residues uniform in [0, q_l) per RNS prime by rejection of
-             bit_length(q_l)-bit words (exactly uniform mod q by the CRT).
+    PRG    = AES-256-CTR keystream under k_ij (``cryptography``, AES-NI),
+             one IV per RNS prime, expanded to residues uniform in
+             [0, q_l) by rejection of bit_length(q_l)-bit words (exactly
+             uniform mod q by the CRT).
 
 ``context`` binds the key-set transcript and the round
 (:func:`mask_context`), so masks are fresh per key set and round, and two
@@ -37,12 +42,13 @@ Imports neither flwr nor TensorFlow.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from typing import Mapping
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
@@ -60,11 +66,21 @@ __all__ = [
     "client_mask",
     "mask_plaintext",
     "apply_mask",
+    "DEFAULT_MASK_DEGREE",
+    "graph_degree",
+    "check_mask_degree",
+    "mask_neighbours",
 ]
 
 MASK_KEY_BYTES = 32
-_DOMAIN = b"flwr-fedeval/xmkckks/pairwise-mask/v1"
-_CHUNK = 1 << 15  # residues per step (keeps the temporaries in cache)
+_DOMAIN = b"flwr-fedeval/xmkckks/pairwise-mask/v2"  # v2: AES-256-CTR PRG
+
+
+#: Default degree k of the mask graph (SecAgg+, Bell et al. 2020): the smallest k >= 4
+#: that keeps the cost of issue 12 within 10 % of an xMK-CKKS round at M = 10
+#: (``benchmarks/bench_xmk_security.py``). 0 = the complete graph (Bonawitz et al. 2017).
+DEFAULT_MASK_DEGREE = 4
+_GRAPH_DOMAIN = b"flwr-fedeval/xmkckks/mask-graph/v1"
 
 
 class MaskKeyError(ValueError):
@@ -155,51 +171,64 @@ def pairwise_mask_key(
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
 
 
-class _LimbStream:
-    """Residues uniform in [0, p) from ChaCha20(key, nonce = limb), in chunks.
+#: values per step of a stream (a protocol constant: the rejection refill is per step)
+_STEP = 1 << 16
 
-    A chunk of ``need`` values takes ``need + spare`` little-endian 32-bit
-    keystream words (``spare`` fixed by p and the chunk size), each cut to
-    bit_length(p - 1) bits. The first ``need`` are the values; every value
-    >= p is replaced, in position order, by the next spare word that is < p
-    (and by further keystream words, should the spare ones run out). This is
-    rejection sampling: every value is an independent, exactly uniform
-    residue. The sequence depends only on (key, limb, p) and the chunk size,
-    fixed by the protocol (max(2^15, n) values).
+
+class _Scratch:
+    """Work buffers for one step, shared by every stream of a mask (no page faults per stream)."""
+
+    def __init__(self, size: int = _STEP) -> None:
+        self.zeros = bytes(4 * size)
+        self.raw = bytearray(4 * size + 16)
+        self.vals = np.empty(size, dtype=np.uint32)
+        self.bad = np.empty(size, dtype=bool)
+
+
+class _LimbStream:
+    """Residues uniform in [0, p) from AES-256-CTR(key, IV = limb || 0), exactly.
+
+    The keystream is read as little-endian 32-bit words, each cut to
+    bit_length(p - 1) bits. :meth:`next` takes ``need`` words; every value
+    >= p is replaced, in position order, by the next further word that is
+    < p (reading ``2·#rejected + 16`` further words at a time until enough
+    are accepted). This is rejection sampling: every value is an
+    independent, exactly uniform residue. The sequence depends only on
+    (key, limb, p) and the step sizes, fixed by the protocol: a limb of k·n
+    values is taken in steps of ``_STEP`` = 2^16 values (the last shorter).
+
+    AES-256-CTR rather than ChaCha20: with AES-NI it produces the keystream
+    about twice as fast (``benchmarks/bench_mask_expansion.py``).
     """
 
-    def __init__(self, key: bytes, limb: int, p: int, chunk: int = 1 << 15) -> None:
-        nonce = bytes(4) + struct.pack("<IQ", limb, 0)  # block counter 0 | limb
-        self._enc = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+    def __init__(self, key: bytes, limb: int, p: int, scratch: _Scratch | None = None) -> None:
+        iv = struct.pack(">QQ", limb, 0)  # 2^64 blocks per limb: the streams never overlap
+        self._enc = Cipher(algorithms.AES(key), modes.CTR(iv)).encryptor()
         self.p = p
-        bits = (p - 1).bit_length()
-        self._cut = np.uint32((1 << bits) - 1)
-        accept = p / float(1 << bits)
-        self._spare = int(chunk * (1.0 / accept - 1.0) * 1.5) + 64
-        width = chunk + self._spare
-        self._zeros = bytes(4 * width)
-        self._raw = bytearray(4 * width)
-        self._vals = np.empty(width, dtype=np.uint32)
-        self._bad = np.empty(width, dtype=bool)
+        self._cut = np.uint32((1 << (p - 1).bit_length()) - 1)
+        self._p32 = np.uint32(p)
+        self._scratch = scratch or _Scratch()
+
+    def _words(self, count: int) -> np.ndarray:
+        """The next ``count`` keystream words, cut (fresh array)."""
+        return np.frombuffer(self._enc.update(bytes(4 * count)), dtype="<u4") & self._cut
 
     def next(self, need: int) -> np.ndarray:
-        """The next ``need`` (<= chunk) residues, a uint32 view valid until the next call."""
-        w = need + self._spare
-        self._enc.update_into(memoryview(self._zeros)[: 4 * w], self._raw)
-        words = np.frombuffer(self._raw, dtype="<u4", count=w)
-        vals = np.bitwise_and(words, self._cut, out=self._vals[:w])
-        bad = np.flatnonzero(np.greater_equal(vals[:need], self.p, out=self._bad[:need]))
+        """The next ``need`` (<= scratch size) residues, a uint32 view valid until the next call."""
+        s = self._scratch
+        if need > s.vals.size:
+            raise ValueError(f"a step takes at most {s.vals.size} values, asked for {need}")
+        n_bytes = self._enc.update_into(memoryview(s.zeros)[: 4 * need], s.raw)
+        words = np.frombuffer(s.raw, dtype="<u4", count=n_bytes // 4)
+        vals = np.bitwise_and(words, self._cut, out=s.vals[:need])
+        bad = np.flatnonzero(np.greater_equal(vals, self._p32, out=s.bad[:need]))
         if bad.size:
-            pool = vals[need:]
-            pool = pool[pool < self.p]
-            if pool.size < bad.size:  # rare: more keystream
-                extra = [pool]
-                while sum(e.size for e in extra) < bad.size:
-                    more = np.frombuffer(self._enc.update(bytes(4 * (bad.size + 64))), dtype="<u4") & self._cut
-                    extra.append(more[more < self.p])
-                pool = np.concatenate(extra)
+            pool = np.empty(0, dtype=np.uint32)
+            while pool.size < bad.size:
+                more = self._words(2 * (bad.size - pool.size) + 16)
+                pool = np.concatenate([pool, more[more < self._p32]])
             vals[bad] = pool[: bad.size]
-        return vals[:need]
+        return vals
 
 
 def _pair_key_bytes(key: bytes) -> bytes:
@@ -212,11 +241,6 @@ def _check_polys(num_polys) -> int:
     if isinstance(num_polys, bool) or int(num_polys) != num_polys or num_polys < 1:
         raise ValueError(f"num_polys must be an integer >= 1, got {num_polys!r}")
     return int(num_polys)
-
-
-def _chunks(total: int, chunk: int):
-    for start in range(0, total, chunk):
-        yield start, min(chunk, total - start)
 
 
 def expand_mask(params: ParameterSet, key: bytes, num_polys: int) -> np.ndarray:
@@ -234,7 +258,7 @@ def expand_mask(params: ParameterSet, key: bytes, num_polys: int) -> np.ndarray:
     -------
     ndarray of shape (k, L, n), uint64, limb l uniform in [0, q_l)
         Limb l, flattened over (k, n), is the residue sequence of
-        ChaCha20(k_ij, nonce = l) (see ``_LimbStream``).
+        AES-256-CTR(k_ij, IV = l) (see ``_LimbStream``).
 
     Raises
     ------
@@ -245,26 +269,56 @@ def expand_mask(params: ParameterSet, key: bytes, num_polys: int) -> np.ndarray:
     return _masked(params, zero, [(_pair_key_bytes(key), np.add)])
 
 
+def _reduce(acc: np.ndarray, tmp: np.ndarray, p: int, bound: int) -> None:
+    """acc mod p in place for uint32 values in [0, bound·p): conditional subtractions of 2^j·p.
+
+    min(a, a - c) in uint32 is a - c if a >= c and a otherwise (a - c wraps
+    above a); cheaper than an integer division.
+    """
+    j = max(bound - 1, 1).bit_length() - 1
+    while j >= 0:
+        np.subtract(acc, np.uint32(p << j), out=tmp)
+        np.minimum(acc, tmp, out=acc)
+        j -= 1
+
+
 def _masked(params: ParameterSet, base: np.ndarray, pairs: list) -> np.ndarray:
-    """base + sum of ±PRG(key) mod q, chunk by chunk (the accumulator stays in cache)."""
+    """base + sum of ±PRG(key) mod q, step by step (the buffers stay in cache).
+
+    Exact integer arithmetic in uint32: the accumulator starts at
+    base + (#subtracted)·p, every added term is < p and the subtracted ones
+    never take it below zero, so it stays in [0, (1 + #terms)·p); it is
+    reduced mod p whenever another group of terms could overflow 2^32, and
+    at the end of each step.
+    """
     k, L, n = base.shape
-    chunk = max(_CHUNK, n)  # a multiple of n (both are powers of two)
     out = np.empty_like(base)
-    total = k * n
+    rows = max(_STEP // n, 1)  # whole polynomials per step (n and _STEP are powers of two)
+    step = rows * n
+    scratch = _Scratch(step)
+    acc_buf = np.empty(step, dtype=np.uint32)
+    tmp_buf = np.empty(step, dtype=np.uint32)
     for l, p in enumerate(params.primes):
-        # |acc| < 2^31 * (number of terms): int32 while that cannot overflow
-        wide = (len(pairs) + 1) * p >= 2**31
-        acc_buf = np.empty(chunk, dtype=np.int64 if wide else np.int32)
-        streams = [(_LimbStream(key, l, p, chunk), op) for key, op in pairs]
-        for start, need in _chunks(total, chunk):
-            t0, rows = start // n, need // n  # chunks hold whole polynomials
-            acc = acc_buf[:need]
-            acc.reshape(rows, n)[:] = base[t0 : t0 + rows, l, :]
-            for stream, op in streams:
-                vals = stream.next(need)
-                op(acc, vals if wide else vals.view(np.int32), out=acc, casting="unsafe")
-            acc %= p
-            out[t0 : t0 + rows, l, :] = acc.reshape(rows, n)
+        budget = (2**32 - 1) // p - 1  # terms that fit on top of a reduced value
+        if budget < 1:
+            raise ValueError(f"prime {p} too large for 32-bit mask accumulation")
+        streams = [(_LimbStream(key, l, p, scratch), op) for key, op in pairs]
+        groups = [streams[g : g + budget] for g in range(0, len(streams), budget)]
+        offsets = [np.uint32(sum(op is np.subtract for _, op in grp) * p) for grp in groups]
+        for t0 in range(0, k, rows):
+            r = min(rows, k - t0)
+            need = r * n
+            acc, tmp = acc_buf[:need], tmp_buf[:need]
+            np.copyto(acc.reshape(r, n), base[t0 : t0 + r, l, :], casting="unsafe")
+            for gi, (grp, offset) in enumerate(zip(groups, offsets)):
+                if gi:
+                    _reduce(acc, tmp, p, 1 + len(groups[gi - 1]))
+                if offset:
+                    acc += offset
+                for stream, op in grp:
+                    op(acc, stream.next(need), out=acc)
+            _reduce(acc, tmp, p, 1 + len(groups[-1]) if groups else 1)
+            out[t0 : t0 + r, l, :] = acc.reshape(r, n)
     return out
 
 
@@ -277,7 +331,7 @@ def mask_plaintext(
     peers: Mapping[str, bytes],
     context: bytes,
 ) -> np.ndarray:
-    """m_i + r_i mod q with r_i = sum_{j != i} sign(i, j)·PRG(k_ij) (Bonawitz et al. 2017, §4).
+    """m_i + r_i mod q with r_i = sum_{j in N(i)} sign(i, j)·PRG(k_ij) (Bonawitz et al. 2017, §4).
 
     Parameters
     ----------
@@ -289,17 +343,19 @@ def mask_plaintext(
     own_private : bytes
         This client's X25519 mask private key (32 bytes).
     peers : mapping of str to bytes
-        Every *other* key-set member's name -> its X25519 mask public key
-        (32 bytes), as checked against its signed commitment. Must not
-        contain ``own_name``; must not be empty.
+        Each neighbour's name (every other member for the complete graph,
+        else :func:`mask_neighbours`) -> its X25519 mask public key (32
+        bytes), as checked against its signed commitment. Must not contain
+        ``own_name``; must not be empty.
     context : bytes
         :func:`mask_context` of the key set and round.
 
     Returns
     -------
     ndarray of shape (k, L, n), uint64
-        m_i + r_i; the masks r_i of all members of a key set sum to 0 mod q,
-        so the sum of the masked plaintexts is sum_i m_i exactly.
+        m_i + r_i; the masks r_i of all members of a key set (each over its
+        neighbours in the same graph) sum to 0 mod q, so the sum of the
+        masked plaintexts is sum_i m_i exactly.
 
     Raises
     ------
@@ -356,3 +412,114 @@ def apply_mask(params: ParameterSet, plaintext: np.ndarray, mask: np.ndarray) ->
         raise ValueError(f"mask has shape {mask.shape}, plaintext {plaintext.shape}")
     return ring.add(plaintext, mask)
 
+
+
+def _check_degree_value(degree, what: str = "mask degree") -> int:
+    if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) or degree < 0:
+        raise MaskKeyError(f"{what} must be an integer >= 0 (0 = complete graph), got {degree!r}")
+    return int(degree)
+
+
+def graph_degree(degree: int, num_members: int) -> int:
+    """The degree the mask graph of ``num_members`` members actually has for a requested ``degree``.
+
+    0 or any value >= M - 1 gives the complete graph (M - 1). Otherwise the
+    smallest feasible degree >= max(degree, 2) of a circulant graph: 2 keeps
+    it connected (a ring), and an odd degree needs an even M (M·k is twice
+    the number of edges), so it is raised by one for odd M.
+
+    Raises
+    ------
+    MaskKeyError
+        If ``degree`` is not an integer >= 0 or ``num_members`` < 2.
+    """
+    degree = _check_degree_value(degree)
+    if isinstance(num_members, bool) or not isinstance(num_members, (int, np.integer)) or num_members < 2:
+        raise MaskKeyError(f"a mask graph needs at least 2 members, got {num_members!r}")
+    m = int(num_members)
+    if degree == 0 or degree >= m - 1:
+        return m - 1
+    degree = max(degree, 2)
+    if degree % 2 and m % 2:
+        degree += 1
+    return min(degree, m - 1)
+
+
+def check_mask_degree(degree: int, num_members: int, floor: int) -> int:
+    """A member's check of the server's mask degree against its own floor; returns the graph's degree.
+
+    Both are read through :func:`graph_degree`, so a floor of 0 (or >= M - 1)
+    demands the complete graph and a floor f accepts any graph of degree >= f.
+
+    Raises
+    ------
+    MaskKeyError
+        If the graph of ``degree`` has a lower degree than the graph of ``floor``
+        (a member with fewer neighbours than this client requires), or a value
+        is not an integer >= 0.
+    """
+    floor = _check_degree_value(floor, "mask-degree floor")
+    got, need = graph_degree(degree, num_members), graph_degree(floor, num_members)
+    if got < need:
+        raise MaskKeyError(
+            f"mask degree {degree} gives each of the {num_members} members {got} neighbours, this client requires "
+            f"at least {need} (its floor xmk-mask-degree = {floor}; 0 = complete graph)"
+        )
+    return got
+
+
+def mask_neighbours(names, degree: int, transcript: bytes) -> dict[str, tuple[str, ...]]:
+    """The mask graph of a key set: each member's neighbours (SecAgg+, Bell et al., CCS 2020, §3).
+
+    The members are placed on a ring in the order of
+    SHA-256(domain || T || name), T the key-set transcript digest (which
+    holds every member's commitment, fixed before anyone's share is
+    revealed, and the degree), so the server cannot choose who is adjacent
+    to whom. Member at position i is adjacent to positions i ± 1, ...,
+    i ± floor(k/2) and, for odd k, i + M/2 (a Harary graph H_{k,M}: k-regular
+    and k-connected, hence connected), k = :func:`graph_degree`; for
+    k = M - 1 the complete graph.
+
+    Why any connected graph suffices against the server: the masks of a
+    linear combination Σ a_i (m_i + r_i) cancel only if a_i = a_j (mod q_l)
+    on every edge, i.e. a is constant on the (single) connected component:
+    only multiples of the full sum decrypt.
+
+    Parameters
+    ----------
+    names : sequence of str
+        The key set's members (distinct roster names).
+    degree : int
+        The public degree k (0 = complete graph).
+    transcript : bytes
+        The key-set transcript digest T every member signed.
+
+    Returns
+    -------
+    dict of str to tuple of str
+        Each member's neighbours, sorted by name; symmetric.
+
+    Raises
+    ------
+    MaskKeyError
+        Duplicate names, fewer than 2 members, or a bad degree.
+    """
+    names = [str(n) for n in names]
+    if len(set(names)) != len(names):
+        raise MaskKeyError("mask graph members must be distinct")
+    m = len(names)
+    k = graph_degree(degree, m)
+    if k == m - 1:
+        return {name: tuple(sorted(o for o in names if o != name)) for name in names}
+    t = _lp(bytes(transcript))
+
+    def rank(name: str) -> bytes:
+        return hashlib.sha256(_GRAPH_DOMAIN + t + _lp(name.encode())).digest()
+
+    ring = sorted(names, key=lambda name: (rank(name), name))
+    offsets = list(range(1, k // 2 + 1)) + ([m // 2] if k % 2 else [])
+    out = {}
+    for i, name in enumerate(ring):
+        adj = {ring[(i + o) % m] for o in offsets} | {ring[(i - o) % m] for o in offsets}
+        out[name] = tuple(sorted(adj))
+    return out

@@ -8,6 +8,15 @@
   per distinct reason with the node count and IDs
   (``16 nodes: ValueError: test split of 1 sample ... [nodes 3, 9, ...]``);
   the full reason (a remote traceback, for the engines' errors) once at DEBUG.
+* :class:`FailureLog` and :class:`FailureRecordingGrid` — every failure of
+  every step of a run (training, key generation, partial decryption, each
+  AUC/Shapley step), with node, round, step, code, the reason that fired and
+  the seconds until the step knew; Flower's error replies (node offline,
+  heartbeat, ClientApp exception) keep Flower's code and reason, our
+  ``TIMEOUT`` is named only for a reply that did not come within the step's
+  timeout. Replies are matched to requests by ``reply_to_message_id``
+  (:func:`replies_by_node`), so an error reply the SuperLink sends for a lost
+  node is the node's.
 * :class:`StepTimer` — every protocol step logs ``<phase>: <step> done in
   1.23 s`` at INFO and keeps ``(step, seconds)`` for callers that measure.
 * :class:`EvaluationPhase` — base class of the evaluation phases (plaintext,
@@ -41,13 +50,17 @@ from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
 __all__ = [
     "EvaluationPhase",
     "Failure",
+    "FailureLog",
+    "FailureRecordingGrid",
     "Failures",
     "ReadableFailuresMixin",
     "ReadableFedAvg",
     "StepTimer",
     "collapse_failures",
     "log_failures",
+    "code_name",
     "one_line_reason",
+    "replies_by_node",
 ]
 
 #: How many node IDs a collapsed failure line lists before "...".
@@ -94,16 +107,146 @@ class Failure:
         Flower's ``ErrorCode`` values (errors reported by the engine).
     reason : str
         The full reason (may hold a remote traceback).
+    node : int or None
+        The node (set in a :class:`FailureLog`).
+    round : int or None
+        The training round the request names (``server-round`` of training
+        and client evaluation, ``round`` of the xMK-CKKS steps and of the
+        Shapley steps, whose round is the training round of the models they
+        value); ``None`` for requests without one (role discovery, AUC phases).
+    seconds_to_detect : float or None
+        Seconds from sending the request until the step knew of the failure
+        (the error reply arrived, or the step's timeout ran out).
     """
 
     step: str
     code: int
     reason: str
+    node: int | None = None
+    round: int | None = None
+    seconds_to_detect: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{node, round, step, reason, code, code_name, seconds_to_detect}`` (``reason``: one line)."""
+        return {"node": self.node, "round": self.round, "step": self.step, "reason": self.summary,
+                "code": self.code, "code_name": code_name(self.code),
+                "seconds_to_detect": None if self.seconds_to_detect is None else round(self.seconds_to_detect, 3)}
 
     @property
     def summary(self) -> str:
         """One line: ``"<ExceptionType>: <message>"``."""
         return one_line_reason(self.reason)
+
+
+def code_name(code: int) -> str:
+    """``"TIMEOUT"`` (ours, :class:`~flwr_fedeval.messages.ReplyCode`) or ``"flwr:NODE_UNAVAILABLE"`` (Flower's ``ErrorCode``)."""
+    try:
+        return ReplyCode(int(code)).name
+    except ValueError:
+        pass
+    from flwr.common.constant import ErrorCode
+
+    names = {v: k for k, v in vars(ErrorCode).items() if k.isupper() and isinstance(v, int)}
+    return f"flwr:{names.get(int(code), 'UNKNOWN')}"
+
+
+def replies_by_node(messages: Iterable[Message], replies: Iterable[Message]) -> dict[int, Message]:
+    """``{destination node: reply}``, matching each reply to its request by ``reply_to_message_id``.
+
+    An error reply the SuperLink itself sends for a node it lost (node
+    offline, heartbeat expired) comes from the SuperLink, not from the node;
+    matching by ``src_node_id`` would throw its reason away and name a timeout.
+    A reply whose request is unknown falls back to its ``src_node_id``.
+    """
+    by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
+    out: dict[int, Message] = {}
+    for reply in replies:
+        node = by_id.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        out.setdefault(int(node), reply)
+    return out
+
+
+def _round_of(content: RecordDict) -> int | None:
+    """The training round a request is for (``server-round`` of Flower's train/evaluate config, ``round`` of ours)."""
+    for rec in content.config_records.values():
+        for key in ("server-round", "round"):
+            value = rec.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return int(value)
+    return None
+
+
+class FailureLog(list):
+    """Every failure of a run, in order: a list of :class:`Failure` with ``node`` set.
+
+    :meth:`add` logs one readable WARNING line per failure
+    (``failure: node 7, round 2, step query.xmk_pdec: no reply within our timeout of 600 s
+    [TIMEOUT, 600.0 s to detect]``); :meth:`to_json` is what ``results.json`` holds.
+    """
+
+    def add(self, node: int, step: str, code: int, reason: str, *, round: int | None = None,
+            seconds_to_detect: float | None = None) -> Failure:
+        f = Failure(step, int(code), str(reason), int(node), round, seconds_to_detect)
+        self.append(f)
+        log(WARNING, "failure: node %d, %sstep %s: %s [%s%s]", f.node, "" if round is None else f"round {round}, ",
+            step, f.summary, code_name(f.code),
+            "" if seconds_to_detect is None else f", {seconds_to_detect:.1f} s to detect")
+        if f.reason.strip() != f.summary:
+            log(DEBUG, "failure: node %d, step %s: full reason:\n%s", f.node, step, f.reason)
+        return f
+
+    def has(self, node: int, round: int | None = None) -> bool:
+        return any(f.node == int(node) and f.round == round for f in self)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [f.to_json() for f in self]
+
+
+class FailureRecordingGrid:
+    """A view of a Flower ``Grid`` that records every failed request in a :class:`FailureLog`.
+
+    Each ``send_and_receive`` matches replies to requests
+    (:func:`replies_by_node`); a request without a reply is recorded as our
+    ``TIMEOUT`` (the step's timeout fired), an error reply with its own code
+    and reason (Flower's ``ErrorCode`` for the engine's errors, a
+    :class:`~flwr_fedeval.messages.ReplyCode` for our handlers'). The step is
+    the message type; the round is read from the request (``server-round`` /
+    ``round``). Everything else is delegated to the wrapped grid.
+
+    Attributes
+    ----------
+    failures : FailureLog
+    """
+
+    def __init__(self, grid: Grid, failures: FailureLog | None = None) -> None:
+        self._grid = grid
+        self.failures = FailureLog() if failures is None else failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return self._grid.get_node_ids()
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """As the wrapped grid's; failures are recorded in :attr:`failures`."""
+        messages = list(messages)
+        t0 = time.perf_counter()
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        seconds = time.perf_counter() - t0
+        got = replies_by_node(messages, replies)
+        for msg in messages:
+            node = int(msg.metadata.dst_node_id)
+            step, rnd = msg.metadata.message_type, _round_of(msg.content)
+            reply = got.get(node)
+            if reply is None:
+                limit = "" if timeout is None else f" of {timeout:g} s"
+                self.failures.add(node, step, int(ReplyCode.TIMEOUT), f"no reply within our timeout{limit}",
+                                  round=rnd, seconds_to_detect=seconds)
+            elif reply.has_error():
+                self.failures.add(node, step, int(reply.error.code), str(reply.error.reason), round=rnd,
+                                  seconds_to_detect=seconds)
+        return replies
 
 
 def _as_failure(value: Failure | str, step: str = "") -> Failure:
@@ -225,11 +368,11 @@ def exchange_replies(
     the protocol.
     """
     messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
-    missing: dict[int, Failure] = {n: Failure(step, int(ReplyCode.TIMEOUT), "no reply (timeout)") for n in contents}
+    replies = replies_by_node(messages, grid.send_and_receive(messages, timeout=timeout))
+    missing: dict[int, Failure] = {n: Failure(step, int(ReplyCode.TIMEOUT), f"no reply within step-timeout {timeout:g} s")
+                                   for n in contents}
     valid: dict[int, Any] = {}
-    for reply in replies:
-        node = reply.metadata.src_node_id
+    for node, reply in replies.items():
         if node not in missing:
             continue
         if reply.has_error():

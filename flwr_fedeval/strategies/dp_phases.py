@@ -31,6 +31,8 @@ Vertical Federated Learning" (FedAUC).
 
 from __future__ import annotations
 
+import math
+
 import secrets
 from logging import INFO
 from typing import Any
@@ -109,6 +111,7 @@ class _DPPhase(EvaluationPhase):
             failed=self.failures.reasons(),
             method=self.method,
             details=_details(estimate, self.failures, **extra),
+            resolution_bound=float(estimate.details.get("resolution_bound", math.nan)),
         )
 
 

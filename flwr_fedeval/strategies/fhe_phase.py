@@ -67,6 +67,7 @@ from flwr_fedeval.fhe.auc import (
     FHEAUCConfig,
     aggregate_auc,
     aggregate_threshold_metrics,
+    max_pooled_rows,
 )
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig, aggregate_auc_malicious, required_slots
 from flwr_fedeval.fhe.backend import BACKENDS, CKKSContext, CKKSParams, load_context, unpack_blobs
@@ -277,7 +278,8 @@ class FHEAUCPhase(EvaluationPhase):
 
     # --- step 2 -------------------------------------------------------------------
     def setup_keys(self, grid: Grid, holder: int, peers: dict[int, SignedKey], session: str,
-                   failed: Failures, *, holder_pk: bytes) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey] | None:
+                   failed: Failures, *, holder_pk: bytes,
+                   max_rows: int = 1) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey] | None:
         """Step 2: the key holder's public context (loaded, checked), sealed bundles and
         its signed key (role ``"key-holder"``).
 
@@ -285,7 +287,8 @@ class FHEAUCPhase(EvaluationPhase):
         """
         content = RecordDict(
             {
-                FHE_REQUEST_KEY: self._request(session, backend=self.backend, slots=self.slots),
+                FHE_REQUEST_KEY: self._request(session, backend=self.backend, slots=self.slots,
+                                               **{"max-rows": int(max_rows)}),
                 FHE_PEERS_KEY: ConfigRecord({str(n): p.key for n, p in peers.items()}),
                 FHE_PEER_SIGNERS_KEY: ConfigRecord({str(n): p.signer for n, p in peers.items()}),
                 FHE_PEER_SIGNATURES_KEY: ConfigRecord({str(n): p.signature for n, p in peers.items()}),
@@ -300,6 +303,9 @@ class FHEAUCPhase(EvaluationPhase):
             if ctx.backend != self.backend or ctx.slot_count < self.slots:
                 raise ValueError(f"public context is {ctx.backend} with {ctx.slot_count} slots, "
                                  f"expected {self.backend} with >= {self.slots}")
+            if max_pooled_rows(ctx.params) < max_rows:
+                raise ValueError(f"public context supports {max_pooled_rows(ctx.params):,} pooled rows, "
+                                 f"the public bound is {max_rows:,}")
             bundles = {int(k): array_to_bytes(v) for k, v in reply[FHE_BUNDLES_KEY].items()}
             rec = reply[FHE_HOLDER_KEY]
             signed = SignedKey(str(rec["signer"]), holder_pk, bytes(rec["signature"]))
@@ -463,7 +469,8 @@ class FHEAUCPhase(EvaluationPhase):
             holder = secrets.choice(candidates)
             peers = {n: keys[n][2] for n in candidates if n != holder}
             with self.step("step 2 (key setup)"):
-                setup = self.setup_keys(grid, holder, peers, session, failed, holder_pk=keys[holder][0])
+                setup = self.setup_keys(grid, holder, peers, session, failed, holder_pk=keys[holder][0],
+                                        max_rows=config.max_rows)
             candidates.remove(holder)
             if setup is not None:
                 candidates.append(holder)

@@ -142,7 +142,8 @@ class NodeSubsetGrid:
 
 
 def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, roster: Roster | None = None,
-                   refused: dict[int, str] | None = None) -> dict[int, str]:
+                   refused: dict[int, str] | None = None,
+                   partitions: dict[int, tuple[int, int]] | None = None) -> dict[int, str]:
     """``{node_id: role}`` of every connected node (``query.fedeval_role``).
 
     With ``strict=False`` a node that does not answer counts as a ``"client"``
@@ -155,6 +156,10 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
     training and every phase. (The nodes check every relayed key
     themselves; this only keeps strangers from spoiling key sets.)
 
+    ``partitions`` (optional, filled in): node ID → ``(partition id, number
+    of partitions)`` as each data client reports it (unsigned; for the
+    harness's reference numbers only, see :mod:`flwr_fedeval.app.harness`).
+
     Raises
     ------
     ShapleyPhaseError
@@ -166,6 +171,8 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
     def parse(node: int, content: RecordDict) -> tuple[str, str | None, str | None]:
         rec = content[ROLE_KEY]
         role = str(rec["role"])
+        if partitions is not None and "partition-id" in rec and "num-partitions" in rec:
+            partitions[node] = (int(rec["partition-id"]), int(rec["num-partitions"]))
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
         if roster is None:

@@ -26,8 +26,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.rlwe import keyset
-from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures
+from flwr_fedeval.rlwe import keyset, masking
+from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures, replies_by_node
 from flwr_fedeval.weights import WeightLayout
 from flwr_fedeval.messages import (
     METRICS_KEY,
@@ -94,6 +94,7 @@ class _RoundState:
     grid: Grid
     key_set: _KeySet | None = None
     aborted: list[RoundAborted] = field(default_factory=list)
+    sent: list[Message] = field(default_factory=list)  # the step-2 requests (replies matched by message id)
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
@@ -142,6 +143,15 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         decryption (the training step uses the ``timeout`` of ``start``).
     max_attempts : int, default=3
         Attempts per round (the first one included).
+    mask_degree : int, default=4
+        Degree k of the pairwise-mask graph (SecAgg+, Bell et al. 2020):
+        each client masks with k neighbours derived from the signed key-set
+        transcript (:func:`flwr_fedeval.rlwe.masking.mask_neighbours`), not
+        with all M - 1 others; 0 (or any k >= M - 1) is the complete graph
+        of Bonawitz et al. 2017. Partial sums stay masked for every
+        connected graph; stripping an honest client's mask needs its k
+        neighbours to collude with the server. Each client refuses a degree
+        below its own floor (config ``xmk-mask-degree``).
     **kwargs
         Passed to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``,
         ``min_train_nodes``, ``min_available_nodes``, ...).
@@ -163,8 +173,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     ValueError
         At construction: ``parameter_set`` is unknown or weaker than the
         128-bit HomomorphicEncryption.org bound, ``max_abs_value`` is not a
-        finite number ≥ 1, ``rekey`` is not one of its choices, or
-        ``max_attempts < 1``.
+        finite number ≥ 1, ``rekey`` is not one of its choices,
+        ``max_attempts < 1``, or ``mask_degree`` is not an integer ≥ 0.
     flwr_fedeval.rlwe.NoiseBudgetError
         From ``configure_train``/``aggregate_train`` (and so from ``start``):
         ``scale_bits`` (or, when unset, any scale) does not fit the noise
@@ -184,6 +194,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         rekey: str = "every-round",
         step_timeout: float = 600.0,
         max_attempts: int = 3,
+        mask_degree: int = masking.DEFAULT_MASK_DEGREE,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -203,6 +214,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         self.rekey = rekey
         self.step_timeout = step_timeout
         self.max_attempts = max_attempts
+        if isinstance(mask_degree, bool) or not isinstance(mask_degree, (int, np.integer)) or mask_degree < 0:
+            raise ValueError(f"mask_degree must be an integer >= 0 (0 = complete graph), got {mask_degree!r}")
+        self.mask_degree = int(mask_degree)
         self._round: _RoundState | None = None
         #: ``timer.timings``: (step, seconds) of every protocol step run so far.
         self.timer = StepTimer("XMKFedAvg")
@@ -347,7 +361,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         nodes = committed.nodes
         request = ConfigRecord({"key-id": committed.key_id, "round": committed.round,
                                 "signers": list(committed.names), "commitments": list(committed.commitments),
-                                "signatures": list(committed.signatures)})
+                                "signatures": list(committed.signatures), "mask-degree": self.mask_degree})
         replies = self._send(nodes, QUERY_XMK_REVEAL, RecordDict({XMK_CONFIG_KEY: request}))
         expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
 
@@ -403,7 +417,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         state = self._round
         assert state is not None and state.key_set is not None
         nodes = state.key_set.nodes
-        by_node = {r.metadata.src_node_id: r for r in replies}
+        by_node = replies_by_node(state.sent, replies)
         expected_polys = -(-self._plaintext_length() // self.params.n)
 
         def parse_ciphertext(reply: Message) -> tuple[rlwe.Ciphertext, MetricRecord | None]:
@@ -505,11 +519,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     def _send(self, nodes: Iterable[int], message_type: str, content: RecordDict) -> dict[int, Message]:
         grid = self._round.grid  # type: ignore[union-attr]
         messages = [Message(content=content, dst_node_id=n, message_type=message_type) for n in nodes]
-        replies = grid.send_and_receive(messages, timeout=self.step_timeout)
-        return {r.metadata.src_node_id: r for r in replies}
+        return replies_by_node(messages, grid.send_and_receive(messages, timeout=self.step_timeout))
 
-    @staticmethod
-    def _check_replies(step: str, what: str, nodes, replies: dict[int, Message], parse) -> list:
+    def _check_replies(self, step: str, what: str, nodes, replies: dict[int, Message], parse) -> list:
         """Parse every node's reply, in node order, or raise :class:`RoundAborted`
         naming each node that timed out, replied with an error, or sent a
         malformed ``what``."""
@@ -517,9 +529,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         for node in nodes:
             reply = replies.get(node)
             if reply is None:
-                failed[node] = f"no reply to {step} (timeout)"
+                failed[node] = f"no reply to {step} within our timeout"
             elif reply.has_error():
-                failed[node] = f"{step} error: {reply.error.reason}"
+                failed[node] = f"{step} error (code {reply.error.code}): {reply.error.reason}"
             else:
                 try:
                     parsed.append(parse(reply))
@@ -549,7 +561,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                 key_set = self.keygen(remaining)
         state.key_set = key_set
         log(INFO, "configure_train: key set %s of %d clients ready", key_set.key_id, len(key_set.nodes))
-        return self.train_messages(key_set)
+        state.sent = self.train_messages(key_set)
+        return state.sent
 
     def _finish_attempt(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """Steps 2 (replies), 3 and 4 of one attempt."""

@@ -15,8 +15,8 @@ from flwr_fedeval.dp import (
     menon_debias,
     randomize_labels,
 )
-from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points, threshold_counts
-from flwr_fedeval.metrics.auc import auc_from_counts
+from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points, threshold_counts
+from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
 
 THETA = decision_points(100)
 
@@ -74,6 +74,17 @@ def test_rr_with_infinite_epsilon_equals_plaintext_auc():
     est = dpauc_rr_server(counts, params)
     assert est.auc == auc_from_counts(sum(counts[1:], counts[0]))
     assert est.details["noisy_auc"] == est.auc
+    assert est.details["resolution_bound"] == resolution_bound(sum(counts))
+
+
+def test_rr_resolution_bound_scales_with_the_debiasing_slope():
+    s, y, y_flip = _menon_example()
+    eps = math.log(3.0)
+    counts = [threshold_counts(y_flip, s, np.linspace(0.95, 0.05, 4))]  # coarse: bins mix classes
+    est = dpauc_rr_server(counts, RandomizedResponseParams(eps))
+    d = menon_debias(est.details["noisy_auc"], est.details["noisy_p"], est.details["noisy_n"], eps)
+    assert est.details["resolution_bound"] == pytest.approx(resolution_bound(counts[0]) / (1 - d.alpha - d.beta))
+    assert est.details["resolution_bound"] > resolution_bound(counts[0]) > 0
 
 
 def _menon_example():

@@ -112,18 +112,55 @@ def test_expand_mask_is_deterministic_reduced_and_uniform():
         assert np.sum((counts - expected) ** 2 / expected) < 37.7
 
 
-@pytest.mark.parametrize("spare", [None, 3])  # None: the protocol's pool; 3: the pool runs out every chunk
-def test_rejection_sampling_with_low_acceptance_is_uniform_and_reproducible(spare):
-    p = (1 << 26) + 15  # bit_length 27: about half of the 27-bit words are rejected
-    s1, s2 = _LimbStream(b"r" * 32, 0, p, 4096), _LimbStream(b"r" * 32, 0, p, 4096)
-    if spare is not None:
-        s1._spare = s2._spare = spare
-    a = np.concatenate([s1.next(4096).copy() for _ in range(8)])
-    b = np.concatenate([s2.next(4096).copy() for _ in range(8)])
-    assert np.array_equal(a, b)
-    assert a.max() < p
-    assert abs(np.mean(a) / p - 0.5) < 0.01  # 32768 samples: sd of the mean 0.0016
-    assert np.mean(a >= p // 2) == pytest.approx(0.5, abs=0.01)
+def _reference_stream(key, limb, p, sizes):
+    """The PRG spec in plain Python: AES-256-CTR words, cut, rejected ones replaced from later words."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    enc = Cipher(algorithms.AES(key), modes.CTR(limb.to_bytes(8, "big") + bytes(8))).encryptor()
+    cut = (1 << (p - 1).bit_length()) - 1
+
+    def words(count):
+        raw = enc.update(bytes(4 * count))
+        return [int.from_bytes(raw[4 * i : 4 * i + 4], "little") & cut for i in range(count)]
+
+    out = []
+    for need in sizes:
+        vals = words(need)
+        bad = [i for i, v in enumerate(vals) if v >= p]
+        pool = []
+        while len(pool) < len(bad):
+            pool += [v for v in words(2 * (len(bad) - len(pool)) + 16) if v < p]
+        for i, v in zip(bad, pool):
+            vals[i] = v
+        out += vals
+    return np.array(out, dtype=np.uint64)
+
+
+@pytest.mark.parametrize("p", [(1 << 26) + 15, P.primes[0]])  # about half rejected; the protocol's prime
+def test_rejection_sampling_matches_the_spec_and_is_uniform(p):
+    sizes = [4096, 1000, 4096, 7]  # any step sizes (the protocol uses 2^16)
+    s = _LimbStream(b"r" * 32, 2, p)
+    got = np.concatenate([s.next(k).astype(np.uint64) for k in sizes])
+    assert np.array_equal(got, _reference_stream(b"r" * 32, 2, p, sizes))
+    assert got.max() < p
+    assert abs(np.mean(got) / p - 0.5) < 0.015  # 9199 samples: sd of the mean 0.003
+    assert np.mean(got >= p // 2) == pytest.approx(0.5, abs=0.03)
+    other = _LimbStream(b"r" * 32, 3, p).next(4096)  # another limb: another stream
+    assert np.mean(other == got[:4096]) < 0.01
+
+
+def test_mask_accumulation_reduces_before_uint32_overflow():
+    """Many subtracted terms (more than fit in 32 bits at once) still give the exact signed sum."""
+    keys = [bytes([i]) * 32 for i in range(40)]
+    pairs = [(k, np.subtract if i % 3 else np.add) for i, k in enumerate(keys)]
+    base = P.ring.zeros((1,))
+    base[0, :, :5] = 7
+    got = mk._masked(P, base, pairs)
+    want = base.copy()
+    for k, op in pairs:
+        prg = mk.expand_mask(P, k, 1)
+        want = P.ring.add(want, prg) if op is np.add else P.ring.sub(want, prg)
+    assert np.array_equal(got, want)
 
 
 def test_masked_encryption_decrypts_to_the_same_sum_and_partial_sums_are_uniform():

@@ -28,7 +28,7 @@ from flwr_fedeval.messages import (
 )
 from flwr_fedeval.rlwe import keyset, masking
 from flwr_fedeval.rlwe import serialization as ser
-from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _RoundState
+from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
 from flwr_fedeval.testing import InProcessGrid
 
 RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
@@ -145,7 +145,8 @@ def test_honest_steps_decrypt_the_full_sum():
 # ---------------------------------------------------------------------------------------------
 def _reveal_config(committed, **changes):
     config = {"key-id": committed.key_id, "round": committed.round, "signers": list(committed.names),
-              "commitments": list(committed.commitments), "signatures": list(committed.signatures)}
+              "commitments": list(committed.commitments), "signatures": list(committed.signatures),
+              "mask-degree": 0}
     config.update(changes)
     return config
 
@@ -555,3 +556,86 @@ def test_control_without_masks_the_offset_attack_recovers_the_update(monkeypatch
     assert np.max(np.abs(got - _victim_update(0))) < 1e-4  # m_V + s_V·1 (s_V ternary, /Δ) + noise
     with pytest.raises(AssertionError):
         _assert_independent_of(rlwe.combine(server.params, ct.c0, shares), server.params, _victim_update(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Mask graph of degree k (SecAgg+): the server cannot lower k below a client's floor or choose it per client
+# ---------------------------------------------------------------------------------------------
+def _configs(num_nodes, **extra):
+    return [{"partition-id": i, "num-partitions": num_nodes, **extra} for i in range(num_nodes)]
+
+
+def test_honest_sparse_graph_round_equals_weighted_fedavg():
+    grid = InProcessGrid(make_app(), 7, {**RUN_CONFIG, "xmk-mask-degree": 2})
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=7, max_abs_value=1e4,
+                         mask_degree=2)
+    result = run(grid, strategy)
+    assert not strategy.aborted_attempts
+    got = _flat(result.arrays.to_numpy_ndarrays())
+    assert np.max(np.abs(got - plain_fedavg(_initial(), range(7), 1))) <= 1e-6
+
+
+def test_degree_below_the_client_floor_is_refused():
+    server = Server(6)  # clients' floor: the default xmk-mask-degree (4)
+    server.strategy.mask_degree = 2
+    committed = server.commit()
+    _refused(server.send(server.nodes[0], QUERY_XMK_REVEAL, _reveal_config(committed, **{"mask-degree": 2})),
+             "MaskKeyError", "requires at least 4")
+    assert not server.send(server.nodes[1], QUERY_XMK_REVEAL,
+                           _reveal_config(committed, **{"mask-degree": 4})).has_error()
+    for bad in (-1, 2.5, "4"):
+        _refused(server.send(server.nodes[2], QUERY_XMK_REVEAL, _reveal_config(committed, **{"mask-degree": bad})),
+                 "integer")
+    missing = _reveal_config(committed)
+    del missing["mask-degree"]
+    _refused(server.send(server.nodes[3], QUERY_XMK_REVEAL, missing), "mask-degree")
+    # an operator who demands the complete graph (node config 0) refuses any sparse one
+    server = Server(6, node_configs=_configs(6, **{"xmk-mask-degree": 0}))
+    committed = server.commit()
+    _refused(server.send(server.nodes[0], QUERY_XMK_REVEAL, _reveal_config(committed, **{"mask-degree": 4})),
+             "requires at least 5")
+    assert not server.send(server.nodes[0], QUERY_XMK_REVEAL,
+                           _reveal_config(committed, **{"mask-degree": 0})).has_error()
+
+
+def test_different_degrees_for_different_clients_are_refused_at_train():
+    """The degree is in the signed transcript: a client shown another degree confirms another key set."""
+    server = Server(6)
+    committed = server.commit()
+    # the server shows the last client degree 5, the others 4: every reveal passes its floor of 4
+    replies = {n: server.send(n, QUERY_XMK_REVEAL, _reveal_config(committed, **{"mask-degree": d}))
+               for n, d in zip(server.nodes, [4, 4, 4, 4, 4, 5])}
+    assert not any(r.has_error() for r in replies.values())
+    recs = [replies[n].content[XMK_CONFIG_KEY] for n in server.nodes]
+    assert len({bytes(r["transcript"]) for r in recs}) == 2
+    server.key_set = _KeySet(committed.key_id, committed.seed_a, committed.round, tuple(server.nodes),
+                             committed.names, tuple(bytes(r["public-share"]) for r in recs),
+                             tuple(bytes(r["mask-key"]) for r in recs),
+                             tuple(bytes(r["transcript-signature"]) for r in recs))
+    server.strategy._round.key_set = server.key_set
+    refusals = _train_refusals(server, server.train_messages())
+    assert all(reason and "did not confirm the key set" in reason for reason in refusals.values()), refusals
+
+
+def test_partial_sum_over_a_closed_neighbourhood_is_uniform():
+    """Sparse graph (M = 6, k = 2): the victim and all its neighbours still miss masks of edges leaving the set."""
+    server = Server(6, node_configs=_configs(6, **{"xmk-mask-degree": 2}))
+    server.strategy.mask_degree = 2
+    committed = server.commit()
+    server.key_set = server.strategy.reveal(committed)
+    server.strategy._round.key_set = server.key_set
+    server.train()
+    cts = server.ciphertexts()
+    members = sorted(zip(committed.names, committed.commitments))
+    t = keyset.transcript_digest(server.params, key_id=committed.key_id, seed_a=committed.seed_a,
+                                 round_=committed.round, members=members, mask_degree=2)
+    graph = masking.mask_neighbours(committed.names, 2, t)
+    node_of = dict(zip(committed.names, server.nodes))
+    victim = committed.names[0]
+    closed = [victim, *graph[victim]]
+    assert len(closed) == 3
+    partial = rlwe.add_ciphertexts([cts[node_of[n]] for n in closed])
+    shares = _decrypt_everywhere(server, lambda n: partial.c1)
+    raw = rlwe.combine(server.params, partial.c0, shares)
+    pids = [int(n.split("-")[1]) for n in closed]  # identities node-p belong to partition p
+    _assert_independent_of(raw, server.params, np.sum([_victim_update(p) for p in pids], axis=0))

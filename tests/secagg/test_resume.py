@@ -1,0 +1,89 @@
+"""Checkpoint after every round and resume after a crash (issue 16), numpy clients, fixed seeds."""
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.serverapp.strategy import FedAvg
+from xmk_app import RUN_CONFIG, flat, initial, make_app
+
+from flwr_fedeval.app.checkpoint import CheckpointError, load_checkpoint, train_with_checkpoints
+from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
+from flwr_fedeval.testing import InProcessGrid
+
+CONFIG = {"num-server-rounds": 3, "secure-aggregation": "xmkckks", "seed": 42}
+
+
+class Crash(Exception):
+    pass
+
+
+def _strategy(xmk):
+    common = dict(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3)
+    return XMKFedAvg(max_abs_value=1e4, **common) if xmk else FedAvg(**common)
+
+
+def _train(grid, xmk, folder, resume_from=None, config=CONFIG):
+    return train_with_checkpoints(_strategy(xmk), grid, ArrayRecord(initial()), num_rounds=3, run_config=config,
+                                  folder=folder, resume_from=resume_from, train_config=ConfigRecord({}))
+
+
+@pytest.mark.parametrize("xmk", [False, True], ids=["fedavg", "xmkckks"])
+def test_resume_after_a_crash_equals_the_uninterrupted_run(tmp_path, xmk):
+    full = _train(InProcessGrid(make_app(), 3, RUN_CONFIG), xmk, tmp_path / "full")
+
+    # The ServerApp dies in round 2 (for xMK-CKKS: after a node sent its partial decryption).
+    crash_at = "query.xmk_pdec" if xmk else "train"
+    pdec_keys = []
+
+    def fault(node, msg, reply):
+        if msg.metadata.message_type == "query.xmk_pdec":
+            pdec_keys.append((msg.content["xmk"]["key-id"], int(msg.content["xmk"]["round"]), node))
+        if fault.armed and msg.metadata.message_type == crash_at and int(
+                (msg.content["xmk"]["round"] if xmk else msg.content["config"]["server-round"])) == 2:
+            raise Crash("ServerApp killed")
+        return reply
+
+    fault.armed = True
+    grid = InProcessGrid(make_app(), 3, RUN_CONFIG, fault=fault)  # the SuperNodes stay up
+    run = tmp_path / "run"
+    with pytest.raises(Crash):
+        _train(grid, xmk, run)
+    state = json.loads((run / "checkpoint" / "state.json").read_text())
+    assert state["round"] == 1 and state["arrays"][0]["shape"] == [30, 20]
+    assert [p.name for p in (run / "checkpoint").iterdir() if p.suffix == ".npz"] == ["model-round-0001.npz"]
+
+    fault.armed = False
+    resumed = _train(grid, xmk, run, resume_from=run)
+    assert set(resumed.train_metrics_clientapp) == {2, 3}
+    diff = np.max(np.abs(flat(resumed.arrays.to_numpy_ndarrays()) - flat(full.arrays.to_numpy_ndarrays())))
+    assert diff <= 1e-6
+    assert json.loads((run / "checkpoint" / "state.json").read_text())["round"] == 3
+    if xmk:
+        # Re-keyed: round 2 after the resume under a new key set; no node decrypted twice for one key set.
+        assert len(pdec_keys) == len(set(pdec_keys))
+        round2 = {k for k, r, _ in pdec_keys if r == 2}
+        assert len(round2) == 2
+
+
+def test_checkpoint_of_another_run_is_refused(tmp_path):
+    grid = InProcessGrid(make_app(), 3, RUN_CONFIG)
+    _train(grid, False, tmp_path)
+    like = ArrayRecord(initial())
+    assert load_checkpoint(tmp_path, run_config={**CONFIG, "output-dir": "elsewhere", "resume-from": "x"},
+                           like=like).round == 3
+    with pytest.raises(CheckpointError, match="another run config"):
+        _train(grid, False, tmp_path, resume_from=tmp_path, config={**CONFIG, "seed": 43})
+    with pytest.raises(CheckpointError, match="shape"):
+        load_checkpoint(tmp_path, run_config=CONFIG, like=ArrayRecord([np.zeros((2, 2), np.float32)] * 4))
+    with pytest.raises(CheckpointError, match="dtype"):
+        load_checkpoint(tmp_path, run_config=CONFIG, like=ArrayRecord([a.astype(np.float64) for a in initial()]))
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nothing", run_config=CONFIG, like=like)
+    model = next((tmp_path / "checkpoint").glob("*.npz"))
+    data = bytearray(model.read_bytes())
+    data[100] ^= 0xFF
+    model.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        load_checkpoint(tmp_path, run_config=CONFIG, like=like)
