@@ -66,16 +66,15 @@ beyond it; no path returns an AUC outside ``[0, 1]``.
 Supported maximum: one count ``1/K`` must stay above ``ε``, i.e.
 ``R ≤ 2^(Δbits − 23)`` (:func:`max_pooled_rows`):
 
-============================  ==========  =========================
-parameter set                 Δ           max pooled rows ``R``
-============================  ==========  =========================
-TenSEAL default (n=8192)      2^49        2^26 = 67,108,864
-OpenFHE default (n=8192)      2^45        2^22 = 4,194,304
-OpenFHE paper set (n=16384)   2^50        2^27 = 134,217,728
-============================  ==========  =========================
+==================================  ==========  =========================
+parameter set                       Δ           max pooled rows ``R``
+==================================  ==========  =========================
+TenSEAL default (n=8192)            2^49        2^26 = 67,108,864
+OpenFHE default (n=16384, depth 2)  2^50        2^27 = 134,217,728
+OpenFHE fast set (n=8192, opt-in)   2^47        2^24 = 16,777,216
+==================================  ==========  =========================
 
-:func:`ckks_params_for` (the key holder's choice in the Flower phase) takes
-OpenFHE's paper set when ``max_rows`` exceeds 2^22.
+:func:`ckks_params_for` is the key holder's choice in the Flower phase.
 
 A larger ``max_rows`` is refused up front (:class:`CountBoundError`, naming the
 maximum and the fix); so is a client whose counts exceed its declaration.
@@ -144,12 +143,10 @@ def max_pooled_rows(params: CKKSParams) -> int:
 def ckks_params_for(backend: str, slots: int, max_rows: int) -> CKKSParams:
     """The CKKS parameter set the key holder uses for ``slots`` slots and the public bound ``max_rows``.
 
-    The backend's default set (:meth:`CKKSParams.default`) when it supports
-    ``max_rows`` (:func:`max_pooled_rows`); for OpenFHE beyond its fast
-    default (Δ = 2^45: 2^22 rows), the paper's set (Δ = 2^50, ``n = 2^14``:
-    2^27 rows, :meth:`CKKSParams.paper_openfhe`). Both are 128-bit sets of
-    the HE Standard. Derived from public values only, so every party can
-    check the choice.
+    The backend's default set (:meth:`CKKSParams.default`, 128-bit per the
+    HE Standard) with the smallest batch holding ``slots``, checked to support
+    ``max_rows`` (:func:`max_pooled_rows`). Derived from public values only,
+    so every party can check the choice.
 
     Raises
     ------
@@ -159,10 +156,7 @@ def ckks_params_for(backend: str, slots: int, max_rows: int) -> CKKSParams:
         If ``slots`` exceed the set's slot count, or ``max_rows`` < 1.
     """
     _check_max_rows(max_rows)
-    base = CKKSParams.default(backend)
-    if backend == "openfhe" and int(max_rows) > max_pooled_rows(base):
-        base = CKKSParams.paper_openfhe()
-    params = CKKSParams.for_slots(int(slots), backend, base=base)
+    params = CKKSParams.for_slots(int(slots), backend)
     check_supported(FHEAUCConfig(n_points=2, max_rows=int(max_rows)), params)
     return params
 
