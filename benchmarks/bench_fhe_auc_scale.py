@@ -122,7 +122,9 @@ def main() -> None:
         body = ("|AUC_FHE − AUC_plain| over the same 9,049 synthetic scores tiled to each size (5 clients, N = 100, "
                 f"every library default, max over {args.repeats} runs with fresh keys), the resolution bound's "
                 "error, the client's CKKS error estimate and the median seconds of one evaluation.\n\n" + table)
-        print(f"published {publish('fhe-auc-scale', 'FHE AUC at any data size (benchmarks/bench_fhe_auc_scale.py)', body, docs_dir=args.docs)}")
+        section = "fhe-auc-scale" if backend == "tenseal" else f"fhe-auc-scale-{backend}"
+        title = f"FHE AUC at any data size, {backend} (benchmarks/bench_fhe_auc_scale.py)"
+        print(f"published {publish(section, title, body, docs_dir=args.docs)}")
 
 
 if __name__ == "__main__":
