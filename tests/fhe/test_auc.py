@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiled_scores import tiled_counts
 
 from flwr_fedeval.fhe import auc as fa
 from flwr_fedeval.fhe.backend import SerializationError, unpack_blobs
@@ -172,14 +173,7 @@ def test_threshold_metrics_undefined_ratio_is_nan(keysets):
 
 # --- issue 15: derived count encoding, closed curve, resolution bound, refusals
 
-def _tiled(factor, n_clients=5, n_points=100, seed=0):
-    """The same 9,049 scores tiled ``factor`` times, split over 5 clients."""
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 2, 9049)
-    s = np.clip(rng.normal(0.35 + 0.3 * y, 0.2), 0, 1)
-    th = decision_points(n_points)
-    return [threshold_counts(np.tile(y[i::n_clients], factor), np.tile(s[i::n_clients], factor), th)
-            for i in range(n_clients)]
+_tiled = tiled_counts
 
 
 @pytest.mark.parametrize("factor", [1, 111])  # 9,049 and 1,004,439 pooled rows

@@ -14,6 +14,7 @@ import random
 
 import numpy as np
 import pytest
+from tiled_scores import tiled_counts
 
 from flwr_fedeval.fhe import auc_malicious as am
 from flwr_fedeval.fhe.backend import pack_blobs, unpack_blobs
@@ -260,13 +261,7 @@ def test_config_validation():
 
 # --- issue 15: derived count encoding at scale, no false alarms, refusals
 
-def _tiled(factor, n_clients=5, n_points=100, seed=0):
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 2, 9049)
-    sc = np.clip(rng.normal(0.35 + 0.3 * y, 0.2), 0, 1)
-    th = decision_points(n_points)
-    return [threshold_counts(np.tile(y[i::n_clients], factor), np.tile(sc[i::n_clients], factor), th)
-            for i in range(n_clients)]
+_tiled = tiled_counts
 
 
 @pytest.mark.parametrize("factor", [1, 111])  # 9,049 and 1,004,439 pooled rows
