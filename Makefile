@@ -5,10 +5,11 @@ NUM_CLIENTS ?= 5
 XRAY_DIR ?= ../shared/data/chest-xray
 BANK_DIR ?= ../shared/data/bank-marketing
 
-.PHONY: help setup run run-xray run-shapley test test-fast test-openfhe bench clean
+.PHONY: help setup run run-deployment run-xray run-shapley test test-fast test-openfhe bench clean
 
 help:
 	@echo "make run        main job: flwr run . on the embedded breast-cancer data ($(NUM_CLIENTS) clients)"
+	@echo "make run-deployment  main job on a local deployment engine: SuperLink + $(NUM_CLIENTS) SuperNodes, TLS, no Ray"
 	@echo "make run-xray   main job on the chest X-rays in $(XRAY_DIR) (seed CNN, pneumonia vs normal)"
 	@echo "make run-shapley secure Shapley values (SecSV) on bank marketing in $(BANK_DIR): $(NUM_CLIENTS) clients + aux server"
 	@echo "make run-openfhe main job, FHE AUC (FHE_AUC=malicious|semi-honest) on OpenFHE: Python 3.10 venv, flwr 1.30"
@@ -24,6 +25,9 @@ setup:
 # each run its own SuperLink (own FLWR_HOME and port), so two runs can go at once.
 run: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
+
+run-deployment: setup
+	@scripts/run-deployment.sh $(NUM_CLIENTS) $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
 run-xray: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) "dataset='chest-xray' data-dir='$(abspath $(XRAY_DIR))' local-epochs=2 decision-point-spacing='logit'" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
@@ -41,7 +45,7 @@ bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
 
 clean:
-	rm -rf .flwr-home outputs .pytest_cache .fedeval-ids
+	rm -rf .flwr-home .flwr-deploy outputs .pytest_cache .fedeval-ids
 
 # --- Python 3.10 / flwr 1.30 / OpenFHE (issue 13) ---
 .PHONY: run-openfhe test-openfhe test-wheel
