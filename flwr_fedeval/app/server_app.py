@@ -247,6 +247,9 @@ def main(grid: Grid, context: Context) -> None:
             "reference_roc_auc_score": None if ref_note else ref_auc,
             **({"reference_note": ref_note} if ref_note else {}),
             "num_clients": len(auc_result.contributors),
+            # node ID (a string: unsigned 64-bit) -> the partition id it reported (null: none reported)
+            "contributors": {str(n): (partitions[n][0] if n in partitions else None)
+                             for n in auc_result.contributors},
             "failed_nodes": auc_result.failed,
             "failures": failures.to_json(),
             **({"refused_nodes": {str(k): v for k, v in refused.items()}} if refused else {}),

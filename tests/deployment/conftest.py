@@ -1,0 +1,20 @@
+"""The ``deployment`` fixture of the deployment-engine tests: a torn-down ``LocalDeployment``."""
+
+from __future__ import annotations
+
+import pytest
+from deployment_support import BUDGET_S, bin_dir
+
+from flwr_fedeval.testing.deployment import LocalDeployment
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    """A :class:`LocalDeployment` in ``tmp_path`` (TLS); every process is stopped afterwards,
+    and the test fails if one is left running."""
+    dep = LocalDeployment(tmp_path, bin_dir=bin_dir(), max_wait_time=BUDGET_S)
+    try:
+        yield dep
+    finally:
+        leftovers = dep.stop()
+        assert not leftovers, f"processes left running after teardown: {leftovers}"

@@ -1,0 +1,125 @@
+"""Node crashes on Flower's deployment engine (issue 16, item 5, first test).
+
+A SuperLink and four SuperNodes (TLS, loopback, each node with its roster
+identity) run the main job: one xMK-CKKS secure-aggregation round of a
+logistic regression, then the FHE AUC phase (malicious protocol). One
+SuperNode is killed with SIGKILL (a crash: no goodbye to the SuperLink)
+while the xMK-CKKS round trains, another while the FHE AUC phase computes
+its encrypted counts. Checked:
+
+* the run completes (``finished:completed``): the round is re-keyed with the
+  three remaining clients, the FHE step re-run without the second victim;
+* the FHE AUC equals the plaintext counts-AUC (the same decision points) over
+  exactly the contributors' test data, within 1e-6, and the contributors are
+  the two survivors;
+* ``results.json["failures"]`` lists both victims with a true reason (not our
+  ``step-timeout``) and the seconds it took to notice them (Flower declares a
+  SIGKILLed SuperNode gone after its heartbeat: about 60 s);
+* no process is left running afterwards (the fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deployment_support import BUDGET_S
+
+from flwr_fedeval.testing.deployment import DeploymentError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NUM_NODES = 4
+HEARTBEAT_S = 60.0  # Flower: 30 s interval x patience 2 (flwr.common.constant.HEARTBEAT_*)
+RUN_CONFIG = (
+    "num-server-rounds=1 local-epochs=1 model='logreg' dataset='breast-cancer' "
+    "secure-aggregation='xmkckks' auc-method='fhe' fhe-auc='malicious' "
+    "num-decision-points=20 min-nodes=2"
+)
+
+pytestmark = [pytest.mark.deployment, pytest.mark.slow]
+
+
+def _counts_auc(result: dict, run_folder: Path) -> float:
+    """The plaintext counts-AUC of the final model over the contributors' test splits."""
+    from flwr_fedeval.app.harness import pooled_reference_auc
+    from flwr_fedeval.app.task import JobConfig
+    from flwr_fedeval.metrics.auc import auc_from_counts
+    from flwr_fedeval.metrics.counts import decision_points, threshold_counts
+
+    cfg = JobConfig.from_run_config(result["config"])
+    state = json.loads((run_folder / "checkpoint" / "state.json").read_text())
+    with np.load(run_folder / "checkpoint" / state["model_file"], allow_pickle=False) as npz:
+        weights = [npz[str(i)] for i in range(len(npz.files))]
+    pids = sorted(result["contributors"].values())
+    _, y_true, y_score = pooled_reference_auc(cfg, weights, NUM_NODES, pids)
+    thresholds = decision_points(cfg.num_decision_points, spacing=cfg.decision_point_spacing)
+    return auc_from_counts(threshold_counts(y_true, y_score, thresholds))
+
+
+def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
+    dep = deployment
+    t0 = time.monotonic()
+    deadline = t0 + BUDGET_S
+    from flwr_fedeval.keys import create
+
+    ids = tmp_path / "ids"
+    create(ids, [f"node-{k}" for k in range(NUM_NODES)])
+    roster = ids / "roster.json"
+    out_dir = tmp_path / "outputs"
+    try:
+        dep.start_superlink()
+        for k in range(NUM_NODES):
+            dep.start_supernode(f"node-{k}", {
+                "partition-id": k, "num-partitions": NUM_NODES,
+                "fedeval-identity-key": f"{ids}/node-{k}.key", "fedeval-roster": str(roster)})
+        node_ids = dep.wait_for_nodes([f"node-{k}" for k in range(NUM_NODES)])
+        dep.submit(REPO_ROOT, f"{RUN_CONFIG} output-dir='{out_dir}' fedeval-roster='{roster}'")
+        run_id = dep.run_id()
+
+        # Crash 1: while the clients train under the first key set.
+        dep.wait_for_log("flwr-run", r"configure_train: key set \S+ of 4 clients ready", deadline)
+        dep.kill("node-1")
+        t_kill_1 = time.monotonic()
+        # Crash 2: in the FHE AUC phase, once the key holder is chosen (it is not the victim),
+        # while the clients compute and encrypt their counts.
+        m = dep.wait_for_log("flwr-run", r"FHE AUC phase: key holder node (\d+)", deadline)
+        holder = int(m.group(1))
+        victim = next(n for n in ("node-0", "node-2", "node-3") if node_ids[n] != holder)
+        dep.kill(victim)
+        t_kill_2 = time.monotonic()
+        dep.wait_for_log("flwr-run", r"Results written to", deadline)
+        status = dep.wait_finished(run_id, max(1.0, deadline - time.monotonic()))
+    except DeploymentError as exc:
+        pytest.fail(str(exc))
+    t_done = time.monotonic()
+    stream = re.sub(r"\x1b\[[0-9;]*m", "", dep.logs["flwr-run"].read_text(errors="replace"))
+    assert status == "finished:completed", f"{status}\n{stream[-4000:]}\n{dep.tails()}"
+    assert "Round 1: re-keying with 3 remaining clients" in stream, stream[-4000:]
+    assert re.search(r"aggregate_train: 3 encrypted updates summed and decrypted", stream), stream[-4000:]
+
+    (run_folder,) = [p.parent for p in out_dir.glob("*/results.json")]
+    result = json.loads((run_folder / "results.json").read_text())
+    survivors = {str(node_ids[n]): int(n[-1]) for n in node_ids if n not in ("node-1", victim)}
+    assert result["contributors"] == survivors, (result["contributors"], survivors)
+    counts_auc = _counts_auc(result, run_folder)
+    assert abs(result["federated_auc"] - counts_auc) <= 1e-6, (result["federated_auc"], counts_auc)
+
+    detect = {}
+    for name, t_kill in (("node-1", t_kill_1), (victim, t_kill_2)):
+        mine = [f for f in result["failures"] if str(f["node"]) == str(node_ids[name])]
+        assert mine, f"{name} ({node_ids[name]}) not in results.json failures: {result['failures']}"
+        assert all(f["code_name"] != "TIMEOUT" and "step-timeout" not in f["reason"] for f in mine), mine
+        seconds = [f["seconds_to_detect"] for f in mine if f["seconds_to_detect"] is not None]
+        assert seconds, mine
+        # noticed once Flower drops the node (heartbeat), far before step-timeout (600 s)
+        assert min(seconds) <= HEARTBEAT_S + 60, mine
+        detect[name] = (min(seconds), mine[0]["step"], mine[0]["code_name"])
+    print(f"deployment faults: run {run_id}: {NUM_NODES} nodes up and the run took {t_done - t0:.1f} s; "
+          f"node-1 killed in training, {victim} in the FHE phase; detection (s, step, code): {detect}; "
+          f"FHE AUC {result['federated_auc']:.6f} = counts-AUC {counts_auc:.6f} over partitions "
+          f"{sorted(survivors.values())}")
