@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The test suite (`make test`, what CI runs through .ci/run), in three legs:
 #   1. .venv: Python 3.11, flwr 1.41, every extra: the whole pytest suite
-#      (TenSEAL engine);
+#      (TenSEAL engine); the deployment-engine tests (-m deployment) run in the
+#      background from the start, beside all legs, and are reported last;
 #   2. .venv-py310: Python 3.10, flwr 1.30, the project with [openfhe]:
 #      FHE protocol tests, FHE AUC Flower phases and one `flwr run .` on OpenFHE
 #      (scripts/test-openfhe.sh);
 #   3. the core wheel without extras in a clean Python 3.12 venv: no TensorFlow,
 #      strategies import, one xMK-CKKS round (scripts/test-wheel.sh).
-# With arguments, only leg 1 runs: `scripts/run-tests.sh ARGS` = pytest ARGS.
+# With arguments, only leg 1 runs: `scripts/run-tests.sh ARGS` = pytest ARGS (deployment
+# tests included unless ARGS deselect them).
 # pytest's exit code 5 (no test collected) is treated as a failure of the wiring.
 # Each leg prints its wall time.
 set -uo pipefail
@@ -26,8 +28,33 @@ leg() {  # leg NAME CMD...: run, time, stop the suite on failure
   [ $rc -eq 0 ] || exit $rc
 }
 
-leg "py311 flwr-1.41 (pytest $*)" .venv/bin/python -m pytest "$@"
-if [ "$#" -eq 0 ]; then
-  leg "py310 flwr-1.30 openfhe" scripts/test-openfhe.sh
-  leg "core wheel py312" scripts/test-wheel.sh
+if [ "$#" -gt 0 ]; then
+  leg "py311 flwr-1.41 (pytest $*)" .venv/bin/python -m pytest "$@"
+  exit 0
 fi
+# The deployment-engine tests (tests/deployment: real SuperLink/SuperNode processes) spend
+# most of their time waiting (Flower's 60 s heartbeat before a crashed node is dropped, the
+# processes' start-up): they run in the background, beside the other legs.
+dep_log=$(mktemp)
+stop_dep() {  # a leg failed: stop the deployment tests (SIGTERM: their fixture stops every process)
+  if [ -n "${dep_pid:-}" ] && kill -TERM "$dep_pid" 2>/dev/null; then
+    wait "$dep_pid" 2>/dev/null
+    tail -30 "$dep_log"
+  fi
+  rm -f "$dep_log"
+}
+trap stop_dep EXIT
+dep_t0=$SECONDS
+.venv/bin/python -m pytest -m deployment -p no:cacheprovider --durations=0 >"$dep_log" 2>&1 &
+dep_pid=$!
+leg "py311 flwr-1.41 (pytest -m 'not deployment')" .venv/bin/python -m pytest -m "not deployment"
+leg "py310 flwr-1.30 openfhe" scripts/test-openfhe.sh
+leg "core wheel py312" scripts/test-wheel.sh
+echo "===== leg: py311 flwr-1.41 deployment engine (pytest -m deployment, in the background since the start)"
+wait "$dep_pid"
+rc=$?
+dep_pid=
+cat "$dep_log"
+echo "===== leg: py311 flwr-1.41 deployment engine: exit $rc, $((SECONDS - dep_t0)) s since the start"
+[ $rc -eq 5 ] && { echo "error: pytest collected no deployment test (exit 5)" >&2; exit 1; }
+exit $rc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from deployment_support import BUDGET_S, bin_dir
 
@@ -12,9 +14,14 @@ from flwr_fedeval.testing.deployment import LocalDeployment
 def deployment(tmp_path):
     """A :class:`LocalDeployment` in ``tmp_path`` (TLS); every process is stopped afterwards,
     and the test fails if one is left running."""
+    def interrupt(signum, frame):  # SIGTERM (scripts/run-tests.sh stopping early): tear down first
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     dep = LocalDeployment(tmp_path, bin_dir=bin_dir(), max_wait_time=BUDGET_S)
     try:
         yield dep
     finally:
+        signal.signal(signal.SIGTERM, previous)
         leftovers = dep.stop()
         assert not leftovers, f"processes left running after teardown: {leftovers}"
