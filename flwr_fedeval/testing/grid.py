@@ -83,7 +83,9 @@ class InProcessGrid(Grid):
     Attributes
     ----------
     node_ids : list of int
-        The nodes' IDs, in partition order (``node_ids[i]`` has partition ``i``).
+        The nodes' IDs, in partition order (``node_ids[i]`` has partition ``i``),
+        then the new IDs of restarted nodes (:meth:`restart`) in order;
+        :meth:`get_node_ids` lists those connected now.
     contexts : dict of int to flwr.app.Context
         Each node's ``Context`` (its ``state`` persists across messages).
     bytes_down, bytes_up : dict of int to int
