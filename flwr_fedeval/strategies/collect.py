@@ -168,11 +168,15 @@ def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float |
     messages = list(messages)
     t0 = clock()
     out = Collected()
-    ids = list(grid.push_messages(messages)) if messages else []
+    pushed = list(grid.push_messages(messages)) if messages else []
     listed_at_push = {int(n) for n in grid.get_node_ids()}
+    if len(pushed) == len(messages):  # one ID (or None) per message, in order: Flower's grpc/http grids
+        ids = pushed
+    else:  # a grid that leaves out what it could not store (flwr's InMemoryGrid): match by message ID
+        stored = {str(i) for i in pushed if i}
+        ids = [str(m.metadata.message_id) if str(m.metadata.message_id) in stored else None for m in messages]
     pending: dict[str, Message] = {}
-    for i, msg in enumerate(messages):
-        mid = ids[i] if i < len(ids) else None
+    for mid, msg in zip(ids, messages):
         if mid:
             pending[mid] = msg
         else:
