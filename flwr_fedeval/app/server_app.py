@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -76,10 +77,11 @@ def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPha
 
 
 def make_rejoin(cfg: JobConfig, roster: Roster | None, partitions: dict[int, tuple[int, int]],
-                identities: dict[int, str]) -> Rejoin:
+                identities: dict[int, str], refused: Iterable[int] = ()) -> Rejoin:
     """Who is who across node IDs (:class:`~flwr_fedeval.strategies.collect.Rejoin`): roster names proven by
     a signed role reply (with a roster), else the partition ids the nodes report (unsigned). A proven
-    newcomer's partition goes into ``partitions`` (for the harness's reference)."""
+    newcomer's partition goes into ``partitions`` (for the harness's reference); ``refused`` nodes (not
+    in the roster) are not asked again."""
 
     def by_partition(parts: dict[int, tuple[int, int]]) -> dict[int, str]:
         return {n: f"partition {p} of {k}" for n, (p, k) in parts.items()}
@@ -94,7 +96,7 @@ def make_rejoin(cfg: JobConfig, roster: Roster | None, partitions: dict[int, tup
         partitions.update({n: p for n, p in parts.items() if n in names})
         return names
 
-    return Rejoin(prove, identities if roster is not None else by_partition(partitions))
+    return Rejoin(prove, identities if roster is not None else by_partition(partitions), ignore=refused)
 
 
 def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result) -> None:
@@ -168,7 +170,7 @@ def main(grid: Grid, context: Context) -> None:
     identities: dict[int, str] = {}  # node -> roster name it proved
     roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none", roster=roster,
                            refused=refused, partitions=partitions, identities=identities)
-    grid.rejoin = make_rejoin(cfg, roster, partitions, identities)  # a restarted node is taken back at once
+    grid.rejoin = make_rejoin(cfg, roster, partitions, identities, refused)  # a restarted node is taken back at once
     auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
     if cfg.shapley != "none" and len(auxes) != 1:
         raise ValueError(

@@ -104,6 +104,8 @@ class Rejoin:
         proved one (the others are left out).
     identities : dict, optional
         Known ``node ID → identity`` (e.g. from the role discovery before round 1).
+    ignore : iterable of int, optional
+        Node IDs never to ask (e.g. nodes the role discovery already refused).
 
     Attributes
     ----------
@@ -113,11 +115,11 @@ class Rejoin:
     """
 
     def __init__(self, prove: Callable[[Any, list[int]], dict[int, Hashable]],
-                 identities: dict[int, Hashable] | None = None) -> None:
+                 identities: dict[int, Hashable] | None = None, ignore: Iterable[int] = ()) -> None:
         self.prove = prove
         self.identities: dict[int, Hashable] = {int(k): v for k, v in (identities or {}).items()}
         self.replaced: dict[int, int] = {}
-        self._asked: set[int] = set()
+        self._asked: set[int] = {int(n) for n in ignore}
 
     def learn(self, grid: Any, listed: Iterable[int]) -> None:
         """Ask every listed node of unknown identity (once) to prove one; record replacements."""

@@ -121,7 +121,14 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     with a malformed ciphertext or share, the attempt aborts (the global
     model is unchanged), the failing nodes are dropped, and the round is run
     again with a new key set of the remaining clients, while at least
-    ``min_train_nodes`` remain and at most ``max_attempts`` times.
+    ``min_train_nodes`` remain and at most ``max_attempts`` times. A node
+    is given up as soon as it leaves the SuperLink's node list (or, over a
+    :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` with a
+    :class:`~flwr_fedeval.strategies.collect.Rejoin`, as soon as its identity
+    comes back under a new node ID), not at ``step_timeout``
+    (:mod:`flwr_fedeval.strategies.collect`); nodes that joined during the
+    round (a restarted SuperNode) take the lost ones' places in the new key
+    set, at most as many as were lost.
 
     Parameters
     ----------

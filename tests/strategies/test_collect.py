@@ -136,8 +136,13 @@ def test_without_a_proven_identity_the_new_id_does_not_replace_the_old_one():
 def test_one_identity_counts_for_one_node_id():
     """Two node IDs proving one identity: the later proof replaces the earlier ID, never both kept."""
     seen = []
-    rejoin = Rejoin(lambda g, nodes: (seen.extend(nodes), {n: "node-1" for n in nodes})[1], {10: "node-1", 11: "node-2"})
-    rejoin.learn(None, [10, 11, 12])
+
+    def prove(grid, nodes):
+        seen.extend(nodes)
+        return {n: "node-1" for n in nodes}
+
+    rejoin = Rejoin(prove, {10: "node-1", 11: "node-2"}, ignore=[14])
+    rejoin.learn(None, [10, 11, 12, 14])  # 14: refused before, never asked
     assert seen == [12] and rejoin.replaced == {10: 12}
     rejoin.learn(None, [10, 11, 12, 13])
     assert seen == [12, 13] and rejoin.replaced == {10: 12, 12: 13}
