@@ -5,9 +5,13 @@ import secrets
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from identities import IDENTITY_DIR, ROSTER_PATH
-from test_fhe_phase import BACKEND, N, _client_scores, _plain_auc_of
 
 from flwr_fedeval.app.client_app import app as client_app
+from flwr_fedeval.app.client_app import local_test_scores
+from flwr_fedeval.fhe.backend import default_backend
+from flwr_fedeval.fhe.counts import threshold_counts
+from flwr_fedeval.metrics.auc import auc_from_counts
+from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.app.server_app import make_rejoin
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.identity import Roster
@@ -28,7 +32,28 @@ from flwr_fedeval.strategies.shapley_phase import discover_roles
 from flwr_fedeval.testing import InProcessGrid
 
 HEARTBEAT = 60.0
+N = 30
+BACKEND = default_backend()
 RUN_CONFIG = {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR}
+
+
+def _client_scores(grid, arrays):
+    """Each node's (labels, scores), exactly as its handlers compute them."""
+    out = {}
+    for node in sorted(grid.node_ids):
+        msg = Message(RecordDict({"arrays": arrays}), dst_node_id=node, message_type="evaluate")
+        out[node] = local_test_scores(msg, grid.contexts[node])
+    return out
+
+
+def _plain_auc_of(scores, nodes):
+    """The plaintext counts-AUC (same N decision points) of the pooled test data of ``nodes``."""
+    thresholds = PlaintextAUCPhase(N).thresholds
+    total = None
+    for n in nodes:
+        c = threshold_counts(*scores[n], thresholds)
+        total = c if total is None else total + c
+    return auc_from_counts(total)
 
 
 @pytest.fixture(scope="module")
