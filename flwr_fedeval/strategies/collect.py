@@ -1,10 +1,11 @@
 """Send messages and collect the replies; stop waiting for a node as soon as it is known to be gone.
 
 Flower's ``Grid.send_and_receive`` (flwr 1.30-1.41) pushes the messages and
-pulls every 3 s until all replies are in or the timeout runs out; a node that
-a ``kill -9`` took away is only given up when the SuperLink's heartbeat check
-answers for it, and a SuperNode restarted under a new node ID is waited for
-under its old ID. :func:`send_and_collect` is the one routine every step of
+pulls every 3 s until all replies are in or the timeout runs out: it never
+reads the node list (a lost node is given up only if the SuperLink answers
+for it with an error reply, else at the timeout), and a SuperNode restarted
+under a new node ID is waited for under its old ID until the old one's
+heartbeat expires. :func:`send_and_collect` is the one routine every step of
 this package uses instead (through :func:`collect`). Every
 :data:`POLL_INTERVAL` seconds it
 
@@ -43,7 +44,8 @@ from flwr.common.logger import log
 
 from flwr_fedeval.messages import ReplyCode
 
-__all__ = ["IDENTITY_TIMEOUT", "POLL_INTERVAL", "Collected", "DetectingGrid", "Rejoin", "collect", "send_and_collect"]
+__all__ = ["IDENTITY_TIMEOUT", "POLL_INTERVAL", "Collected", "DetectingGrid", "Rejoin", "collect",
+           "send_and_collect"]
 
 #: Seconds between two polls (pull the replies, read the node list) of :func:`send_and_collect`.
 POLL_INTERVAL = 1.0
