@@ -49,7 +49,7 @@ class ReplyCode(IntEnum):
 
     Our client handlers send the first four in their error replies
     (:func:`flwr_fedeval.clients.replies.error_reply`); the server assigns the
-    last two itself. The server classifies failures by these codes, never by
+    others itself. The server classifies failures by these codes, never by
     the reason text. They start at 1000 so that they never collide with
     Flower's own ``flwr.common.constant.ErrorCode`` values (0-99), which the
     engines use for errors they report (e.g. an exception a ClientApp raised).
@@ -68,6 +68,12 @@ class ReplyCode(IntEnum):
     TIMEOUT = 1100
     #: (server) The reply could not be parsed or failed the server's checks.
     MALFORMED_REPLY = 1101
+    #: (server) The node left the SuperLink's node list (Flower's heartbeat expired) before it replied.
+    NODE_GONE = 1102
+    #: (server) The node's identity came back under a new node ID (a restarted SuperNode) before it replied.
+    NODE_REJOINED = 1103
+    #: (server) The SuperLink did not accept the message (no message ID returned for it).
+    NOT_DELIVERED = 1104
 
 
 # --- record keys of the AUC phases (plain, DP, FHE) ---------------------------

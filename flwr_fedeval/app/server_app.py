@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -24,6 +25,7 @@ from flwr_fedeval.identity import Roster
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
 from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid
+from flwr_fedeval.strategies.collect import IDENTITY_TIMEOUT, Rejoin
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
 from flwr_fedeval.strategies.base import ReadableFedAvg
@@ -72,6 +74,29 @@ def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPha
         timeout=cfg.step_timeout,
         roster=roster,
     )
+
+
+def make_rejoin(cfg: JobConfig, roster: Roster | None, partitions: dict[int, tuple[int, int]],
+                identities: dict[int, str], refused: Iterable[int] = ()) -> Rejoin:
+    """Who is who across node IDs (:class:`~flwr_fedeval.strategies.collect.Rejoin`): roster names proven by
+    a signed role reply (with a roster), else the partition ids the nodes report (unsigned). A proven
+    newcomer's partition goes into ``partitions`` (for the harness's reference); ``refused`` nodes (not
+    in the roster) are not asked again."""
+
+    def by_partition(parts: dict[int, tuple[int, int]]) -> dict[int, str]:
+        return {n: f"partition {p} of {k}" for n, (p, k) in parts.items()}
+
+    def prove(grid: Grid, nodes: list[int]) -> dict[int, str]:
+        names: dict[int, str] = {}
+        parts: dict[int, tuple[int, int]] = {}
+        discover_roles(grid, nodes=nodes, timeout=min(cfg.step_timeout, IDENTITY_TIMEOUT), strict=False,
+                       roster=roster, refused={}, partitions=parts, identities=names)
+        if roster is None:
+            names = by_partition(parts)
+        partitions.update({n: p for n, p in parts.items() if n in names})
+        return names
+
+    return Rejoin(prove, identities if roster is not None else by_partition(partitions), ignore=refused)
 
 
 def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result) -> None:
@@ -142,8 +167,10 @@ def main(grid: Grid, context: Context) -> None:
     # phase) hold no data: they stay out of training and of the AUC phase.
     refused: dict[int, str] = {}
     partitions: dict[int, tuple[int, int]] = {}  # node -> (partition id, num-partitions), for the reference
+    identities: dict[int, str] = {}  # node -> roster name it proved
     roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none", roster=roster,
-                           refused=refused, partitions=partitions)
+                           refused=refused, partitions=partitions, identities=identities)
+    grid.rejoin = make_rejoin(cfg, roster, partitions, identities, refused)  # a restarted node is taken back at once
     auxes = sorted(n for n, r in roles.items() if r == "shapley-aux")
     if cfg.shapley != "none" and len(auxes) != 1:
         raise ValueError(

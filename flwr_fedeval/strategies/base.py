@@ -14,6 +14,8 @@
   the seconds until the step knew; Flower's error replies (node offline,
   heartbeat, ClientApp exception) keep Flower's code and reason, our
   ``TIMEOUT`` is named only for a reply that did not come within the step's
+  timeout; a node that leaves the SuperLink's node list is given up at once
+  (``NODE_GONE``, :mod:`flwr_fedeval.strategies.collect`), not at the
   timeout. Replies are matched to requests by ``reply_to_message_id``
   (:func:`replies_by_node`), so an error reply the SuperLink sends for a lost
   node is the node's.
@@ -203,42 +205,54 @@ class FailureLog(list):
 
 
 class FailureRecordingGrid:
-    """A view of a Flower ``Grid`` that records every failed request in a :class:`FailureLog`.
+    """A view of a Flower ``Grid`` that gives up lost nodes early and records every failed request.
 
-    Each ``send_and_receive`` matches replies to requests
-    (:func:`replies_by_node`); a request without a reply is recorded as our
-    ``TIMEOUT`` (the step's timeout fired), an error reply with its own code
-    and reason (Flower's ``ErrorCode`` for the engine's errors, a
-    :class:`~flwr_fedeval.messages.ReplyCode` for our handlers'). The step is
+    Each exchange (``send_and_receive``, :meth:`collect_replies`) runs
+    :func:`~flwr_fedeval.strategies.collect.send_and_collect`: a node that
+    leaves the SuperLink's node list is given up at once (``NODE_GONE``), and
+    with a :class:`~flwr_fedeval.strategies.collect.Rejoin` so is a node whose
+    identity came back under a new node ID (``NODE_REJOINED``); replies are
+    matched to requests (:func:`replies_by_node`). A request still without a
+    reply when the step's timeout ran out is recorded as our ``TIMEOUT``, an
+    error reply with its own code and reason (Flower's ``ErrorCode`` for the
+    engine's errors, a :class:`~flwr_fedeval.messages.ReplyCode` for ours),
+    each with the seconds until that node's failure was known. The step is
     the message type; the round is read from the request (``server-round`` /
-    ``round``). Everything else is delegated to the wrapped grid.
+    ``round``). ``get_node_ids`` leaves out node IDs whose identity came back
+    under a new ID. Everything else is delegated to the wrapped grid.
 
     Attributes
     ----------
     failures : FailureLog
+    rejoin : Rejoin or None
+        May be set after construction (e.g. once the roles are known).
     """
 
-    def __init__(self, grid: Grid, failures: FailureLog | None = None) -> None:
+    def __init__(self, grid: Grid, failures: FailureLog | None = None, *, rejoin: Any = None) -> None:
         self._grid = grid
         self.failures = FailureLog() if failures is None else failures
+        self.rejoin = rejoin
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
 
     def get_node_ids(self) -> Iterable[int]:  # noqa: D102
-        return self._grid.get_node_ids()
+        ids = self._grid.get_node_ids()
+        if self.rejoin is None or not self.rejoin.replaced:
+            return ids
+        return [n for n in ids if int(n) not in self.rejoin.replaced]
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        """As the wrapped grid's; failures are recorded in :attr:`failures`."""
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Any:
+        """:func:`~flwr_fedeval.strategies.collect.send_and_collect` over the wrapped grid; failures recorded."""
+        from flwr_fedeval.strategies.collect import send_and_collect
+
         messages = list(messages)
-        t0 = time.perf_counter()
-        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
-        seconds = time.perf_counter() - t0
-        got = replies_by_node(messages, replies)
+        got = send_and_collect(self._grid, messages, timeout=timeout, rejoin=self.rejoin)
+        by_node = replies_by_node(messages, got.replies)
         for msg in messages:
             node = int(msg.metadata.dst_node_id)
             step, rnd = msg.metadata.message_type, _round_of(msg.content)
-            reply = got.get(node)
+            reply, seconds = by_node.get(node), got.seconds.get(node, got.elapsed)
             if reply is None:
                 limit = "" if timeout is None else f" of {timeout:g} s"
                 self.failures.add(node, step, int(ReplyCode.TIMEOUT), f"no reply within our timeout{limit}",
@@ -246,7 +260,11 @@ class FailureRecordingGrid:
             elif reply.has_error():
                 self.failures.add(node, step, int(reply.error.code), str(reply.error.reason), round=rnd,
                                   seconds_to_detect=seconds)
-        return replies
+        return got
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """As Flower's, but a lost node is given up early (:meth:`collect_replies`); failures recorded."""
+        return self.collect_replies(messages, timeout=timeout).replies
 
 
 def _as_failure(value: Failure | str, step: str = "") -> Failure:
@@ -365,10 +383,14 @@ def exchange_replies(
     ``failures`` with a code (``TIMEOUT``, the error reply's code,
     ``MALFORMED_REPLY``) and the reason, failures are logged collapsed by
     reason (:func:`log_failures`), and only parsed, checked content reaches
-    the protocol.
+    the protocol. The exchange is :func:`~flwr_fedeval.strategies.collect.collect`:
+    a node that leaves the SuperLink's node list is given up at once, and
+    ``TIMEOUT`` is named only for a node still silent when ``timeout`` ran out.
     """
+    from flwr_fedeval.strategies.collect import collect
+
     messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
-    replies = replies_by_node(messages, grid.send_and_receive(messages, timeout=timeout))
+    replies = replies_by_node(messages, collect(grid, messages, timeout=timeout).replies)
     missing: dict[int, Failure] = {n: Failure(step, int(ReplyCode.TIMEOUT), f"no reply within step-timeout {timeout:g} s")
                                    for n in contents}
     valid: dict[int, Any] = {}
@@ -497,6 +519,18 @@ class ReadableFailuresMixin:
     traceback in simulation); this logs one WARNING line per distinct reason
     with the node count and IDs, and the full reason once at DEBUG.
     """
+
+    def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
+        """Flower's ``Strategy.start`` over a :class:`~flwr_fedeval.strategies.collect.DetectingGrid`
+        (unless ``grid`` already collects so, e.g. a :class:`FailureRecordingGrid`): the train and
+        evaluate steps give up a node that left the node list at once instead of at ``timeout``."""
+        from flwr.serverapp.strategy import Strategy
+
+        from flwr_fedeval.strategies.collect import DetectingGrid
+
+        if not callable(getattr(grid, "collect_replies", None)):
+            grid = DetectingGrid(grid)
+        return Strategy.start(self, grid, *args, **kwargs)  # type: ignore[arg-type]
 
     def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool, validate: bool = True):
         """As Flower's ``FedAvg._check_and_log_replies``, with failures collapsed by reason."""

@@ -33,7 +33,12 @@ Dropouts: in the semi-honest protocol a client that fails at step 4 is simply
 left out. In the malicious protocol the zero-sum offsets are drawn for an
 ordered list of M parties, so step 4 is re-run (fresh nonce, new indices)
 with the clients that answered, until all of them answer or fewer than
-``min_nodes`` remain.
+``min_nodes`` remain. If a participant is lost at step 4 while new nodes
+have joined since step 1 (a restarted SuperNode comes back under a new node
+ID), the whole phase runs again from step 1 with the current node list
+(fresh session, keys and key holder; at most ``max_restarts`` times), so the
+restarted node contributes; its identity is checked at step 1 like
+everyone's.
 
 Who learns the AUC: the clients. With ``share_auc_with_server`` the server
 expects the clients to report it (each client decides with its *own*
@@ -110,6 +115,14 @@ _METRICS = ("accuracy", "precision", "recall", "f1")
 _REPORT_SPREAD = 1e-6
 
 
+class _Restart(Exception):
+    """A participant was lost while new nodes joined: run the phase again from step 1."""
+
+    def __init__(self, step: str, lost: list[int], newcomers: list[int]) -> None:
+        super().__init__(step)
+        self.step, self.lost, self.newcomers = step, lost, newcomers
+
+
 class TamperingReportedError(RuntimeError):
     """Clients of the malicious protocol detected a deviating aggregator.
 
@@ -168,6 +181,9 @@ class FHEAUCPhase(EvaluationPhase):
 
     method = "fhe"
     label = "FHE AUC phase"
+    #: Re-runs of the whole phase (fresh session, keys and key holder) when a participant is lost at
+    #: steps 3-4 while new nodes have joined (a restarted SuperNode comes back under a new node ID).
+    max_restarts = 2
 
     def __init__(
         self,
@@ -448,9 +464,29 @@ class FHEAUCPhase(EvaluationPhase):
         """
         self.summary()
         t0 = time.perf_counter()
-        session = secrets.token_hex(16)
-        nodes = sorted(grid.get_node_ids())
         failed = self._start_run()
+        restarts = 0
+        while True:
+            nodes = sorted(grid.get_node_ids())
+            try:
+                result = self._run_once(grid, arrays, nodes, failed, t0,
+                                        can_restart=restarts < self.max_restarts)
+            except _Restart as exc:
+                restarts += 1
+                log(WARNING, "FHE AUC phase: node(s) %s lost at %s and node(s) %s joined since step 1: "
+                    "re-running the phase from step 1 (restart %d of at most %d)", exc.lost, exc.step,
+                    exc.newcomers, restarts, self.max_restarts)
+                continue
+            result.details["restarts"] = restarts
+            return result
+
+    def _run_once(self, grid: Grid, arrays: ArrayRecord, nodes: list[int], failed: Failures, t0: float, *,
+                  can_restart: bool) -> AUCPhaseResult:
+        """Steps 1-6 with ``nodes`` (a fresh session: new keys, new key holder).
+
+        Raises :class:`_Restart` (when ``can_restart``) if a participant is lost at steps 3-4 while
+        nodes that were not in ``nodes`` have joined (e.g. a restarted SuperNode under a new node ID)."""
+        session = secrets.token_hex(16)
 
         # 1. public keys
         with self.step("step 1 (public keys)"):
@@ -490,6 +526,10 @@ class FHEAUCPhase(EvaluationPhase):
             with self.step("steps 3-4 (encrypted counts)"):
                 valid, _ = self.collect_counts(grid, arrays, ctx, participants, bundles, holder,
                                                holder_key, session, config, failed)
+            lost = sorted(set(participants) - set(valid))
+            newcomers = sorted(set(int(n) for n in grid.get_node_ids()) - set(nodes)) if lost else []
+            if lost and newcomers and can_restart:
+                raise _Restart("steps 3-4", lost, newcomers)
             if len(valid) == len(participants) or self.protocol == "semi-honest":
                 participants = sorted(valid)
                 break

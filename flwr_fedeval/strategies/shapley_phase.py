@@ -143,7 +143,8 @@ class NodeSubsetGrid:
 
 def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, roster: Roster | None = None,
                    refused: dict[int, str] | None = None,
-                   partitions: dict[int, tuple[int, int]] | None = None) -> dict[int, str]:
+                   partitions: dict[int, tuple[int, int]] | None = None, nodes: Iterable[int] | None = None,
+                   identities: dict[int, str] | None = None) -> dict[int, str]:
     """``{node_id: role}`` of every connected node (``query.fedeval_role``).
 
     With ``strict=False`` a node that does not answer counts as a ``"client"``
@@ -159,6 +160,11 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
     ``partitions`` (optional, filled in): node ID → ``(partition id, number
     of partitions)`` as each data client reports it (unsigned; for the
     harness's reference numbers only, see :mod:`flwr_fedeval.app.harness`).
+
+    ``nodes`` (optional): ask only these nodes (default: every connected
+    node). ``identities`` (optional, filled in, with a ``roster``): node ID →
+    the roster name it proved (a signature over the fresh nonce); what a
+    :class:`~flwr_fedeval.strategies.collect.Rejoin` knows a node by.
 
     Raises
     ------
@@ -187,7 +193,7 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
             return role, None, str(exc)
         return role, signer, None
 
-    nodes = list(grid.get_node_ids())
+    nodes = list(grid.get_node_ids()) if nodes is None else [int(n) for n in nodes]
     request = RecordDict({ROLE_KEY: ConfigRecord({"nonce": nonce})})
     got = exchange_replies(grid, dict.fromkeys(nodes, request), QUERY_FEDEVAL_ROLE, parse, failed,
                            step="roles", what="role", timeout=timeout, label=_LABEL)
@@ -208,6 +214,8 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
         out.update({n: f"no role reply: {why}" for n, why in failed.reasons().items()})
         for n in out:
             roles.pop(n, None)
+        if identities is not None:
+            identities.update({n: s for s, n in signers.items() if n not in out})
         if out:
             log(WARNING, "Role discovery: node(s) left out, not authenticated against the roster: %s", out)
     return roles

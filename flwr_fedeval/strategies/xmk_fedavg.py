@@ -28,6 +28,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe import keyset, masking
 from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures, replies_by_node
+from flwr_fedeval.strategies.collect import collect
 from flwr_fedeval.weights import WeightLayout
 from flwr_fedeval.messages import (
     METRICS_KEY,
@@ -95,6 +96,8 @@ class _RoundState:
     key_set: _KeySet | None = None
     aborted: list[RoundAborted] = field(default_factory=list)
     sent: list[Message] = field(default_factory=list)  # the step-2 requests (replies matched by message id)
+    known: set[int] = field(default_factory=set)  # the node list when the round started
+    tried: set[int] = field(default_factory=set)  # every node of an attempt of this round
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
@@ -118,7 +121,14 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     with a malformed ciphertext or share, the attempt aborts (the global
     model is unchanged), the failing nodes are dropped, and the round is run
     again with a new key set of the remaining clients, while at least
-    ``min_train_nodes`` remain and at most ``max_attempts`` times.
+    ``min_train_nodes`` remain and at most ``max_attempts`` times. A node
+    is given up as soon as it leaves the SuperLink's node list (or, over a
+    :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` with a
+    :class:`~flwr_fedeval.strategies.collect.Rejoin`, as soon as its identity
+    comes back under a new node ID), not at ``step_timeout``
+    (:mod:`flwr_fedeval.strategies.collect`); nodes that joined during the
+    round (a restarted SuperNode) take the lost ones' places in the new key
+    set, at most as many as were lost.
 
     Parameters
     ----------
@@ -258,7 +268,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         sample_size = max(num_nodes, self.min_train_nodes)
         node_ids, _ = sample_nodes(grid, self.min_available_nodes, sample_size)
         config["server-round"] = server_round
-        self._round = _RoundState(server_round, arrays, config, grid)
+        self._round = _RoundState(server_round, arrays, config, grid, known={int(n) for n in grid.get_node_ids()})
         try:
             return self._start_attempt(sorted(node_ids))
         except RoundAborted as exc:
@@ -281,6 +291,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             except RoundAborted as exc:
                 self._record_abort(exc)
                 remaining = [n for n in state.key_set.nodes if n not in exc.failed]
+                remaining = sorted(remaining + self._newcomers(remaining, len(exc.failed)))
                 if attempt == self.max_attempts or len(remaining) < self.min_train_nodes:
                     log(WARNING, "Round %d: giving up after %d attempt(s) (%d clients left, %d needed); "
                         "global model unchanged", server_round, attempt, len(remaining), self.min_train_nodes)
@@ -292,7 +303,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                     self._record_abort(exc2)
                     return None, None
                 with self.timer.step("step 2 (encrypted training, re-run)"):
-                    replies = list(state.grid.send_and_receive(messages, timeout=self.step_timeout))
+                    replies = collect(state.grid, messages, timeout=self.step_timeout).replies
         return None, None
 
     # ------------------------------------------------------- protocol steps
@@ -519,7 +530,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     def _send(self, nodes: Iterable[int], message_type: str, content: RecordDict) -> dict[int, Message]:
         grid = self._round.grid  # type: ignore[union-attr]
         messages = [Message(content=content, dst_node_id=n, message_type=message_type) for n in nodes]
-        return replies_by_node(messages, grid.send_and_receive(messages, timeout=self.step_timeout))
+        return replies_by_node(messages, collect(grid, messages, timeout=self.step_timeout).replies)
 
     def _check_replies(self, step: str, what: str, nodes, replies: dict[int, Message], parse) -> list:
         """Parse every node's reply, in node order, or raise :class:`RoundAborted`
@@ -550,14 +561,17 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                 "sampling",
                 {n: f"only {len(nodes)} clients, a key set needs {self.min_train_nodes}" for n in nodes},
             )
+        state.tried.update(nodes)
         with self.timer.step("step 1 (key generation)"):
             try:
                 key_set = self.keygen(nodes)
             except RoundAborted as exc:
                 remaining = [n for n in nodes if n not in exc.failed]
                 self._record_abort(exc)
+                remaining = sorted(remaining + self._newcomers(remaining, len(exc.failed)))
                 if len(remaining) < self.min_train_nodes:
                     raise
+                state.tried.update(remaining)
                 key_set = self.keygen(remaining)
         state.key_set = key_set
         log(INFO, "configure_train: key set %s of %d clients ready", key_set.key_id, len(key_set.nodes))
@@ -581,6 +595,37 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         agg_metrics["num-examples"] = total_examples
         agg_metrics["num-clients"] = len(nodes)
         return arrays, agg_metrics
+
+    def _newcomers(self, remaining: list[int], lost: int) -> list[int]:
+        """Up to ``lost`` nodes that joined during this round (e.g. a restarted SuperNode under a new ID),
+        for the next attempt; none whose known identity a remaining member already has.
+
+        Identities are those a :class:`~flwr_fedeval.strategies.collect.Rejoin` of the grid proved
+        (roster names); the clients check every member of a key set against the roster themselves
+        and refuse one that lists a member twice.
+        """
+        state = self._round
+        assert state is not None
+        if lost <= 0:
+            return []
+        rejoin = getattr(state.grid, "rejoin", None)
+        identities = getattr(rejoin, "identities", {}) or {}
+        taken = {identities[n] for n in remaining if n in identities}
+        out = []
+        for node in sorted(int(n) for n in state.grid.get_node_ids()):
+            if node in state.known or node in state.tried or node in remaining:
+                continue
+            ident = identities.get(node)
+            if ident is not None and ident in taken:
+                continue
+            if ident is not None:
+                taken.add(ident)
+            out.append(node)
+        out = out[:lost]
+        if out:
+            log(INFO, "Round %d: node(s) %s joined during the round; taken into the next attempt",
+                state.server_round, out)
+        return out
 
     @staticmethod
     def _mean_metrics(records: list[MetricRecord]) -> MetricRecord:

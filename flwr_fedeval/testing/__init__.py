@@ -43,6 +43,17 @@ Dropping one node's training replies (it looks timed out to the server)::
         None if node == victim and msg.metadata.message_type == "train" else reply
     )
 
+A SuperNode killed during a step (``kill -9``) and restarted 5 s later under a
+new node ID; the old ID leaves the node list when its 60 s heartbeat expires
+(simulated time: ``grid.clock()``, ``grid.sleep()``; no real waiting)::
+
+    def fault(node, msg, reply):
+        if node == victim and msg.metadata.message_type == "train":
+            new_id = grid.restart(node, back_after=5.0, gone_after=60.0)  # the reply is lost with it
+        return reply
+
+    grid.fault = fault
+
 Each node sees ``node_config = {"partition-id": i, "num-partitions": num_nodes}``
 unless ``node_configs`` is given, and the same ``run_config``.
 

@@ -58,6 +58,16 @@ class InProcessGrid(Grid):
     Node IDs are random unsigned 64-bit integers, half of them above the int64
     range, as the deployment engine assigns them.
 
+    Time is simulated: :meth:`clock` starts at 0 and only :meth:`sleep`
+    advances it (the polling of
+    :func:`~flwr_fedeval.strategies.collect.send_and_collect` uses both), so
+    a test of a 60 s heartbeat or a 600 s step timeout takes no real time.
+    :meth:`kill` and :meth:`restart` play a lost SuperNode: it stops
+    replying at once and leaves :meth:`get_node_ids` when its heartbeat
+    expires (``gone_after`` simulated seconds later); a restarted one comes
+    back under a new node ID with the same node config (partition, identity
+    key) and an empty state.
+
     Parameters
     ----------
     client_app : flwr.clientapp.ClientApp
@@ -73,12 +83,16 @@ class InProcessGrid(Grid):
     Attributes
     ----------
     node_ids : list of int
-        The nodes' IDs, in partition order (``node_ids[i]`` has partition ``i``).
+        The nodes' IDs, in partition order (``node_ids[i]`` has partition ``i``),
+        then the new IDs of restarted nodes (:meth:`restart`) in order;
+        :meth:`get_node_ids` lists those connected now.
     contexts : dict of int to flwr.app.Context
         Each node's ``Context`` (its ``state`` persists across messages).
     bytes_down, bytes_up : dict of int to int
         Serialized bytes sent to / received from each node.
     log : list of (node_id, message_type, ok)
+    now : float
+        The simulated time in seconds (see :meth:`clock`).
     """
 
     def __init__(
@@ -117,6 +131,12 @@ class InProcessGrid(Grid):
         self.bytes_down = dict.fromkeys(self.node_ids, 0)
         self.bytes_up = dict.fromkeys(self.node_ids, 0)
         self.log: list[tuple[int, str, bool]] = []
+        self.now = 0.0
+        self._dead: set[int] = set()  # killed: no reply, ever
+        self._gone_at: dict[int, float] = {}  # killed node -> simulated time it leaves the node list
+        self._joins_at: dict[int, float] = {}  # restarted node's new ID -> simulated time it connects
+        self._superlink_errors: set[int] = set()  # gone nodes the SuperLink answers for (NODE_UNAVAILABLE)
+        self._waiting: dict[str, Message] = {}  # pushed to a dead node: message id -> instruction
 
     # --- Grid API ---------------------------------------------------------
     def set_run(self, run: Run) -> None:  # noqa: D102
@@ -129,8 +149,12 @@ class InProcessGrid(Grid):
     def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
-        return list(self.node_ids)
+    def get_node_ids(self) -> Iterable[int]:
+        """The connected nodes: not yet gone (killed, heartbeat expired) and already joined (restarted)."""
+        return [n for n in self.node_ids if self._listed(n)]
+
+    def _listed(self, node: int) -> bool:
+        return self._gone_at.get(node, float("inf")) > self.now and self._joins_at.get(node, 0.0) <= self.now
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         ids = []
@@ -141,22 +165,88 @@ class InProcessGrid(Grid):
             node = msg.metadata.dst_node_id
             if node not in self.contexts:
                 raise ValueError(f"unknown destination node {node}")
+            ids.append(msg_id)
+            if node in self._dead:  # accepted by the SuperLink, never delivered
+                self._waiting[msg_id] = msg
+                self.log.append((node, msg.metadata.message_type, False))
+                continue
             delivered, size = _roundtrip_message(msg)
             self.bytes_down[node] += size
             reply = self._execute(node, delivered)
             if self.fault is not None and reply is not None:
                 reply = self.fault(node, delivered, reply)
+            if node in self._dead:  # killed while it worked on the message (e.g. by the fault hook)
+                self._waiting[msg_id] = msg
+                reply = None
             if reply is not None:
                 reply.metadata.__dict__["_message_id"] = f"reply-{msg_id}"
                 received, size = _roundtrip_message(reply)
                 self.bytes_up[node] += size
                 self._replies[msg_id] = received
             self.log.append((node, msg.metadata.message_type, reply is not None and not reply.has_error()))
-            ids.append(msg_id)
         return ids
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
-        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The replies that came; for a message to a gone node of ``kill(..., superlink_error=True)``,
+        Flower's ``NODE_UNAVAILABLE`` error reply from the SuperLink (as flwr's link state sends it)."""
+        out = []
+        for i in list(message_ids):
+            if i in self._replies:
+                out.append(self._replies.pop(i))
+            elif i in self._waiting:
+                msg = self._waiting[i]
+                node = msg.metadata.dst_node_id
+                if node in self._superlink_errors and not self._listed(node):
+                    del self._waiting[i]
+                    reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason=(
+                        "Error: Node Unavailable - The destination node failed to report a heartbeat within "
+                        "2 x its expected interval.")), reply_to=msg)
+                    reply.metadata.__dict__["_src_node_id"] = 1  # the SuperLink, not the node
+                    out.append(reply)
+        return out
+
+    # --- simulated time and lost nodes ------------------------------------------
+    def clock(self) -> float:
+        """Simulated seconds since the grid was created."""
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        """Advance the simulated time by ``seconds`` (no real waiting)."""
+        self.now += max(0.0, float(seconds))
+
+    def kill(self, node: int, *, gone_after: float = 0.0, superlink_error: bool = False) -> None:
+        """Kill ``node`` as ``kill -9`` would: no reply from now on (also not to a message it is working on,
+        when called from the fault hook); it leaves :meth:`get_node_ids` ``gone_after`` simulated seconds
+        later (when its heartbeat expires: Flower's default is about 60 s). With ``superlink_error``, a
+        pull for a message to it then returns Flower's ``NODE_UNAVAILABLE`` error reply (as flwr >= 1.30's
+        SuperLink does); without, its messages simply never get a reply.
+
+        Raises
+        ------
+        ValueError
+            ``node`` is not a node of this grid.
+        """
+        if node not in self.contexts:
+            raise ValueError(f"unknown node {node}")
+        self._dead.add(node)
+        self._gone_at[node] = min(self._gone_at.get(node, float("inf")), self.now + float(gone_after))
+        if superlink_error:
+            self._superlink_errors.add(node)
+
+    def restart(self, node: int, *, back_after: float = 0.0, gone_after: float = 60.0,
+                superlink_error: bool = False) -> int:
+        """Kill ``node`` (:meth:`kill`) and start it again: a new node ID with the same node config
+        (partition, identity key) and an empty state connects ``back_after`` simulated seconds later.
+        Returns the new node ID (also appended to :attr:`node_ids`)."""
+        self.kill(node, gone_after=gone_after, superlink_error=superlink_error)
+        new = secrets.randbits(64) | (1 << 63) if node >= 1 << 63 else secrets.randbits(63) + 1
+        old = self.contexts[node]
+        self.contexts[new] = Context(run_id=old.run_id, node_id=new, node_config=dict(old.node_config),
+                                     state=RecordDict(), run_config=dict(old.run_config))
+        self.node_ids.append(new)
+        self._joins_at[new] = self.now + float(back_after)
+        self.bytes_down[new] = self.bytes_up[new] = 0
+        return new
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:  # noqa: D102
         return self.pull_messages(self.push_messages(messages))

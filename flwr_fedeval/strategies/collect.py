@@ -1,0 +1,267 @@
+"""Send messages and collect the replies; stop waiting for a node as soon as it is known to be gone.
+
+Flower's ``Grid.send_and_receive`` (flwr 1.30-1.41) pushes the messages and
+pulls every 3 s until all replies are in or the timeout runs out: it never
+reads the node list (a lost node is given up only if the SuperLink answers
+for it with an error reply, else at the timeout), and a SuperNode restarted
+under a new node ID is waited for under its old ID until the old one's
+heartbeat expires. :func:`send_and_collect` is the one routine every step of
+this package uses instead (through :func:`collect`). Every
+:data:`POLL_INTERVAL` seconds it
+
+1. pulls the pending replies (Flower's own error replies, e.g.
+   ``NODE_UNAVAILABLE`` once the heartbeat expired, are kept as they come);
+2. compares the pending destinations with ``grid.get_node_ids()``: a node
+   that was listed when the messages were pushed and is listed no more is
+   given up at once, with an error reply of code
+   :attr:`~flwr_fedeval.messages.ReplyCode.NODE_GONE`;
+3. with a :class:`Rejoin`, asks every node whose identity it does not know
+   yet to prove one (a signed reply, see :class:`Rejoin`); a pending node
+   whose identity came back under a new node ID is given up at once
+   (:attr:`~flwr_fedeval.messages.ReplyCode.NODE_REJOINED`), so the next
+   attempt of the step takes the new ID without waiting for the old one.
+
+A node still pending when ``timeout`` runs out has no reply in the result:
+only then is our step timeout the reason.
+
+Timing: a node killed with ``kill -9`` leaves the SuperLink's node list when
+its heartbeat expires (``HEARTBEAT_PATIENCE`` 2 × the SuperNode's heartbeat
+interval, 30 s by default: about 60 s); it is given up within one poll
+interval after that. A restarted node proves its identity within one poll
+interval after it connects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from logging import INFO
+from typing import Any
+
+from flwr.app import Error, Message
+from flwr.common.logger import log
+
+from flwr_fedeval.messages import ReplyCode
+
+__all__ = ["IDENTITY_TIMEOUT", "POLL_INTERVAL", "Collected", "DetectingGrid", "Rejoin", "collect",
+           "send_and_collect"]
+
+#: Seconds between two polls (pull the replies, read the node list) of :func:`send_and_collect`.
+POLL_INTERVAL = 1.0
+#: Seconds a new node gets to prove its identity (a :class:`Rejoin` ``prove`` exchange; capped by the step timeout).
+IDENTITY_TIMEOUT = 30.0
+
+
+@dataclass
+class Collected:
+    """What :func:`send_and_collect` got back.
+
+    Attributes
+    ----------
+    replies : list of Message
+        Every reply that came (Flower's error replies included), plus an
+        error reply made here for each node given up early (codes
+        ``NODE_GONE``, ``NODE_REJOINED``, ``NOT_DELIVERED`` of
+        :class:`~flwr_fedeval.messages.ReplyCode`); matched to the requests
+        by ``reply_to_message_id``.
+    seconds : dict of int to float
+        Destination node → seconds from the push until its reply came or it
+        was given up (the whole wait for a timed-out node).
+    timed_out : list of int
+        Nodes still pending when ``timeout`` ran out (no reply in ``replies``).
+    replaced : dict of int to int
+        Old node ID → the new node ID its identity came back under.
+    elapsed : float
+        Seconds of the whole exchange.
+    """
+
+    replies: list[Message] = field(default_factory=list)
+    seconds: dict[int, float] = field(default_factory=dict)
+    timed_out: list[int] = field(default_factory=list)
+    replaced: dict[int, int] = field(default_factory=dict)
+    elapsed: float = 0.0
+
+
+class Rejoin:
+    """Who is who across node IDs: ``node ID → identity``, and how a new node proves one.
+
+    Flower node IDs prove nothing and a restarted SuperNode gets a new one.
+    An identity is a roster name proven by a signature over a fresh nonce
+    (``prove`` runs :func:`flwr_fedeval.strategies.shapley_phase.discover_roles`
+    with the roster), or, before any roster exists, a partition id as the
+    node reports it (unsigned: then any node can claim it; without a roster
+    there is no identity to protect). When a new node proves the identity of
+    a known node ID, the old ID is *replaced*: it is given up at once if a
+    step waits for it, and hidden from the node list of a
+    :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid`, so that
+    every later attempt takes the new ID. One identity therefore counts for
+    at most one node ID at a time; the clients refuse a key set that lists a
+    roster member twice whatever the server does.
+
+    Parameters
+    ----------
+    prove : callable
+        ``prove(grid, node_ids) -> {node_id: identity}`` for the nodes that
+        proved one (the others are left out).
+    identities : dict, optional
+        Known ``node ID → identity`` (e.g. from the role discovery before round 1).
+    ignore : iterable of int, optional
+        Node IDs never to ask (e.g. nodes the role discovery already refused).
+
+    Attributes
+    ----------
+    identities : dict
+    replaced : dict of int to int
+        Old node ID → new node ID.
+    """
+
+    def __init__(self, prove: Callable[[Any, list[int]], dict[int, Hashable]],
+                 identities: dict[int, Hashable] | None = None, ignore: Iterable[int] = ()) -> None:
+        self.prove = prove
+        self.identities: dict[int, Hashable] = {int(k): v for k, v in (identities or {}).items()}
+        self.replaced: dict[int, int] = {}
+        self._asked: set[int] = {int(n) for n in ignore}
+
+    def learn(self, grid: Any, listed: Iterable[int]) -> None:
+        """Ask every listed node of unknown identity (once) to prove one; record replacements."""
+        unknown = sorted(int(n) for n in listed if int(n) not in self.identities and int(n) not in self._asked)
+        if not unknown:
+            return
+        self._asked.update(unknown)
+        for new, ident in self.prove(grid, unknown).items():
+            new = int(new)
+            for old, known in list(self.identities.items()):
+                if known == ident and old != new and old not in self.replaced:
+                    self.replaced[old] = new
+                    log(INFO, "node %d is back as node %d (same identity %s); node %d is given up", old, new,
+                        ident, old)
+            self.identities[new] = ident
+
+
+def _error_reply(msg: Message, code: int, reason: str) -> Message:
+    return Message(Error(code=int(code), reason=reason), reply_to=msg)
+
+
+def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float | None,
+                     poll_interval: float = POLL_INTERVAL, rejoin: Rejoin | None = None) -> Collected:
+    """Push ``messages``, then poll until every destination replied, was given up, or ``timeout`` ran out.
+
+    See the module docstring for what is checked at each poll. A grid may
+    provide ``clock()`` and ``sleep(seconds)`` (the in-process test grid's
+    simulated time); otherwise ``time.monotonic`` and ``time.sleep`` are used.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        Any grid with ``push_messages``, ``pull_messages`` and ``get_node_ids``.
+    messages : iterable of Message
+    timeout : float or None
+        Seconds to wait (``None``: until every node replied or was given up).
+    poll_interval : float, default=:data:`POLL_INTERVAL`
+    rejoin : Rejoin, optional
+
+    Returns
+    -------
+    Collected
+    """
+    if poll_interval <= 0:
+        raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+    clock = getattr(grid, "clock", None) or time.monotonic
+    sleep = getattr(grid, "sleep", None) or time.sleep
+    messages = list(messages)
+    t0 = clock()
+    out = Collected()
+    pushed = list(grid.push_messages(messages)) if messages else []
+    listed_at_push = {int(n) for n in grid.get_node_ids()}
+    if len(pushed) == len(messages):  # one ID (or None) per message, in order: Flower's grpc/http grids
+        ids = pushed
+    else:  # a grid that leaves out what it could not store (flwr's InMemoryGrid): match by message ID
+        stored = {str(i) for i in pushed if i}
+        ids = [str(m.metadata.message_id) if str(m.metadata.message_id) in stored else None for m in messages]
+    pending: dict[str, Message] = {}
+    for mid, msg in zip(ids, messages):
+        if mid:
+            pending[mid] = msg
+        else:
+            out.replies.append(_error_reply(msg, ReplyCode.NOT_DELIVERED, "the SuperLink did not accept the message"))
+            out.seconds[int(msg.metadata.dst_node_id)] = 0.0
+
+    def give_up(mid: str, code: int, reason: str, now: float) -> None:
+        msg = pending.pop(mid)
+        out.replies.append(_error_reply(msg, code, reason))
+        out.seconds[int(msg.metadata.dst_node_id)] = now
+
+    while pending:
+        for reply in grid.pull_messages(list(pending)):
+            msg = pending.pop(reply.metadata.reply_to_message_id, None)
+            if msg is not None:  # a reply to no pending request (or a second one) is dropped
+                out.replies.append(reply)
+                out.seconds[int(msg.metadata.dst_node_id)] = clock() - t0
+        if not pending:
+            break
+        now = clock() - t0
+        listed = {int(n) for n in grid.get_node_ids()}
+        for mid, msg in list(pending.items()):
+            node = int(msg.metadata.dst_node_id)
+            if node in listed_at_push and node not in listed:
+                give_up(mid, ReplyCode.NODE_GONE,
+                        f"node left the SuperLink's node list after {now:.1f} s (Flower heartbeat)", now)
+        if rejoin is not None and pending:
+            rejoin.learn(grid, listed)
+            now = clock() - t0
+            for mid, msg in list(pending.items()):
+                node = int(msg.metadata.dst_node_id)
+                if node in rejoin.replaced:
+                    new = rejoin.replaced[node]
+                    out.replaced[node] = new
+                    give_up(mid, ReplyCode.NODE_REJOINED,
+                            f"node restarted: its identity {rejoin.identities.get(new)} is back as node {new} "
+                            f"after {now:.1f} s; this node ID is given up", now)
+        if not pending or (timeout is not None and now >= timeout):
+            break
+        sleep(poll_interval if timeout is None else max(0.0, min(poll_interval, timeout - now)))
+    elapsed = clock() - t0
+    for msg in pending.values():
+        out.timed_out.append(int(msg.metadata.dst_node_id))
+        out.seconds[int(msg.metadata.dst_node_id)] = elapsed
+    out.elapsed = elapsed
+    return out
+
+
+def collect(grid: Any, messages: Iterable[Message], *, timeout: float | None) -> Collected:
+    """:func:`send_and_collect` over ``grid``; through its ``collect_replies`` when it has one.
+
+    A :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` (and any
+    view that delegates to one) records the failures and applies its
+    :class:`Rejoin`; any other grid is polled directly.
+    """
+    method = getattr(grid, "collect_replies", None)
+    if callable(method):
+        return method(messages, timeout=timeout)
+    return send_and_collect(grid, messages, timeout=timeout)
+
+
+class DetectingGrid:
+    """A view of a Flower ``Grid`` whose ``send_and_receive`` is :func:`send_and_collect`.
+
+    For Flower's ``Strategy.start`` loop (train and evaluate steps), which
+    calls ``grid.send_and_receive``; everything else is delegated.
+    """
+
+    def __init__(self, grid: Any) -> None:
+        self._grid = grid
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return self._grid.get_node_ids()
+
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:
+        """:func:`send_and_collect` over the wrapped grid."""
+        return send_and_collect(self._grid, messages, timeout=timeout)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        """As Flower's, but a node that left the node list is given up at once (an error reply)."""
+        return self.collect_replies(messages, timeout=timeout).replies

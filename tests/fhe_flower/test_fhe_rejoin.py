@@ -1,0 +1,134 @@
+"""FHE AUC phase with a restarted SuperNode (issue 16.3), over the serializing grid with simulated time."""
+
+import secrets
+
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from identities import IDENTITY_DIR, ROSTER_PATH
+
+from flwr_fedeval.app.client_app import app as client_app
+from flwr_fedeval.app.client_app import local_test_scores
+from flwr_fedeval.fhe.backend import default_backend
+from flwr_fedeval.fhe.counts import threshold_counts
+from flwr_fedeval.metrics.auc import auc_from_counts
+from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
+from flwr_fedeval.app.server_app import make_rejoin
+from flwr_fedeval.app.task import JobConfig, build_model
+from flwr_fedeval.identity import Roster
+from flwr_fedeval.messages import (
+    FHE_PEER_SIGNATURES_KEY,
+    FHE_PEER_SIGNERS_KEY,
+    FHE_PEERS_KEY,
+    FHE_PUBKEY_KEY,
+    FHE_REQUEST_KEY,
+    QUERY_FHE_KEYGEN,
+    QUERY_FHE_PUBKEY,
+    ReplyCode,
+)
+from flwr_fedeval.strategies.base import FailureRecordingGrid, Failures
+from flwr_fedeval.strategies.collect import POLL_INTERVAL
+from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
+from flwr_fedeval.strategies.shapley_phase import discover_roles
+from flwr_fedeval.testing import InProcessGrid
+
+HEARTBEAT = 60.0
+N = 30
+BACKEND = default_backend()
+RUN_CONFIG = {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR}
+
+
+def _client_scores(grid, arrays):
+    """Each node's (labels, scores), exactly as its handlers compute them."""
+    out = {}
+    for node in sorted(grid.node_ids):
+        msg = Message(RecordDict({"arrays": arrays}), dst_node_id=node, message_type="evaluate")
+        out[node] = local_test_scores(msg, grid.contexts[node])
+    return out
+
+
+def _plain_auc_of(scores, nodes):
+    """The plaintext counts-AUC (same N decision points) of the pooled test data of ``nodes``."""
+    thresholds = PlaintextAUCPhase(N).thresholds
+    total = None
+    for n in nodes:
+        c = threshold_counts(*scores[n], thresholds)
+        total = c if total is None else total + c
+    return auc_from_counts(total)
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    return ArrayRecord(build_model(JobConfig()).get_weights())
+
+
+def test_restarted_node_takes_part_in_the_rerun_and_the_auc_is_exact(arrays):
+    """A client is killed while it encrypts its counts and restarted 5 s later under a new node ID: the
+    old ID is given up once the new one proves the same roster identity, the phase runs again from step 1
+    with the new ID, and the FHE AUC equals the plaintext counts-AUC of all three partitions."""
+    new = {}
+
+    def fault(node, msg, reply):
+        if node == victim and msg.metadata.message_type == "evaluate.fhe_counts" and not new:
+            new["id"] = inner.restart(node, back_after=5.0, gone_after=HEARTBEAT)
+        return reply
+
+    inner = InProcessGrid(client_app, 3, RUN_CONFIG, fault=fault)
+    victim = inner.node_ids[1]
+    own = _client_scores(inner, arrays)
+    grid = FailureRecordingGrid(inner)
+    roster, partitions, identities = Roster.load(ROSTER_PATH), {}, {}
+    discover_roles(grid, roster=roster, strict=False, partitions=partitions, identities=identities)
+    grid.rejoin = make_rejoin(JobConfig(), roster, partitions, identities)
+
+    phase = FHEAUCPhase(N, backend=BACKEND, protocol="malicious", roster=roster, timeout=600)
+    result = phase.run(grid, arrays)
+    assert result.details["restarts"] == 1
+    assert result.contributors == sorted([inner.node_ids[0], inner.node_ids[2], new["id"]])
+    assert abs(result.auc - _plain_auc_of(own, inner.node_ids[:3])) <= 1e-6  # all three partitions
+    assert victim in result.failed and new["id"] not in result.failed
+    (f,) = grid.failures
+    assert (f.node, f.step, f.code) == (victim, "evaluate.fhe_counts", ReplyCode.NODE_REJOINED)
+    assert 5.0 <= f.seconds_to_detect <= 5.0 + POLL_INTERVAL and inner.now < HEARTBEAT
+
+
+def test_semi_honest_client_lost_without_a_newcomer_is_left_out_at_the_heartbeat(arrays):
+    inner = InProcessGrid(client_app, 3, RUN_CONFIG)
+    victim = inner.node_ids[2]
+    inner.fault = lambda n, m, r: (inner.kill(n, gone_after=HEARTBEAT), r)[1] if (
+        n == victim and m.metadata.message_type == "evaluate.fhe_counts") else r
+    own = _client_scores(inner, arrays)
+    grid = FailureRecordingGrid(inner)
+    result = FHEAUCPhase(N, backend=BACKEND, protocol="semi-honest", timeout=600).run(grid, arrays)
+    assert result.details["restarts"] == 0 and result.contributors == sorted(inner.node_ids[:2])
+    assert abs(result.auc - _plain_auc_of(own, inner.node_ids[:2])) <= 1e-6
+    (f,) = grid.failures
+    assert f.code == ReplyCode.NODE_GONE and HEARTBEAT <= f.seconds_to_detect <= HEARTBEAT + POLL_INTERVAL
+
+
+def test_one_identity_under_two_node_ids_is_refused(arrays):
+    """Two node IDs with the roster key of node-2: the honest server leaves both out at step 1; a deviating
+    server that relays both to the key holder is refused by it."""
+    configs = [{"partition-id": p, "num-partitions": 4} for p in (0, 1, 2, 2)]
+    grid = InProcessGrid(client_app, 4, RUN_CONFIG, node_configs=configs)
+    nodes = list(grid.node_ids)
+    phase = FHEAUCPhase(N, backend=BACKEND, roster=Roster.load(ROSTER_PATH))
+    session, failed = secrets.token_hex(16), Failures()
+    keys = phase.collect_public_keys(grid, nodes, session, failed)
+    assert sorted(keys) == sorted(nodes[:2]) and all("node-2" in failed[n].reason for n in nodes[2:])
+
+    request = RecordDict({FHE_REQUEST_KEY: ConfigRecord({"session": session})})
+    signed = {}
+    for node in nodes:
+        (reply,) = grid.send_and_receive([Message(request, dst_node_id=node, message_type=QUERY_FHE_PUBKEY)])
+        rec = reply.content[FHE_PUBKEY_KEY]
+        signed[node] = (rec["public-key"], rec["signer"], rec["signature"])
+    assert [signed[n][1] for n in nodes] == ["node-0", "node-1", "node-2", "node-2"]
+    peers = nodes[1:]
+    content = RecordDict({
+        FHE_REQUEST_KEY: ConfigRecord({"session": session, "backend": BACKEND, "slots": phase.slots, "max-rows": 64}),
+        FHE_PEERS_KEY: ConfigRecord({str(n): signed[n][0] for n in peers}),
+        FHE_PEER_SIGNERS_KEY: ConfigRecord({str(n): signed[n][1] for n in peers}),
+        FHE_PEER_SIGNATURES_KEY: ConfigRecord({str(n): signed[n][2] for n in peers}),
+    })
+    (reply,) = grid.send_and_receive([Message(content, dst_node_id=nodes[0], message_type=QUERY_FHE_KEYGEN)])
+    assert reply.has_error() and "node-2" in reply.error.reason and "twice" in reply.error.reason

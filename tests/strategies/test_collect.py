@@ -1,0 +1,173 @@
+"""strategies.collect: a lost node is given up when the SuperLink drops it, not at our step timeout (issue 16.3).
+
+The in-process grid's time is simulated (``grid.clock``/``grid.sleep``): a 60 s
+heartbeat and a 600 s step timeout take no real time.
+"""
+
+import time
+
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+
+from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.strategies.base import FailureRecordingGrid, replies_by_node
+from flwr_fedeval.strategies.collect import POLL_INTERVAL, Rejoin, collect, send_and_collect
+from flwr_fedeval.testing import InProcessGrid
+
+STEP_TIMEOUT = 600.0
+HEARTBEAT = 60.0  # Flower: patience 2 x the SuperNode's 30 s heartbeat interval
+
+
+def _app():
+    app = ClientApp()
+
+    @app.query("ping")
+    def ping(msg, context):
+        pid = int(context.node_config["partition-id"])
+        return Message(RecordDict({"pong": ConfigRecord({"partition-id": pid})}), reply_to=msg)
+
+    return app
+
+
+def _ping(grid, nodes=None):
+    return [Message(RecordDict({"q": ConfigRecord({"round": 3})}), dst_node_id=n, message_type="query.ping")
+            for n in (grid.get_node_ids() if nodes is None else nodes)]
+
+
+def _by_partition(grid, nodes):
+    """A Rejoin ``prove`` by partition id (the identity before a roster exists)."""
+    got = replies_by_node(msgs := _ping(grid, nodes), grid.send_and_receive(msgs))
+    return {n: r.content["pong"]["partition-id"] for n, r in got.items() if not r.has_error()}
+
+
+def _killer(grid, victim, **kw):
+    """Fault hook: ``victim`` is killed (kill -9) while it works on its message."""
+    def fault(node, msg, reply):
+        if node == victim:
+            grid.kill(node, **kw)
+        return reply
+    return fault
+
+
+def test_node_that_leaves_the_node_list_is_given_up_at_once_not_at_the_step_timeout():
+    grid = InProcessGrid(_app(), 3)
+    victim = grid.node_ids[1]
+    grid.fault = _killer(grid, victim, gone_after=HEARTBEAT)
+    rec = FailureRecordingGrid(grid)
+    t0 = time.perf_counter()
+    got = rec.collect_replies(_ping(grid), timeout=STEP_TIMEOUT)
+    assert time.perf_counter() - t0 < 5  # simulated time: no real waiting
+
+    assert not got.timed_out
+    assert HEARTBEAT <= got.seconds[victim] <= HEARTBEAT + POLL_INTERVAL  # detection ≤ heartbeat + one poll
+    assert got.elapsed < STEP_TIMEOUT / 5
+    (f,) = rec.failures
+    assert (f.node, f.step, f.round, f.code) == (victim, "query.ping", 3, ReplyCode.NODE_GONE)
+    assert f.summary.startswith("node left the SuperLink's node list after 6") and "timeout" not in f.reason
+    assert f.to_json()["code_name"] == "NODE_GONE" and f.seconds_to_detect == got.seconds[victim]
+    ok = [r for r in got.replies if not r.has_error()]
+    assert sorted(r.metadata.src_node_id for r in ok) == sorted(n for n in grid.node_ids if n != victim)
+    assert victim not in grid.get_node_ids()
+
+
+def test_flowers_own_node_unavailable_reply_is_kept_when_the_superlink_sends_it():
+    grid = InProcessGrid(_app(), 2)
+    victim = grid.node_ids[0]
+    grid.fault = _killer(grid, victim, gone_after=HEARTBEAT, superlink_error=True)
+    rec = FailureRecordingGrid(grid)
+    got = rec.collect_replies(_ping(grid), timeout=STEP_TIMEOUT)
+    (f,) = rec.failures
+    assert f.node == victim and f.code == ErrorCode.NODE_UNAVAILABLE and "heartbeat" in f.summary
+    assert HEARTBEAT <= got.seconds[victim] <= HEARTBEAT + POLL_INTERVAL
+
+
+def test_our_timeout_is_named_only_when_it_fired():
+    grid = InProcessGrid(_app(), 2, fault=lambda n, m, r: None if n == victim else r)
+    victim = grid.node_ids[1]  # alive and listed, but silent
+    rec = FailureRecordingGrid(grid)
+    got = rec.collect_replies(_ping(grid), timeout=STEP_TIMEOUT)
+    assert got.timed_out == [victim] and got.seconds[victim] == pytest.approx(STEP_TIMEOUT)
+    (f,) = rec.failures
+    assert f.code == ReplyCode.TIMEOUT and f.reason == "no reply within our timeout of 600 s"
+    assert f.seconds_to_detect == pytest.approx(STEP_TIMEOUT)
+
+
+def test_restarted_node_is_taken_back_without_waiting_for_its_old_id():
+    """kill -9 and restart 5 s later: the new node ID proves the old one's identity within a poll, the
+    old ID is given up then (not after the 60 s heartbeat) and hidden from the node list."""
+    grid = InProcessGrid(_app(), 3)
+    victim, new = grid.node_ids[2], {}
+
+    def fault(node, msg, reply):
+        if node == victim and not new:
+            new["id"] = grid.restart(node, back_after=5.0, gone_after=HEARTBEAT)
+        return reply
+
+    grid.fault = fault
+    rec = FailureRecordingGrid(grid, rejoin=Rejoin(_by_partition, {n: i for i, n in enumerate(grid.node_ids)}))
+    got = rec.collect_replies(_ping(grid), timeout=STEP_TIMEOUT)
+    assert got.replaced == {victim: new["id"]}
+    assert 5.0 <= got.seconds[victim] <= 5.0 + POLL_INTERVAL
+    (f,) = rec.failures
+    assert f.code == ReplyCode.NODE_REJOINED and f"back as node {new['id']}" in f.reason
+    assert victim in grid.get_node_ids()  # Flower still lists the old ID (heartbeat not expired) ...
+    assert sorted(rec.get_node_ids()) == sorted([*grid.node_ids[:2], new["id"]])  # ... we do not
+    again = replies_by_node(msgs := _ping(rec), rec.send_and_receive(msgs, timeout=STEP_TIMEOUT))
+    assert sorted(again) == sorted(rec.get_node_ids()) and not any(r.has_error() for r in again.values())
+    assert again[new["id"]].content["pong"]["partition-id"] == 2
+
+
+def test_without_a_proven_identity_the_new_id_does_not_replace_the_old_one():
+    """Node IDs prove nothing: a newcomer that proves no identity (or another one) replaces no node;
+    the old ID is given up only when it leaves the node list."""
+    grid = InProcessGrid(_app(), 2)
+    victim = grid.node_ids[0]
+    grid.fault = lambda n, m, r: (grid.restart(n, back_after=1.0, gone_after=HEARTBEAT), r)[1] if (
+        n == victim and len(grid.node_ids) == 2) else r
+    rec = FailureRecordingGrid(grid, rejoin=Rejoin(lambda g, nodes: {n: "someone else" for n in nodes},
+                                                   {n: i for i, n in enumerate(grid.node_ids)}))
+    got = rec.collect_replies(_ping(grid), timeout=STEP_TIMEOUT)
+    assert not got.replaced and got.seconds[victim] >= HEARTBEAT
+    assert [f.code for f in rec.failures] == [ReplyCode.NODE_GONE]
+
+
+def test_one_identity_counts_for_one_node_id():
+    """Two node IDs proving one identity: the later proof replaces the earlier ID, never both kept."""
+    seen = []
+
+    def prove(grid, nodes):
+        seen.extend(nodes)
+        return {n: "node-1" for n in nodes}
+
+    rejoin = Rejoin(prove, {10: "node-1", 11: "node-2"}, ignore=[14])
+    rejoin.learn(None, [10, 11, 12, 14])  # 14: refused before, never asked
+    assert seen == [12] and rejoin.replaced == {10: 12}
+    rejoin.learn(None, [10, 11, 12, 13])
+    assert seen == [12, 13] and rejoin.replaced == {10: 12, 12: 13}
+    rejoin.learn(None, [12, 13])  # nobody is asked twice
+    assert seen == [12, 13]
+
+
+def test_collect_over_a_plain_grid_and_a_message_the_superlink_did_not_accept():
+    class Refusing(InProcessGrid):
+        def push_messages(self, messages):
+            ids = list(super().push_messages(messages))
+            return [None, *ids[1:]]
+
+    grid = Refusing(_app(), 2)
+    msgs = _ping(grid)
+    got = collect(grid, msgs, timeout=STEP_TIMEOUT)
+    first = replies_by_node(msgs, got.replies)[msgs[0].metadata.dst_node_id]
+    assert first.error.code == ReplyCode.NOT_DELIVERED and got.elapsed < STEP_TIMEOUT
+    with pytest.raises(ValueError, match="poll_interval"):
+        send_and_collect(grid, msgs, timeout=1.0, poll_interval=0)
+
+
+def test_kill_and_restart_refuse_an_unknown_node():
+    grid = InProcessGrid(_app(), 2)
+    with pytest.raises(ValueError, match="unknown node"):
+        grid.kill(12345)
+    with pytest.raises(ValueError, match="unknown node"):
+        grid.restart(12345)
