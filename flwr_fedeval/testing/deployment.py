@@ -265,6 +265,7 @@ class LocalDeployment:
         self.token = uuid.uuid4().hex
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
+        self._log_offset: dict[str, int] = {}  # where the latest start of a process begins in its log
         self._node_args: dict[str, list[str]] = {}
         self._superlink_args: list[str] | None = None
         self._one_port = "--port " in self._help("flower-superlink")  # flwr >= 1.31
@@ -308,6 +309,7 @@ class LocalDeployment:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         self.logs[name] = log
+        self._log_offset[name] = log.stat().st_size if log.exists() else 0
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 [str(self.bin / args[0]), *args[1:]], cwd=self.workdir, env=self.env(flwr_home),
@@ -375,9 +377,8 @@ class LocalDeployment:
         self._start(name, args, self.workdir / f"home-{name}")
 
     def node_id(self, name: str, timeout: float = 120.0) -> int:
-        """The node ID the SuperLink gave SuperNode ``name`` (its latest, after a restart)."""
-        self.wait_for_log(name, r"SuperNode ID: \d+", time.monotonic() + timeout)
-        return int(re.findall(r"SuperNode ID: (\d+)", self.logs[name].read_text(errors="replace"))[-1])
+        """The node ID the SuperLink gave SuperNode ``name`` (after a restart: the new one)."""
+        return int(self.wait_for_log(name, r"SuperNode ID: (\d+)", time.monotonic() + timeout).group(1))
 
     def wait_for_nodes(self, names: list[str] | int, timeout: float = 180.0) -> dict[str, int]:
         """Wait until the SuperNodes are registered; return ``{name: node ID}``."""
@@ -418,8 +419,15 @@ class LocalDeployment:
         """Every log's tail, for an error message."""
         return "\n".join(self.tail(name) for name in self.logs)
 
+    def output(self, name: str) -> str:
+        """What process ``name`` logged since it was last started (ANSI colours removed)."""
+        with open(self.logs[name], "rb") as fh:
+            fh.seek(self._log_offset.get(name, 0))
+            return re.sub(r"\x1b\[[0-9;]*m", "", fh.read().decode(errors="replace"))
+
     def wait_for_log(self, name: str, pattern: str, deadline: float) -> re.Match:
-        """Wait until ``pattern`` (regex) appears in ``name``'s log; return the match.
+        """Wait until ``pattern`` (regex) appears in what ``name`` logged since its latest start;
+        return the match.
 
         Raises
         ------
@@ -428,7 +436,7 @@ class LocalDeployment:
         """
         regex = re.compile(pattern)
         while True:
-            m = regex.search(self.logs[name].read_text(errors="replace"))
+            m = regex.search(self.output(name))
             if m:
                 return m
             if self.procs[name].poll() is not None:
@@ -454,6 +462,7 @@ class LocalDeployment:
         """Start ``flwr run <app> local-deployment --run-config ... --stream`` (not waiting)."""
         self.logs[name] = self.workdir / "logs" / f"{name}.log"
         self.logs[name].parent.mkdir(parents=True, exist_ok=True)
+        self._log_offset[name] = self.logs[name].stat().st_size if self.logs[name].exists() else 0
         with open(self.logs[name], "ab") as out:
             proc = subprocess.Popen(
                 [str(self.bin / "flwr"), "run", str(Path(app).resolve()), CONNECTION,
@@ -500,12 +509,11 @@ class LocalDeployment:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
-        output = self.logs[name].read_text(errors="replace")
+        output = self.output(name)
         m = re.search(r"Successfully started run (\d+)", output)
         run_id = m.group(1) if m else None
         status = self.wait_finished(run_id, 60.0) if run_id else "not started"
-        return FlwrRun(output=re.sub(r"\x1b\[[0-9;]*m", "", output), run_id=run_id,
-                       status=status, returncode=proc.returncode)
+        return FlwrRun(output=output, run_id=run_id, status=status, returncode=proc.returncode)
 
     # ------------------------------------------------------------ teardown
     def stop(self) -> list[int]:

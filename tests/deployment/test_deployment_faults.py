@@ -1,20 +1,23 @@
 """Node crashes on Flower's deployment engine (issue 16, item 5, first test).
 
 A SuperLink and four SuperNodes (TLS, loopback, each node with its roster
-identity) run the main job: one xMK-CKKS secure-aggregation round of a
+identity; a fifth with a key the roster does not list, refused) run the main job: one xMK-CKKS secure-aggregation round of a
 logistic regression, then the FHE AUC phase (malicious protocol). One
 SuperNode is killed with SIGKILL (a crash: no goodbye to the SuperLink)
-while the xMK-CKKS round trains, another while the FHE AUC phase computes
-its encrypted counts. Checked:
+while the xMK-CKKS round trains and restarted 5 s later (same identity key
+and partition; Flower gives it a new node ID); another is killed, for good,
+while the FHE AUC phase computes its encrypted counts. Checked:
 
-* the run completes (``finished:completed``): the round is re-keyed with the
-  three remaining clients, the FHE step re-run without the second victim;
+* the run completes (``finished:completed``); the restarted node is
+  recognised by its signed roster identity, so the round is re-keyed at once
+  with all four partitions (no wait for the old node ID's heartbeat), and the
+  FHE step is re-run without the second victim;
 * the FHE AUC equals the plaintext counts-AUC (the same decision points) over
-  exactly the contributors' test data, within 1e-6, and the contributors are
-  the two survivors;
+  exactly the contributors' test data, within 1e-6; the contributors are the
+  three nodes alive at the end (the restarted one under its new ID);
 * ``results.json["failures"]`` lists both victims with a true reason (not our
-  ``step-timeout``) and the seconds it took to notice them (Flower declares a
-  SIGKILLed SuperNode gone after its heartbeat: about 60 s);
+  ``step-timeout``: ``NODE_REJOINED`` for the restarted node, Flower's
+  heartbeat for the other) and the seconds it took to notice them;
 * no process is left running afterwards (the fixture).
 """
 
@@ -69,6 +72,7 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
 
     ids = tmp_path / "ids"
     create(ids, [f"node-{k}" for k in range(NUM_NODES)])
+    create(tmp_path / "intruder-ids", ["intruder"])
     roster = ids / "roster.json"
     out_dir = tmp_path / "outputs"
     try:
@@ -77,7 +81,13 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
             dep.start_supernode(f"node-{k}", {
                 "partition-id": k, "num-partitions": NUM_NODES,
                 "fedeval-identity-key": f"{ids}/node-{k}.key", "fedeval-roster": str(roster)})
+        # and one not in the federation's roster (with a roster of its own that lists it): refused
+        dep.start_supernode("intruder", {
+            "partition-id": 0, "num-partitions": NUM_NODES,
+            "fedeval-identity-key": f"{tmp_path}/intruder-ids/intruder.key",
+            "fedeval-roster": f"{tmp_path}/intruder-ids/roster.json"})
         node_ids = dep.wait_for_nodes([f"node-{k}" for k in range(NUM_NODES)])
+        dep.wait_for_nodes(["intruder"])
         dep.submit(REPO_ROOT, f"{RUN_CONFIG} output-dir='{out_dir}' fedeval-roster='{roster}'")
         run_id = dep.run_id()
 
@@ -85,11 +95,15 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
         dep.wait_for_log("flwr-run", r"configure_train: key set \S+ of 4 clients ready", deadline)
         dep.kill("node-1")
         t_kill_1 = time.monotonic()
+        time.sleep(5.0)
+        dep.start_supernode("node-1")  # same node config: same identity key, same partition
+        new_id = dep.node_id("node-1")
         # Crash 2: in the FHE AUC phase, once the key holder is chosen (it is not the victim),
         # while the clients compute and encrypt their counts.
         m = dep.wait_for_log("flwr-run", r"FHE AUC phase: key holder node (\d+)", deadline)
         holder = int(m.group(1))
-        victim = next(n for n in ("node-0", "node-2", "node-3") if node_ids[n] != holder)
+        alive = {**node_ids, "node-1": new_id}
+        victim = next(n for n in ("node-0", "node-2", "node-3") if alive[n] != holder)
         dep.kill(victim)
         t_kill_2 = time.monotonic()
         dep.wait_for_log("flwr-run", r"Results written to", deadline)
@@ -97,15 +111,19 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
     except DeploymentError as exc:
         pytest.fail(str(exc))
     t_done = time.monotonic()
-    stream = re.sub(r"\x1b\[[0-9;]*m", "", dep.logs["flwr-run"].read_text(errors="replace"))
+    stream = dep.output("flwr-run")
     assert status == "finished:completed", f"{status}\n{stream[-4000:]}\n{dep.tails()}"
-    assert "Round 1: re-keying with 3 remaining clients" in stream, stream[-4000:]
-    assert re.search(r"aggregate_train: 3 encrypted updates summed and decrypted", stream), stream[-4000:]
+    assert new_id != node_ids["node-1"]
+    assert re.search(r"Round 1: node\(s\) .*joined during the round", stream), stream[-4000:]
+    assert re.search(r"aggregate_train: 4 encrypted updates summed and decrypted", stream), stream[-4000:]
 
     (run_folder,) = [p.parent for p in out_dir.glob("*/results.json")]
     result = json.loads((run_folder / "results.json").read_text())
-    survivors = {str(node_ids[n]): int(n[-1]) for n in node_ids if n not in ("node-1", victim)}
+    survivors = {str(alive[n]): int(n[-1]) for n in alive if n != victim}
     assert result["contributors"] == survivors, (result["contributors"], survivors)
+    assert result["config"]["secure-aggregation"] == "xmkckks" and result["auc_method"] == "fhe"
+    (refused,) = result["refused_nodes"].values()
+    assert "unknown signer 'intruder'" in refused, result["refused_nodes"]
     counts_auc = _counts_auc(result, run_folder)
     assert abs(result["federated_auc"] - counts_auc) <= 1e-6, (result["federated_auc"], counts_auc)
 
@@ -116,10 +134,13 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
         assert all(f["code_name"] != "TIMEOUT" and "step-timeout" not in f["reason"] for f in mine), mine
         seconds = [f["seconds_to_detect"] for f in mine if f["seconds_to_detect"] is not None]
         assert seconds, mine
-        # noticed once Flower drops the node (heartbeat), far before step-timeout (600 s)
+        # the restarted node: as soon as it proves its identity under the new ID; the other
+        # once Flower drops it (heartbeat) -- both far before step-timeout (600 s)
         assert min(seconds) <= HEARTBEAT_S + 60, mine
+        if name == "node-1":
+            assert any(f["code_name"] == "NODE_REJOINED" for f in mine), mine
         detect[name] = (min(seconds), mine[0]["step"], mine[0]["code_name"])
     print(f"deployment faults: run {run_id}: {NUM_NODES} nodes up and the run took {t_done - t0:.1f} s; "
-          f"node-1 killed in training, {victim} in the FHE phase; detection (s, step, code): {detect}; "
+          f"node-1 killed in training and restarted 5 s later as {new_id}, {victim} killed in the FHE phase; detection (s, step, code): {detect}; "
           f"FHE AUC {result['federated_auc']:.6f} = counts-AUC {counts_auc:.6f} over partitions "
           f"{sorted(survivors.values())}")
