@@ -47,7 +47,7 @@ trap stop_dep EXIT
 dep_t0=$SECONDS
 .venv/bin/python -m pytest -m deployment -p no:cacheprovider --durations=0 >"$dep_log" 2>&1 &
 dep_pid=$!
-leg "py311 flwr-1.41 (pytest -m 'not deployment')" .venv/bin/python -m pytest -m "not deployment"
+leg "py311 flwr-1.41 (pytest -m 'not deployment')" .venv/bin/python -m pytest -m "not deployment" --durations=15
 leg "py310 flwr-1.30 openfhe" scripts/test-openfhe.sh
 leg "core wheel py312" scripts/test-wheel.sh
 echo "===== leg: py311 flwr-1.41 deployment engine (pytest -m deployment, in the background since the start)"
