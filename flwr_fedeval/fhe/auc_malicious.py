@@ -47,8 +47,10 @@ Verification (§IV-D3), per run::
 and the client accepts ``AUC_0`` iff ``|AUC_0 − AUC_1|`` and
 ``|bound_0 − bound_1|`` are at most ``tolerance`` (default 1e-5, "5
 decimals") and both lie in range; otherwise it raises
-:class:`TamperingDetectedError`. Before that, a run whose estimated CKKS
-error exceeds ``max_error`` (a tiny minority class among many rows) raises
+:class:`TamperingDetectedError`. Runs further apart than ``tolerance`` plus
+both runs' estimated CKKS error are tampering whatever the precision (no honest
+run gets there). Otherwise, a run whose estimated CKKS error exceeds
+``max_error`` (a tiny minority class among many rows) raises
 :class:`~flwr_fedeval.fhe.auc.AUCPrecisionError` — never a false tampering
 alarm: ``tolerance >= 4·max_error`` by construction. The count encoding is
 derived from ``max_rows`` with ``R/K <= 4`` (final values ``<= 6·(R/K)² = 96``,
@@ -430,13 +432,24 @@ def client_decrypt_auc_malicious(ctx: CKKSContext, result: bytes, *, config: Mal
             "global AUC is undefined: both runs decrypt to 0/0 (single-class pooled data, "
             "or an aggregator that zeroed the result)"
         )
+    tol = config.tolerance
+    if all(math.isfinite(a) for a in aucs):
+        # Runs further apart than tolerance + both runs' CKKS error bounds: no honest run gets
+        # there, however imprecise, so this is tampering (e.g. the aggregator swapped the runs),
+        # reported as such before the precision check below could only deny the result.
+        slack = tol + errs[0] + errs[1]
+        if abs(aucs[0] - aucs[1]) > slack or abs(bounds[0] - bounds[1]) > slack:
+            raise TamperingDetectedError(
+                f"the two runs disagree beyond their CKKS error: AUC {aucs[0]:.8f} vs {aucs[1]:.8f}, "
+                f"resolution bound {bounds[0]:.8f} vs {bounds[1]:.8f} (tolerance {tol:g} + CKKS error "
+                f"{errs[0] + errs[1]:.2g})"
+            )
     if max(errs) > config.max_error and all(math.isfinite(a) for a in aucs):
         raise AUCPrecisionError(
             f"malicious FHE AUC: the CKKS error may reach {max(errs):.2g} > max_error={config.max_error:g}: the "
             f"minority class is tiny relative to the pooled bound max_rows={config.max_rows}; fix: a "
             "parameter set with a larger scaling factor, or more samples of the minority class"
         )
-    tol = config.tolerance
     if any(not (-tol <= a <= 1.0 + tol) for a in aucs) or any(not (-tol <= b <= 0.5 + tol) for b in bounds):
         raise TamperingDetectedError(
             f"AUC or resolution bound out of range or undefined in one run: AUC {aucs}, bound {bounds}"
