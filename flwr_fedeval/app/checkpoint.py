@@ -258,7 +258,8 @@ def train_with_checkpoints(strategy: Any, grid: Any, initial_arrays: ArrayRecord
             log(INFO, "checkpoint: round %d written to %s", server_round + offset, path.parent)
         return None
 
-    view = _ResumedRounds(strategy, offset)
+    # Named as the strategy, so that Flower's "Starting <class> strategy" names the real one.
+    view = type(type(strategy).__name__, (_ResumedRounds,), {})(strategy, offset)
     result = type(strategy).start(view, grid=grid, initial_arrays=arrays, num_rounds=max(0, num_rounds - offset),
                                   timeout=timeout, train_config=train_config, evaluate_fn=checkpoint)
     if result.arrays is None or len(result.arrays) == 0:  # no round run here changed the model
