@@ -11,12 +11,15 @@ merges the ``key=value`` lists (Flower's ``--run-config`` format; a later
 value wins, so ``RUN_CONFIG`` can override what a ``make`` target sets),
 checks the result against ``[tool.flwr.app.config]`` of ``pyproject.toml``,
 prints the merged list on stdout (one ``--run-config`` value) and exits 0;
-on a problem it prints one line per problem on stderr and exits 2.
+on a problem it prints one line per problem on stderr and exits 2. A
+relative ``resume-from`` is made absolute (the ServerApp runs in another
+folder) and must hold a checkpoint of exactly this run config.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -30,7 +33,8 @@ from typing import Any
 
 from flwr_fedeval.app.task import XRAY_TASKS, ConfigError, JobConfig, load_pooled_data
 
-__all__ = ["merge_overrides", "format_overrides", "num_data_clients", "job_problems", "check_run", "main"]
+__all__ = ["merge_overrides", "format_overrides", "num_data_clients", "job_problems", "resume_problems",
+           "check_run", "main"]
 
 # Flower's own pattern for `--run-config "k1=v1 k2='v 2'"` (flwr.common.config.parse_config_args).
 _PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
@@ -179,8 +183,35 @@ def _library_problems(cfg: JobConfig) -> list[str]:
     return problems
 
 
+def resume_problems(cfg: JobConfig) -> list[str]:
+    """``resume-from``: a run folder holding a checkpoint of exactly this run config (else one line).
+
+    The ServerApp checks it again, with the model's shapes and the file's hash
+    (:func:`flwr_fedeval.app.checkpoint.load_checkpoint`); this catches a wrong
+    folder or config before Flower starts.
+    """
+    if not cfg.resume_from:
+        return []
+    from flwr_fedeval.app.checkpoint import CHECKPOINT_DIR, STATE_FILE, config_hash
+
+    where = f"config 'resume-from' = '{cfg.resume_from}'"
+    folder = Path(cfg.resume_from).expanduser()
+    state_file = next((p for p in (folder / CHECKPOINT_DIR / STATE_FILE, folder / STATE_FILE) if p.is_file()), None)
+    if state_file is None:
+        return [f"{where}: no {CHECKPOINT_DIR}/{STATE_FILE} there; give the run folder of the interrupted run "
+                "(<output-dir>/<dataset>-<UTC stamp>)"]
+    try:
+        saved = json.loads(state_file.read_text()).get("config_sha256")
+    except (ValueError, AttributeError):
+        return [f"{where}: {state_file} is not a checkpoint's state.json"]
+    if saved != config_hash(cfg.as_dict()):
+        return [f"{where}: the checkpoint belongs to another run config; resume with exactly the interrupted "
+                "run's RUN_CONFIG plus resume-from (only resume-from and output-dir may differ)"]
+    return []
+
+
 def check_run(run_config: dict[str, Any], num_nodes: int | None) -> JobConfig:
-    """Validate a whole run (config, data, partitioning, library objects).
+    """Validate a whole run (config, data, partitioning, library objects, ``resume-from``).
 
     Raises
     ------
@@ -189,7 +220,7 @@ def check_run(run_config: dict[str, Any], num_nodes: int | None) -> JobConfig:
     """
     cfg = JobConfig.from_run_config(run_config)
     clients = None if num_nodes is None else num_data_clients(cfg, num_nodes)
-    problems = job_problems(cfg, clients)
+    problems = job_problems(cfg, clients) + resume_problems(cfg)
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -204,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         overrides = merge_overrides(*args.overrides)
+        if overrides.get("resume-from"):  # the ServerApp runs in another folder: make it absolute
+            overrides["resume-from"] = str(Path(str(overrides["resume-from"])).expanduser().resolve())
         app_config = tomllib.loads(Path(args.pyproject).read_text())["tool"]["flwr"]["app"]["config"]
         check_run({**app_config, **overrides}, args.num_supernodes)
     except ConfigError as exc:

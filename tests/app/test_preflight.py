@@ -1,6 +1,7 @@
 """Checks before round 1 (flwr_fedeval.app.preflight): merged overrides, one line per problem."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,34 @@ def test_server_app_refuses_before_round_1(tmp_path):
         server_app.main(grid, ctx)
     assert len(err.value.problems) == 1 and "100 clients" in err.value.problems[0]
     assert {t for _, t, _ in grid.log} <= {"query.fedeval_role"}   # nothing trained or evaluated
+
+
+def test_resume_from_is_made_absolute_and_must_hold_a_checkpoint_of_this_config(tmp_path, monkeypatch, capsys):
+    """make run*/run-deployment with resume-from: a relative folder becomes absolute (the ServerApp runs
+    elsewhere); a folder without a checkpoint, or a checkpoint of another run config, is refused in one line."""
+    import numpy as np
+    from flwr.app import ArrayRecord
+
+    from flwr_fedeval.app.checkpoint import write_checkpoint
+
+    pyproject = str(Path(__file__).resolve().parents[2] / "pyproject.toml")
+    config = f"num-server-rounds=3 local-epochs=1 model='logreg' output-dir='{tmp_path}'"
+    from flwr_fedeval.app.preflight import tomllib  # tomli on Python 3.10
+
+    app_config = tomllib.loads(Path(pyproject).read_text())["tool"]["flwr"]["app"]["config"]
+    cfg = check_run({**app_config, **merge_overrides(config)}, 3)
+    run = tmp_path / "breast-cancer-20260101T000000Z"
+    write_checkpoint(run, 1, ArrayRecord([np.zeros((30, 2), np.float32)]), run_config=cfg.as_dict(), num_rounds=3)
+    monkeypatch.chdir(tmp_path)
+
+    assert main(["--pyproject", pyproject, "--num-supernodes", "3", config, f"resume-from='{run.name}'"]) == 0
+    assert merge_overrides(capsys.readouterr().out)["resume-from"] == str(run)
+
+    assert main(["--pyproject", pyproject, "--num-supernodes", "3", config, "local-epochs=2",
+                 f"resume-from='{run.name}'"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "'resume-from'" in line and "another run config" in line
+
+    assert main(["--pyproject", pyproject, "--num-supernodes", "3", config, f"resume-from='{tmp_path}'"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "no checkpoint/state.json" in line
