@@ -39,7 +39,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -62,24 +61,6 @@ RUN_CONFIG = (
 KEY_SET = re.compile(r"configure_train: key set (\S+) of (\d+) clients ready")
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
-
-
-def _bin_dir() -> Path:
-    """The venv's bin dir: the repo's ``.venv/bin``, else ``sys.executable``'s."""
-    for candidate in (REPO_ROOT / ".venv" / "bin", Path(sys.executable).parent):
-        if (candidate / "flower-superlink").exists():
-            return candidate
-    pytest.fail("flower-superlink not found in .venv/bin (run scripts/bootstrap.sh)")
-
-
-@pytest.fixture
-def deployment(tmp_path):
-    dep = LocalDeployment(tmp_path, bin_dir=_bin_dir(), max_wait_time=BUDGET_S)
-    try:
-        yield dep
-    finally:
-        leftovers = dep.stop()
-        assert not leftovers, f"processes left running after teardown: {leftovers}"
 
 
 def _cmdline(pid: int) -> str:
