@@ -18,16 +18,9 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export TF_CPP_MIN_LOG_LEVEL=2
 
-# Node identities (issue 12): one signing key per simulated node and the roster, made once
-# per node count; the FHE AUC and SecSV phases refuse to run without them.
-IDS="$ROOT/.fedeval-ids/$NUM_SUPERNODES"
-if [ ! -f "$IDS/roster.json" ]; then   # made aside, then renamed: concurrent runs keep one set
-  mkdir -p -m 700 "$ROOT/.fedeval-ids"
-  tmp_ids=$(mktemp -d "$ROOT/.fedeval-ids/.new.XXXXXX")
-  python -m flwr_fedeval.keys create --out "$tmp_ids/ids" --nodes "$NUM_SUPERNODES" >/dev/null
-  mv -T "$tmp_ids/ids" "$IDS" 2>/dev/null || true
-  rm -rf "$tmp_ids"
-fi
+# Node identities (issue 12): a signing key per node and the roster (scripts/identities.sh).
+. scripts/identities.sh
+ensure_identities "$NUM_SUPERNODES"
 
 # Check config, data and partitioning first; prints the merged override list.
 overrides=$(python -m flwr_fedeval.app.preflight --num-supernodes "$NUM_SUPERNODES" \
