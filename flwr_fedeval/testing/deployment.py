@@ -268,7 +268,9 @@ class LocalDeployment:
         self._log_offset: dict[str, int] = {}  # where the latest start of a process begins in its log
         self._node_args: dict[str, list[str]] = {}
         self._superlink_args: list[str] | None = None
-        self._one_port = "--port " in self._help("flower-superlink")  # flwr >= 1.31
+        superlink_help = self._help("flower-superlink")  # the flags this flwr version has
+        self._one_port = "--port " in superlink_help  # flwr >= 1.31
+        self._no_dep_install = "--disable-runtime-dependency-installation" in superlink_help
         self.ca: Path | None = None
         if tls:
             self.ca, self._cert, self._key = make_certificates(self.workdir / "certs")
@@ -341,7 +343,7 @@ class LocalDeployment:
                 args += ["--control-api-address", f"127.0.0.1:{self.control_port}",
                          "--fleet-api-address", f"127.0.0.1:{self._fleet_port}",
                          "--serverappio-api-address", f"127.0.0.1:{self._appio_port}"]
-            if "--disable-runtime-dependency-installation" in self._help("flower-superlink"):
+            if self._no_dep_install:
                 args.append("--disable-runtime-dependency-installation")
             self._superlink_args = args
         self._start("superlink", self._superlink_args, self.workdir / "home-superlink")

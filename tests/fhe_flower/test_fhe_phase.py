@@ -11,20 +11,18 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord
+from client_scores import client_scores, plain_auc_of
 from identities import IDENTITY_DIR
 from flwr_fedeval.testing import InProcessGrid
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
 from flwr_fedeval import keyshare
 from flwr_fedeval.app.client_app import app as client_app
-from flwr_fedeval.app.client_app import local_test_scores
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.fhe.backend import NoSecretKeyError, default_backend, load_context, pack_blobs, unpack_blobs
-from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.messages import array_to_bytes
-from flwr_fedeval.metrics.auc import auc_from_counts
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, TamperingReportedError
 
@@ -43,32 +41,14 @@ def grid():
     return InProcessGrid(client_app, 3, {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR})
 
 
-def _client_scores(grid, arrays):
-    """Each node's (labels, scores), exactly as its handlers compute them."""
-    out = {}
-    for node in sorted(grid.node_ids):
-        msg = Message(RecordDict({"arrays": arrays}), dst_node_id=node, message_type="evaluate")
-        out[node] = local_test_scores(msg, grid.contexts[node])
-    return out
-
-
 @pytest.fixture(scope="module")
 def scores(grid, arrays):
-    return _client_scores(grid, arrays)
+    return client_scores(grid, arrays)
 
 
 @pytest.fixture(scope="module")
 def plain_auc(grid, arrays):
     return PlaintextAUCPhase(N).run(grid, arrays).auc
-
-
-def _plain_auc_of(scores, nodes):
-    thresholds = PlaintextAUCPhase(N).thresholds
-    total = None
-    for n in nodes:
-        c = threshold_counts(*scores[n], thresholds)
-        total = c if total is None else total + c
-    return auc_from_counts(total)
 
 
 def _assert_no_fhe_state(grid):
@@ -182,14 +162,14 @@ def test_failing_client_is_named_and_malicious_step_reruns_without_it(arrays):
         return reply
 
     grid = InProcessGrid(client_app, 3, {"identity-dir": IDENTITY_DIR}, fault=corrupt)
-    own = _client_scores(grid, arrays)
+    own = client_scores(grid, arrays)
     bad["node"] = grid.node_ids[1]
     result = FHEAUCPhase(N, backend=BACKEND, protocol="malicious", share_auc_with_server=True).run(grid, arrays)
     good = [n for n in grid.node_ids if n != bad["node"]]
     assert result.contributors == sorted(good)
     assert "corrupted ciphertext" in result.failed[bad["node"]]
     assert result.details["attempts_step4"] == 2
-    assert abs(result.auc - _plain_auc_of(own, good)) <= 1e-6
+    assert abs(result.auc - plain_auc_of(own, good, PlaintextAUCPhase(N).thresholds)) <= 1e-6
     with pytest.raises(RuntimeError, match="at least 3"):
         FHEAUCPhase(N, backend=BACKEND, protocol="semi-honest", min_nodes=3).run(grid, arrays)
 

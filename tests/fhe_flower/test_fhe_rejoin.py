@@ -4,13 +4,11 @@ import secrets
 
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from client_scores import client_scores, plain_auc_of
 from identities import IDENTITY_DIR, ROSTER_PATH
 
 from flwr_fedeval.app.client_app import app as client_app
-from flwr_fedeval.app.client_app import local_test_scores
 from flwr_fedeval.fhe.backend import default_backend
-from flwr_fedeval.fhe.counts import threshold_counts
-from flwr_fedeval.metrics.auc import auc_from_counts
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.app.server_app import make_rejoin
 from flwr_fedeval.app.task import JobConfig, build_model
@@ -37,25 +35,6 @@ BACKEND = default_backend()
 RUN_CONFIG = {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR}
 
 
-def _client_scores(grid, arrays):
-    """Each node's (labels, scores), exactly as its handlers compute them."""
-    out = {}
-    for node in sorted(grid.node_ids):
-        msg = Message(RecordDict({"arrays": arrays}), dst_node_id=node, message_type="evaluate")
-        out[node] = local_test_scores(msg, grid.contexts[node])
-    return out
-
-
-def _plain_auc_of(scores, nodes):
-    """The plaintext counts-AUC (same N decision points) of the pooled test data of ``nodes``."""
-    thresholds = PlaintextAUCPhase(N).thresholds
-    total = None
-    for n in nodes:
-        c = threshold_counts(*scores[n], thresholds)
-        total = c if total is None else total + c
-    return auc_from_counts(total)
-
-
 @pytest.fixture(scope="module")
 def arrays():
     return ArrayRecord(build_model(JobConfig()).get_weights())
@@ -74,7 +53,7 @@ def test_restarted_node_takes_part_in_the_rerun_and_the_auc_is_exact(arrays):
 
     inner = InProcessGrid(client_app, 3, RUN_CONFIG, fault=fault)
     victim = inner.node_ids[1]
-    own = _client_scores(inner, arrays)
+    own = client_scores(inner, arrays)
     grid = FailureRecordingGrid(inner)
     roster, partitions, identities = Roster.load(ROSTER_PATH), {}, {}
     discover_roles(grid, roster=roster, strict=False, partitions=partitions, identities=identities)
@@ -84,7 +63,8 @@ def test_restarted_node_takes_part_in_the_rerun_and_the_auc_is_exact(arrays):
     result = phase.run(grid, arrays)
     assert result.details["restarts"] == 1
     assert result.contributors == sorted([inner.node_ids[0], inner.node_ids[2], new["id"]])
-    assert abs(result.auc - _plain_auc_of(own, inner.node_ids[:3])) <= 1e-6  # all three partitions
+    # all three partitions
+    assert abs(result.auc - plain_auc_of(own, inner.node_ids[:3], PlaintextAUCPhase(N).thresholds)) <= 1e-6
     assert victim in result.failed and new["id"] not in result.failed
     (f,) = grid.failures
     assert (f.node, f.step, f.code) == (victim, "evaluate.fhe_counts", ReplyCode.NODE_REJOINED)
@@ -96,11 +76,11 @@ def test_semi_honest_client_lost_without_a_newcomer_is_left_out_at_the_heartbeat
     victim = inner.node_ids[2]
     inner.fault = lambda n, m, r: (inner.kill(n, gone_after=HEARTBEAT), r)[1] if (
         n == victim and m.metadata.message_type == "evaluate.fhe_counts") else r
-    own = _client_scores(inner, arrays)
+    own = client_scores(inner, arrays)
     grid = FailureRecordingGrid(inner)
     result = FHEAUCPhase(N, backend=BACKEND, protocol="semi-honest", timeout=600).run(grid, arrays)
     assert result.details["restarts"] == 0 and result.contributors == sorted(inner.node_ids[:2])
-    assert abs(result.auc - _plain_auc_of(own, inner.node_ids[:2])) <= 1e-6
+    assert abs(result.auc - plain_auc_of(own, inner.node_ids[:2], PlaintextAUCPhase(N).thresholds)) <= 1e-6
     (f,) = grid.failures
     assert f.code == ReplyCode.NODE_GONE and HEARTBEAT <= f.seconds_to_detect <= HEARTBEAT + POLL_INTERVAL
 
