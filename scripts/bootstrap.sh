@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Create .venv with Python 3.11 and install the project (editable, with the
-# test extras) when it is missing or pyproject.toml changed. Idempotent.
+# test extras) and flwr 1.42 (the current release: the high end of the supported
+# range; the 3.10 leg keeps the low end, 1.30) when it is missing or pyproject.toml
+# or this script changed. Idempotent.
+# env PY311_FLWR overrides the flwr requirement (default flwr[simulation]==1.42.*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
-STAMP="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+FLWR_REQ="${PY311_FLWR:-flwr[simulation]==1.42.*}"
+STAMP="$VENV/.installed-$(cat pyproject.toml "$0" | sha256sum | cut -c1-16)"
 [ -f "$STAMP" ] && exit 0
 
 find_python311() {
@@ -26,6 +30,6 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 echo "Installing flwr-fedeval and its dependencies into $VENV (first time: a few minutes)"
-"$VENV/bin/python" -m pip install --quiet -e ".[dev]"
+"$VENV/bin/python" -m pip install --quiet -e ".[dev]" "$FLWR_REQ"
 rm -f "$VENV"/.installed-*
 touch "$STAMP"

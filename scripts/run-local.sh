@@ -63,15 +63,20 @@ flwr run . --stream \
   --federation-config "num-supernodes=$NUM_SUPERNODES" \
   --run-config "$overrides" | tee "$log"
 
-# `flwr run --stream` exits 0 even when the ServerApp fails: ask the SuperLink.
-run_id=$(grep -oE 'Successfully started run [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
-if [ -z "$run_id" ]; then
+# `flwr run --stream` exits 0 even when the ServerApp fails: ask the SuperLink (Control API). This
+# SuperLink is ours alone (FLWR_HOME per run), so the run it lists is this one.
+read -r run_id status < <(flwr ls local --format json 2>/dev/null | python -c '
+import json, sys
+t = sys.stdin.read()
+try:
+    runs = json.loads(t[t.index("{"):])["runs"]
+except (ValueError, KeyError):
+    runs = []
+print(*((runs[-1]["run-id"], runs[-1]["status"]) if len(runs) == 1 else ("", "")))' || true)
+if [ -z "${run_id:-}" ]; then
   echo "run-local: no run was started (see the output above)" >&2
   exit 1
 fi
-status=$(flwr ls local --run-id "$run_id" --format json 2>/dev/null |
-  python -c 'import json, sys; t = sys.stdin.read(); print(json.loads(t[t.index("{"):])["runs"][0]["status"])' ||
-  echo unknown)
 if [ "$status" != "finished:completed" ]; then
   echo "run-local: run $run_id ended with status '$status'" >&2
   exit 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite (`make test`, what CI runs through .ci/run), in three legs:
-#   1. .venv: Python 3.11, flwr 1.41, every extra: the whole pytest suite
+#   1. .venv: Python 3.11, flwr 1.42, every extra: the whole pytest suite
 #      (TenSEAL engine); the deployment-engine tests (-m deployment) run in the
 #      background from the start, beside all legs, and are reported last;
 #   2. .venv-py310: Python 3.10, flwr 1.30, the project with [openfhe]:
@@ -28,8 +28,9 @@ leg() {  # leg NAME CMD...: run, time, stop the suite on failure
   [ $rc -eq 0 ] || exit $rc
 }
 
+FLWR_311=$(.venv/bin/python -c 'import flwr; print(flwr.__version__)')
 if [ "$#" -gt 0 ]; then
-  leg "py311 flwr-1.41 (pytest $*)" .venv/bin/python -m pytest "$@"
+  leg "py311 flwr-$FLWR_311 (pytest $*)" .venv/bin/python -m pytest "$@"
   exit 0
 fi
 # The deployment-engine tests (tests/deployment: real SuperLink/SuperNode processes) spend
@@ -47,14 +48,14 @@ trap stop_dep EXIT
 dep_t0=$SECONDS
 .venv/bin/python -m pytest -m deployment -p no:cacheprovider --durations=0 >"$dep_log" 2>&1 &
 dep_pid=$!
-leg "py311 flwr-1.41 (pytest -m 'not deployment')" .venv/bin/python -m pytest -m "not deployment" --durations=15
+leg "py311 flwr-$FLWR_311 (pytest -m 'not deployment')" .venv/bin/python -m pytest -m "not deployment" --durations=15
 leg "py310 flwr-1.30 openfhe" scripts/test-openfhe.sh
 leg "core wheel py312" scripts/test-wheel.sh
-echo "===== leg: py311 flwr-1.41 deployment engine (pytest -m deployment, in the background since the start)"
+echo "===== leg: py311 flwr-$FLWR_311 deployment engine (pytest -m deployment, in the background since the start)"
 wait "$dep_pid"
 rc=$?
 dep_pid=
 cat "$dep_log"
-echo "===== leg: py311 flwr-1.41 deployment engine: exit $rc, $((SECONDS - dep_t0)) s since the start"
+echo "===== leg: py311 flwr-$FLWR_311 deployment engine: exit $rc, $((SECONDS - dep_t0)) s since the start"
 [ $rc -eq 5 ] && { echo "error: pytest collected no deployment test (exit 5)" >&2; exit 1; }
 exit $rc

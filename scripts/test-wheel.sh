@@ -4,7 +4,8 @@
 # runs; installed in parallel), show that no TensorFlow/Keras came with it,
 # import every strategy and handler, and run one xMK-CKKS secure-aggregation
 # round with numpy clients over the serializing in-process grid
-# (tests/secagg/test_xmk_fedavg.py against the installed package).
+# (tests/secagg/test_xmk_fedavg.py against the installed package). The first venv
+# has flwr 1.42.0 (the current release) before the wheel is installed: pip must keep it.
 # env WHEEL_PYTHONS="/path/python3.12 ..." overrides the interpreters.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,17 +25,19 @@ echo "== [wheel] build (pip wheel --no-deps)"
 "${pythons[0]}" -m pip wheel --quiet --no-deps -w "$WORK/dist" "$ROOT"
 ls -l "$WORK"/dist/*.whl | awk '{print "[wheel]", $5, "bytes", $NF}'
 
-install() {  # install PY DIR: clean venv + the core wheel, timed
-  local py=$1 dir=$2 t0=$SECONDS
+KEEP_FLWR=1.42.0
+install() {  # install PY DIR [FLWR]: clean venv (+ flwr==FLWR first) + the core wheel, timed
+  local py=$1 dir=$2 flwr=${3:-} t0=$SECONDS
   "$py" -m venv "$dir"
   "$dir/bin/python" -m pip install --quiet --upgrade pip
+  if [ -n "$flwr" ]; then "$dir/bin/python" -m pip install --quiet "flwr==$flwr"; fi
   "$dir/bin/python" -m pip install --quiet "$WORK"/dist/*.whl
   echo "$((SECONDS - t0))" > "$dir/.install-seconds"
   "$dir/bin/python" -m pip install --quiet "pytest>=8"
 }
 pids=()
 for i in "${!pythons[@]}"; do
-  install "${pythons[$i]}" "$WORK/venv$i" > "$WORK/install$i.log" 2>&1 & pids+=($!)
+  install "${pythons[$i]}" "$WORK/venv$i" "$([ "$i" = 0 ] && echo "$KEEP_FLWR")" > "$WORK/install$i.log" 2>&1 & pids+=($!)
 done
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}" || { grep -v "is ignored" "$WORK/install$i.log" >&2; echo "error: install failed" >&2; exit 1; }
@@ -47,6 +50,11 @@ for i in "${!pythons[@]}"; do
   echo "== [wheel] $("$V" --version 2>&1): pip install <core wheel>: $(cat "$WORK/venv$i/.install-seconds") s" \
        "(parallel), $("$V" -m pip list 2>/dev/null | tail -n +3 | grep -vciE '^(pytest|iniconfig|pluggy|pygments|exceptiongroup|tomli) ') packages," \
        "$(du -sh "$site" | cut -f1) in site-packages (incl. pytest)"
+  if [ "$i" = 0 ]; then
+    got=$("$V" -c 'import flwr; print(flwr.__version__)')
+    [ "$got" = "$KEEP_FLWR" ] || { echo "error: installing the wheel changed flwr $KEEP_FLWR to $got" >&2; exit 1; }
+    echo "[wheel] flwr $KEEP_FLWR installed first: kept by pip install <core wheel>"
+  fi
   if "$V" -m pip list 2>/dev/null | grep -iE '^(tensorflow|tensorflow-cpu|keras|tf-keras|torch|ray|pyarrow) '; then
     echo "error: the core wheel pulled a framework that belongs to an extra" >&2; exit 1
   fi

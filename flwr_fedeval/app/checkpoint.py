@@ -95,7 +95,8 @@ def _array_specs(arrays: ArrayRecord) -> list[dict[str, Any]]:
 
 
 def strategy_state(strategy: Any) -> dict[str, Any]:
-    """What ``state.json`` keeps of the strategy: its class, re-key policy and aborted attempts (no keys)."""
+    """What ``state.json`` keeps of the strategy: its class, re-key policy, aborted attempts and the
+    IDs and members of the key sets used so far (public values; no key material)."""
     out: dict[str, Any] = {"class": type(strategy).__name__}
     if hasattr(strategy, "rekey"):
         out["rekey"] = strategy.rekey
@@ -103,6 +104,8 @@ def strategy_state(strategy: Any) -> dict[str, Any]:
     if hasattr(strategy, "aborted_attempts"):
         out["aborted_attempts"] = [{"round": r, "step": e.step, "nodes": sorted(int(n) for n in e.failed)}
                                    for r, e in strategy.aborted_attempts]
+    if hasattr(strategy, "key_sets"):
+        out["key_sets"] = [dict(k) for k in strategy.key_sets]
     return out
 
 

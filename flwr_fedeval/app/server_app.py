@@ -285,6 +285,8 @@ def main(grid: Grid, context: Context) -> None:
             "reference_score_histogram": score_histogram(y_true, y_score),
             "train_metrics": train_hist,
             "evaluate_metrics": eval_hist,
+            # xMK-CKKS: every key set generated in this run (round, key-set ID, member node IDs)
+            **({"xmk_key_sets": strategy.key_sets} if hasattr(strategy, "key_sets") else {}),
             "wall_time_s": {"training": t_train, "total": wall},
             **({"shapley": shapley.to_json()} if shapley is not None else {}),
         },

@@ -173,6 +173,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     aborted_attempts : list of (int, RoundAborted)
         Every aborted attempt with its round; the reason per node is in
         ``RoundAborted.failed``.
+    key_sets : list of dict
+        Every key set this strategy generated, in order: ``{"round": int,
+        "key_set": str (the key-set ID), "nodes": list of int (its members'
+        node IDs)}``. Public values only (no key material); the App writes
+        them to ``results.json`` and every checkpoint's ``state.json``.
     timer : StepTimer
         ``timer.timings``: ``(step, seconds)`` of every protocol step run so
         far (key generation, sum, partial decryption, decoding; waits for the
@@ -233,6 +238,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         self._key_cache: dict[tuple[int, ...], _KeySet] = {}
         #: Every aborted attempt, for logs and tests: (round, RoundAborted).
         self.aborted_attempts: list[tuple[int, RoundAborted]] = []
+        #: Every key set generated: {"round", "key_set" (ID), "nodes"}; public values only.
+        self.key_sets: list[dict] = []
 
     # ------------------------------------------------------------------ info
     def summary(self) -> None:
@@ -574,6 +581,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                 state.tried.update(remaining)
                 key_set = self.keygen(remaining)
         state.key_set = key_set
+        self.key_sets.append({"round": int(state.server_round), "key_set": str(key_set.key_id),
+                              "nodes": [int(n) for n in key_set.nodes]})
         log(INFO, "configure_train: key set %s of %d clients ready", key_set.key_id, len(key_set.nodes))
         state.sent = self.train_messages(key_set)
         return state.sent

@@ -267,6 +267,9 @@ class LocalDeployment:
         self.logs: dict[str, Path] = {}
         self._log_offset: dict[str, int] = {}  # where the latest start of a process begins in its log
         self._node_args: dict[str, list[str]] = {}
+        self._node_ids: dict[str, int] = {}  # name -> node ID at its latest start
+        self._runs_before: dict[str, set[str]] = {}  # submission name -> run IDs listed before it
+        self._run_ids: dict[str, str] = {}
         self._superlink_args: list[str] | None = None
         superlink_help = self._help("flower-superlink")  # the flags this flwr version has
         self._one_port = "--port " in superlink_help  # flwr >= 1.31
@@ -356,11 +359,21 @@ class LocalDeployment:
         """The port SuperNodes connect to (the one port on flwr >= 1.31)."""
         return self.control_port if self._one_port else self._fleet_port
 
-    def start_supernode(self, name: str, node_config: Mapping[str, Any] | None = None) -> None:
-        """Start (or, with the same ``name`` and no config, restart) a SuperNode.
+    def start_supernode(self, name: str, node_config: Mapping[str, Any] | None = None, *,
+                        timeout: float = 180.0) -> int:
+        """Start (or, with the same ``name`` and no config, restart) a SuperNode; wait until the
+        SuperLink lists it; return its node ID (after a restart: the new one).
 
         ``node_config`` becomes its ``--node-config`` (read by the ClientApp as
         ``context.node_config``). It reaches the SuperLink over TLS when ``tls``.
+        The node ID is the one entry that appears in the SuperLink's node list
+        (Control API, :meth:`nodes`) while this SuperNode starts, so SuperNodes
+        are started one at a time.
+
+        Raises
+        ------
+        DeploymentError
+            If the SuperNode exits, or no new online node appears within ``timeout`` s.
         """
         if node_config is None and name in self._node_args:
             args = self._node_args[name]
@@ -376,17 +389,72 @@ class LocalDeployment:
             else:
                 args += ["--clientappio-api-address", f"127.0.0.1:{port}"]
             self._node_args[name] = args
+        before = set(self.nodes())
         self._start(name, args, self.workdir / f"home-{name}")
+        deadline = time.monotonic() + timeout
+        while True:
+            new = {n for n, entry in self.nodes().items() if n not in before and entry.get("status") == "online"}
+            if len(new) == 1:
+                self._node_ids[name] = new.pop()
+                return self._node_ids[name]
+            if len(new) > 1:
+                raise DeploymentError(f"{name}: {len(new)} nodes registered while it started ({sorted(new)}); "
+                                      "start SuperNodes one at a time")
+            if self.procs[name].poll() is not None:
+                raise DeploymentError(f"{name} exited with {self.procs[name].returncode}\n{self.tails()}")
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"{name} not in the SuperLink's node list after {timeout:.0f} s\n{self.tails()}")
+            time.sleep(0.5)
 
-    def node_id(self, name: str, timeout: float = 120.0) -> int:
-        """The node ID the SuperLink gave SuperNode ``name`` (after a restart: the new one)."""
-        return int(self.wait_for_log(name, r"SuperNode ID: (\d+)", time.monotonic() + timeout).group(1))
+    def node_id(self, name: str) -> int:
+        """The node ID the SuperLink gave SuperNode ``name`` at its latest start."""
+        return self._node_ids[name]
 
     def wait_for_nodes(self, names: list[str] | int, timeout: float = 180.0) -> dict[str, int]:
-        """Wait until the SuperNodes are registered; return ``{name: node ID}``."""
+        """Wait until the SuperLink lists the SuperNodes ``names`` (or the first ``names``) as online
+        under the node IDs they registered with; return ``{name: node ID}``.
+
+        Raises
+        ------
+        DeploymentError
+            If one is not online within ``timeout`` s.
+        """
         if isinstance(names, int):
             names = [n for n in self._node_args][:names]
-        return {name: self.node_id(name, timeout) for name in names}
+        ids = {name: self._node_ids[name] for name in names}
+        deadline = time.monotonic() + timeout
+        while True:
+            nodes = self.nodes()
+            offline = {name: i for name, i in ids.items() if nodes.get(i, {}).get("status") != "online"}
+            if not offline:
+                return ids
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"not online after {timeout:.0f} s: {offline}\n{self.tails()}")
+            time.sleep(1.0)
+
+    # ------------------------------------------------------------ Control API
+    def _cli_json(self, args: list[str], timeout: float = 120.0) -> dict[str, Any]:
+        """``flwr ARGS local-deployment --format json`` (the SuperLink's Control API), parsed."""
+        out = subprocess.run([str(self.bin / "flwr"), *args, CONNECTION, "--format", "json"],
+                             cwd=self.workdir, env=self.env(self.cli_home), capture_output=True, text=True,
+                             timeout=timeout)
+        try:
+            reply = json.loads(out.stdout[out.stdout.index("{"):])
+        except ValueError:
+            reply = {}
+        if not reply.get("success", False):
+            raise DeploymentError(f"flwr {' '.join(args)}: {(out.stdout + out.stderr).strip()[-500:]}")
+        return reply
+
+    def nodes(self) -> dict[int, dict[str, Any]]:
+        """The SuperLink's node list (``flwr supernode ls``): ``{node ID: entry}``; ``entry["status"]``
+        is e.g. ``"online"``. Node IDs are unsigned 64-bit."""
+        return {int(n["node-id"]): n for n in self._cli_json(["supernode", "ls"])["nodes"]}
+
+    def runs(self) -> dict[str, dict[str, Any]]:
+        """The SuperLink's runs (``flwr ls``): ``{run ID: entry}``; ``entry["status"]`` is e.g.
+        ``"finished:completed"``."""
+        return {str(r["run-id"]): r for r in self._cli_json(["ls"])["runs"]}
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to process ``name`` and every process it started (default SIGKILL, as a crash).
@@ -461,7 +529,12 @@ class LocalDeployment:
 
     # ------------------------------------------------------------ runs
     def submit(self, app: str | os.PathLike, run_config: str, name: str = "flwr-run") -> subprocess.Popen:
-        """Start ``flwr run <app> local-deployment --run-config ... --stream`` (not waiting)."""
+        """Start ``flwr run <app> local-deployment --run-config ... --stream`` (not waiting).
+
+        Its run ID is the run that appears in the SuperLink's run list afterwards (:meth:`run_id`).
+        """
+        self._runs_before[name] = set(self.runs())
+        self._run_ids.pop(name, None)
         self.logs[name] = self.workdir / "logs" / f"{name}.log"
         self.logs[name].parent.mkdir(parents=True, exist_ok=True)
         self._log_offset[name] = self.logs[name].stat().st_size if self.logs[name].exists() else 0
@@ -476,19 +549,35 @@ class LocalDeployment:
         return proc
 
     def run_id(self, name: str = "flwr-run", timeout: float = 120.0) -> str:
-        """The run id ``flwr run`` printed ("Successfully started run N")."""
-        return self.wait_for_log(name, r"Successfully started run (\d+)", time.monotonic() + timeout).group(1)
+        """The run ID of the ``flwr run`` submitted as ``name``: the one run the SuperLink lists
+        (:meth:`runs`) that it did not list before the submission.
+
+        Raises
+        ------
+        DeploymentError
+            If no new run appears within ``timeout`` s, or more than one does.
+        """
+        if name in self._run_ids:
+            return self._run_ids[name]
+        deadline = time.monotonic() + timeout
+        while True:
+            new = set(self.runs()) - self._runs_before[name] - set(self._run_ids.values())
+            if len(new) == 1:
+                self._run_ids[name] = new.pop()
+                return self._run_ids[name]
+            if len(new) > 1:
+                raise DeploymentError(f"{name}: {len(new)} runs appeared ({sorted(new)}); submit one at a time")
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"{name}: no run in the SuperLink's list after {timeout:.0f} s\n"
+                                      f"{self.tail(name)}")
+            time.sleep(1.0)
 
     def status(self, run_id: str, timeout: float = 120.0) -> str:
         """The run's status from the Control API (``flwr ls --run-id``), e.g. ``"finished:completed"``."""
-        ls = subprocess.run(
-            [str(self.bin / "flwr"), "ls", CONNECTION, "--run-id", str(run_id), "--format", "json"],
-            cwd=self.workdir, env=self.env(self.cli_home), capture_output=True, text=True, timeout=timeout,
-        )
         try:
-            return json.loads(ls.stdout[ls.stdout.index("{"):])["runs"][0]["status"]
-        except (ValueError, KeyError, IndexError):
-            return f"unknown ({(ls.stdout + ls.stderr).strip()[-300:]})"
+            return self._cli_json(["ls", "--run-id", str(run_id)], timeout=timeout)["runs"][0]["status"]
+        except (DeploymentError, KeyError, IndexError) as exc:
+            return f"unknown ({exc})"
 
     def wait_finished(self, run_id: str, timeout: float) -> str:
         """Poll the run's status until it is ``finished:*``; return it (or the last one at ``timeout``)."""
@@ -512,8 +601,10 @@ class LocalDeployment:
         except subprocess.TimeoutExpired:
             pass
         output = self.output(name)
-        m = re.search(r"Successfully started run (\d+)", output)
-        run_id = m.group(1) if m else None
+        try:
+            run_id: str | None = self.run_id(name, timeout=30.0)
+        except DeploymentError:
+            run_id = None
         status = self.wait_finished(run_id, 60.0) if run_id else "not started"
         return FlwrRun(output=output, run_id=run_id, status=status, returncode=proc.returncode)
 

@@ -24,7 +24,6 @@ while the FHE AUC phase computes its encrypted counts. Checked:
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -91,13 +90,13 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
         dep.submit(REPO_ROOT, f"{RUN_CONFIG} output-dir='{out_dir}' fedeval-roster='{roster}'")
         run_id = dep.run_id()
 
-        # Crash 1: while the clients train under the first key set.
+        # Crash 1: while the clients train under the first key set. (The two waits below read
+        # this project's own ServerApp log, to time the kills; nothing is asserted on a log.)
         dep.wait_for_log("flwr-run", r"configure_train: key set \S+ of 4 clients ready", deadline)
         dep.kill("node-1")
         t_kill_1 = time.monotonic()
         time.sleep(5.0)
-        dep.start_supernode("node-1")  # same node config: same identity key, same partition
-        new_id = dep.node_id("node-1")
+        new_id = dep.start_supernode("node-1")  # same node config: same identity key, same partition
         # Crash 2: in the FHE AUC phase, once the key holder is chosen (it is not the victim),
         # while the clients compute and encrypt their counts.
         m = dep.wait_for_log("flwr-run", r"FHE AUC phase: key holder node (\d+)", deadline)
@@ -106,19 +105,22 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
         victim = next(n for n in ("node-0", "node-2", "node-3") if alive[n] != holder)
         dep.kill(victim)
         t_kill_2 = time.monotonic()
-        dep.wait_for_log("flwr-run", r"Results written to", deadline)
         status = dep.wait_finished(run_id, max(1.0, deadline - time.monotonic()))
     except DeploymentError as exc:
         pytest.fail(str(exc))
     t_done = time.monotonic()
-    stream = dep.output("flwr-run")
-    assert status == "finished:completed", f"{status}\n{stream[-4000:]}\n{dep.tails()}"
+    assert status == "finished:completed", f"{status}\n{dep.output('flwr-run')[-4000:]}\n{dep.tails()}"
     assert new_id != node_ids["node-1"]
-    assert re.search(r"Round 1: node\(s\) .*joined during the round", stream), stream[-4000:]
-    assert re.search(r"aggregate_train: 4 encrypted updates summed and decrypted", stream), stream[-4000:]
 
     (run_folder,) = [p.parent for p in out_dir.glob("*/results.json")]
     result = json.loads((run_folder / "results.json").read_text())
+    # Round 1 was re-keyed with the restarted node under its new ID (it joined during the round), and
+    # the sum of all four encrypted updates was decrypted.
+    key_sets = result["xmk_key_sets"]
+    assert {k["round"] for k in key_sets} == {1} and len(key_sets) >= 2, key_sets
+    assert sorted(key_sets[-1]["nodes"]) == sorted([*[node_ids[n] for n in node_ids if n != "node-1"], new_id]), \
+        (key_sets, node_ids, new_id)
+    assert result["train_metrics"]["1"]["num-clients"] == NUM_NODES, result["train_metrics"]
     survivors = {str(alive[n]): int(n[-1]) for n in alive if n != victim}
     assert result["contributors"] == survivors, (result["contributors"], survivors)
     assert result["config"]["secure-aggregation"] == "xmkckks" and result["auc_method"] == "fhe"

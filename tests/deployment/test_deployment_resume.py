@@ -17,27 +17,30 @@ and xMK-CKKS secure aggregation:
    killed with SIGKILL, and with it every process it started (its SuperExec
    and the run's ServerApp; checked gone);
 3. the SuperLink is restarted on the same ``--database``; the SuperNodes
-   (never restarted) reconnect by themselves (their log: "Connection
-   successful after ...") under their old node IDs;
+   (never restarted) reconnect by themselves under their old node IDs: the
+   SuperLink's node list (Control API) holds exactly the first node IDs,
+   online, and the resumed run's contributors are those node IDs;
 4. the same run config plus ``resume-from='<run folder>'`` is submitted: it
-   completes, continues with round 2 (its log says so), uses new xMK-CKKS
-   key sets (no key-set ID of the interrupted run is used again, so no
-   partial decryption is repeated for a ciphertext), writes ``results.json``
-   into the same run folder, and its final model equals the uninterrupted
-   run's within 1e-6 (max abs difference over all arrays);
+   completes, trains round 2 only (``results.json``), uses new xMK-CKKS
+   key sets (no key-set ID of the interrupted run, read from its round-1
+   ``state.json``, is used again, so no partial decryption is repeated for a
+   ciphertext), writes ``results.json`` into the same run folder, and its
+   final model equals the uninterrupted run's within 1e-6 (max abs
+   difference over all arrays);
 5. the interrupted run ends ``finished:failed`` on the restarted SuperLink
    (its ServerApp is gone; Flower declares it failed when no heartbeat of the
    run arrives).
 
-The measured times (SuperLink kill -> restarted, -> SuperNodes reconnected,
--> interrupted run failed, -> resumed run complete) are printed (``-s``).
+Nothing here reads a Flower log: node IDs, run IDs and statuses come from the
+SuperLink's Control API (``flwr supernode ls``, ``flwr ls``), the rest from the
+run folder. The measured times (SuperLink kill -> restarted, -> interrupted run
+failed, -> resumed run complete) are printed (``-s``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -45,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flwr_fedeval.testing.deployment import CONNECTION, DeploymentError, FlwrRun, LocalDeployment
+from flwr_fedeval.testing.deployment import DeploymentError, LocalDeployment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NUM_NODES = 3
@@ -58,7 +61,6 @@ RUN_CONFIG = (
     f"num-server-rounds={NUM_ROUNDS} local-epochs=1 model='logreg' dataset='breast-cancer' seed=42 "
     "secure-aggregation='xmkckks' min-nodes=3"
 )
-KEY_SET = re.compile(r"configure_train: key set (\S+) of (\d+) clients ready")
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
@@ -115,16 +117,6 @@ def _uninterrupted(config: str, ids: Path, out: Path) -> Path:
     return folder
 
 
-def _nodes(dep: LocalDeployment) -> dict[int, dict]:
-    """``flwr supernode ls --format json``: ``{node ID: entry}``."""
-    out = subprocess.run([str(dep.bin / "flwr"), "supernode", "ls", CONNECTION, "--format", "json"],
-                         cwd=dep.workdir, env=dep.env(dep.cli_home), capture_output=True, text=True, timeout=120)
-    try:
-        return {int(n["node-id"]): n for n in json.loads(out.stdout[out.stdout.index("{"):])["nodes"]}
-    except (ValueError, KeyError) as exc:
-        raise AssertionError(f"flwr supernode ls: {out.stdout}{out.stderr}") from exc
-
-
 def test_superlink_killed_after_round_1_and_resumed(deployment, tmp_path):
     dep = deployment
     t0 = time.monotonic()
@@ -140,21 +132,18 @@ def test_superlink_killed_after_round_1_and_resumed(deployment, tmp_path):
         dep.start_superlink()
         for k, name in enumerate(names):
             dep.start_supernode(name, _node_config(ids, k))
+        node_ids = dep.wait_for_nodes(names)
     except DeploymentError as exc:
         pytest.fail(str(exc))
+    t_up = time.monotonic() - t0
 
-    # 1. The uninterrupted reference (in-process), while the SuperNodes start.
+    # 1. The uninterrupted reference (in-process).
     t1 = time.monotonic()
     full_folder = _uninterrupted(config, ids, tmp_path / "outputs-full")
     t_full = time.monotonic() - t1
     full_state = json.loads((full_folder / "checkpoint" / "state.json").read_text())
     assert full_state["round"] == NUM_ROUNDS
     reference = _model(full_folder, NUM_ROUNDS)
-    try:
-        node_ids = dep.wait_for_nodes(names)
-    except DeploymentError as exc:
-        pytest.fail(str(exc))
-    t_up = time.monotonic() - t0
 
     # 2. The same run, killed with the SuperLink as soon as round 1 is checkpointed.
     out = tmp_path / "outputs"
@@ -179,8 +168,10 @@ def test_superlink_killed_after_round_1_and_resumed(deployment, tmp_path):
     assert serverapps, f"no ServerApp process under the SuperLink: {_tree(dep.procs['superlink'].pid)}"
     t_kill = time.monotonic()
     dep.kill("superlink")  # SIGKILL: the SuperLink, its SuperExec and the ServerApp
-    log_offsets = {name: dep.logs[name].stat().st_size for name in names}
-    assert json.loads(state_file.read_text())["round"] == 1, "round 2 completed before the kill"
+    crashed_state = json.loads(state_file.read_text())
+    assert crashed_state["round"] == 1, "round 2 completed before the kill"
+    crashed_keys = {k["key_set"] for k in crashed_state["strategy"]["key_sets"]}
+    assert crashed_keys, crashed_state
     # SIGKILL is delivered at once, but a process needs a moment to exit (longer on a loaded machine).
     strays = serverapps
     while strays and time.monotonic() < t_kill + 15:
@@ -202,9 +193,6 @@ def test_superlink_killed_after_round_1_and_resumed(deployment, tmp_path):
         dep.procs["flwr-run-crash"].wait(timeout=120)
     except subprocess.TimeoutExpired:
         dep.kill("flwr-run-crash")
-    crashed_stream = dep.logs["flwr-run-crash"].read_text(errors="replace")
-    crashed_keys = {k for k, _ in KEY_SET.findall(crashed_stream)}
-    assert crashed_keys, f"no key set in the interrupted run's log\n{crashed_stream}"
 
     # 4. Resume: the same run config plus resume-from. Meanwhile the restarted SuperLink declares the
     # interrupted run failed (no heartbeat of its ServerApp): polled every 5 s to time it.
@@ -220,35 +208,29 @@ def test_superlink_killed_after_round_1_and_resumed(deployment, tmp_path):
     if proc.poll() is None:
         dep.kill("flwr-run-resume")
     t_resume_alone = time.monotonic() - t3
-    output = re.sub(r"\x1b\[[0-9;]*m", "", dep.logs["flwr-run-resume"].read_text(errors="replace"))
-    m = re.search(r"Successfully started run (\d+)", output)
-    resumed = FlwrRun(output, m and m.group(1), dep.wait_finished(m.group(1), 60.0) if m else "not started",
-                      proc.returncode)
+    try:
+        resumed_run = dep.run_id("flwr-run-resume", timeout=30.0)
+    except DeploymentError as exc:
+        pytest.fail(f"{exc}\n{dep.tails()}")
+    resumed_status = dep.wait_finished(resumed_run, 60.0)
     t_resumed = time.monotonic() - t_kill
-    assert resumed.status == "finished:completed", f"{resumed.status}\n{resumed.output}\n{dep.tails()}"
-    assert re.search(rf"Resuming from {re.escape(str(run_folder))}: round 1 of {NUM_ROUNDS} completed; "
-                     r"continuing with round 2 \(new key sets\)", resumed.output), resumed.output
-    resumed_keys = KEY_SET.findall(resumed.output)
-    assert [int(n) for _, n in resumed_keys] == [NUM_NODES] * (NUM_ROUNDS - 1), resumed.output
-    reused = {k for k, _ in resumed_keys} & crashed_keys
+    assert resumed_status == "finished:completed", f"{resumed_status}\n{dep.tails()}"
+    result = json.loads((run_folder / "results.json").read_text())
+    resumed_keys = result["xmk_key_sets"]
+    assert [(k["round"], len(k["nodes"])) for k in resumed_keys] == [(2, NUM_NODES)], resumed_keys
+    reused = {k["key_set"] for k in resumed_keys} & crashed_keys
     assert not reused, f"key sets used again after the resume: {reused}"
     # The SuperNodes were never restarted: each reconnected by itself and served the resumed run
-    # under its first node ID.
-    reconnected = []
-    for name in names:
-        after = dep.logs[name].read_bytes()[log_offsets[name]:].decode(errors="replace")
-        m = re.search(r"Connection successful after ([\d.]+) seconds", after)
-        assert m, dep.tail(name)
-        reconnected.append(float(m.group(1)))
-        assert f"[RUN {resumed.run_id}" in after, dep.tail(name)
-        assert "SuperNode ID" not in after, dep.tail(name)
-    nodes = _nodes(dep)
-    assert all(nodes.get(i, {}).get("status") == "online" for i in node_ids.values()), nodes
+    # under its first node ID (no node registered anew).
+    nodes = dep.nodes()
+    assert set(nodes) == set(node_ids.values()), (nodes, node_ids)
+    assert all(nodes[i]["status"] == "online" for i in node_ids.values()), nodes
+    assert result["contributors"] == {str(node_ids[name]): k for k, name in enumerate(names)}, result["contributors"]
+    assert {n for k in resumed_keys for n in k["nodes"]} == set(node_ids.values()), resumed_keys
     assert all(dep.alive(name) for name in names)
 
     state = json.loads((run_folder / "checkpoint" / "state.json").read_text())
     assert state["round"] == NUM_ROUNDS
-    result = json.loads((run_folder / "results.json").read_text())
     assert sorted(int(r) for r in result["train_metrics"]) == list(range(2, NUM_ROUNDS + 1))
     assert result["config"]["resume-from"] == str(run_folder)
     final = _model(run_folder, NUM_ROUNDS)
@@ -264,8 +246,7 @@ def test_superlink_killed_after_round_1_and_resumed(deployment, tmp_path):
     print(
         f"\nresume on the deployment engine: uninterrupted run (in-process) {t_full:.1f} s, processes up "
         f"{t_up:.1f} s; "
-        f"SuperLink kill -> restarted {t_restart:.1f} s (SuperNodes reconnected after <= {max(reconnected):.1f} s "
-        f"of retries) -> resumed run (rounds 2-{NUM_ROUNDS} + AUC phase) "
+        f"SuperLink kill -> restarted {t_restart:.1f} s -> resumed run (rounds 2-{NUM_ROUNDS} + AUC phase) "
         f"complete {t_resumed:.1f} s (resumed run alone {t_resume_alone:.1f} s); interrupted run "
         f"{crashed_status} {t_failed:.1f} s after the kill; max |resumed - uninterrupted| = {diff:.3g}; total {time.monotonic() - t0:.1f} s "
         f"(load average {os.getloadavg()[0]:.1f})"
