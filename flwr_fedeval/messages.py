@@ -8,12 +8,11 @@ deployment engine's serialization.
 
 from __future__ import annotations
 
-from enum import IntEnum
-
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from flwr_fedeval.fhe.counts import ConfusionCounts
+from flwr_fedeval.metrics.counts import ConfusionCounts
+from flwr_fedeval.protocol import ReplyCode  # noqa: F401  (re-exported: the codes live in the protocol layer)
 
 __all__ = [
     "ReplyCode",
@@ -42,38 +41,6 @@ EVALUATE_FEDAUC_SCORES = "evaluate.fedauc_scores"
 #: FedAUC round 2: global ranks of those shuffled scores + DP parameters in,
 #: (localSum, localP, localN) out.
 EVALUATE_FEDAUC_STATS = "evaluate.fedauc_stats"
-
-
-class ReplyCode(IntEnum):
-    """Machine-readable codes of failures (``flwr.app.Error.code``).
-
-    Our client handlers send the first four in their error replies
-    (:func:`flwr_fedeval.clients.replies.error_reply`); the server assigns the
-    others itself. The server classifies failures by these codes, never by
-    the reason text. They start at 1000 so that they never collide with
-    Flower's own ``flwr.common.constant.ErrorCode`` values (0-99), which the
-    engines use for errors they report (e.g. an exception a ClientApp raised).
-    """
-
-    #: The node will not serve the request (wrong session, missing state,
-    #: values out of the public bounds, malformed bytes, bad configuration).
-    REFUSED = 1000
-    #: The node's differential-privacy budget cannot pay for the request.
-    BUDGET_EXHAUSTED = 1001
-    #: A verification of the malicious FHE AUC protocol failed on the node.
-    TAMPERING_DETECTED = 1002
-    #: The pooled test data has a single class: the AUC is undefined.
-    UNDEFINED_AUC = 1003
-    #: (server) No reply within the step's timeout.
-    TIMEOUT = 1100
-    #: (server) The reply could not be parsed or failed the server's checks.
-    MALFORMED_REPLY = 1101
-    #: (server) The node left the SuperLink's node list (Flower's heartbeat expired) before it replied.
-    NODE_GONE = 1102
-    #: (server) The node's identity came back under a new node ID (a restarted SuperNode) before it replied.
-    NODE_REJOINED = 1103
-    #: (server) The SuperLink did not accept the message (no message ID returned for it).
-    NOT_DELIVERED = 1104
 
 
 # --- record keys of the AUC phases (plain, DP, FHE) ---------------------------

@@ -10,41 +10,12 @@ name the node and the reason; nothing is half done.
 from __future__ import annotations
 
 from collections.abc import Callable
-from logging import WARNING
 
-from flwr.app import Error, Message, RecordDict
-from flwr.common.logger import log
+from flwr.app import Message, RecordDict
 
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import error_reply, reply_code  # noqa: F401  (the one implementation)
 
 __all__ = ["error_reply", "reply_code", "serve"]
-
-
-def reply_code(exc: BaseException) -> ReplyCode:
-    """The :class:`ReplyCode` of an exception a handler refuses a request with.
-
-    ``TamperingDetectedError`` → ``TAMPERING_DETECTED``, ``UndefinedAUCError`` →
-    ``UNDEFINED_AUC``, anything else → ``REFUSED``. (The DP handlers pass
-    ``BUDGET_EXHAUSTED`` for diffprivlib's ``BudgetError`` themselves, so that
-    this module does not import diffprivlib.)
-    """
-    from flwr_fedeval.fhe.auc_malicious import TamperingDetectedError
-    from flwr_fedeval.metrics.auc import UndefinedAUCError
-
-    if isinstance(exc, TamperingDetectedError):
-        return ReplyCode.TAMPERING_DETECTED
-    if isinstance(exc, UndefinedAUCError):
-        return ReplyCode.UNDEFINED_AUC
-    return ReplyCode.REFUSED
-
-
-def error_reply(msg: Message, exc: BaseException, label: str, *, code: ReplyCode | None = None) -> Message:
-    """``Error`` reply with ``code`` (default :func:`reply_code`) and reason ``"<ExceptionType>: <message>"``,
-    logged as ``<label> request ... refused``."""
-    reason = f"{type(exc).__name__}: {exc}"
-    code = reply_code(exc) if code is None else code
-    log(WARNING, "%s request %s refused (%s): %s", label, msg.metadata.message_type, code.name, reason)
-    return Message(Error(code=int(code), reason=reason), reply_to=msg)
 
 
 def serve(msg: Message, request_key: str, step: Callable[[dict], RecordDict], *,
