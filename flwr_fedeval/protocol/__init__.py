@@ -13,44 +13,7 @@ Each protocol module adds its step table (``STEPS``) and payload classes; see
 :mod:`flwr_fedeval.protocol._base` for the rules every payload follows.
 """
 
-from flwr_fedeval.protocol._base import (
-    MalformedMessage,
-    Payload,
-    Refused,
-    ReplyCode,
-    Step,
-    array_bytes,
-    array_field,
-    array_record,
-    bytes_array,
-    config_bytes,
-    config_field,
-    config_list,
-    config_of,
-    config_record,
-    error_reply,
-    handler,
-    register,
-    reply_code,
-)
+from flwr_fedeval.protocol import _base
+from flwr_fedeval.protocol._base import *  # noqa: F403  (the names in _base.__all__)
 
-__all__ = [
-    "MalformedMessage",
-    "Payload",
-    "Refused",
-    "ReplyCode",
-    "Step",
-    "array_bytes",
-    "array_field",
-    "array_record",
-    "bytes_array",
-    "config_bytes",
-    "config_field",
-    "config_list",
-    "config_of",
-    "config_record",
-    "error_reply",
-    "handler",
-    "register",
-    "reply_code",
-]
+__all__ = list(_base.__all__)

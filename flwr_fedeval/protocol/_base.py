@@ -312,6 +312,18 @@ class Payload:
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
+R = TypeVar("R", ConfigRecord, ArrayRecord)
+
+
+def _record(content: RecordDict, key: str, kind: type[R]) -> R:
+    if key not in content:
+        raise MalformedMessage(key, "record missing")
+    rec = content[key]
+    if not isinstance(rec, kind):
+        raise MalformedMessage(key, f"expected a {kind.__name__}, got {type(rec).__name__}")
+    return rec
+
+
 def config_record(content: RecordDict, key: str) -> ConfigRecord:
     """``content[key]`` if it is a ``ConfigRecord``.
 
@@ -320,12 +332,7 @@ def config_record(content: RecordDict, key: str) -> ConfigRecord:
     MalformedMessage
         If it is missing or another kind of record.
     """
-    if key not in content:
-        raise MalformedMessage(key, "record missing")
-    rec = content[key]
-    if not isinstance(rec, ConfigRecord):
-        raise MalformedMessage(key, f"expected a ConfigRecord, got {type(rec).__name__}")
-    return rec
+    return _record(content, key, ConfigRecord)
 
 
 def array_record(content: RecordDict, key: str) -> ArrayRecord:
@@ -336,12 +343,7 @@ def array_record(content: RecordDict, key: str) -> ArrayRecord:
     MalformedMessage
         If it is missing or another kind of record.
     """
-    if key not in content:
-        raise MalformedMessage(key, "record missing")
-    rec = content[key]
-    if not isinstance(rec, ArrayRecord):
-        raise MalformedMessage(key, f"expected an ArrayRecord, got {type(rec).__name__}")
-    return rec
+    return _record(content, key, ArrayRecord)
 
 
 # ------------------------------------------------------------------ steps
