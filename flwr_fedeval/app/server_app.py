@@ -9,8 +9,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 from logging import INFO, WARNING
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
@@ -148,25 +151,52 @@ def _log_threshold_metrics(details: dict, y_true, y_score) -> dict | None:
     return ref
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """Train with FedAvg for ``num-server-rounds``, then run the AUC phase."""
-    cfg = JobConfig.from_run_config(dict(context.run_config))  # ConfigError: one line per problem
-    # Secure phases need node identities (issue 12): refuse before round 1 without a roster.
-    roster = server_roster(dict(context.run_config))
+@dataclass
+class _Federation:
+    """Who takes part, as found before round 1 (:func:`discover_federation`)."""
+
+    grid: Grid                      # the data clients only (A and refused nodes filtered out)
+    failures: FailureLog            # every failure of every step, with its true reason
+    roles: dict[int, str]           # node -> role it proved
+    aux_node: int | None            # SecSV's auxiliary server A
+    refused: dict[int, str]         # node -> why it was refused (not in the roster)
+    partitions: dict[int, tuple[int, int]]  # node -> (partition id, num-partitions), for the reference
+
+
+def require_identities(cfg: JobConfig, run_config: dict) -> Roster | None:
+    """The ServerApp's copy of the roster; secure phases refuse to start without one (issue 12).
+
+    Raises
+    ------
+    ConfigError
+        If the FHE AUC or SecSV is asked for and no roster is configured.
+    """
+    roster = server_roster(run_config)
     secure = [k for k, on in (("auc-method = 'fhe'", cfg.auc_method == "fhe"),
                               (f"shapley = '{cfg.shapley}'", cfg.shapley != "none")) if on]
     if secure and roster is None:
         raise ConfigError([f"{' and '.join(secure)} need node identities and a roster: set run config "
                            f"'identity-dir' (simulation) or 'fedeval-roster' (the ServerApp's copy of the "
                            f"roster); every node: {CONFIG_HELP}"])
-    t_start = time.perf_counter()
+    return roster
+
+
+def discover_federation(grid: Grid, cfg: JobConfig, roster: Roster | None) -> _Federation:
+    """Role discovery: every node proves its roster identity and role; nodes outside the roster are
+    refused; the auxiliary server A (``fedeval-role = "shapley-aux"``) holds no data and stays out of
+    training and of the AUC phase. Then the checks before round 1 (data, every client's split).
+
+    Raises
+    ------
+    ValueError
+        If SecSV is asked for and there is not exactly one auxiliary server.
+    ConfigError
+        From the checks before round 1.
+    """
     grid = FailureRecordingGrid(grid)  # every failure of every step, with its true reason (issue 16)
     failures = grid.failures
-    # Nodes with fedeval-role = "shapley-aux" (the auxiliary server A of the Shapley
-    # phase) hold no data: they stay out of training and of the AUC phase.
     refused: dict[int, str] = {}
-    partitions: dict[int, tuple[int, int]] = {}  # node -> (partition id, num-partitions), for the reference
+    partitions: dict[int, tuple[int, int]] = {}
     identities: dict[int, str] = {}  # node -> roster name it proved
     roles = discover_roles(grid, timeout=cfg.step_timeout, strict=cfg.shapley != "none", roster=roster,
                            refused=refused, partitions=partitions, identities=identities)
@@ -177,18 +207,62 @@ def main(grid: Grid, context: Context) -> None:
             f"shapley = '{cfg.shapley}' needs exactly one node with fedeval-role = 'shapley-aux' "
             f"(the auxiliary server), found {len(auxes)}: start one SuperNode with --node-config "
             "'fedeval-role=\"shapley-aux\"', or in simulation add a node and set shapley-aux-partition-id")
-    aux_node = auxes[0] if cfg.shapley != "none" else None
     if auxes:
         log(INFO, "Node(s) %s: auxiliary server of the Shapley phase; %d data clients", auxes,
             len(roles) - len(auxes))
     if refused:
         log(INFO, "Node(s) %s refused (not in the roster): left out of training and every phase", sorted(refused))
-    if auxes or refused:
-        grid = NodeSubsetGrid(grid, auxes + sorted(refused))
-    # Before round 1: the data folder, every client's split, the library's own checks.
-    problems = job_problems(cfg, len(roles) - len(auxes))
+    data_grid: Grid = NodeSubsetGrid(grid, auxes + sorted(refused)) if auxes or refused else grid
+    problems = job_problems(cfg, len(roles) - len(auxes))  # the data folder, every client's split
     if problems:
         raise ConfigError(problems)
+    return _Federation(data_grid, failures, roles, auxes[0] if cfg.shapley != "none" else None, refused,
+                       partitions)
+
+
+def log_rounds(train_hist: dict[int, dict[str, float]], eval_hist: dict[int, dict[str, float]]) -> None:
+    """One line per round: the clients' train and eval loss and accuracy."""
+    for rnd in sorted(set(train_hist) | set(eval_hist)):
+        tr, ev = train_hist.get(rnd, {}), eval_hist.get(rnd, {})
+        log(INFO, "round %d: train loss %.4f acc %.4f | eval loss %.4f acc %.4f", rnd,
+            tr.get("train-loss", float("nan")), tr.get("train-acc", float("nan")),
+            ev.get("eval-loss", float("nan")), ev.get("eval-acc", float("nan")))
+
+
+def log_final_auc(cfg: JobConfig, auc_result: Any, ref_auc: float) -> None:
+    """The FINAL line: the federated AUC (or that only the clients know it) next to the pooled reference."""
+    n_clients = len(auc_result.contributors)
+    if auc_result.details.get("auc_known_to") == "clients":
+        log(INFO, "FINAL federated AUC (%s, N=%d, %d clients): known to the clients only "
+            "(share-auc-with-server = false; see the client logs) | pooled roc_auc_score: %.6f",
+            auc_result.label, cfg.num_decision_points, n_clients, ref_auc)
+    else:
+        log(INFO, "FINAL federated AUC (%s, N=%d, %d clients): %.6f | resolution bound: %.4g | "
+            "pooled roc_auc_score: %.6f | |diff| %.6f", auc_result.label, cfg.num_decision_points, n_clients,
+            auc_result.auc, auc_result.resolution_bound, ref_auc, abs(auc_result.auc - ref_auc))
+    warn_resolution(auc_result.resolution_bound)
+
+
+def log_final_shapley(shapley: Any, seconds: float, y_true: np.ndarray, y_score: np.ndarray) -> None:
+    """The FINAL line of the SecSV phase: every client's Federated Shapley Value and their sum."""
+    last = shapley.utilities[-1][tuple(shapley.clients)]
+    pooled_acc = float(((y_score >= 0.5).astype(int) == y_true).mean())
+    n_rounds = len(shapley.rounds)
+    log(INFO, "FINAL Federated Shapley Values (SecSV%s, %d round%s, %.1f s): %s | sum %.6f = v(I^T) %.6f - "
+        "1/2 | v(I^T) (coalition model, 8-bit weights) vs pooled accuracy of the global model: %.6f",
+        "+SampleSkip" if shapley.sample_skip else "", n_rounds, "" if n_rounds == 1 else "s", seconds,
+        " ".join(f"client {i} ({n}): {shapley.fsv[n]:+.4f}" for i, n in enumerate(shapley.clients)),
+        sum(shapley.fsv.values()), last, pooled_acc)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Train with FedAvg (or XMKFedAvg) for ``num-server-rounds``, then run the AUC phase (and SecSV)."""
+    cfg = JobConfig.from_run_config(dict(context.run_config))  # ConfigError: one line per problem
+    roster = require_identities(cfg, dict(context.run_config))
+    t_start = time.perf_counter()
+    fed = discover_federation(grid, cfg, roster)
+    grid = fed.grid
     initial = ArrayRecord(build_model(cfg).get_weights())
     auc_phase = make_auc_phase(cfg, roster)
 
@@ -199,67 +273,27 @@ def main(grid: Grid, context: Context) -> None:
                                     train_config=ConfigRecord({"local-epochs": cfg.local_epochs}))
     train_hist = _metric_history(result.train_metrics_clientapp)
     eval_hist = _metric_history(result.evaluate_metrics_clientapp)
-    for rnd in sorted(set(train_hist) | set(eval_hist)):
-        tr, ev = train_hist.get(rnd, {}), eval_hist.get(rnd, {})
-        log(
-            INFO,
-            "round %d: train loss %.4f acc %.4f | eval loss %.4f acc %.4f",
-            rnd,
-            tr.get("train-loss", float("nan")),
-            tr.get("train-acc", float("nan")),
-            ev.get("eval-loss", float("nan")),
-            ev.get("eval-acc", float("nan")),
-        )
+    log_rounds(train_hist, eval_hist)
     t_train = time.perf_counter() - t_start
 
     auc_result = auc_phase.run(grid, result.arrays)
-    shapley = None
-    if aux_node is not None:
+    shapley, t_sv = None, 0.0
+    if fed.aux_node is not None:
         t_sv = time.perf_counter()
-        shapley = make_shapley_phase(cfg, roster).run(grid, clients=grid.get_node_ids(), aux_node=aux_node)
+        shapley = make_shapley_phase(cfg, roster).run(grid, clients=grid.get_node_ids(), aux_node=fed.aux_node)
         t_sv = time.perf_counter() - t_sv
 
-    _record_checked_failures(failures, strategy, auc_result)
+    _record_checked_failures(fed.failures, strategy, auc_result)
     # Harness reference (not part of the protocol): pooled roc_auc_score over exactly the contributors' data.
     ref_auc, y_true, y_score, ref_note = contributors_reference_auc(
-        cfg, result.arrays.to_numpy_ndarrays(), auc_result.contributors, partitions)
+        cfg, result.arrays.to_numpy_ndarrays(), auc_result.contributors, fed.partitions)
     if ref_note:
         log(WARNING, "FINAL pooled reference %s", ref_note)
     wall = time.perf_counter() - t_start
-    if auc_result.details.get("auc_known_to") == "clients":
-        log(
-            INFO,
-            "FINAL federated AUC (%s, N=%d, %d clients): known to the clients only "
-            "(share-auc-with-server = false; see the client logs) | pooled roc_auc_score: %.6f",
-            auc_result.label,
-            cfg.num_decision_points,
-            len(auc_result.contributors),
-            ref_auc,
-        )
-    else:
-        log(
-            INFO,
-            "FINAL federated AUC (%s, N=%d, %d clients): %.6f | resolution bound: %.4g | "
-            "pooled roc_auc_score: %.6f | |diff| %.6f",
-            auc_result.label,
-            cfg.num_decision_points,
-            len(auc_result.contributors),
-            auc_result.auc,
-            auc_result.resolution_bound,
-            ref_auc,
-            abs(auc_result.auc - ref_auc),
-        )
-    warn_resolution(auc_result.resolution_bound)
+    log_final_auc(cfg, auc_result, ref_auc)
     ref_threshold_metrics = _log_threshold_metrics(auc_result.details, y_true, y_score) if y_true.size else None
     if shapley is not None:
-        last = shapley.utilities[-1][tuple(shapley.clients)]
-        pooled_acc = float(((y_score >= 0.5).astype(int) == y_true).mean())
-        n_rounds = len(shapley.rounds)
-        log(INFO, "FINAL Federated Shapley Values (SecSV%s, %d round%s, %.1f s): %s | sum %.6f = v(I^T) %.6f - "
-            "1/2 | v(I^T) (coalition model, 8-bit weights) vs pooled accuracy of the global model: %.6f",
-            "+SampleSkip" if shapley.sample_skip else "", n_rounds, "" if n_rounds == 1 else "s", t_sv,
-            " ".join(f"client {i} ({n}): {shapley.fsv[n]:+.4f}" for i, n in enumerate(shapley.clients)),
-            sum(shapley.fsv.values()), last, pooled_acc)
+        log_final_shapley(shapley, t_sv, y_true, y_score)
     from sklearn.metrics import roc_curve
 
     reference_roc = roc_curve(y_true, y_score)[:2] if y_true.size else None
@@ -275,11 +309,11 @@ def main(grid: Grid, context: Context) -> None:
             **({"reference_note": ref_note} if ref_note else {}),
             "num_clients": len(auc_result.contributors),
             # node ID (a string: unsigned 64-bit) -> the partition id it reported (null: none reported)
-            "contributors": {str(n): (partitions[n][0] if n in partitions else None)
+            "contributors": {str(n): (fed.partitions[n][0] if n in fed.partitions else None)
                              for n in auc_result.contributors},
             "failed_nodes": auc_result.failed,
-            "failures": failures.to_json(),
-            **({"refused_nodes": {str(k): v for k, v in refused.items()}} if refused else {}),
+            "failures": fed.failures.to_json(),
+            **({"refused_nodes": {str(k): v for k, v in fed.refused.items()}} if fed.refused else {}),
             **({"reference_threshold_metrics": ref_threshold_metrics} if ref_threshold_metrics else {}),
             "num_test_samples": int(y_true.size),
             "reference_score_histogram": score_histogram(y_true, y_score),
