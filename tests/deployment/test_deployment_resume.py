@@ -240,7 +240,7 @@ def test_superlink_killed_after_round_1_and_resumed(deployment, tmp_path):
 
     # 5. The interrupted run, as the restarted SuperLink reports it.
     if t_failed is None:
-        crashed_status = dep.wait_finished(crashed_run, timeout=max(1.0, min(180.0, deadline - time.monotonic())))
+        crashed_status = dep.wait_finished(crashed_run, timeout=max(1.0, deadline - time.monotonic()))
         t_failed = time.monotonic() - t_kill
     assert crashed_status == "finished:failed", crashed_status
     print(
