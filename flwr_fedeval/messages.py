@@ -192,9 +192,9 @@ def local_stats_from_record(record: ConfigRecord, num_samples: int) -> tuple[flo
 # --- xMK-CKKS secure aggregation (DESIGN.md §3) -----------------------------
 # The message types and record keys are spelled in :mod:`flwr_fedeval.protocol.xmk` (with the
 # payload classes of every step); re-exported here for older imports.
-from flwr_fedeval.protocol._base import array_bytes as _array_bytes  # noqa: E402
-from flwr_fedeval.protocol._base import bytes_array as bytes_to_array  # noqa: E402,F401
-from flwr_fedeval.protocol.xmk import (  # noqa: E402,F401
+from flwr_fedeval.protocol._base import array_bytes as _array_bytes
+from flwr_fedeval.protocol._base import bytes_array as bytes_to_array  # noqa: F401
+from flwr_fedeval.protocol.xmk import (  # noqa: F401
     QUERY_XMK_KEYGEN,
     QUERY_XMK_PDEC,
     QUERY_XMK_REVEAL,

@@ -64,8 +64,7 @@ from flwr_fedeval import rlwe
 from flwr_fedeval.clients.identity import key_set_floor, mask_degree_floor, node_identity
 from flwr_fedeval.clients.keras_adapter import WeightLayout
 from flwr_fedeval.identity import IdentityError
-from flwr_fedeval.protocol import MalformedMessage, Refused, error_reply, handler, register
-from flwr_fedeval.protocol import xmk
+from flwr_fedeval.protocol import MalformedMessage, Refused, error_reply, handler, register, xmk
 from flwr_fedeval.rlwe import keyset, masking
 
 __all__ = [
