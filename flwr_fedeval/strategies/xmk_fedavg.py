@@ -14,9 +14,10 @@ node early.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -545,7 +546,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         return self._round
 
     def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
-                  request: Payload | None, check, *, grid=None) -> list:
+                  request: Payload | None, check: Callable[[int, Payload], Any], *, grid: Any = None) -> list:
         """Send ``request`` to every node (over ``grid``, default the round's), parse every reply with
         ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return the
         results in node order, or raise :class:`RoundAborted` naming each node that timed out, replied
@@ -564,10 +565,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                                  protocol_step.message_type, parse, failures, step=step, what=what,
                                  timeout=self.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
         if failures:
-            failed = {n: f"{f.reason} [{code_name(f.code)}, code {f.code}]" for n, f in failures.items()}
             if grid is not None:  # step 2: the train replies came within Strategy.start's timeout, not ours
-                failed.update({n: f"no reply to {step} within the train timeout [TIMEOUT, code {f.code}]"
-                               for n, f in failures.items() if f.code == ReplyCode.TIMEOUT})
+                for n, f in list(failures.items()):
+                    if f.code == ReplyCode.TIMEOUT:
+                        failures[n] = replace(f, reason=f"no reply to {step} within the train timeout")
+            failed = {n: f"{f.reason} [{code_name(f.code)}, code {f.code}]" for n, f in failures.items()}
             raise RoundAborted(step, failed, failures=failures)
         return [valid[n] for n in nodes]
 
