@@ -190,30 +190,30 @@ def local_stats_from_record(record: ConfigRecord, num_samples: int) -> tuple[flo
     return values[0], values[1], values[2]
 
 # --- xMK-CKKS secure aggregation (DESIGN.md §3) -----------------------------
-#: Step 1: key generation; the reply carries a signed commitment to b_i and the mask key.
-QUERY_XMK_KEYGEN = "query.xmk_keygen"
-#: Step 1b: the signed commitments in; the reply opens b_i and the X25519 mask key.
-QUERY_XMK_REVEAL = "query.xmk_reveal"
-#: Step 3: partial decryption of the summed C1; the reply carries D_i.
-QUERY_XMK_PDEC = "query.xmk_pdec"
-#: Record keys of the secure-aggregation messages.
-XMK_CONFIG_KEY = "xmk"
-XMK_CIPHERTEXT_KEY = "xmk-ciphertext"
-XMK_C1_KEY = "xmk-c1"
-XMK_SHARE_KEY = "xmk-share"
-
-
-def bytes_to_array(data: bytes) -> Array:
-    """Wrap bytes as a uint8 ``Array`` (large ArrayRecords are chunked by Flower)."""
-    return Array(np.frombuffer(data, dtype=np.uint8).copy())
+# The message types and record keys are spelled in :mod:`flwr_fedeval.protocol.xmk` (with the
+# payload classes of every step); re-exported here for older imports.
+from flwr_fedeval.protocol._base import array_bytes as _array_bytes
+from flwr_fedeval.protocol._base import bytes_array as bytes_to_array  # noqa: F401
+from flwr_fedeval.protocol.xmk import (  # noqa: F401
+    QUERY_XMK_KEYGEN,
+    QUERY_XMK_PDEC,
+    QUERY_XMK_REVEAL,
+    XMK_C1_KEY,
+    XMK_CIPHERTEXT_KEY,
+    XMK_CONFIG_KEY,
+    XMK_SHARE_KEY,
+)
 
 
 def array_to_bytes(array: Array) -> bytes:
-    """Inverse of :func:`bytes_to_array`; raises ``ValueError`` for another dtype."""
-    a = array.numpy()
-    if a.dtype != np.uint8 or a.ndim != 1:
-        raise ValueError(f"expected a 1-D uint8 byte array, got {a.dtype} of shape {a.shape}")
-    return a.tobytes()
+    """Inverse of :func:`bytes_to_array` (:func:`flwr_fedeval.protocol.bytes_array`).
+
+    Raises
+    ------
+    flwr_fedeval.protocol.MalformedMessage
+        (a ``ValueError``) If ``array`` is not a 1-D uint8 byte array.
+    """
+    return _array_bytes(ArrayRecord({"bytes": array}), "array", "bytes")
 
 # --- FHE AUC evaluation phase (DESIGN.md §4; strategies/fhe_phase.py) -------
 #: Step 1: every client makes an X25519 key pair; the reply carries the public key.

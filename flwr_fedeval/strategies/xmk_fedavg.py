@@ -14,9 +14,10 @@ node early.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -26,22 +27,19 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
+from flwr_fedeval.protocol import Payload, ReplyCode, Step, xmk
 from flwr_fedeval.rlwe import keyset, masking
-from flwr_fedeval.strategies.base import ReadableFailuresMixin, StepTimer, log_failures, replies_by_node
-from flwr_fedeval.strategies.collect import collect
-from flwr_fedeval.weights import WeightLayout
-from flwr_fedeval.messages import (
-    METRICS_KEY,
-    QUERY_XMK_KEYGEN,
-    QUERY_XMK_PDEC,
-    QUERY_XMK_REVEAL,
-    XMK_C1_KEY,
-    XMK_CIPHERTEXT_KEY,
-    XMK_CONFIG_KEY,
-    XMK_SHARE_KEY,
-    array_to_bytes,
-    bytes_to_array,
+from flwr_fedeval.strategies.base import (
+    Failures,
+    ReadableFailuresMixin,
+    StepTimer,
+    code_name,
+    exchange_replies,
+    log_failures,
+    replies_by_node,
 )
+from flwr_fedeval.strategies.collect import Collected, collect
+from flwr_fedeval.weights import WeightLayout
 
 __all__ = ["RoundAborted", "XMKFedAvg"]
 
@@ -51,11 +49,18 @@ DEFAULT_PARAMETER_SET = rlwe.DEFAULT_PARAMETER_SET.name
 
 
 class RoundAborted(RuntimeError):
-    """A secure-aggregation attempt failed; ``failed`` maps node IDs to reasons."""
+    """A secure-aggregation attempt failed; ``failed`` maps node IDs to reasons.
 
-    def __init__(self, step: str, failed: dict[int, str]) -> None:
+    ``failures`` (when the attempt failed at a reply exchange) holds the same nodes with
+    their reply codes (:class:`~flwr_fedeval.protocol.ReplyCode`: ``TIMEOUT``,
+    ``MALFORMED_REPLY``, the error reply's code); it is ``None`` for a failure the
+    server found itself (a roster name claimed twice, a sum that does not decode).
+    """
+
+    def __init__(self, step: str, failed: dict[int, str], *, failures: Failures | None = None) -> None:
         self.step = step
         self.failed = failed
+        self.failures = failures
         detail = "; ".join(f"node {n}: {r}" for n, r in failed.items())
         super().__init__(f"{step} failed for {len(failed)} node(s): {detail}")
 
@@ -89,6 +94,9 @@ class _KeySet:
 
 @dataclass
 class _RoundState:
+    """The state of the round in progress (one per ``configure_train``), read through
+    :meth:`XMKFedAvg._current`."""
+
     server_round: int
     arrays: ArrayRecord
     config: ConfigRecord
@@ -98,6 +106,40 @@ class _RoundState:
     sent: list[Message] = field(default_factory=list)  # the step-2 requests (replies matched by message id)
     known: set[int] = field(default_factory=set)  # the node list when the round started
     tried: set[int] = field(default_factory=set)  # every node of an attempt of this round
+
+    @property
+    def keys(self) -> _KeySet:
+        """The key set of the attempt in progress.
+
+        Raises
+        ------
+        RuntimeError
+            If step 1 (key generation) has not completed in this round.
+        """
+        if self.key_set is None:
+            raise RuntimeError(f"XMKFedAvg: round {self.server_round} has no key set (step 1 has not completed)")
+        return self.key_set
+
+
+class _Received:
+    """A grid view whose exchange returns replies already received: the step-2 (``train``) replies,
+    which Flower's ``Strategy.start`` collected, checked by the same
+    :func:`~flwr_fedeval.strategies.base.exchange_replies` as the other steps.
+
+    ``by_node`` maps each node to its reply (matched to the train request by message id); each is
+    handed back as the reply to the exchange's request for that node.
+    """
+
+    def __init__(self, by_node: dict[int, Message]) -> None:
+        self.by_node = by_node
+
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:
+        out = Collected()
+        for msg in messages:
+            reply = self.by_node.get(int(msg.metadata.dst_node_id))
+            if reply is not None:
+                out.replies.append(Message(reply.error if reply.has_error() else reply.content, reply_to=msg))
+        return out
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
@@ -297,7 +339,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                 return self._finish_attempt(replies)
             except RoundAborted as exc:
                 self._record_abort(exc)
-                remaining = [n for n in state.key_set.nodes if n not in exc.failed]
+                remaining = [n for n in state.keys.nodes if n not in exc.failed]
                 remaining = sorted(remaining + self._newcomers(remaining, len(exc.failed)))
                 if attempt == self.max_attempts or len(remaining) < self.min_train_nodes:
                     log(WARNING, "Round %d: giving up after %d attempt(s) (%d clients left, %d needed); "
@@ -341,31 +383,24 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             A node failed, timed out, sent a malformed reply, or claims a roster
             name another node claims too.
         """
-        state = self._round
-        assert state is not None
+        state = self._current()
         seed_a = rlwe.new_public_seed()
         key_id = keyset.key_set_id(self.params, seed_a)
-        request = ConfigRecord({"params": self.params.name, "seed-a": seed_a, "key-id": key_id,
-                                "round": state.server_round})
-        replies = self._send(nodes, QUERY_XMK_KEYGEN, RecordDict({XMK_CONFIG_KEY: request}))
+        request = xmk.KeygenRequest(self.params.name, seed_a, key_id, state.server_round)
 
-        def parse(reply: Message) -> tuple[str, bytes, bytes]:
-            rec = reply.content[XMK_CONFIG_KEY]
-            if rec["key-id"] != key_id:
+        def check(node: int, reply: xmk.KeygenReply) -> xmk.KeygenReply:
+            if reply.key_id != key_id:
                 raise ValueError("reply is for another key set")
-            signer, h, sig = rec["signer"], rec["commitment"], rec["signature"]
-            if not isinstance(signer, str) or not isinstance(h, bytes) or len(h) != 32 or not isinstance(sig, bytes):
-                raise ValueError("a commitment needs a signer name, 32 bytes and a signature")
-            return signer, h, sig
+            return reply
 
-        parsed = self._check_replies("key generation", "commitment", nodes, replies, parse)
-        names = [name for name, _, _ in parsed]
+        parsed = self._exchange("key generation", "commitment", nodes, xmk.KEYGEN, request, check)
+        names = [reply.signer for reply in parsed]
         dup = {n: f"claims roster name {names[i]!r} like another node" for i, n in enumerate(nodes)
                if names.count(names[i]) > 1}
         if dup:
             raise RoundAborted("key generation", dup)
         return _Commitments(key_id, seed_a, state.server_round, tuple(nodes), tuple(names),
-                            tuple(h for _, h, _ in parsed), tuple(sig for _, _, sig in parsed))
+                            tuple(r.commitment for r in parsed), tuple(r.signature for r in parsed))
 
     def reveal(self, committed: _Commitments) -> _KeySet:
         """Step 1b (``query.xmk_reveal``): relay every signed commitment; each node checks them
@@ -377,50 +412,34 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             A node refused, timed out, or opened keys that do not match its commitment.
         """
         nodes = committed.nodes
-        request = ConfigRecord({"key-id": committed.key_id, "round": committed.round,
-                                "signers": list(committed.names), "commitments": list(committed.commitments),
-                                "signatures": list(committed.signatures), "mask-degree": self.mask_degree})
-        replies = self._send(nodes, QUERY_XMK_REVEAL, RecordDict({XMK_CONFIG_KEY: request}))
+        request = xmk.RevealRequest(committed.key_id, committed.round, committed.names, committed.commitments,
+                                    committed.signatures, self.mask_degree)
         expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
 
-        def parse(reply: Message) -> tuple[bytes, bytes, bytes, bytes]:
-            rec = reply.content[XMK_CONFIG_KEY]
-            name, h = expected[reply.metadata.src_node_id]
-            if rec["key-id"] != committed.key_id or rec["signer"] != name:
+        def check(node: int, reply: xmk.RevealReply) -> xmk.RevealReply:
+            name, h = expected[node]
+            if reply.key_id != committed.key_id or reply.signer != name:
                 raise ValueError("reply is for another key set or member")
-            share, mask_key = bytes(rec["public-share"]), bytes(rec["mask-key"])
-            if keyset.commitment(committed.key_id, share, mask_key) != h:
+            if keyset.commitment(committed.key_id, reply.public_share, reply.mask_key) != h:
                 raise ValueError("the opened share or mask key does not match the node's commitment")
-            rlwe.PublicKey.from_bytes(share, self.params)
-            return share, mask_key, bytes(rec["transcript"]), bytes(rec["transcript-signature"])
+            rlwe.PublicKey.from_bytes(reply.public_share, self.params)
+            return reply
 
-        parsed = self._check_replies("key reveal", "opening", nodes, replies, parse)
+        parsed = self._exchange("key reveal", "opening", nodes, xmk.REVEAL, request, check)
         return _KeySet(committed.key_id, committed.seed_a, committed.round, nodes, committed.names,
-                       tuple(p[0] for p in parsed), tuple(p[1] for p in parsed), tuple(p[3] for p in parsed))
+                       tuple(r.public_share for r in parsed), tuple(r.mask_key for r in parsed),
+                       tuple(r.transcript_signature for r in parsed))
 
     def train_messages(self, key_set: _KeySet) -> list[Message]:
         """Step 2 (request): global model, train config and the key set to every key holder."""
-        state = self._round
-        assert state is not None
+        state = self._current()
         m = len(key_set.nodes)
-        xmk = ConfigRecord(
-            {
-                "params": self.params.name,
-                "key-id": key_set.key_id,
-                "round": state.server_round,
-                "signers": list(key_set.names),
-                "public-shares": list(key_set.shares),
-                "mask-keys": list(key_set.mask_keys),
-                "transcript-signatures": list(key_set.transcript_signatures),
-                "scale-bits": self.scale_bits_for(m),
-                "num-clients": m,
-                "max-abs-value": self.max_abs_value,
-            }
-        )
-        content = RecordDict(
-            {self.arrayrecord_key: state.arrays, self.configrecord_key: state.config, XMK_CONFIG_KEY: xmk}
-        )
-        return [Message(content=content, dst_node_id=n, message_type="train") for n in key_set.nodes]
+        keys = xmk.TrainRequest(self.params.name, key_set.key_id, state.server_round, key_set.names, key_set.shares,
+                                key_set.mask_keys, key_set.transcript_signatures, self.scale_bits_for(m), m,
+                                self.max_abs_value)
+        content = RecordDict({self.arrayrecord_key: state.arrays, self.configrecord_key: state.config})
+        content.update(keys.to_record())
+        return [Message(content=content, dst_node_id=n, message_type=xmk.TRAIN.message_type) for n in key_set.nodes]
 
     def sum_ciphertexts(self, replies: list[Message]) -> tuple[rlwe.Ciphertext, list[MetricRecord]]:
         """Step 2 (replies) and Eq. 3: one well-formed fresh ciphertext from every key holder, summed.
@@ -432,23 +451,20 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         RoundAborted
             A key holder failed, timed out or sent a malformed ciphertext.
         """
-        state = self._round
-        assert state is not None and state.key_set is not None
-        nodes = state.key_set.nodes
-        by_node = replies_by_node(state.sent, replies)
+        state = self._current()
+        nodes = state.keys.nodes
         expected_polys = -(-self._plaintext_length() // self.params.n)
 
-        def parse_ciphertext(reply: Message) -> tuple[rlwe.Ciphertext, MetricRecord | None]:
-            ct = rlwe.Ciphertext.from_bytes(
-                array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), self.params
-            )
+        def check(node: int, reply: xmk.TrainReply) -> tuple[rlwe.Ciphertext, MetricRecord | None]:
+            ct = rlwe.Ciphertext.from_bytes(reply.ciphertext, self.params)
             if ct.num_polys != expected_polys or ct.num_summed != 1:
                 raise ValueError(
                     f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh"
                 )
-            return ct, reply.content[METRICS_KEY] if METRICS_KEY in reply.content else None
+            return ct, reply.metrics
 
-        parsed = self._check_replies("encrypted training", "ciphertext", nodes, by_node, parse_ciphertext)
+        received = _Received(replies_by_node(state.sent, replies))
+        parsed = self._exchange("encrypted training", "ciphertext", nodes, xmk.TRAIN, None, check, grid=received)
         total = rlwe.add_ciphertexts([ct for ct, _ in parsed])
         return total, [m for _, m in parsed if m is not None]
 
@@ -463,35 +479,19 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         RoundAborted
             A contributor failed, timed out or sent a malformed share.
         """
-        state = self._round
-        assert state is not None and state.key_set is not None
-        key_set = state.key_set
+        state = self._current()
+        key_set = state.keys
         nodes = key_set.nodes
-        request = RecordDict(
-            {
-                XMK_CONFIG_KEY: ConfigRecord(
-                    {
-                        "params": self.params.name,
-                        "key-id": key_set.key_id,
-                        "round": state.server_round,
-                        "contributors": list(key_set.names),
-                        "num-clients": len(nodes),
-                    }
-                ),
-                XMK_C1_KEY: ArrayRecord({"c1": bytes_to_array(rlwe.polys_to_bytes(self.params, total.c1))}),
-            }
-        )
-        share_replies = self._send(nodes, QUERY_XMK_PDEC, request)
+        request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, key_set.names, len(nodes),
+                                  rlwe.polys_to_bytes(self.params, total.c1))
 
-        def parse_share(reply: Message) -> rlwe.DecryptionShare:
-            share = rlwe.DecryptionShare.from_bytes(
-                array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params
-            )
+        def check(node: int, reply: xmk.PdecReply) -> rlwe.DecryptionShare:
+            share = rlwe.DecryptionShare.from_bytes(reply.share, self.params)
             if share.d.shape != total.c1.shape:
                 raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
             return share
 
-        return self._check_replies("partial decryption", "decryption share", nodes, share_replies, parse_share)
+        return self._exchange("partial decryption", "decryption share", nodes, xmk.PDEC, request, check)
 
     def decode(self, total: rlwe.Ciphertext, shares: list[rlwe.DecryptionShare]) -> tuple[ArrayRecord, int]:
         """Step 4: Σ m = C0 + Σ D_i (Eq. 5), decode, ``w ← w + Σ n_i·Δw_i / Σ n_i``.
@@ -503,9 +503,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         RoundAborted
             The decoded Σ n_i is not a valid count or the aggregate is not finite.
         """
-        state = self._round
-        assert state is not None and state.key_set is not None
-        nodes = state.key_set.nodes
+        state = self._current()
+        nodes = state.keys.nodes
         layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
         scale_bits = self.scale_bits_for(len(nodes))
         decoded = rlwe.combine_and_decode(self.params, total.c0, shares, self._plaintext_length(),
@@ -523,8 +522,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     # ------------------------------------------------------------ internals
     def _plaintext_length(self) -> int:
         """Encoded values per update: every weight and n_i."""
-        state = self._round
-        assert state is not None
+        state = self._current()
         return WeightLayout.of(state.arrays.to_numpy_ndarrays()).size + 1
 
     def _record_abort(self, exc: RoundAborted) -> None:
@@ -532,37 +530,52 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         rnd = self._round.server_round if self._round else -1
         self.aborted_attempts.append((rnd, exc))
         log(WARNING, "Round %d: secure aggregation aborted at %s: %d node(s) failed", rnd, exc.step, len(exc.failed))
-        log_failures(f"Round {rnd}: XMKFedAvg", exc.step, exc.failed)
+        if exc.failures is None:  # an exchange's failures are logged by the exchange
+            log_failures(f"Round {rnd}: XMKFedAvg", exc.step, exc.failed)
 
-    def _send(self, nodes: Iterable[int], message_type: str, content: RecordDict) -> dict[int, Message]:
-        grid = self._round.grid  # type: ignore[union-attr]
-        messages = [Message(content=content, dst_node_id=n, message_type=message_type) for n in nodes]
-        return replies_by_node(messages, collect(grid, messages, timeout=self.step_timeout).replies)
+    def _current(self) -> _RoundState:
+        """The state of the round in progress.
 
-    def _check_replies(self, step: str, what: str, nodes, replies: dict[int, Message], parse) -> list:
-        """Parse every node's reply, in node order, or raise :class:`RoundAborted`
-        naming each node that timed out, replied with an error, or sent a
-        malformed ``what``."""
-        parsed, failed = [], {}
-        for node in nodes:
-            reply = replies.get(node)
-            if reply is None:
-                failed[node] = f"no reply to {step} within our timeout"
-            elif reply.has_error():
-                failed[node] = f"{step} error (code {reply.error.code}): {reply.error.reason}"
-            else:
-                try:
-                    parsed.append(parse(reply))
-                except (KeyError, ValueError, TypeError) as exc:
-                    failed[node] = f"malformed {what}: {exc}"
-        if failed:
-            raise RoundAborted(step, failed)
-        return parsed
+        Raises
+        ------
+        RuntimeError
+            If no round is in progress (``configure_train`` has not run).
+        """
+        if self._round is None:
+            raise RuntimeError("XMKFedAvg: no round in progress (configure_train has not run)")
+        return self._round
+
+    def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
+                  request: Payload | None, check: Callable[[int, Payload], Any], *, grid: Any = None) -> list:
+        """Send ``request`` to every node (over ``grid``, default the round's), parse every reply with
+        ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return the
+        results in node order, or raise :class:`RoundAborted` naming each node that timed out, replied
+        with an error, or sent a malformed ``what`` (a :class:`~flwr_fedeval.protocol.MalformedMessage`
+        or a failed check: ``MALFORMED_REPLY``), through the shared
+        :func:`~flwr_fedeval.strategies.base.exchange_replies`."""
+        state = self._current()
+        nodes = list(nodes)
+        content = request.to_record() if request is not None else RecordDict()
+        failures = Failures()
+
+        def parse(node: int, reply: RecordDict):
+            return check(node, protocol_step.reply.from_record(reply, node=node))
+
+        valid = exchange_replies(state.grid if grid is None else grid, {n: content for n in nodes},
+                                 protocol_step.message_type, parse, failures, step=step, what=what,
+                                 timeout=self.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
+        if failures:
+            if grid is not None:  # step 2: the train replies came within Strategy.start's timeout, not ours
+                for n, f in list(failures.items()):
+                    if f.code == ReplyCode.TIMEOUT:
+                        failures[n] = replace(f, reason=f"no reply to {step} within the train timeout")
+            failed = {n: f"{f.reason} [{code_name(f.code)}, code {f.code}]" for n, f in failures.items()}
+            raise RoundAborted(step, failed, failures=failures)
+        return [valid[n] for n in nodes]
 
     def _start_attempt(self, nodes: list[int]) -> list[Message]:
         """Step 1 with ``nodes`` (once more without the failing ones), then the step-2 messages."""
-        state = self._round
-        assert state is not None
+        state = self._current()
         if len(nodes) < self.min_train_nodes:
             raise RoundAborted(
                 "sampling",
@@ -589,9 +602,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
 
     def _finish_attempt(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """Steps 2 (replies), 3 and 4 of one attempt."""
-        state = self._round
-        assert state is not None and state.key_set is not None
-        nodes = state.key_set.nodes
+        state = self._current()
+        nodes = state.keys.nodes
         with self.timer.step("step 2 (sum of the encrypted updates)"):
             total, metrics = self.sum_ciphertexts(replies)
         with self.timer.step("step 3 (partial decryption)"):
@@ -613,8 +625,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         (roster names); the clients check every member of a key set against the roster themselves
         and refuse one that lists a member twice.
         """
-        state = self._round
-        assert state is not None
+        state = self._current()
         if lost <= 0:
             return []
         rejoin = getattr(state.grid, "rejoin", None)

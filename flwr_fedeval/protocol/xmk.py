@@ -1,0 +1,448 @@
+"""xMK-CKKS secure aggregation: the step table and one payload class per request and reply.
+
+The protocol (Walskaar, Tran, Catak 2023; Ma et al. 2022; hardened with signed
+commit-then-reveal key sets and pairwise masks, DESIGN.md §3 and §7):
+
+==========  ======================  =========  ==========================================
+step        message type            request    reply
+==========  ======================  =========  ==========================================
+1a          ``query.xmk_keygen``    KeygenRequest   KeygenReply (signed commitment h_i)
+1b          ``query.xmk_reveal``    RevealRequest   RevealReply (b_i, X_i, signature over T)
+2           ``train``               TrainRequest    TrainReply (Enc(n_i·Δw_i, n_i) + r_i)
+3           ``query.xmk_pdec``      PdecRequest     PdecReply (D_i = s_i·C1 + e*_i)
+==========  ======================  =========  ==========================================
+
+Every record key and field name of the protocol is spelled in this module only; the
+server (:mod:`flwr_fedeval.strategies.xmk_fedavg`) and the client
+(:mod:`flwr_fedeval.clients.xmkckks`) build and parse their messages through these
+classes. ``from_record`` checks the wire format (types, lengths, aligned lists, 1-D
+uint8 byte arrays); what needs the client's state or the parameter set (signatures,
+commitments, the canonical encoding of C1, the key set's members) is checked by the
+client and server themselves.
+
+Step 2 is Flower's own ``train`` message: :class:`TrainRequest` is the ``"xmk"``
+ConfigRecord added to the model and train config, :class:`TrainReply` the ciphertext
+record beside the train reply's metrics; the client's ``@app.train()`` handler answers
+it, wrapped by ``xmkckks_mod`` (a :class:`ModStep`, which :func:`register` skips).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from flwr_fedeval.protocol._base import (
+    MalformedMessage,
+    Payload,
+    Step,
+    array_bytes,
+    array_record,
+    bytes_array,
+    config_bytes,
+    config_field,
+    config_list,
+    config_record,
+)
+
+__all__ = [
+    "KEYGEN",
+    "PDEC",
+    "QUERY_STEPS",
+    "REVEAL",
+    "STEPS",
+    "TRAIN",
+    "KeygenReply",
+    "KeygenRequest",
+    "ModStep",
+    "PdecReply",
+    "PdecRequest",
+    "RevealReply",
+    "RevealRequest",
+    "TrainReply",
+    "TrainRequest",
+]
+
+#: Message types of the query steps (1a, 1b, 3).
+QUERY_XMK_KEYGEN = "query.xmk_keygen"
+QUERY_XMK_REVEAL = "query.xmk_reveal"
+QUERY_XMK_PDEC = "query.xmk_pdec"
+#: Record keys: the ConfigRecord of every request and of the replies of step 1,
+#: the ciphertext (reply of step 2), C1 (request of step 3), D_i (reply of step 3).
+XMK_CONFIG_KEY = "xmk"
+XMK_CIPHERTEXT_KEY = "xmk-ciphertext"
+XMK_C1_KEY = "xmk-c1"
+XMK_SHARE_KEY = "xmk-share"
+#: Flower's key of a train reply's MetricRecord (``FedAvg``'s default, ``messages.METRICS_KEY``).
+_METRICS_KEY = "metrics"
+
+#: Bytes of a seed of the public polynomial a, of a commitment h_i and of a transcript digest T (SHA-256),
+#: of an X25519 mask key (RFC 7748).
+SEED_BYTES = DIGEST_BYTES = MASK_KEY_BYTES = 32
+_MAX_ROUND = 2**63 - 1
+
+_K = XMK_CONFIG_KEY
+
+
+# ------------------------------------------------------------------ generic helpers (this protocol's)
+def _round(rec: ConfigRecord) -> int:
+    """``round``: the training round, an int in [0, 2**63)."""
+    return config_field(rec, _K, "round", int, minimum=0, maximum=_MAX_ROUND)
+
+
+def _aligned(**lists: list[Any]) -> None:
+    """The lists of one key set are aligned (one entry per member).
+
+    Raises
+    ------
+    MalformedMessage
+        Naming the first list whose length differs from the first one's.
+    """
+    names = list(lists)
+    first = len(lists[names[0]])
+    for name in names[1:]:
+        if len(lists[name]) != first:
+            raise MalformedMessage(f"{_K}.{name}", f"{len(lists[name])} items, but {names[0]} has {first}: "
+                                                  f"{', '.join(names)} must align, one entry per member")
+
+
+def _config(**fields: Any) -> RecordDict:
+    """The ``"xmk"`` ConfigRecord of ``fields`` (``key_id`` → ``"key-id"``; tuples sent as lists)."""
+    return RecordDict({_K: ConfigRecord({k.replace("_", "-"): list(v) if isinstance(v, tuple) else v
+                                         for k, v in fields.items()})})
+
+
+def _blob(name: str, data: bytes) -> ArrayRecord:
+    """An ArrayRecord of one byte string (a 1-D uint8 array)."""
+    return ArrayRecord({name: bytes_array(data)})
+
+
+# ------------------------------------------------------------------ step 1a
+@dataclasses.dataclass(frozen=True)
+class KeygenRequest(Payload):
+    """Step 1a request (``query.xmk_keygen``), record ``"xmk"``.
+
+    Attributes
+    ----------
+    params : str
+        Name of the RLWE parameter set (:data:`flwr_fedeval.rlwe.PARAMETER_SETS`).
+    seed_a : bytes
+        32-byte seed of the public polynomial a (Walskaar et al. 2023, Eq. 1).
+    key_id : str
+        Key-set id, H(params, seed-a) (:func:`flwr_fedeval.rlwe.keyset.key_set_id`).
+    round : int
+        Training round, in [0, 2**63).
+    """
+
+    LABEL = "xMK key generation request"
+    params: str
+    seed_a: bytes
+    key_id: str
+    round: int
+
+    def _to_record(self) -> RecordDict:
+        return _config(params=self.params, seed_a=self.seed_a, key_id=self.key_id, round=self.round)
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> KeygenRequest:
+        rec = config_record(content, _K)
+        return cls(config_field(rec, _K, "params", str), config_bytes(rec, _K, "seed-a", length=SEED_BYTES),
+                   config_field(rec, _K, "key-id", str), _round(rec))
+
+
+@dataclasses.dataclass(frozen=True)
+class KeygenReply(Payload):
+    """Step 1a reply, record ``"xmk"``: a signed commitment, neither b_i nor X_i.
+
+    Attributes
+    ----------
+    key_id : str
+        The key-set id of the request.
+    signer : str
+        The member's roster name.
+    commitment : bytes
+        h_i = SHA-256(domain, kid, b_i, X_i), 32 bytes (:func:`flwr_fedeval.rlwe.keyset.commitment`).
+    signature : bytes
+        Ed25519 signature of the key statement over h_i (:func:`flwr_fedeval.rlwe.keyset.sign_commitment`).
+    """
+
+    LABEL = "xMK key generation reply"
+    key_id: str
+    signer: str
+    commitment: bytes
+    signature: bytes
+
+    def _to_record(self) -> RecordDict:
+        return _config(key_id=self.key_id, signer=self.signer, commitment=self.commitment, signature=self.signature)
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> KeygenReply:
+        rec = config_record(content, _K)
+        return cls(config_field(rec, _K, "key-id", str), config_field(rec, _K, "signer", str),
+                   config_bytes(rec, _K, "commitment", length=DIGEST_BYTES), config_bytes(rec, _K, "signature"))
+
+
+# ------------------------------------------------------------------ step 1b
+@dataclasses.dataclass(frozen=True)
+class RevealRequest(Payload):
+    """Step 1b request (``query.xmk_reveal``), record ``"xmk"``: every member's signed commitment.
+
+    Attributes
+    ----------
+    key_id : str
+    round : int
+        The round the commitments were signed for.
+    signers, commitments, signatures : tuple
+        Aligned, one entry per member, as each replied to step 1a: roster names (str),
+        32-byte commitments, signatures (bytes; an empty one is refused by the client's check).
+    mask_degree : int
+        Degree k >= 0 of the mask graph (0 = complete; Bell et al. 2020).
+
+    ``from_record`` raises :class:`~flwr_fedeval.protocol.MalformedMessage` for misaligned lists
+    or a mask degree that is not an integer >= 0.
+    """
+
+    LABEL = "xMK key reveal request"
+    key_id: str
+    round: int
+    signers: tuple[str, ...]
+    commitments: tuple[bytes, ...]
+    signatures: tuple[bytes, ...]
+    mask_degree: int
+
+    def _to_record(self) -> RecordDict:
+        return _config(key_id=self.key_id, round=self.round, signers=self.signers, commitments=self.commitments,
+                       signatures=self.signatures, mask_degree=self.mask_degree)
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> RevealRequest:
+        rec = config_record(content, _K)
+        signers = config_list(rec, _K, "signers", str)
+        commitments = config_list(rec, _K, "commitments", bytes, item_length=DIGEST_BYTES)
+        signatures = config_list(rec, _K, "signatures", bytes)
+        _aligned(signers=signers, commitments=commitments, signatures=signatures)
+        if "mask-degree" not in rec:
+            raise MalformedMessage(f"{_K}.mask-degree", "missing")
+        degree = rec["mask-degree"]
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 0:
+            raise MalformedMessage(f"{_K}.mask-degree", f"must be an integer >= 0, got {degree!r}")
+        return cls(config_field(rec, _K, "key-id", str), _round(rec), tuple(signers), tuple(commitments),
+                   tuple(signatures), degree)
+
+
+@dataclasses.dataclass(frozen=True)
+class RevealReply(Payload):
+    """Step 1b reply, record ``"xmk"``: the opening of the commitment and the signed transcript.
+
+    Attributes
+    ----------
+    key_id, signer : str
+    public_share : bytes
+        b_i = −s_i·a + e_i (Eq. 1), :meth:`flwr_fedeval.rlwe.PublicKey.to_bytes`.
+    mask_key : bytes
+        X_i, the member's 32-byte X25519 public mask key.
+    transcript : bytes
+        T, the 32-byte key-set transcript digest (:func:`flwr_fedeval.rlwe.keyset.transcript_digest`).
+    transcript_signature : bytes
+        The member's signature over T (:func:`flwr_fedeval.rlwe.keyset.sign_transcript`).
+    """
+
+    LABEL = "xMK key reveal reply"
+    key_id: str
+    signer: str
+    public_share: bytes
+    mask_key: bytes
+    transcript: bytes
+    transcript_signature: bytes
+
+    def _to_record(self) -> RecordDict:
+        return _config(key_id=self.key_id, signer=self.signer, public_share=self.public_share,
+                       mask_key=self.mask_key, transcript=self.transcript,
+                       transcript_signature=self.transcript_signature)
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> RevealReply:
+        rec = config_record(content, _K)
+        return cls(config_field(rec, _K, "key-id", str), config_field(rec, _K, "signer", str),
+                   config_bytes(rec, _K, "public-share"), config_bytes(rec, _K, "mask-key", length=MASK_KEY_BYTES),
+                   config_bytes(rec, _K, "transcript", length=DIGEST_BYTES),
+                   config_bytes(rec, _K, "transcript-signature"))
+
+
+# ------------------------------------------------------------------ step 2
+@dataclasses.dataclass(frozen=True)
+class TrainRequest(Payload):
+    """Step 2 request: the ``"xmk"`` ConfigRecord of the key set, added to Flower's ``train`` message
+    (beside the model's ArrayRecord and the train config, which are Flower's).
+
+    Attributes
+    ----------
+    params, key_id : str
+    round : int
+        The training round; a client encrypts at most once per key set and round.
+    signers, public_shares, mask_keys, transcript_signatures : tuple
+        Aligned, one entry per member: roster names, b_j (bytes), X_j (32 bytes), signatures over T.
+    scale_bits : int
+        log2 of the fixed-point scale Δ (>= 1).
+    num_clients : int
+        |K|, the number of members (>= 1).
+    max_abs_value : float
+        Public bound on every encrypted value |n_i·Δw| and n_i (>= 1, finite).
+    """
+
+    LABEL = "xMK train request"
+    params: str
+    key_id: str
+    round: int
+    signers: tuple[str, ...]
+    public_shares: tuple[bytes, ...]
+    mask_keys: tuple[bytes, ...]
+    transcript_signatures: tuple[bytes, ...]
+    scale_bits: int
+    num_clients: int
+    max_abs_value: float
+
+    @staticmethod
+    def carried_by(content: RecordDict) -> bool:
+        """Whether a ``train`` message carries the key set (else it is ordinary, plaintext training)."""
+        return _K in content
+
+    def _to_record(self) -> RecordDict:
+        return _config(params=self.params, key_id=self.key_id, round=self.round, signers=self.signers,
+                       public_shares=self.public_shares, mask_keys=self.mask_keys,
+                       transcript_signatures=self.transcript_signatures, scale_bits=self.scale_bits,
+                       num_clients=self.num_clients, max_abs_value=self.max_abs_value)
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> TrainRequest:
+        rec = config_record(content, _K)
+        lists = {"signers": config_list(rec, _K, "signers", str),
+                 "public-shares": config_list(rec, _K, "public-shares", bytes),
+                 "mask-keys": config_list(rec, _K, "mask-keys", bytes, item_length=MASK_KEY_BYTES),
+                 "transcript-signatures": config_list(rec, _K, "transcript-signatures", bytes)}
+        _aligned(**lists)
+        return cls(config_field(rec, _K, "params", str), config_field(rec, _K, "key-id", str), _round(rec),
+                   *(tuple(v) for v in lists.values()), config_field(rec, _K, "scale-bits", int, minimum=1),
+                   config_field(rec, _K, "num-clients", int, minimum=1),
+                   config_field(rec, _K, "max-abs-value", float, minimum=1.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainReply(Payload):
+    """Step 2 reply: record ``"xmk-ciphertext"`` (ArrayRecord ``ciphertext``, uint8) and Flower's ``"metrics"``.
+
+    Attributes
+    ----------
+    ciphertext : bytes
+        Enc(n_i·(w_i − w), n_i) + r_i under b = Σ b_j (Eq. 6), :meth:`flwr_fedeval.rlwe.Ciphertext.to_bytes`.
+    metrics : MetricRecord or None
+        The train handler's metrics without ``num-examples`` (n_i stays encrypted).
+    """
+
+    LABEL = "xMK train reply"
+    ciphertext: bytes
+    metrics: MetricRecord | None = None
+
+    def _to_record(self) -> RecordDict:
+        content = RecordDict({XMK_CIPHERTEXT_KEY: _blob("ciphertext", self.ciphertext)})
+        if self.metrics is not None:
+            content[_METRICS_KEY] = self.metrics
+        return content
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> TrainReply:
+        data = array_bytes(array_record(content, XMK_CIPHERTEXT_KEY), XMK_CIPHERTEXT_KEY, "ciphertext")
+        metrics = content[_METRICS_KEY] if _METRICS_KEY in content else None
+        if metrics is not None and not isinstance(metrics, MetricRecord):
+            raise MalformedMessage(_METRICS_KEY, f"expected a MetricRecord, got {type(metrics).__name__}")
+        return cls(data, metrics)
+
+
+# ------------------------------------------------------------------ step 3
+@dataclasses.dataclass(frozen=True)
+class PdecRequest(Payload):
+    """Step 3 request (``query.xmk_pdec``): record ``"xmk"`` and record ``"xmk-c1"`` (ArrayRecord ``c1``, uint8).
+
+    Attributes
+    ----------
+    params, key_id : str
+    round : int
+        The round of the summed ciphertexts.
+    contributors : tuple of str
+        Roster names of the members whose ciphertexts were summed (the whole key set).
+    num_clients : int
+        |K| (>= 1).
+    c1 : bytes
+        C1 = Σ c1_i (Eq. 3), :func:`flwr_fedeval.rlwe.polys_to_bytes` (its canonical form is the client's check).
+    """
+
+    LABEL = "xMK partial decryption request"
+    params: str
+    key_id: str
+    round: int
+    contributors: tuple[str, ...]
+    num_clients: int
+    c1: bytes
+
+    def _to_record(self) -> RecordDict:
+        content = _config(params=self.params, key_id=self.key_id, round=self.round, contributors=self.contributors,
+                          num_clients=self.num_clients)
+        content[XMK_C1_KEY] = _blob("c1", self.c1)
+        return content
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> PdecRequest:
+        rec = config_record(content, _K)
+        return cls(config_field(rec, _K, "params", str), config_field(rec, _K, "key-id", str), _round(rec),
+                   tuple(config_list(rec, _K, "contributors", str)),
+                   config_field(rec, _K, "num-clients", int, minimum=1),
+                   array_bytes(array_record(content, XMK_C1_KEY), XMK_C1_KEY, "c1"))
+
+
+@dataclasses.dataclass(frozen=True)
+class PdecReply(Payload):
+    """Step 3 reply: record ``"xmk-share"`` (ArrayRecord ``share``, uint8).
+
+    Attributes
+    ----------
+    share : bytes
+        D_i = s_i·C1 + e*_i with smudging noise (Eq. 7), :meth:`flwr_fedeval.rlwe.DecryptionShare.to_bytes`.
+    """
+
+    LABEL = "xMK partial decryption reply"
+    share: bytes
+
+    def _to_record(self) -> RecordDict:
+        return RecordDict({XMK_SHARE_KEY: _blob("share", self.share)})
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> PdecReply:
+        return cls(array_bytes(array_record(content, XMK_SHARE_KEY), XMK_SHARE_KEY, "share"))
+
+
+# ------------------------------------------------------------------ the step table
+@dataclasses.dataclass(frozen=True)
+class ModStep(Step):
+    """A step answered by the ClientApp's own handler of an action (``@app.train()``), wrapped by a mod:
+    its message type is the bare action (``"train"``), and :func:`flwr_fedeval.protocol.register`
+    is not given it (the App registers its own handler)."""
+
+    def __post_init__(self) -> None:
+        if self.message_type not in ("train", "evaluate", "query"):
+            raise ValueError(f"a mod step's message type is train, evaluate or query, got {self.message_type!r}")
+
+    @property
+    def handler_name(self) -> str:
+        """``""``: Flower's default handler of the action."""
+        return ""
+
+
+KEYGEN = Step("step 1a (key commitment)", QUERY_XMK_KEYGEN, "client", KeygenRequest, KeygenReply)
+REVEAL = Step("step 1b (key reveal)", QUERY_XMK_REVEAL, "client", RevealRequest, RevealReply)
+TRAIN = ModStep("step 2 (encrypted training)", "train", "client", TrainRequest, TrainReply)
+PDEC = Step("step 3 (partial decryption)", QUERY_XMK_PDEC, "client", PdecRequest, PdecReply)
+#: Every step of a round, in order.
+STEPS = (KEYGEN, REVEAL, TRAIN, PDEC)
+#: The steps with a query handler of ours (:func:`flwr_fedeval.clients.xmkckks.register_xmkckks_handlers`).
+QUERY_STEPS = (KEYGEN, REVEAL, PDEC)
