@@ -37,8 +37,7 @@ import numpy as np
 from flwr.app import Context, Message
 
 from flwr_fedeval.fhe.counts import threshold_counts
-from flwr_fedeval.protocol import handler, register
-from flwr_fedeval.protocol import auc, dp_auc
+from flwr_fedeval.protocol import auc, dp_auc, handler, register
 
 __all__ = ["TestLabels", "TestScores", "register_auc_handlers", "register_dp_handlers", "threshold_counts_reply"]
 
@@ -56,7 +55,7 @@ def _counts(request: auc.ThresholdCountsRequest, y_true: np.ndarray, y_score: np
     (logits, ``decision_function`` outputs).
     """
     theta = request.thresholds
-    probability = 0.0 <= theta.min() and theta.max() <= 1.0
+    probability = theta.min() >= 0.0 and theta.max() <= 1.0
     return auc.ThresholdCounts.of(threshold_counts(y_true, y_score, theta,
                                                    score_range=(0.0, 1.0) if probability else None))
 

@@ -50,6 +50,7 @@ import numpy as np
 from diffprivlib import BudgetAccountant
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
+from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # also importable from here
 from flwr_fedeval.dp import (
     BudgetError,
     DPAUCLaplaceParams,
@@ -63,18 +64,9 @@ from flwr_fedeval.dp import (
     fedauc_unshuffle_ranks,
     randomize_labels,
 )
-from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # noqa: F401  (also importable from here)
 from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.protocol import Refused, dp_auc
 from flwr_fedeval.protocol.auc import ThresholdCounts
-from flwr_fedeval.protocol.dp_auc import (
-    DPAUCRequest,
-    FedAUCScoresRequest,
-    FedAUCStatsRequest,
-    LocalStatsReply,
-    NoisyCounts,
-    ShuffledScores,
-)
 
 __all__ = [
     "CLIENT_DP_DEFAULTS",
@@ -109,7 +101,7 @@ class _Settings:
     """``dp-epsilon``, ``dp-budget``, ``dp-seed`` from the client's run config."""
 
     def __init__(self, run_config) -> None:
-        get = lambda k: run_config.get(k, CLIENT_DP_DEFAULTS[k])  # noqa: E731
+        get = lambda k: run_config.get(k, CLIENT_DP_DEFAULTS[k])
         self.dp_epsilon = float(get("dp-epsilon"))
         self.dp_budget = float(get("dp-budget"))
         self.dp_seed = int(get("dp-seed"))
@@ -221,7 +213,8 @@ def _rr_labels(context: Context, y_true, epsilon: float, accountant, rng) -> np.
 
 
 # --- DPAUC ---------------------------------------------------------------------
-def dpauc_laplace(request: DPAUCRequest, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> NoisyCounts:
+def dpauc_laplace(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
+                  y_score: np.ndarray) -> dp_auc.NoisyCounts:
     """DPAUC_Lap client: Laplace-noised TP/FP/TN/FN at the server's decision points.
 
     ``request.epsilon`` (ε of this evaluation) is split equally over the 4N counts.
@@ -235,12 +228,13 @@ def dpauc_laplace(request: DPAUCRequest, context: Context, y_true: np.ndarray, y
     def step(cfg, accountant, rng):
         params = DPAUCLaplaceParams(request.epsilon, request.thresholds.size)
         counts = threshold_counts(y_true, y_score, request.thresholds)
-        return NoisyCounts(*dpauc_laplace_client(counts, params, accountant=accountant, random_state=rng))
+        return dp_auc.NoisyCounts(*dpauc_laplace_client(counts, params, accountant=accountant, random_state=rng))
 
     return _dp_request(context, step)
 
 
-def dpauc_rr(request: DPAUCRequest, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> ThresholdCounts:
+def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
+             y_score: np.ndarray) -> ThresholdCounts:
     """DPAUC_RR client: exact counts (int64, as the plaintext phase) of the randomized-response labels.
 
     Raises
@@ -257,7 +251,7 @@ def dpauc_rr(request: DPAUCRequest, context: Context, y_true: np.ndarray, y_scor
 
 
 # --- FedAUC --------------------------------------------------------------------
-def _fedauc_cost(request: FedAUCScoresRequest, context: Context, y_true) -> float:
+def _fedauc_cost(request: dp_auc.FedAUCScoresRequest, context: Context, y_true) -> float:
     """The ε round 2 will charge: ε, or 0 for RR labels already flipped at this ε."""
     eps = request.epsilon
     if request.mechanism == "rr" and _stored_rr_labels(context, np.asarray(y_true, dtype=np.int64), eps) is not None:
@@ -265,8 +259,8 @@ def _fedauc_cost(request: FedAUCScoresRequest, context: Context, y_true) -> floa
     return eps
 
 
-def fedauc_scores(request: FedAUCScoresRequest, context: Context, y_true: np.ndarray,
-                  y_score: np.ndarray) -> ShuffledScores:
+def fedauc_scores(request: dp_auc.FedAUCScoresRequest, context: Context, y_true: np.ndarray,
+                  y_score: np.ndarray) -> dp_auc.ShuffledScores:
     """FedAUC round 1: the scores in a secret random order (float64, shape (n_k,)).
 
     Checks, without spending, that round 2 is affordable.
@@ -282,7 +276,7 @@ def fedauc_scores(request: FedAUCScoresRequest, context: Context, y_true: np.nda
         shuffled, perm = fedauc_shuffle_scores(y_score, random_state=rng)
         context.state[STATE_FEDAUC] = ArrayRecord({"permutation": Array(perm)})
         context.state[f"{STATE_FEDAUC}.meta"] = ConfigRecord({"session": request.session})
-        return ShuffledScores(shuffled)
+        return dp_auc.ShuffledScores(shuffled)
 
     return _dp_request(context, step)
 
@@ -299,8 +293,8 @@ def _pop_permutation(context: Context, session: str) -> np.ndarray:
     return perm
 
 
-def fedauc_stats(request: FedAUCStatsRequest, context: Context, y_true: np.ndarray,
-                 y_score: np.ndarray | None = None) -> LocalStatsReply:
+def fedauc_stats(request: dp_auc.FedAUCStatsRequest, context: Context, y_true: np.ndarray,
+                 y_score: np.ndarray | None = None) -> dp_auc.LocalStatsReply:
     """FedAUC round 2: ``(localSum, localP, localN)`` from the global ranks (RR labels or Laplace noise).
 
     ``y_score`` is not needed (the ranks replace it).
@@ -317,11 +311,11 @@ def fedauc_stats(request: FedAUCStatsRequest, context: Context, y_true: np.ndarr
         perm = _pop_permutation(context, request.session)
         ranks = fedauc_unshuffle_ranks(request.ranks, perm)
         if request.mechanism == "rr":
-            return LocalStatsReply(*fedauc_local_stats(ranks, _rr_labels(context, y_true, request.epsilon,
-                                                                           accountant, rng)))
+            flipped = _rr_labels(context, y_true, request.epsilon, accountant, rng)
+            return dp_auc.LocalStatsReply(*fedauc_local_stats(ranks, flipped))
         params = FedAUCLaplaceParams(request.epsilon, sensitivity=request.sensitivity, allocation=request.allocation,
                                      alpha=request.alpha, beta=request.beta)
-        return LocalStatsReply(*fedauc_laplace_client(ranks, y_true, params, max_rank=request.max_rank,
+        return dp_auc.LocalStatsReply(*fedauc_laplace_client(ranks, y_true, params, max_rank=request.max_rank,
                                                       accountant=accountant, random_state=rng))
 
     return _dp_request(context, step)

@@ -3,12 +3,8 @@
 One step (Baykara et al. 2025, Eqs. 2-3, the reference protocol the FHE and DP
 phases replace):
 
-=========================  ==============================  ===========================
-message type               request                         reply
-=========================  ==============================  ===========================
-``evaluate.threshold_      :class:`ThresholdCountsRequest`  :class:`ThresholdCounts`
-counts``                   (+ Flower's model record)
-=========================  ==============================  ===========================
+* ``evaluate.threshold_counts``: :class:`ThresholdCountsRequest` (+ Flower's model record) in,
+  :class:`ThresholdCounts` out.
 
 The decision points (record ``evaluation``) and the counts (record ``counts``)
 are shared with the DP phases (:mod:`flwr_fedeval.protocol.dp_auc`: DPAUC_Lap

@@ -1,17 +1,10 @@
 """Messages of the differential-privacy AUC baselines: DPAUC_Lap, DPAUC_RR, FedAUC (Sun et al.).
 
-======================  ===========================  ===========================  ==================
-message type            request                      reply                        phase
-======================  ===========================  ===========================  ==================
-``evaluate.dpauc_       :class:`DPAUCRequest`        :class:`NoisyCounts`         DPAUC_Lap
-laplace``
-``evaluate.dpauc_rr``   :class:`DPAUCRequest`        :class:`~flwr_fedeval.       DPAUC_RR
-                                                     protocol.auc.ThresholdCounts`
-``evaluate.fedauc_      :class:`FedAUCScoresRequest`  :class:`ShuffledScores`     FedAUC round 1
-scores``
-``evaluate.fedauc_      :class:`FedAUCStatsRequest`   :class:`LocalStatsReply`    FedAUC round 2
-stats``
-======================  ===========================  ===========================  ==================
+* DPAUC_Lap, ``evaluate.dpauc_laplace``: :class:`DPAUCRequest` in, :class:`NoisyCounts` out;
+* DPAUC_RR, ``evaluate.dpauc_rr``: :class:`DPAUCRequest` in,
+  :class:`~flwr_fedeval.protocol.auc.ThresholdCounts` (of the flipped labels) out;
+* FedAUC round 1, ``evaluate.fedauc_scores``: :class:`FedAUCScoresRequest` in, :class:`ShuffledScores` out;
+* FedAUC round 2, ``evaluate.fedauc_stats``: :class:`FedAUCStatsRequest` in, :class:`LocalStatsReply` out.
 
 Every request carries a ConfigRecord ``dp`` (ε of this evaluation; FedAUC: also the
 session and the mechanism); the DPAUC and FedAUC round-1 requests also carry Flower's
@@ -116,7 +109,7 @@ class BudgetError(Refused):
 # ------------------------------------------------------------------ checked fields
 def _epsilon(rec: ConfigRecord) -> float:
     """``dp.epsilon``: a number > 0; ``inf`` allowed (no noise)."""
-    value = rec["epsilon"] if "epsilon" in rec else None
+    value = rec.get("epsilon")
     if isinstance(value, float) and value == math.inf:
         return math.inf
     eps = float(config_field(rec, DP_KEY, "epsilon", (int, float)))

@@ -20,9 +20,9 @@ from flwr.serverapp import Grid
 
 from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points
 from flwr_fedeval.messages import ARRAYS_KEY
+from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
 from flwr_fedeval.protocol import Payload
 from flwr_fedeval.protocol.auc import THRESHOLD_COUNTS, ThresholdCounts, ThresholdCountsRequest
-from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
 from flwr_fedeval.strategies.base import EvaluationPhase
 
 __all__ = ["AUCPhaseResult", "PlaintextAUCPhase", "with_model"]

@@ -32,7 +32,6 @@ Vertical Federated Learning" (FedAUC).
 from __future__ import annotations
 
 import math
-
 import secrets
 from logging import INFO
 from typing import Any
