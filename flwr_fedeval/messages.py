@@ -9,7 +9,7 @@ deployment engine's serialization.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from flwr_fedeval.protocol import ReplyCode  # noqa: F401  (re-exported: the codes live in the protocol layer)
 
