@@ -11,183 +11,36 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from flwr_fedeval.metrics.counts import ConfusionCounts
 from flwr_fedeval.protocol import ReplyCode  # noqa: F401  (re-exported: the codes live in the protocol layer)
+
+# --- plaintext and DP AUC phases: spelled in their protocol modules, re-exported here ----------
+from flwr_fedeval.protocol.auc import COUNTS_KEY, EVALUATE_THRESHOLD_COUNTS, EVALUATION_KEY  # noqa: F401
+from flwr_fedeval.protocol.dp_auc import (  # noqa: F401
+    DP_KEY,
+    EVALUATE_DPAUC_LAPLACE,
+    EVALUATE_DPAUC_RR,
+    EVALUATE_FEDAUC_SCORES,
+    EVALUATE_FEDAUC_STATS,
+    FEDAUC_KEY,
+    NOISY_COUNTS_KEY,
+    SCORES_KEY,
+    STATS_KEY,
+)
 
 __all__ = [
     "ReplyCode",
     "EVALUATE_THRESHOLD_COUNTS",
-    "counts_to_record",
-    "counts_from_record",
     "EVALUATE_DPAUC_LAPLACE",
     "EVALUATE_DPAUC_RR",
     "EVALUATE_FEDAUC_SCORES",
     "EVALUATE_FEDAUC_STATS",
-    "noisy_counts_from_record",
-    "noisy_counts_to_record",
-    "local_stats_from_record",
-    "local_stats_to_record",
-    "scores_from_record",
 ]
 
-#: Evaluation phase of the plaintext global AUC: thresholds in, counts out.
-EVALUATE_THRESHOLD_COUNTS = "evaluate.threshold_counts"
-#: DPAUC_Lap: thresholds + DP parameters in, Laplace-noised counts (float64) out.
-EVALUATE_DPAUC_LAPLACE = "evaluate.dpauc_laplace"
-#: DPAUC_RR: thresholds + ε in, exact counts of the randomized-response labels out.
-EVALUATE_DPAUC_RR = "evaluate.dpauc_rr"
-#: FedAUC round 1: global model + session id in, the client's shuffled scores out.
-EVALUATE_FEDAUC_SCORES = "evaluate.fedauc_scores"
-#: FedAUC round 2: global ranks of those shuffled scores + DP parameters in,
-#: (localSum, localP, localN) out.
-EVALUATE_FEDAUC_STATS = "evaluate.fedauc_stats"
-
-
-# --- record keys of the AUC phases (plain, DP, FHE) ---------------------------
-#: Request: ArrayRecord ``thresholds`` (float64, shape (N,)), the public decision points.
-EVALUATION_KEY = "evaluation"
-#: Reply (plain, DPAUC_RR): ArrayRecord ``tp``/``fp``/``tn``/``fn`` (int64, shape (N,)).
-COUNTS_KEY = "counts"
-#: Request of the DP phases: ConfigRecord ``epsilon`` (+ ``session``, ``mechanism``, ... for FedAUC).
-DP_KEY = "dp"
-#: Reply (DPAUC_Lap): ArrayRecord ``tp``/``fp``/``tn``/``fn`` (float64, noisy).
-NOISY_COUNTS_KEY = "noisy-counts"
-#: Reply (FedAUC round 1): ArrayRecord ``scores`` (float64, shuffled).
-SCORES_KEY = "scores"
-#: Request (FedAUC round 2): ArrayRecord ``ranks`` (global ranks of the shuffled scores).
-FEDAUC_KEY = "fedauc"
-#: Reply (FedAUC round 2): ConfigRecord ``local-sum``, ``local-p``, ``local-n``.
-STATS_KEY = "stats"
 #: Flower's default record keys (``FedAvg(arrayrecord_key=..., configrecord_key=...)``):
 #: the model's ArrayRecord, the train config, and the reply's MetricRecord.
 ARRAYS_KEY = "arrays"
 CONFIG_KEY = "config"
 METRICS_KEY = "metrics"
-
-_COUNT_FIELDS = ("tp", "fp", "tn", "fn")
-
-
-def counts_to_record(counts: ConfusionCounts) -> ArrayRecord:
-    """Pack TP/FP/TN/FN (int64 arrays of shape (N,)) into an ArrayRecord."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v, dtype=np.int64)) for k, v in zip(_COUNT_FIELDS, counts)})
-
-
-def counts_from_record(record: ArrayRecord, num_points: int) -> ConfusionCounts:
-    """Unpack and validate counts sent by a client.
-
-    Raises
-    ------
-    ValueError
-        If a field is missing, has the wrong length or dtype, is negative,
-        or the counts are inconsistent (TP/FP not non-decreasing over the
-        descending decision points, or TP+FN / FP+TN not constant).
-    """
-    missing = [k for k in _COUNT_FIELDS if k not in record]
-    if missing:
-        raise ValueError(f"counts record lacks field(s) {missing}")
-    arrays = {}
-    for k in _COUNT_FIELDS:
-        a = record[k].numpy()
-        if a.shape != (num_points,):
-            raise ValueError(f"field '{k}' has shape {a.shape}, expected ({num_points},)")
-        if not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"field '{k}' has dtype {a.dtype}, expected an integer type")
-        if (a < 0).any():
-            raise ValueError(f"field '{k}' has negative counts")
-        arrays[k] = a.astype(np.int64)
-    counts = ConfusionCounts(**arrays)
-    if (np.diff(counts.tp) < 0).any() or (np.diff(counts.fp) < 0).any():
-        raise ValueError("TP/FP must be non-decreasing over descending decision points")
-    if len(set((counts.tp + counts.fn).tolist())) > 1 or len(set((counts.fp + counts.tn).tolist())) > 1:
-        raise ValueError("TP+FN and FP+TN must be the same at every decision point")
-    return counts
-
-
-def noisy_counts_to_record(counts) -> ArrayRecord:
-    """Pack noisy TP/FP/TN/FN (float64 arrays of shape (N,)) into an ArrayRecord."""
-    return ArrayRecord(
-        {k: Array(np.ascontiguousarray(v, dtype=np.float64)) for k, v in zip(_COUNT_FIELDS, counts)}
-    )
-
-
-def noisy_counts_from_record(record: ArrayRecord, num_points: int) -> tuple[np.ndarray, ...]:
-    """Unpack noisy counts sent by a DPAUC_Lap client: ``(tp, fp, tn, fn)`` float64.
-
-    Noisy counts may be negative or fractional; they must be finite floats of
-    shape ``(num_points,)``.
-
-    Raises
-    ------
-    ValueError
-        If a field is missing, has the wrong shape or dtype, or is not finite.
-    """
-    missing = [k for k in _COUNT_FIELDS if k not in record]
-    if missing:
-        raise ValueError(f"noisy counts record lacks field(s) {missing}")
-    out = []
-    for k in _COUNT_FIELDS:
-        a = record[k].numpy()
-        if a.shape != (num_points,):
-            raise ValueError(f"field '{k}' has shape {a.shape}, expected ({num_points},)")
-        if a.dtype != np.float64:
-            raise ValueError(f"field '{k}' has dtype {a.dtype}, expected float64")
-        if not np.isfinite(a).all():
-            raise ValueError(f"field '{k}' has NaN or infinite values")
-        out.append(a.astype(np.float64))
-    return tuple(out)
-
-
-def scores_from_record(record: ArrayRecord) -> np.ndarray:
-    """Unpack a FedAUC client's shuffled scores: finite float64 of shape (n,).
-
-    Raises
-    ------
-    ValueError
-        If ``scores`` is missing, not 1-D float64, or not finite.
-    """
-    if "scores" not in record:
-        raise ValueError("scores record lacks field 'scores'")
-    a = record["scores"].numpy()
-    if a.ndim != 1 or a.dtype != np.float64:
-        raise ValueError(f"scores must be 1-D float64, got shape {a.shape} dtype {a.dtype}")
-    if not np.isfinite(a).all():
-        raise ValueError("scores contain NaN or infinite values")
-    return a
-
-
-_STATS_FIELDS = ("local-sum", "local-p", "local-n")
-
-
-def local_stats_to_record(stats) -> ConfigRecord:
-    """Pack FedAUC ``(localSum, localP, localN)`` as Python floats."""
-    return ConfigRecord({k: float(v) for k, v in zip(_STATS_FIELDS, stats)})
-
-
-def local_stats_from_record(record: ConfigRecord, num_samples: int) -> tuple[float, float, float]:
-    """Unpack and check a FedAUC client's ``(localSum, localP, localN)``.
-
-    ``localP + localN`` must equal the number of scores the client sent in
-    round 1 (``localN′ = n_k - localP′`` holds for the noisy variants too).
-
-    Raises
-    ------
-    ValueError
-        If a field is missing, not a finite number, or the totals disagree.
-    """
-    missing = [k for k in _STATS_FIELDS if k not in record]
-    if missing:
-        raise ValueError(f"stats record lacks field(s) {missing}")
-    values = []
-    for k in _STATS_FIELDS:
-        v = record[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-            raise ValueError(f"field '{k}' must be a finite number, got {v!r}")
-        values.append(float(v))
-    if not np.isclose(values[1] + values[2], num_samples, rtol=0.0, atol=1e-6 * max(1, num_samples)):
-        raise ValueError(
-            f"local-p + local-n = {values[1] + values[2]:g}, but the client sent {num_samples} scores"
-        )
-    return values[0], values[1], values[2]
 
 # --- xMK-CKKS secure aggregation (DESIGN.md §3) -----------------------------
 # The message types and record keys are spelled in :mod:`flwr_fedeval.protocol.xmk` (with the

@@ -17,7 +17,7 @@ from flwr.clientapp import ClientApp
 from flwr_fedeval.app.harness import positive_scores
 from flwr_fedeval.app.node_cache import NodeCache
 from flwr_fedeval.clients import fhe_handlers
-from flwr_fedeval.clients.auc_handlers import threshold_counts_reply
+from flwr_fedeval.clients.auc_handlers import register_auc_handlers, register_dp_handlers
 from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 
@@ -140,52 +140,17 @@ def local_test_scores(msg: Message, context: Context) -> tuple[np.ndarray, np.nd
     return CACHE.scores(cfg, pid, num, msg.content["arrays"], compute)
 
 
-@app.evaluate("threshold_counts")
-def evaluate_threshold_counts(msg: Message, context: Context) -> Message:
-    """TP/FP/TN/FN of the local test split at the server's decision points.
-
-    The plaintext phase of the main job; the FHE and DP phases replace it.
-    """
-    return threshold_counts_reply(msg, context, *local_test_scores(msg, context))
-
-
 def local_test_labels(context: Context) -> np.ndarray:
     """Labels of this client's test split (no model needed), int64 of shape (n_test,)."""
     pid, num = _partition(context)
     return CACHE.split(CACHE.config(context), pid, num).y_test
 
 
-# --- DP AUC baselines (flwr_fedeval.clients.dp_handlers) ---------------------
-@app.evaluate("dpauc_laplace")
-def evaluate_dpauc_laplace(msg: Message, context: Context) -> Message:
-    """DPAUC_Lap: Laplace-noised threshold counts (charged to this node's budget)."""
-    from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
-
-    return dp_handlers.dpauc_laplace(msg, context, *local_test_scores(msg, context))
-
-
-@app.evaluate("dpauc_rr")
-def evaluate_dpauc_rr(msg: Message, context: Context) -> Message:
-    """DPAUC_RR: threshold counts of the randomized-response labels."""
-    from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
-
-    return dp_handlers.dpauc_rr(msg, context, *local_test_scores(msg, context))
-
-
-@app.evaluate("fedauc_scores")
-def evaluate_fedauc_scores(msg: Message, context: Context) -> Message:
-    """FedAUC round 1: shuffled scores of the local test split."""
-    from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
-
-    return dp_handlers.fedauc_scores(msg, context, *local_test_scores(msg, context))
-
-
-@app.evaluate("fedauc_stats")
-def evaluate_fedauc_stats(msg: Message, context: Context) -> Message:
-    """FedAUC round 2: (localSum, localP, localN) from the global ranks."""
-    from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
-
-    return dp_handlers.fedauc_stats(msg, context, local_test_labels(context), None)
+# --- plaintext AUC and DP AUC baselines (flwr_fedeval.clients.auc_handlers, dp_handlers) ---
+register_auc_handlers(app, test_scores=local_test_scores)  # evaluate.threshold_counts
+# evaluate.dpauc_laplace, evaluate.dpauc_rr, evaluate.fedauc_scores, evaluate.fedauc_stats; diffprivlib is
+# imported on the first DP request only (~2 s per process)
+register_dp_handlers(app, test_scores=local_test_scores, test_labels=local_test_labels)
 
 
 # --- FHE AUC (flwr_fedeval.clients.fhe_handlers; DESIGN.md §4) ---------------

@@ -34,19 +34,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message
 
 from flwr_fedeval.fhe.counts import threshold_counts
-from flwr_fedeval.messages import (
-    COUNTS_KEY,
-    EVALUATE_DPAUC_LAPLACE,
-    EVALUATE_DPAUC_RR,
-    EVALUATE_FEDAUC_SCORES,
-    EVALUATE_FEDAUC_STATS,
-    EVALUATE_THRESHOLD_COUNTS,
-    EVALUATION_KEY,
-    counts_to_record,
-)
+from flwr_fedeval.protocol import auc, dp_auc, handler, register
 
 __all__ = ["TestLabels", "TestScores", "register_auc_handlers", "register_dp_handlers", "threshold_counts_reply"]
 
@@ -56,26 +47,29 @@ TestScores = Callable[[Message, Context], "tuple[np.ndarray, np.ndarray]"]
 TestLabels = Callable[[Context], np.ndarray]
 
 
-def _name(message_type: str) -> str:
-    """``"evaluate.threshold_counts"`` -> ``"threshold_counts"`` (the ClientApp decorator's argument)."""
-    return message_type.split(".", 1)[1]
+def _counts(request: auc.ThresholdCountsRequest, y_true: np.ndarray, y_score: np.ndarray) -> auc.ThresholdCounts:
+    """TP/FP/TN/FN of ``(y_true, y_score)`` at the request's decision points.
+
+    Decision points inside [0, 1] are probabilities (scores outside [0, 1] are refused with
+    ``ValueError``); otherwise the scores are real numbers in the decision points' units
+    (logits, ``decision_function`` outputs).
+    """
+    theta = request.thresholds
+    probability = theta.min() >= 0.0 and theta.max() <= 1.0
+    return auc.ThresholdCounts.of(threshold_counts(y_true, y_score, theta,
+                                                   score_range=(0.0, 1.0) if probability else None))
 
 
 def threshold_counts_reply(msg: Message, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> Message:
     """Reply TP/FP/TN/FN of ``(y_true, y_score)`` at the decision points of the request.
 
-    The plaintext AUC phase (``evaluate.threshold_counts``): the request's
-    ArrayRecord ``evaluation`` holds ``thresholds`` (float64, shape (N,)); the
-    reply's ArrayRecord ``counts`` holds int64 arrays of shape (N,)
-    (:func:`flwr_fedeval.messages.counts_to_record`). Decision points inside
-    [0, 1] are probabilities (scores outside [0, 1] are refused); otherwise
-    the scores are real numbers in the decision points' units (logits,
-    ``decision_function`` outputs).
+    The plaintext AUC phase (``evaluate.threshold_counts``): the request is a
+    :class:`~flwr_fedeval.protocol.auc.ThresholdCountsRequest` (decision points, float64 of
+    shape (N,)), the reply a :class:`~flwr_fedeval.protocol.auc.ThresholdCounts` (int64 of
+    shape (N,)). A malformed request gets an error reply (``ReplyCode.REFUSED``).
     """
-    thresholds = msg.content[EVALUATION_KEY]["thresholds"].numpy().astype(np.float64)
-    probability = bool(thresholds.size) and 0.0 <= thresholds.min() and thresholds.max() <= 1.0
-    counts = threshold_counts(y_true, y_score, thresholds, score_range=(0.0, 1.0) if probability else None)
-    return Message(content=RecordDict({COUNTS_KEY: counts_to_record(counts)}), reply_to=msg)
+    serve = handler(auc.THRESHOLD_COUNTS, lambda request, m, c: _counts(request, y_true, y_score), label="AUC")
+    return serve(msg, context)
 
 
 def register_auc_handlers(app, *, test_scores: TestScores) -> None:
@@ -88,10 +82,10 @@ def register_auc_handlers(app, *, test_scores: TestScores) -> None:
         ``(msg, context) -> (y_true, y_score)`` (see the module docstring).
     """
 
-    def evaluate_threshold_counts(msg: Message, context: Context) -> Message:
-        return threshold_counts_reply(msg, context, *test_scores(msg, context))
+    def serve(request: auc.ThresholdCountsRequest, msg: Message, context: Context) -> auc.ThresholdCounts:
+        return _counts(request, *test_scores(msg, context))
 
-    app.evaluate(_name(EVALUATE_THRESHOLD_COUNTS))(evaluate_threshold_counts)
+    register(app, auc.STEPS, {auc.EVALUATE_THRESHOLD_COUNTS: handler(auc.THRESHOLD_COUNTS, serve, label="AUC")})
 
 
 def register_dp_handlers(app, *, test_scores: TestScores, test_labels: TestLabels) -> None:
@@ -99,7 +93,8 @@ def register_dp_handlers(app, *, test_scores: TestScores, test_labels: TestLabel
 
     Each client charges its own budget (run config ``dp-epsilon``,
     ``dp-budget``, ``dp-seed``; see :mod:`flwr_fedeval.clients.dp_handlers`)
-    and refuses a request it cannot afford with a ``BUDGET_EXHAUSTED`` error reply.
+    and refuses a request it cannot afford with a ``BUDGET_EXHAUSTED`` error reply
+    (:class:`~flwr_fedeval.protocol.dp_auc.BudgetError`).
 
     Parameters
     ----------
@@ -110,27 +105,17 @@ def register_dp_handlers(app, *, test_scores: TestScores, test_labels: TestLabel
         ``context -> y_true`` (FedAUC round 2 carries no model).
     """
 
-    def evaluate_dpauc_laplace(msg: Message, context: Context) -> Message:
-        from flwr_fedeval.clients import dp_handlers
+    def labels_only(msg: Message, context: Context) -> tuple[np.ndarray, None]:
+        return np.asarray(test_labels(context)), None
 
-        return dp_handlers.dpauc_laplace(msg, context, *test_scores(msg, context))
+    def lazy(step, data):
+        def serve(request, msg: Message, context: Context):
+            from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
 
-    def evaluate_dpauc_rr(msg: Message, context: Context) -> Message:
-        from flwr_fedeval.clients import dp_handlers
+            return getattr(dp_handlers, step.handler_name)(request, context, *data(msg, context))
 
-        return dp_handlers.dpauc_rr(msg, context, *test_scores(msg, context))
+        # ValueError: a value flwr_fedeval.dp rejects (a DP parameter, ranks of another length)
+        return handler(step, serve, label="DP AUC", errors=(ValueError,))
 
-    def evaluate_fedauc_scores(msg: Message, context: Context) -> Message:
-        from flwr_fedeval.clients import dp_handlers
-
-        return dp_handlers.fedauc_scores(msg, context, *test_scores(msg, context))
-
-    def evaluate_fedauc_stats(msg: Message, context: Context) -> Message:
-        from flwr_fedeval.clients import dp_handlers
-
-        return dp_handlers.fedauc_stats(msg, context, np.asarray(test_labels(context)), None)
-
-    app.evaluate(_name(EVALUATE_DPAUC_LAPLACE))(evaluate_dpauc_laplace)
-    app.evaluate(_name(EVALUATE_DPAUC_RR))(evaluate_dpauc_rr)
-    app.evaluate(_name(EVALUATE_FEDAUC_SCORES))(evaluate_fedauc_scores)
-    app.evaluate(_name(EVALUATE_FEDAUC_STATS))(evaluate_fedauc_stats)
+    register(app, dp_auc.STEPS, {s.message_type: lazy(s, labels_only if s is dp_auc.FEDAUC_STATS else test_scores)
+                                 for s in dp_auc.STEPS})

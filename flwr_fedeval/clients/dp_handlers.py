@@ -1,9 +1,10 @@
 """Client side of the DP AUC phases (DPAUC_Lap, DPAUC_RR, FedAUC_RR, FedAUC_Lap).
 
-Each handler is a plain function ``(msg, context, y_true, y_score) -> Message``
-registered in :mod:`flwr_fedeval.app.client_app`; the DP math is in
-:mod:`flwr_fedeval.dp` (these functions only decode the request, keep the
-client's state and encode the reply).
+Each function here serves one step of :mod:`flwr_fedeval.protocol.dp_auc`:
+``(request, context, y_true, y_score) -> reply payload``, the request already
+parsed and checked; :func:`~flwr_fedeval.clients.auc_handlers.register_dp_handlers`
+wraps them (``protocol.handler``) and registers them. The DP math is in
+:mod:`flwr_fedeval.dp` (these functions only keep the client's state).
 
 Privacy budget
     Every client holds a diffprivlib ``BudgetAccountant`` whose total is the
@@ -13,7 +14,9 @@ Privacy budget
     charges it before any noise is drawn. The spends are kept in
     ``context.state["dp-accountant"]`` (a ConfigRecord of floats), so repeated
     evaluations in one run accumulate. A request the accountant cannot afford
-    gets an error reply ``BudgetError: ...`` and nothing noisy is sent.
+    is refused (:class:`flwr_fedeval.protocol.dp_auc.BudgetError`, code
+    ``BUDGET_EXHAUSTED``): the error reply reads ``BudgetError: ...`` and
+    nothing noisy is sent.
 
 Randomized response
     Labels are flipped **once** per ε (DPAUC_RR Step 1) and kept in
@@ -39,13 +42,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from diffprivlib import BudgetAccountant
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
+from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # also importable from here
 from flwr_fedeval.dp import (
     BudgetError,
     DPAUCLaplaceParams,
@@ -59,22 +64,9 @@ from flwr_fedeval.dp import (
     fedauc_unshuffle_ranks,
     randomize_labels,
 )
-from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # noqa: F401  (also importable from here)
-from flwr_fedeval.clients.replies import error_reply
 from flwr_fedeval.fhe.counts import threshold_counts
-from flwr_fedeval.messages import (
-    ReplyCode,
-    COUNTS_KEY,
-    DP_KEY,
-    EVALUATION_KEY,
-    FEDAUC_KEY,
-    NOISY_COUNTS_KEY,
-    SCORES_KEY,
-    STATS_KEY,
-    counts_to_record,
-    local_stats_to_record,
-    noisy_counts_to_record,
-)
+from flwr_fedeval.protocol import Refused, dp_auc
+from flwr_fedeval.protocol.auc import ThresholdCounts
 
 __all__ = [
     "CLIENT_DP_DEFAULTS",
@@ -109,12 +101,12 @@ class _Settings:
     """``dp-epsilon``, ``dp-budget``, ``dp-seed`` from the client's run config."""
 
     def __init__(self, run_config) -> None:
-        get = lambda k: run_config.get(k, CLIENT_DP_DEFAULTS[k])  # noqa: E731
+        get = lambda k: run_config.get(k, CLIENT_DP_DEFAULTS[k])
         self.dp_epsilon = float(get("dp-epsilon"))
         self.dp_budget = float(get("dp-budget"))
         self.dp_seed = int(get("dp-seed"))
         if not self.dp_epsilon > 0 or not self.dp_budget >= 0 or self.dp_seed < 0:
-            raise ValueError("config 'dp-epsilon' must be > 0, 'dp-budget' >= 0 and 'dp-seed' >= 0")
+            raise Refused("run config 'dp-epsilon' must be > 0, 'dp-budget' >= 0 and 'dp-seed' >= 0")
 
 
 # --- budget and randomness ---------------------------------------------------
@@ -166,30 +158,30 @@ def _random_state(context: Context, cfg: _Settings):
     return np.random.RandomState(np.random.MT19937(seq))
 
 
-def _error_reply(msg: Message, exc: BaseException) -> Message:
-    code = ReplyCode.BUDGET_EXHAUSTED if isinstance(exc, BudgetError) else None
-    return error_reply(msg, exc, "DP AUC", code=code)
+@contextmanager
+def _refuse_over_budget() -> Iterator[None]:
+    """diffprivlib's ``BudgetError`` becomes the protocol's refusal (code ``BUDGET_EXHAUSTED``)."""
+    try:
+        yield
+    except BudgetError as exc:
+        raise dp_auc.BudgetError(str(exc)) from exc
 
 
-def _dp_request(msg: Message, context: Context, step: Callable[[_Settings, BudgetAccountant, Any], RecordDict]) -> Message:
-    """Run ``step(cfg, accountant, random_state)``; always persist the spends.
+def _dp_request(context: Context, step: Callable[[_Settings, BudgetAccountant, Any], Any]) -> Any:
+    """``step(cfg, accountant, random_state)``; always persist the spends.
 
-    A refused budget or an invalid request becomes an error reply (and the
-    state, including any spend already charged, is kept: the engines only
-    persist ``context`` when the handler returns).
+    A refused budget (raised as :class:`~flwr_fedeval.protocol.dp_auc.BudgetError`) or an
+    invalid request becomes an error reply in ``protocol.handler``; the state, including any
+    spend already charged, is kept (the engines only persist ``context`` when the handler returns).
     """
-    try:
-        cfg = _config(context)
+    cfg = _config(context)
+    with _refuse_over_budget():
         accountant = _accountant(context, cfg)
-    except (BudgetError, ValueError) as exc:
-        return _error_reply(msg, exc)
     try:
-        content = step(cfg, accountant, _random_state(context, cfg))
-    except (BudgetError, ValueError, TypeError, KeyError) as exc:
-        return _error_reply(msg, exc)
+        with _refuse_over_budget():
+            return step(cfg, accountant, _random_state(context, cfg))
     finally:
         _save_accountant(context, accountant)
-    return Message(content=content, reply_to=msg)
 
 
 def _fingerprint(y_true: np.ndarray) -> str:
@@ -220,127 +212,110 @@ def _rr_labels(context: Context, y_true, epsilon: float, accountant, rng) -> np.
     return flipped
 
 
-def _thresholds(msg: Message) -> np.ndarray:
-    return msg.content[EVALUATION_KEY]["thresholds"].numpy().astype(np.float64)
-
-
-def _epsilon(msg: Message) -> float:
-    eps = msg.content[DP_KEY]["epsilon"]
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"request 'epsilon' must be a number, got {eps!r}")
-    return float(eps)
-
-
 # --- DPAUC ---------------------------------------------------------------------
-def dpauc_laplace(msg: Message, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> Message:
+def dpauc_laplace(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
+                  y_score: np.ndarray) -> dp_auc.NoisyCounts:
     """DPAUC_Lap client: Laplace-noised TP/FP/TN/FN at the server's decision points.
 
-    Request: ``evaluation.thresholds`` (N,), ``dp.epsilon`` (ε of this
-    evaluation, split equally over the 4N counts). Reply: ``noisy-counts``
-    (float64 arrays of shape (N,)).
+    ``request.epsilon`` (ε of this evaluation) is split equally over the 4N counts.
+
+    Raises
+    ------
+    flwr_fedeval.protocol.dp_auc.BudgetError
+        If this client's budget cannot pay ε (nothing is sent).
     """
 
     def step(cfg, accountant, rng):
-        thresholds = _thresholds(msg)
-        params = DPAUCLaplaceParams(_epsilon(msg), thresholds.size)
-        counts = threshold_counts(y_true, y_score, thresholds)
-        noisy = dpauc_laplace_client(counts, params, accountant=accountant, random_state=rng)
-        return RecordDict({NOISY_COUNTS_KEY: noisy_counts_to_record(noisy)})
+        params = DPAUCLaplaceParams(request.epsilon, request.thresholds.size)
+        counts = threshold_counts(y_true, y_score, request.thresholds)
+        return dp_auc.NoisyCounts(*dpauc_laplace_client(counts, params, accountant=accountant, random_state=rng))
 
-    return _dp_request(msg, context, step)
+    return _dp_request(context, step)
 
 
-def dpauc_rr(msg: Message, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> Message:
-    """DPAUC_RR client: exact counts of the randomized-response labels.
+def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
+             y_score: np.ndarray) -> ThresholdCounts:
+    """DPAUC_RR client: exact counts (int64, as the plaintext phase) of the randomized-response labels.
 
-    Request: ``evaluation.thresholds`` (N,), ``dp.epsilon``. Reply: ``counts``
-    (int64, as the plaintext phase) computed on the flipped labels.
+    Raises
+    ------
+    flwr_fedeval.protocol.dp_auc.BudgetError
+        If the labels must be flipped at a new ε this client's budget cannot pay.
     """
 
     def step(cfg, accountant, rng):
-        thresholds = _thresholds(msg)
-        flipped = _rr_labels(context, y_true, _epsilon(msg), accountant, rng)
-        counts = threshold_counts(flipped, y_score, thresholds)
-        return RecordDict({COUNTS_KEY: counts_to_record(counts)})
+        flipped = _rr_labels(context, y_true, request.epsilon, accountant, rng)
+        return ThresholdCounts.of(threshold_counts(flipped, y_score, request.thresholds))
 
-    return _dp_request(msg, context, step)
+    return _dp_request(context, step)
 
 
 # --- FedAUC --------------------------------------------------------------------
-def _fedauc_cost(msg: Message, context: Context, y_true) -> float:
-    conf = msg.content[DP_KEY]
-    eps = _epsilon(msg)
-    mechanism = conf["mechanism"]
-    if mechanism == "laplace":
-        return eps
-    if mechanism == "rr":
-        return 0.0 if _stored_rr_labels(context, np.asarray(y_true, dtype=np.int64), eps) is not None else eps
-    raise ValueError(f"request 'mechanism' must be 'rr' or 'laplace', got {mechanism!r}")
+def _fedauc_cost(request: dp_auc.FedAUCScoresRequest, context: Context, y_true) -> float:
+    """The ε round 2 will charge: ε, or 0 for RR labels already flipped at this ε."""
+    eps = request.epsilon
+    if request.mechanism == "rr" and _stored_rr_labels(context, np.asarray(y_true, dtype=np.int64), eps) is not None:
+        return 0.0
+    return eps
 
 
-def fedauc_scores(msg: Message, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> Message:
-    """FedAUC round 1: send the scores in a secret random order.
+def fedauc_scores(request: dp_auc.FedAUCScoresRequest, context: Context, y_true: np.ndarray,
+                  y_score: np.ndarray) -> dp_auc.ShuffledScores:
+    """FedAUC round 1: the scores in a secret random order (float64, shape (n_k,)).
 
-    Request: the global model, ``dp.session`` (str), ``dp.mechanism``
-    (``"rr"`` / ``"laplace"``), ``dp.epsilon``. Reply: ``scores.scores``
-    (float64, shape (n_k,)). Checks, without spending, that round 2 is
-    affordable; otherwise replies ``BudgetError``.
+    Checks, without spending, that round 2 is affordable.
+
+    Raises
+    ------
+    flwr_fedeval.protocol.dp_auc.BudgetError
+        If round 2 would exceed this client's budget (the client is left out before any ranking).
     """
 
     def step(cfg, accountant, rng):
-        _can_afford(accountant, _fedauc_cost(msg, context, y_true))
-        session = str(msg.content[DP_KEY]["session"])
+        _can_afford(accountant, _fedauc_cost(request, context, y_true))
         shuffled, perm = fedauc_shuffle_scores(y_score, random_state=rng)
         context.state[STATE_FEDAUC] = ArrayRecord({"permutation": Array(perm)})
-        context.state[f"{STATE_FEDAUC}.meta"] = ConfigRecord({"session": session})
-        return RecordDict({SCORES_KEY: ArrayRecord({"scores": Array(np.ascontiguousarray(shuffled))})})
+        context.state[f"{STATE_FEDAUC}.meta"] = ConfigRecord({"session": request.session})
+        return dp_auc.ShuffledScores(shuffled)
 
-    return _dp_request(msg, context, step)
+    return _dp_request(context, step)
 
 
 def _pop_permutation(context: Context, session: str) -> np.ndarray:
     meta_key = f"{STATE_FEDAUC}.meta"
     if STATE_FEDAUC not in context.state or meta_key not in context.state:
-        raise ValueError("no shuffled scores pending (round 1 missing)")
+        raise Refused("no shuffled scores pending (round 1 missing)")
     if context.state[meta_key]["session"] != session:
-        raise ValueError("session id does not match the pending round 1")
+        raise Refused("session id does not match the pending round 1")
     perm = context.state[STATE_FEDAUC]["permutation"].numpy()
     del context.state[STATE_FEDAUC]
     del context.state[meta_key]
     return perm
 
 
-def fedauc_stats(msg: Message, context: Context, y_true: np.ndarray, y_score: np.ndarray | None = None) -> Message:
-    """FedAUC round 2: ``(localSum, localP, localN)`` from the global ranks.
+def fedauc_stats(request: dp_auc.FedAUCStatsRequest, context: Context, y_true: np.ndarray,
+                 y_score: np.ndarray | None = None) -> dp_auc.LocalStatsReply:
+    """FedAUC round 2: ``(localSum, localP, localN)`` from the global ranks (RR labels or Laplace noise).
 
-    Request: ``fedauc.ranks`` (float64, aligned with the shuffled scores of
-    round 1), ``dp.session``, ``dp.mechanism``, ``dp.epsilon`` and, for
-    ``"laplace"``, ``dp.sensitivity``, ``dp.allocation``, ``dp.alpha``,
-    ``dp.beta`` (float or ``"adaptive"``), ``dp.max-rank`` (``M-1``). Reply:
-    ``stats`` ConfigRecord ``local-sum``, ``local-p``, ``local-n``.
     ``y_score`` is not needed (the ranks replace it).
+
+    Raises
+    ------
+    flwr_fedeval.protocol.Refused
+        If no round 1 of ``request.session`` is pending.
+    flwr_fedeval.protocol.dp_auc.BudgetError
+        If this client's budget cannot pay ε.
     """
 
     def step(cfg, accountant, rng):
-        conf = msg.content[DP_KEY]
-        eps = _epsilon(msg)
-        perm = _pop_permutation(context, str(conf["session"]))
-        ranks = fedauc_unshuffle_ranks(msg.content[FEDAUC_KEY]["ranks"].numpy(), perm)
-        if conf["mechanism"] == "rr":
-            stats = fedauc_local_stats(ranks, _rr_labels(context, y_true, eps, accountant, rng))
-        elif conf["mechanism"] == "laplace":
-            params = FedAUCLaplaceParams(
-                eps,
-                sensitivity=str(conf["sensitivity"]),
-                allocation=str(conf["allocation"]),
-                alpha=float(conf["alpha"]),
-                beta=conf["beta"],
-            )
-            stats = fedauc_laplace_client(
-                ranks, y_true, params, max_rank=float(conf["max-rank"]), accountant=accountant, random_state=rng
-            )
-        else:
-            raise ValueError(f"request 'mechanism' must be 'rr' or 'laplace', got {conf['mechanism']!r}")
-        return RecordDict({STATS_KEY: local_stats_to_record(stats)})
+        perm = _pop_permutation(context, request.session)
+        ranks = fedauc_unshuffle_ranks(request.ranks, perm)
+        if request.mechanism == "rr":
+            flipped = _rr_labels(context, y_true, request.epsilon, accountant, rng)
+            return dp_auc.LocalStatsReply(*fedauc_local_stats(ranks, flipped))
+        params = FedAUCLaplaceParams(request.epsilon, sensitivity=request.sensitivity, allocation=request.allocation,
+                                     alpha=request.alpha, beta=request.beta)
+        return dp_auc.LocalStatsReply(*fedauc_laplace_client(ranks, y_true, params, max_rank=request.max_rank,
+                                                      accountant=accountant, random_state=rng))
 
-    return _dp_request(msg, context, step)
+    return _dp_request(context, step)

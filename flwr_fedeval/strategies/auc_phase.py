@@ -14,22 +14,24 @@ from dataclasses import dataclass, field
 from logging import INFO
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points
-from flwr_fedeval.messages import (
-    ARRAYS_KEY,
-    COUNTS_KEY,
-    EVALUATE_THRESHOLD_COUNTS,
-    EVALUATION_KEY,
-    counts_from_record,
-)
+from flwr_fedeval.messages import ARRAYS_KEY
 from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
+from flwr_fedeval.protocol import Payload
+from flwr_fedeval.protocol.auc import THRESHOLD_COUNTS, ThresholdCounts, ThresholdCountsRequest
 from flwr_fedeval.strategies.base import EvaluationPhase
 
-__all__ = ["AUCPhaseResult", "PlaintextAUCPhase"]
+__all__ = ["AUCPhaseResult", "PlaintextAUCPhase", "with_model"]
+
+
+def with_model(arrays: ArrayRecord, arrayrecord_key: str, request: Payload) -> RecordDict:
+    """The content of a request that carries the global model: Flower's model record under
+    ``arrayrecord_key`` first, then the records of ``request``."""
+    return RecordDict({arrayrecord_key: arrays, **request.to_record()})
 
 
 @dataclass
@@ -105,7 +107,7 @@ class PlaintextAUCPhase(EvaluationPhase):
     """
 
     method = "plain"
-    message_type = EVALUATE_THRESHOLD_COUNTS
+    message_type = THRESHOLD_COUNTS.message_type
 
     def __init__(
         self,
@@ -126,17 +128,12 @@ class PlaintextAUCPhase(EvaluationPhase):
 
     def collect_counts(self, grid: Grid, arrays: ArrayRecord, nodes: list[int]) -> dict[int, ConfusionCounts]:
         """The step: global model and decision points to ``nodes``; their checked counts."""
-        content = RecordDict(
-            {
-                self.arrayrecord_key: arrays,
-                EVALUATION_KEY: ArrayRecord({"thresholds": Array(self.thresholds)}),
-            }
-        )
+        content = with_model(arrays, self.arrayrecord_key, ThresholdCountsRequest(self.thresholds))
         return self.exchange(
             grid,
             dict.fromkeys(nodes, content),
             self.message_type,
-            lambda node, reply: counts_from_record(reply[COUNTS_KEY], self.thresholds.size),
+            lambda node, reply: ThresholdCounts.from_record(reply, node=node, num_points=self.thresholds.size).counts(),
             step="threshold counts",
             what="counts",
         )

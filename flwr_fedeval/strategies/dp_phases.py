@@ -32,13 +32,12 @@ Vertical Federated Learning" (FedAUC).
 from __future__ import annotations
 
 import math
-
 import secrets
 from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -55,25 +54,21 @@ from flwr_fedeval.dp import (
     fedauc_server_ranks,
 )
 from flwr_fedeval.fhe.counts import decision_points
-from flwr_fedeval.messages import (
-    ReplyCode,
-    COUNTS_KEY,
-    DP_KEY,
-    EVALUATE_DPAUC_LAPLACE,
-    EVALUATE_DPAUC_RR,
-    EVALUATE_FEDAUC_SCORES,
-    EVALUATE_FEDAUC_STATS,
-    EVALUATION_KEY,
-    FEDAUC_KEY,
-    NOISY_COUNTS_KEY,
-    SCORES_KEY,
-    STATS_KEY,
-    counts_from_record,
-    local_stats_from_record,
-    noisy_counts_from_record,
-    scores_from_record,
+from flwr_fedeval.protocol import ReplyCode
+from flwr_fedeval.protocol.auc import ThresholdCounts
+from flwr_fedeval.protocol.dp_auc import (
+    DPAUC_LAPLACE,
+    DPAUC_RR,
+    FEDAUC_SCORES,
+    FEDAUC_STATS,
+    DPAUCRequest,
+    FedAUCScoresRequest,
+    FedAUCStatsRequest,
+    LocalStatsReply,
+    NoisyCounts,
+    ShuffledScores,
 )
-from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
+from flwr_fedeval.strategies.auc_phase import AUCPhaseResult, with_model
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
 __all__ = ["DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCLaplacePhase", "FedAUCRRPhase"]
@@ -125,23 +120,21 @@ class _ThresholdDPPhase(_DPPhase):
         self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
         self.spacing = spacing
 
-    def _collect(self, grid: Grid, arrays: ArrayRecord, dp: dict, parse, what: str):
-        """The one step: global model, decision points and DP parameters to every node; checked replies."""
+    def _collect(self, grid: Grid, arrays: ArrayRecord, epsilon: float, reply: type[NoisyCounts | ThresholdCounts],
+                 what: str) -> dict[int, Any]:
+        """The one step: global model, decision points and ε to every node; their checked ``reply``."""
         self._start_run()
         self.summary()
-        content = RecordDict(
-            {
-                self.arrayrecord_key: arrays,
-                EVALUATION_KEY: ArrayRecord({"thresholds": Array(self.thresholds)}),
-                DP_KEY: ConfigRecord(dp),
-            }
-        )
+        content = with_model(arrays, self.arrayrecord_key, DPAUCRequest(self.thresholds, epsilon))
         nodes = sorted(grid.get_node_ids())
+        n = self.thresholds.size
         with self.step(what):
-            valid = self.exchange(grid, dict.fromkeys(nodes, content), self.message_type, parse,
+            valid = self.exchange(grid, dict.fromkeys(nodes, content), self.message_type,
+                                  lambda node, c: reply.from_record(c, node=node, num_points=n),
                                   step=what, what=what)
         self.require(valid, f"({what})")
         return valid
+
 
 class DPAUCLaplacePhase(_ThresholdDPPhase):
     """DPAUC_Lap: Laplace-noised threshold counts, trapezoid AUC (Sun et al., AAAI 2023).
@@ -169,7 +162,7 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
     """
 
     method = "dpauc-laplace"
-    message_type = EVALUATE_DPAUC_LAPLACE
+    message_type = DPAUC_LAPLACE.message_type
 
     def __init__(self, num_decision_points: int = 100, *, epsilon: float = 1.0, clipping: str = "clip-sort",
                  **kwargs: Any) -> None:
@@ -192,11 +185,8 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
             If fewer than ``min_nodes`` clients return valid noisy counts.
         """
         n = self.thresholds.size
-        valid = self._collect(
-            grid, arrays, {"epsilon": self.params.epsilon},
-            lambda node, c: noisy_counts_from_record(c[NOISY_COUNTS_KEY], n), "noisy counts",
-        )
-        estimate = dpauc_laplace_server([valid[k] for k in sorted(valid)], clipping=self.clipping,
+        valid = self._collect(grid, arrays, self.params.epsilon, NoisyCounts, "noisy counts")
+        estimate = dpauc_laplace_server([valid[k].values() for k in sorted(valid)], clipping=self.clipping,
                                         epsilon=self.params.epsilon)
         return self._finish(estimate, self.thresholds, valid, num_decision_points=n)
 
@@ -219,7 +209,7 @@ class DPAUCRRPhase(_ThresholdDPPhase):
     """
 
     method = "dpauc-rr"
-    message_type = EVALUATE_DPAUC_RR
+    message_type = DPAUC_RR.message_type
 
     def __init__(self, num_decision_points: int = 100, *, epsilon: float = 1.0, **kwargs: Any) -> None:
         super().__init__(num_decision_points, **kwargs)
@@ -239,11 +229,8 @@ class DPAUCRRPhase(_ThresholdDPPhase):
             If fewer than ``min_nodes`` clients return valid counts.
         """
         n = self.thresholds.size
-        valid = self._collect(
-            grid, arrays, {"epsilon": self.params.epsilon},
-            lambda node, c: counts_from_record(c[COUNTS_KEY], n), "counts",
-        )
-        estimate = dpauc_rr_server([valid[k] for k in sorted(valid)], self.params)
+        valid = self._collect(grid, arrays, self.params.epsilon, ThresholdCounts, "counts")
+        estimate = dpauc_rr_server([valid[k].counts() for k in sorted(valid)], self.params)
         return self._finish(estimate, self.thresholds, valid, num_decision_points=n)
 
 
@@ -265,6 +252,7 @@ class _FedAUCPhase(_DPPhase):
         self.ties = ties
 
     def _dp_config(self, max_rank: float) -> dict:
+        """The Laplace fields of the round-2 request (:class:`~flwr_fedeval.protocol.dp_auc.FedAUCStatsRequest`)."""
         raise NotImplementedError
 
     def _estimate(self, stats: list[LocalStats]) -> AUCEstimate:
@@ -305,23 +293,19 @@ class _FedAUCPhase(_DPPhase):
     def collect_scores(self, grid: Grid, arrays: ArrayRecord, session: str) -> dict[int, np.ndarray]:
         """Round 1: the global model to every node; each node's shuffled scores (checked)."""
         nodes = sorted(grid.get_node_ids())
-        request = RecordDict({
-            self.arrayrecord_key: arrays,
-            DP_KEY: ConfigRecord({"session": session, "mechanism": self.mechanism, "epsilon": self.epsilon}),
-        })
-        return self.exchange(grid, dict.fromkeys(nodes, request), EVALUATE_FEDAUC_SCORES,
-                             lambda node, c: scores_from_record(c[SCORES_KEY]), step="round 1", what="scores")
+        request = with_model(arrays, self.arrayrecord_key, FedAUCScoresRequest(session, self.mechanism, self.epsilon))
+        return self.exchange(grid, dict.fromkeys(nodes, request), FEDAUC_SCORES.message_type,
+                             lambda node, c: ShuffledScores.from_record(c, node=node).scores,
+                             step="round 1", what="scores")
 
     def collect_stats(self, grid: Grid, session: str, ranks: dict[int, np.ndarray], sizes: dict[int, int],
                       max_rank: float) -> dict[int, LocalStats]:
         """Round 2: each round-1 contributor's global ranks; its (noisy) ``(localSum, localP, localN)``."""
-        dp = {"session": session, "mechanism": self.mechanism, "epsilon": self.epsilon, **self._dp_config(max_rank)}
-        contents = {
-            k: RecordDict({FEDAUC_KEY: ArrayRecord({"ranks": Array(np.ascontiguousarray(r))}), DP_KEY: ConfigRecord(dp)})
-            for k, r in ranks.items()
-        }
-        return self.exchange(grid, contents, EVALUATE_FEDAUC_STATS,
-                             lambda node, c: LocalStats(*local_stats_from_record(c[STATS_KEY], sizes[node])),
+        contents = {k: FedAUCStatsRequest(r, session, self.mechanism, self.epsilon, **self._dp_config(max_rank))
+                    .to_record() for k, r in ranks.items()}
+        return self.exchange(grid, contents, FEDAUC_STATS.message_type,
+                             lambda node, c: LocalStats(*LocalStatsReply.from_record(c, node=node,
+                                                                                     num_scores=sizes[node]).values()),
                              step="round 2", what="stats")
 
 
@@ -395,7 +379,7 @@ class FedAUCLaplacePhase(_FedAUCPhase):
     def _dp_config(self, max_rank: float) -> dict:
         p = self.params
         return {"sensitivity": p.sensitivity, "allocation": p.allocation, "alpha": p.alpha,
-                "beta": p.beta, "max-rank": max_rank}
+                "beta": p.beta, "max_rank": max_rank}
 
     def _estimate(self, stats: list[LocalStats]) -> AUCEstimate:
         return fedauc_server_auc(stats, method=self.method, variant=self.params.variant, epsilon=self.epsilon)
