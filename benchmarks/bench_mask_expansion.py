@@ -23,13 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flwr_fedeval import rlwe  # noqa: E402
-from flwr_fedeval.rlwe import masking  # noqa: E402
+from flwr_fedeval import rlwe
+from flwr_fedeval.rlwe import masking
 
 
 def best_cpu(fn, repeat: int) -> float:

@@ -35,10 +35,9 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flwr_fedeval import rlwe  # noqa: E402
-from flwr_fedeval.rlwe.ring import find_ntt_primes, get_ring, schoolbook_negacyclic  # noqa: E402
-from flwr_fedeval.rlwe.sampling import RandomStream, ternary, uniform_mod_q  # noqa: E402
-
+from flwr_fedeval import rlwe
+from flwr_fedeval.rlwe.ring import find_ntt_primes, get_ring, schoolbook_negacyclic
+from flwr_fedeval.rlwe.sampling import RandomStream, ternary, uniform_mod_q
 
 _CPU: dict[str, float] = {}
 

@@ -66,10 +66,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flwr_fedeval import rlwe  # noqa: E402
-from flwr_fedeval.identity import NodeIdentity, Roster  # noqa: E402
-from flwr_fedeval.reporting import markdown_table, publish  # noqa: E402
-from flwr_fedeval.rlwe import keyset, masking  # noqa: E402
+from flwr_fedeval import rlwe
+from flwr_fedeval.identity import NodeIdentity, Roster
+from flwr_fedeval.reporting import markdown_table, publish
+from flwr_fedeval.rlwe import keyset, masking
 
 TARGET = 0.10
 
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{sec['wall_s']:.2f}", f"{100 * overhead:+.1f} % (added stages {100 * added_share:.1f} %)"])
         rows.append([f"  of which pairwise mask ({k} PRGs per client)",
                      f"{added.get('+ pairwise mask (k PRGs)', 0.0):.3f}", "", ""])
-    print(f"  max |error| of the sum: " + ", ".join(f"{v} {e:.3g}" for v, e in errors.items()))
+    print("  max |error| of the sum: " + ", ".join(f"{v} {e:.3g}" for v, e in errors.items()))
     if args.grid_repeat:
         import tempfile
 

@@ -358,7 +358,7 @@ def build_rows(runs: dict[tuple[str, int], dict]) -> list[dict[str, Any]]:
     rows = []
     for (mode, n), r in sorted(runs.items(), key=lambda kv: (kv[0][1], MODES.index(kv[0][0]))):
         rounds = r.get("rounds") or []
-        mean = (lambda key: float(np.mean([x[key] for x in rounds])) if rounds else None)  # noqa: E731
+        mean = (lambda key: float(np.mean([x[key] for x in rounds])) if rounds else None)
         rows.append({"clients": n, "mode": mode,
                      **{f"pooled_{k}": r["metrics"]["pooled"][k] for k in METRIC_KEYS},
                      **{f"mean_{k}": r["metrics"]["mean_over_clients"][k] for k in METRIC_KEYS},

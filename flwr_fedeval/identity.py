@@ -135,12 +135,12 @@ class NodeIdentity:
         return f"NodeIdentity({self.name!r}, fingerprint={self.fingerprint()})"
 
     @classmethod
-    def generate(cls, name: str) -> "NodeIdentity":
+    def generate(cls, name: str) -> NodeIdentity:
         """A fresh P-256 key (``os.urandom`` via OpenSSL)."""
         return cls(name, ec.generate_private_key(ec.SECP256R1()))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, name: str | None = None) -> "NodeIdentity":
+    def load(cls, path: str | os.PathLike, name: str | None = None) -> NodeIdentity:
         """Load an OpenSSH (or PKCS#8 PEM) EC private key; ``name`` defaults to the file stem.
 
         Raises
@@ -273,7 +273,7 @@ class Roster:
         return json.dumps({"format": ROSTER_FORMAT, "version": _ROSTER_VERSION, "nodes": nodes}, indent=2) + "\n"
 
     @classmethod
-    def from_identities(cls, identities: Iterable[NodeIdentity]) -> "Roster":
+    def from_identities(cls, identities: Iterable[NodeIdentity]) -> Roster:
         """Roster of the public keys of ``identities`` (tests, the keys CLI)."""
         keys: dict[str, bytes] = {}
         for ident in identities:
@@ -290,7 +290,7 @@ class Roster:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Roster":
+    def load(cls, path: str | os.PathLike) -> Roster:
         """Read a roster file.
 
         Raises
@@ -326,7 +326,7 @@ def _lp(b: bytes) -> bytes:
     return struct.pack(">I", len(b)) + b
 
 
-def key_statement(*, protocol: str, session: str, round: int, role: str, key: bytes) -> bytes:  # noqa: A002
+def key_statement(*, protocol: str, session: str, round: int, role: str, key: bytes) -> bytes:
     """Canonical, domain-separated bytes that a node signs for one relayed key.
 
     ``DOMAIN ‖ lp(protocol) ‖ lp(session) ‖ round (8 bytes, big endian) ‖
@@ -357,13 +357,13 @@ def key_statement(*, protocol: str, session: str, round: int, role: str, key: by
             + _lp(role.encode()) + _lp(bytes(key)))
 
 
-def sign_key(identity: NodeIdentity, *, protocol: str, session: str, round: int, role: str,  # noqa: A002
+def sign_key(identity: NodeIdentity, *, protocol: str, session: str, round: int, role: str,
              key: bytes) -> bytes:
     """``identity``'s signature over :func:`key_statement`."""
     return identity.sign(key_statement(protocol=protocol, session=session, round=round, role=role, key=key))
 
 
-def verify_key(roster: Roster, signer: str, signature: bytes, *, protocol: str, session: str, round: int,  # noqa: A002
+def verify_key(roster: Roster, signer: str, signature: bytes, *, protocol: str, session: str, round: int,
                role: str, key: bytes) -> None:
     """Check that roster member ``signer`` signed ``key`` for this protocol, session, round and role.
 
@@ -391,7 +391,7 @@ class SignedKey(NamedTuple):
 
 
 def verify_key_set(roster: Roster, entries: Mapping[Any, SignedKey], *, protocol: str, session: str,
-                   round: int, role: str, floor: int, own: str | None = None) -> dict[Any, str]:  # noqa: A002
+                   round: int, role: str, floor: int, own: str | None = None) -> dict[Any, str]:
     """Check a key set relayed by the server; ``{entry id: signer name}``.
 
     Every entry must be signed by its roster member for (protocol, session,

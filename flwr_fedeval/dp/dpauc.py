@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 import numpy as np
 from diffprivlib import BudgetAccountant
@@ -39,8 +40,8 @@ from flwr_fedeval.dp.mechanisms import (
     randomized_response,
 )
 from flwr_fedeval.dp.result import AUCEstimate, undefined_estimate
-from flwr_fedeval.metrics.counts import ConfusionCounts
 from flwr_fedeval.metrics.auc import UndefinedAUCError, auc_from_counts, resolution_bound
+from flwr_fedeval.metrics.counts import ConfusionCounts
 
 __all__ = [
     "Clipping",
@@ -120,7 +121,7 @@ class DPAUCLaplaceParams:
         object.__setattr__(self, "split", tuple(w / total for w in weights))
 
     @classmethod
-    def from_epsilon_prime(cls, epsilon_prime: float, n_thresholds: int) -> "DPAUCLaplaceParams":
+    def from_epsilon_prime(cls, epsilon_prime: float, n_thresholds: int) -> DPAUCLaplaceParams:
         """The paper's parametrisation: ``ε′`` per count, total ``ε = 4|Θ|ε′``."""
         epsilon_prime = check_epsilon(epsilon_prime, "epsilon_prime")
         return cls(4 * int(n_thresholds) * epsilon_prime, n_thresholds)

@@ -24,8 +24,9 @@ rank is at most ``M-1``, the sensitivity bound of GlobalLaplace.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 import numpy as np
 from diffprivlib import BudgetAccountant

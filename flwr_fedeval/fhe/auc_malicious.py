@@ -75,8 +75,9 @@ import hashlib
 import math
 import secrets
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 

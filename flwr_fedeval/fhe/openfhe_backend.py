@@ -26,11 +26,13 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import secrets  # noqa: E402
-from typing import Any, Iterable, Sequence  # noqa: E402
+import secrets
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-import numpy as np  # noqa: E402
-from flwr_fedeval._extras import require  # noqa: E402
+import numpy as np
+
+from flwr_fedeval._extras import require
 
 ofhe = require("openfhe", extra="openfhe", purpose="the OpenFHE CKKS engine (fhe-backend 'openfhe')")
 

@@ -53,7 +53,7 @@ class ConfusionCounts(NamedTuple):
     tn: np.ndarray
     fn: np.ndarray
 
-    def __add__(self, other: "ConfusionCounts") -> "ConfusionCounts":  # type: ignore[override]
+    def __add__(self, other: ConfusionCounts) -> ConfusionCounts:  # type: ignore[override]
         if isinstance(other, (int, np.integer)) and not isinstance(other, bool) and other == 0:
             return self
         if not isinstance(other, ConfusionCounts):
@@ -66,7 +66,7 @@ class ConfusionCounts(NamedTuple):
         return ConfusionCounts(*(_frozen(np.asarray(a, dtype=np.int64) + np.asarray(b, dtype=np.int64))
                                  for a, b in zip(self, other)))
 
-    def __radd__(self, other: object) -> "ConfusionCounts":
+    def __radd__(self, other: object) -> ConfusionCounts:
         # ``sum()`` starts from the int 0.
         return self.__add__(other)  # type: ignore[arg-type]
 

@@ -25,8 +25,8 @@ All ring elements are ``uint64`` arrays in RNS form, shape (L, n) for keys and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -86,7 +86,7 @@ class SecretKey:
         ).tobytes()
 
     @classmethod
-    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> "SecretKey":
+    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> SecretKey:
         """Load a secret key; raises ``ValueError`` naming the bad field."""
         params, count, aux = ser.unpack_header(data, ser.KIND_SECRET_KEY, params)
         _no_aux(aux)
@@ -125,7 +125,7 @@ class PublicKey:
         ) + ser.pack_polys(self.params, [self.b[None]])
 
     @classmethod
-    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> "PublicKey":
+    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> PublicKey:
         """Load a public key / share; raises ``ValueError`` naming the bad field."""
         params, count, aux = ser.unpack_header(data, ser.KIND_PUBLIC_KEY, params)
         if count != 1:
@@ -165,7 +165,7 @@ class Ciphertext:
         ) + ser.pack_polys(self.params, [self.c0, self.c1])
 
     @classmethod
-    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> "Ciphertext":
+    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> Ciphertext:
         """Load a ciphertext; raises ``ValueError`` naming the bad field."""
         params, count, aux = ser.unpack_header(data, ser.KIND_CIPHERTEXT, params)
         if aux < 1:
@@ -190,7 +190,7 @@ class DecryptionShare:
     @classmethod
     def from_bytes(
         cls, data: bytes, params: ParameterSet | None = None
-    ) -> "DecryptionShare":
+    ) -> DecryptionShare:
         """Load a decryption share; raises ``ValueError`` naming the bad field."""
         params, count, aux = ser.unpack_header(data, ser.KIND_DECRYPTION_SHARE, params)
         _no_aux(aux)

@@ -24,9 +24,9 @@ No flwr and no TensorFlow imports.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import factorial
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

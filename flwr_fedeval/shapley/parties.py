@@ -28,7 +28,7 @@ No flwr and no TensorFlow imports.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -42,8 +42,8 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -179,7 +179,7 @@ class SecSVParams:
     @classmethod
     def for_bounds(cls, *, n_features: int, max_clients: int, model_bound: float = 8.0,
                    feature_bound: float = 16.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
-                   weight_bits: int = 8, ckks: CKKSParams | None = None) -> "SecSVParams":
+                   weight_bits: int = 8, ckks: CKKSParams | None = None) -> SecSVParams:
         """The smallest ring ``k`` (and the widest limbs ``b``) valid for these public bounds.
 
         ``k = ⌈log2(d_in · |A_S|max · max(1, feature_bound)) + data_frac_bits⌉ + 2`` and
@@ -213,7 +213,7 @@ class SecSVParams:
                                                "max_clients", "n_features")}
 
     @classmethod
-    def from_config(cls, config: Mapping, ckks: CKKSParams | None = None) -> "SecSVParams":
+    def from_config(cls, config: Mapping, ckks: CKKSParams | None = None) -> SecSVParams:
         """Inverse of :meth:`to_config`; validates (``ValueError`` on bad or missing values)."""
         ints = ("ring_bits", "data_frac_bits", "model_frac_bits", "limb_bits", "weight_bits",
                 "max_clients", "n_features")

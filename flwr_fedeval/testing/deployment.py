@@ -55,9 +55,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["DeploymentError", "FlwrRun", "LocalDeployment", "make_certificates"]
 
@@ -641,7 +642,7 @@ class LocalDeployment:
                 pass
         return _marked_pids(self.token) + [p.pid for p in self.procs.values() if p.poll() is None]
 
-    def __enter__(self) -> "LocalDeployment":
+    def __enter__(self) -> LocalDeployment:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from deployment_support import BUDGET_S
 
 from flwr_fedeval.testing.deployment import DeploymentError

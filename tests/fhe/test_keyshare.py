@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("cryptography")
 
-from flwr_fedeval import keyshare as k  # noqa: E402
+from flwr_fedeval import keyshare as k
 
 
 def test_recipient_opens_what_the_key_holder_sealed():

@@ -11,7 +11,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from identities import IDENTITY_DIR
-from xmk_app import SHAPES, flat as _flat, initial as _initial, make_app, num_examples as _num_examples, plain_fedavg, run
+from xmk_app import SHAPES, make_app, plain_fedavg, run
+from xmk_app import flat as _flat
+from xmk_app import initial as _initial
+from xmk_app import num_examples as _num_examples
 from xmk_app import update as _update
 
 from flwr_fedeval import rlwe

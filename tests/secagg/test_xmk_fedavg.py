@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from identities import IDENTITY_DIR
 from xmk_app import SHAPES, flat, initial, make_app, num_examples, plain_fedavg, run, update
+
 from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, array_to_bytes, bytes_to_array
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
