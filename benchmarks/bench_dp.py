@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 from diffprivlib import BudgetAccountant
+from tqdm import tqdm
 
 from flwr_fedeval.dp import (
     DPAUCLaplaceParams,
@@ -36,7 +33,7 @@ from flwr_fedeval.dp import (
     fedauc_laplace_client,
     randomize_labels,
 )
-from flwr_fedeval.fhe.counts import decision_points, threshold_counts
+from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 from flwr_fedeval.reporting import markdown_table, publish
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

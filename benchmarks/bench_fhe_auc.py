@@ -42,15 +42,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 try:
     from tqdm import tqdm
@@ -65,7 +63,7 @@ M_GRID = (5, 15, 50, 100)
 
 
 def _counts(n_clients: int, n_points: int, seed: int):
-    from flwr_fedeval.fhe.counts import decision_points, threshold_counts
+    from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 
     rng = np.random.default_rng(seed)
     th = decision_points(n_points)

@@ -26,14 +26,11 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe.ring import find_ntt_primes, get_ring, schoolbook_negacyclic

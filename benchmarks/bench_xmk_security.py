@@ -56,15 +56,12 @@ import logging
 import os
 import platform
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.identity import NodeIdentity, Roster
@@ -214,7 +211,7 @@ def grid_round(length: int, num_clients: int, identity_dir: str, ablate: bool, m
     expected = np.float32(0.001) * (num_clients + 1) / 2
     if strategy.aborted_attempts or float(np.max(np.abs(got - expected))) > 1e-6:
         raise RuntimeError(f"grid round failed: {strategy.aborted_attempts}")
-    return {"cpu_s": cpu, "wall_s": wall, "steps_wall_s": {k: v for k, v in strategy.timer.timings}}
+    return {"cpu_s": cpu, "wall_s": wall, "steps_wall_s": dict(strategy.timer.timings)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 Rows: global test size (10^2, 10^3, 10^4, full = 45,211) × N ∈ {25, 50, 100}
 decision points × spacing (``--spacing linear|logit|both``: the paper's even
-spacing and/or logit spacing, :func:`~flwr_fedeval.fhe.counts.decision_points`).
+spacing and/or logit spacing, :func:`~flwr_fedeval.metrics.counts.decision_points`).
 Columns: sklearn ``roc_auc_score``, TF ``keras.metrics.AUC(num_thresholds=1000)``
 (TensorFlow imported lazily; "n/a" if absent), the plaintext trapezoid from
 summed counts, the FHE AUC (semi-honest protocol of :mod:`flwr_fedeval.fhe.auc`
@@ -40,23 +40,21 @@ Usage: ``python experiments/auc_tables.py [--runs 100] [--spacing both] [--data 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from flwr_fedeval.data.bank_marketing import load_bank_marketing
+from flwr_fedeval.dp import DPAUCLaplaceParams, dpauc_laplace_client, dpauc_laplace_server
+from flwr_fedeval.fhe import auc as fhe_auc
+from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context
+from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
+from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points, threshold_counts
+from flwr_fedeval.reporting import publish
 
-from flwr_fedeval.data.bank_marketing import load_bank_marketing  # noqa: E402
-from flwr_fedeval.dp import DPAUCLaplaceParams, dpauc_laplace_client, dpauc_laplace_server  # noqa: E402
-from flwr_fedeval.fhe import auc as fhe_auc  # noqa: E402
-from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context  # noqa: E402
-from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points, threshold_counts  # noqa: E402
-from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound  # noqa: E402
-from flwr_fedeval.reporting import publish  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SIZES = (100, 1_000, 10_000, None)  # None = full data set
 N_POINTS = (25, 50, 100)

@@ -35,22 +35,20 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from flwr_fedeval.data.bank_marketing import load_bank_marketing
+from flwr_fedeval.data.partition import partition_indices
+from flwr_fedeval.reporting import markdown_table, publish
+from flwr_fedeval.shapley.fsv import federated_shapley
+from flwr_fedeval.shapley.hesv import HESV
+from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights
 
-from flwr_fedeval.data.bank_marketing import load_bank_marketing  # noqa: E402
-from flwr_fedeval.data.partition import partition_indices  # noqa: E402
-from flwr_fedeval.reporting import markdown_table, publish  # noqa: E402
-from flwr_fedeval.shapley.fsv import federated_shapley  # noqa: E402
-from flwr_fedeval.shapley.hesv import HESV  # noqa: E402
-from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_federated(clients, n_classes, rounds, *, lr=0.5, l2=1e-4, batch=64, seed=0):
@@ -185,15 +183,19 @@ def main() -> None:
     R = history[: args.compare_rounds]
     Xs, ys, os_ = Xt[sub], yt[sub], owners[sub]
     if not args.skip_compare:
-        t = time.perf_counter(); ref = federated_shapley(R, w, Xs, ys, n_classes=2); tp = time.perf_counter() - t
+        t = time.perf_counter()
+        ref = federated_shapley(R, w, Xs, ys, n_classes=2)
+        tp = time.perf_counter() - t
         record("compare", "plaintext", ref, tp, ref)
-        t = time.perf_counter(); r = federated_shapley(R, w, Xs, ys, n_classes=2, sample_skip=True)
+        t = time.perf_counter()
+        r = federated_shapley(R, w, Xs, ys, n_classes=2, sample_skip=True)
         record("compare", "plaintext+SS", r, time.perf_counter() - t, ref)
         secure_runs("compare", Xs, ys, os_, R, ref, ["HESV", "SecSV", "SecSV+SS"])
 
     # -- full block --------------------------------------------------------
     if not args.skip_full:
-        t = time.perf_counter(); ref_full = federated_shapley(history, w, Xt, yt, n_classes=2)
+        t = time.perf_counter()
+        ref_full = federated_shapley(history, w, Xt, yt, n_classes=2)
         record("full", "plaintext", ref_full, time.perf_counter() - t, ref_full)
         exact = federated_shapley(history, counts, Xt, yt, n_classes=2)
         result["plaintext_exact_counts_fsv"] = exact.fsv.tolist()

@@ -601,7 +601,7 @@ class Ring:
         """
         q = self.q
         coeffs = []
-        for i, p in enumerate(self.primes):
+        for p in self.primes:
             Qi = q // p
             coeffs.append(Qi * pow(Qi, -1, p))
         xs = x.astype(object)

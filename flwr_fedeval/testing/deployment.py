@@ -421,7 +421,7 @@ class LocalDeployment:
             If one is not online within ``timeout`` s.
         """
         if isinstance(names, int):
-            names = [n for n in self._node_args][:names]
+            names = list(self._node_args)[:names]
         ids = {name: self._node_ids[name] for name in names}
         deadline = time.monotonic() + timeout
         while True:

@@ -129,7 +129,7 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
     assert abs(result["federated_auc"] - counts_auc) <= 1e-6, (result["federated_auc"], counts_auc)
 
     detect = {}
-    for name, t_kill in (("node-1", t_kill_1), (victim, t_kill_2)):
+    for name, _t_kill in (("node-1", t_kill_1), (victim, t_kill_2)):
         mine = [f for f in result["failures"] if str(f["node"]) == str(node_ids[name])]
         assert mine, f"{name} ({node_ids[name]}) not in results.json failures: {result['failures']}"
         assert all(f["code_name"] != "TIMEOUT" and "step-timeout" not in f["reason"] for f in mine), mine
