@@ -4,7 +4,7 @@ Times, per client, side by side:
 
 * DPAUC_Lap client step (Laplace noise on 4·|Θ| counts) with the vectorised
   sampler and with diffprivlib's scalar ``Laplace.randomise``;
-* the exact threshold counts that precede it (``fhe.counts.threshold_counts``);
+* the exact threshold counts that precede it (``metrics.counts.threshold_counts``);
 * RR label flipping (vectorised vs diffprivlib ``Binary``) for the client's samples;
 * FedAUC_Lap client step (local alpha and adaptive β).
 

@@ -15,7 +15,7 @@ Two baselines, each split into a client step and a server step:
   (Menon et al. 2015, see :mod:`flwr_fedeval.dp.debias`).
 
 Client steps: :func:`dpauc_laplace_client`, :func:`randomize_labels` (then
-:func:`flwr_fedeval.fhe.counts.threshold_counts` on the flipped labels).
+:func:`flwr_fedeval.metrics.counts.threshold_counts` on the flipped labels).
 Server steps: :func:`dpauc_laplace_server`, :func:`dpauc_rr_server`.
 """
 
@@ -162,7 +162,7 @@ def dpauc_laplace_client(
     ----------
     counts : ConfusionCounts
         This client's exact counts at the public decision points, arrays of
-        shape ``(|Θ|,)`` (from :func:`flwr_fedeval.fhe.counts.threshold_counts`).
+        shape ``(|Θ|,)`` (from :func:`flwr_fedeval.metrics.counts.threshold_counts`).
         A single-class or empty client is fine.
     params : DPAUCLaplaceParams
         ``params.n_thresholds`` must equal ``len(counts.tp)``.
