@@ -34,7 +34,7 @@ import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -232,7 +232,9 @@ class CKKSParams:
         """Default parameters of ``backend`` (or ``base``) with the smallest batch holding ``needed_slots``."""
         p = base if base is not None else cls.default(backend)
         if needed_slots > p.poly_modulus_degree // 2:
-            raise ValueError(f"{needed_slots} slots exceed the {p.poly_modulus_degree // 2} of n={p.poly_modulus_degree}")
+            raise ValueError(
+                f"{needed_slots} slots exceed the {p.poly_modulus_degree // 2} of n={p.poly_modulus_degree}"
+            )
         if p.backend != "openfhe":
             return p
         b = max(2, 1 << max(0, int(needed_slots - 1).bit_length()))
@@ -263,7 +265,7 @@ class CKKSParams:
         return float(2 ** (first - self.scale_bits - 1))
 
 
-def _digest(payload) -> int:
+def _digest(payload: bytes | memoryview) -> int:
     # CRC-32 catches accidental corruption at ~3 GB/s (BLAKE2b cost 0.5 ms per
     # ciphertext, a third of the aggregator's deserialization time). It is no
     # defence against an adversary, and is not meant to be one.
@@ -497,14 +499,24 @@ class CKKSContext(ABC):
         return out
 
 
-def _backend_module(name: str):
+class _Engine(Protocol):
+    """What a backend module provides (``tenseal_backend``, ``openfhe_backend``)."""
+
+    def create(self, params: CKKSParams) -> CKKSContext: ...
+
+    def load(self, data: bytes) -> CKKSContext: ...
+
+
+def _backend_module(name: str) -> _Engine:
     if name == "tenseal":
-        from flwr_fedeval.fhe import tenseal_backend as mod
-    elif name == "openfhe":
-        from flwr_fedeval.fhe import openfhe_backend as mod
-    else:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
-    return mod
+        from flwr_fedeval.fhe import tenseal_backend
+
+        return tenseal_backend
+    if name == "openfhe":
+        from flwr_fedeval.fhe import openfhe_backend
+
+        return openfhe_backend
+    raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
 
 
 def create_context(backend: str | None = None, params: CKKSParams | None = None) -> CKKSContext:

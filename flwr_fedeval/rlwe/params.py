@@ -206,7 +206,7 @@ def fresh_noise_bound(params: ParameterSet, num_clients: int) -> int:
 def smudging_bound(params: ParameterSet, num_clients: int) -> int:
     """Half-width B_smudge(M) = 2^(lambda + ceil(log2 B_fresh(M))) of the smudging noise."""
     fresh = fresh_noise_bound(params, num_clients)
-    return 2 ** (params.smudging_bits + (fresh - 1).bit_length())
+    return 1 << (params.smudging_bits + (fresh - 1).bit_length())
 
 
 def total_noise_bound(params: ParameterSet, num_clients: int) -> int:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import serialization as ser
 from .encoding import decode, encode
@@ -482,8 +483,8 @@ def partial_decrypt(
 
 
 def combine(
-    params: ParameterSet, c0_sum: np.ndarray, shares: Sequence[DecryptionShare]
-) -> np.ndarray:
+    params: ParameterSet, c0_sum: NDArray[np.uint64], shares: Sequence[DecryptionShare]
+) -> NDArray[np.uint64]:
     """Recover the plaintext sum: C0 + sum_i D_i (Eq. 5 / Eq. 11).
 
     Returns
@@ -499,7 +500,7 @@ def combine(
     ring.check(c0_sum, "c0_sum")
     if not shares:
         raise ValueError("shares must not be empty")
-    acc = c0_sum.copy()
+    acc: NDArray[np.uint64] = c0_sum.copy()
     for j, sh in enumerate(shares):
         _same_params(params, sh.params, f"shares[{j}]")
         if sh.d.shape != c0_sum.shape:
