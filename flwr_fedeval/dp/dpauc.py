@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 from diffprivlib import BudgetAccountant
 
-from flwr_fedeval.dp.budget import charge, check_epsilon, client_random_state
+from flwr_fedeval.dp.budget import RandomStateLike, charge, check_epsilon, client_random_state
 from flwr_fedeval.dp.debias import menon_debias
 from flwr_fedeval.dp.mechanisms import (
     Sampler,
@@ -103,7 +104,8 @@ class DPAUCLaplaceParams:
     n_thresholds: int
     split: tuple[float, float, float, float]
 
-    def __init__(self, epsilon: float, n_thresholds: int, split=(0.25, 0.25, 0.25, 0.25)):
+    def __init__(self, epsilon: float, n_thresholds: int,
+                 split: tuple[float, float, float, float] = (0.25, 0.25, 0.25, 0.25)) -> None:
         epsilon = check_epsilon(epsilon)
         if isinstance(n_thresholds, bool) or not isinstance(n_thresholds, (int, np.integer)) or n_thresholds < 2:
             raise ValueError(f"n_thresholds must be an integer >= 2, got {n_thresholds!r}")
@@ -153,7 +155,7 @@ def dpauc_laplace_client(
     params: DPAUCLaplaceParams,
     *,
     accountant: BudgetAccountant | None = None,
-    random_state=None,
+    random_state: RandomStateLike = None,
     sampler: Sampler = "vectorised",
 ) -> NoisyCounts:
     """Client step of DPAUC_Lap: add Laplace noise to every count (workflow step 3).
@@ -202,7 +204,7 @@ def dpauc_laplace_client(
     return NoisyCounts(*noisy)
 
 
-def _sum_counts(client_counts: Sequence) -> tuple[np.ndarray, ...]:
+def _sum_counts(client_counts: Sequence[Sequence[ArrayLike]]) -> tuple[NDArray[np.float64], ...]:
     if len(client_counts) == 0:
         raise ValueError("no client counts to aggregate")
     shapes = {np.shape(c[0]) for c in client_counts}
@@ -304,11 +306,11 @@ class RandomizedResponseParams:
 
 
 def randomize_labels(
-    labels,
+    labels: ArrayLike,
     params: RandomizedResponseParams,
     *,
     accountant: BudgetAccountant | None = None,
-    random_state=None,
+    random_state: RandomStateLike = None,
     sampler: Sampler = "vectorised",
 ) -> np.ndarray:
     """Client step of DPAUC_RR and FedAUC_RR: flip the labels once (Algorithm 1).
