@@ -44,13 +44,14 @@ import os
 import re
 import stat
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 __all__ = [
     "IdentityError",
@@ -69,7 +70,9 @@ _ROSTER_VERSION = 1
 _DOMAIN = b"flwr-fedeval/signed-key/v1"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CURVES = (ec.SECP256R1, ec.SECP384R1, ec.SECP521R1)
-_HASH = {ec.SECP256R1: hashes.SHA256, ec.SECP384R1: hashes.SHA384, ec.SECP521R1: hashes.SHA512}
+_HASH: dict[type[ec.EllipticCurve], Callable[[], hashes.HashAlgorithm]] = {
+    ec.SECP256R1: hashes.SHA256, ec.SECP384R1: hashes.SHA384, ec.SECP521R1: hashes.SHA512,
+}
 
 
 class IdentityError(ValueError):
@@ -83,7 +86,7 @@ def _check_name(name: str) -> str:
     return name
 
 
-def _hash_for(key) -> hashes.HashAlgorithm:
+def _hash_for(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> hashes.HashAlgorithm:
     return _HASH[type(key.curve)]()
 
 
@@ -140,7 +143,7 @@ class NodeIdentity:
         return cls(name, ec.generate_private_key(ec.SECP256R1()))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, name: str | None = None) -> NodeIdentity:
+    def load(cls, path: str | os.PathLike[str], name: str | None = None) -> NodeIdentity:
         """Load an OpenSSH (or PKCS#8 PEM) EC private key; ``name`` defaults to the file stem.
 
         Raises
@@ -155,17 +158,15 @@ class NodeIdentity:
         _check_permissions(path, private=True)
         data = path.read_bytes()
         try:
-            if b"OPENSSH PRIVATE KEY" in data:
-                key = serialization.load_ssh_private_key(data, password=None)
-            else:
-                key = serialization.load_pem_private_key(data, password=None)
+            key: PrivateKeyTypes = (serialization.load_ssh_private_key(data, password=None) if b"OPENSSH PRIVATE KEY" in data
+                        else serialization.load_pem_private_key(data, password=None))
         except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise IdentityError(f"private key {path}: cannot load ({exc})") from None
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise IdentityError(f"private key {path}: not an ECDSA key")
         return cls(name if name is not None else path.name.split(".")[0], key)
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the private key (OpenSSH format, mode 0600; refuses to overwrite)."""
         path = Path(path)
         data = self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
@@ -282,7 +283,7 @@ class Roster:
             keys[ident.name] = ident.public_key_bytes()
         return cls(keys)
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_json` with mode 0644."""
         path = Path(path)
         path.write_text(self.to_json(), encoding="utf-8")
@@ -290,7 +291,7 @@ class Roster:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Roster:
+    def load(cls, path: str | os.PathLike[str]) -> Roster:
         """Read a roster file.
 
         Raises

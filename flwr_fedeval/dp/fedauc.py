@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
 from diffprivlib import BudgetAccountant
+from numpy.typing import ArrayLike, NDArray
 from scipy.stats import rankdata
 
 from flwr_fedeval.dp.budget import RandomStateLike, charge, check_epsilon, client_random_state

@@ -27,8 +27,8 @@ import math
 from typing import Literal
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
 from diffprivlib.mechanisms import Binary, Laplace
+from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "Sampler",
