@@ -158,8 +158,11 @@ class NodeIdentity:
         _check_permissions(path, private=True)
         data = path.read_bytes()
         try:
-            key: PrivateKeyTypes = (serialization.load_ssh_private_key(data, password=None) if b"OPENSSH PRIVATE KEY" in data
-                        else serialization.load_pem_private_key(data, password=None))
+            key: PrivateKeyTypes
+            if b"OPENSSH PRIVATE KEY" in data:
+                key = serialization.load_ssh_private_key(data, password=None)
+            else:
+                key = serialization.load_pem_private_key(data, password=None)
         except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise IdentityError(f"private key {path}: cannot load ({exc})") from None
         if not isinstance(key, ec.EllipticCurvePrivateKey):
