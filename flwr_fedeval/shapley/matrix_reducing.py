@@ -87,12 +87,12 @@ def reduce_literal(A: NDArray[_T], B: NDArray[_T]) -> tuple[NDArray[_T], NDArray
     return At, Bt
 
 
-def matrix_reducing(A: NDArray[_T], B: NDArray[_T]) -> NDArray[_T]:
+def matrix_reducing(A: NDArray[np.float64], B: NDArray[np.float64]) -> NDArray[np.float64]:
     """Plaintext δ(Ā, B) = ``Σ_o Ã^(o) ⊙ B̃^(o)`` (equals ``A @ B``)."""
     A = np.asarray(A)
     B = np.asarray(B)
     if A.shape[1] != B.shape[0]:
         raise ValueError(f"shapes {A.shape} and {B.shape} do not multiply")
     a_red, b_red = reduce_model(A, B.shape[1]), reduce_data(B, A.shape[0])
-    out: NDArray[_T] = (a_red * b_red).sum(axis=0)
+    out: NDArray[np.float64] = (a_red * b_red).sum(axis=0)
     return out
