@@ -80,7 +80,7 @@ def check_test_set(X: ArrayLike, y: ArrayLike, owners: ArrayLike,
     return X, y, owners
 
 
-def model_matrix(theta: ArrayLike, weight: int, params: SecSVParams, *, n_classes: int, d_out: int,
+def model_matrix(theta: ArrayLike, weight: float, params: SecSVParams, *, n_classes: int, d_out: int,
                  ) -> NDArray[np.float64]:
     """The integer matrix a client encrypts: ``w_i · round(θ_i · 2^f_A)`` (SecSV module docstring).
 
