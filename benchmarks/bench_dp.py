@@ -123,7 +123,8 @@ def main() -> None:
                 f"{'met' if report['meets_target'] else 'missed'}); vectorised Laplace draw "
                 f"{report['speedup_vectorised_over_scalar_laplace']:.0f}× faster than diffprivlib's scalar "
                 f"`randomise` (same distribution, tested draw for draw).\n\n" + table)
-        print(f"published {publish('bench-dp', 'DP AUC client cost (benchmarks/bench_dp.py)', body, docs_dir=args.docs)}")
+        where = publish('bench-dp', 'DP AUC client cost (benchmarks/bench_dp.py)', body, docs_dir=args.docs)
+        print(f"published {where}")
 
 
 if __name__ == "__main__":

@@ -124,7 +124,8 @@ def baseline_round(params, vectors, scale_bits, a):
 
 
 def secure_round(params, vectors, scale_bits, seed_a, a, identities, roster, mask_degree):
-    """The issue-12 round: signed commit-then-reveal key set, pairwise masks (graph of ``mask_degree``), canonical C1."""
+    """The issue-12 round: signed commit-then-reveal key set, pairwise masks (graph of ``mask_degree``),
+    canonical C1."""
     clock, M, length = Clock(), len(vectors), vectors[0].size
     kid, rnd = keyset.key_set_id(params, seed_a), 1
     members = []
@@ -335,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(f'{100 * p:.1f}' for p in g[v]['overhead_cpu_per_repeat'])} %)"
                   for v in ("complete", "default")))
     met = result["default"]["target_met_added_stages"]
-    print(f"  target overhead <= {100 * TARGET:.0f} % at the default degree (added stages): {'met' if met else 'NOT met'}")
+    print(f"  target overhead <= {100 * TARGET:.0f} % at the default degree (added stages): "
+          f"{'met' if met else 'NOT met'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -356,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                 "add, over the baseline, is the steadier figure on a loaded machine; target ≤ "
                 f"{100 * TARGET:.0f} % at the default degree: {'met' if met else 'NOT met'}. "
                 "Max |error| of the sum: " + ", ".join(f"{v} {e:.3g}" for v, e in errors.items()) + ".\n\n" + table)
-        print(f"published {publish('bench-xmk-security', 'xMK-CKKS security overhead (benchmarks/bench_xmk_security.py)', body, docs_dir=args.docs)}")
+        where = publish('bench-xmk-security', 'xMK-CKKS security overhead (benchmarks/bench_xmk_security.py)', body,
+                        docs_dir=args.docs)
+        print(f"published {where}")
     return 0
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ larger N, to show where the 1e-3 target against sklearn is reachable.
 Writes ``experiments/results/auc_tables.{csv,md,png}`` (and
 ``auc_tables_reference.csv``); ``--docs`` also publishes the tables and the
 figure in ``docs/results.md`` (:func:`flwr_fedeval.reporting.publish`).
-Usage: ``python experiments/auc_tables.py [--runs 100] [--spacing both] [--data ../shared/data/bank-marketing/bank-full.csv] [--docs]``
+Usage: ``python experiments/auc_tables.py [--runs 100] [--spacing both]
+[--data ../shared/data/bank-marketing/bank-full.csv] [--docs]``
 """
 
 from __future__ import annotations
@@ -224,12 +225,14 @@ def _markdown(rows: list[dict], ref_rows: list[dict], args, keys: FHEKeys, stats
                 lines.append(
                     f"| {r['test_size']} | {r['N']} | {r['sklearn']:.4f} | {r['tf_keras_1000']:.4f} "
                     f"| {r['plaintext']:.4f} | {r['fhe']:.4f} | {r['fhe_minus_plain_abs']:.1e} | {e} "
-                    f"| {r['resolution_bound']:.1e} | {pm(r, 1, 'no-clip')} | {pm(r, 1, 'clip-sort')} | {pm(r, 8, 'no-clip')} "
+                    f"| {r['resolution_bound']:.1e} | {pm(r, 1, 'no-clip')} | {pm(r, 1, 'clip-sort')} "
+                    f"| {pm(r, 8, 'no-clip')} "
                     f"| {pm(r, 8, 'clip-sort')} |")
             lines.append("")
     if ref_rows:
         lines += [f"## Reference: FHE at N = {ref_rows[0]['N']} (no DP columns)", "",
-                  "| partition | spacing | test size | sklearn | plaintext | FHE | \\|FHE−plain\\| | \\|FHE−skl\\| | ½q |",
+                  "| partition | spacing | test size | sklearn | plaintext | FHE "
+                  "| \\|FHE−plain\\| | \\|FHE−skl\\| | ½q |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in ref_rows:
             e = f"{r['fhe_minus_sklearn_abs']:.1e}"
@@ -381,7 +384,9 @@ def main() -> None:
     if args.docs:
         title, body = md.split("\n", 1)
         body = body.replace("\n## ", "\n### ")  # subsections of the published section
-        print(f"published {publish('auc-tables', title.lstrip('# ') + ' (experiments/auc_tables.py)', body, docs_dir=args.docs, figures={'': fig})}")
+        where = publish('auc-tables', title.lstrip('# ') + ' (experiments/auc_tables.py)', body, docs_dir=args.docs,
+                        figures={'': fig})
+        print(f"published {where}")
     plt.close(fig)
 
 

@@ -156,7 +156,8 @@ def main() -> None:
                        mbytes=round(stats.bytes_sent / 2**20, 1), setup_s=round(stats.setup_seconds, 2),
                        helper_fallbacks=stats.helper_fallbacks)
         rows.append(row)
-        tqdm.write(f"[{block}] {method:14s} {seconds:8.1f}s (cpu {cpu or 0:.1f}s)  max|dFSV|={err:.2e}  fsv={np.round(res.fsv, 4).tolist()}")
+        tqdm.write(f"[{block}] {method:14s} {seconds:8.1f}s (cpu {cpu or 0:.1f}s)  max|dFSV|={err:.2e}  "
+                   f"fsv={np.round(res.fsv, 4).tolist()}")
         return row
 
     def secure_runs(block, Xb, yb, ob, R, ref, methods):
@@ -207,8 +208,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     result["rows"] = rows
     (out / "shapley_bank.json").write_text(json.dumps(result, indent=2, default=str))
-    keys = ["block", "method", "seconds", "cpu_seconds", "speedup_vs_HESV", "cpu_speedup_vs_HESV", "max_abs_err", "evaluated_samples",
-            "skipped_samples", "ct_pt", "ct_ct", "batches", "mbytes", "setup_s", "helper_fallbacks", "fsv"]
+    keys = ["block", "method", "seconds", "cpu_seconds", "speedup_vs_HESV", "cpu_speedup_vs_HESV", "max_abs_err",
+            "evaluated_samples", "skipped_samples", "ct_pt", "ct_ct", "batches", "mbytes", "setup_s",
+            "helper_fallbacks", "fsv"]
     with open(out / "shapley_bank.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         wr.writeheader()
@@ -255,7 +257,9 @@ def main() -> None:
                    f"{result['max_abs_diff_quantised_vs_exact_weights']:.4f})"
                    if "max_abs_diff_quantised_vs_exact_weights" in result else "") + ". CKKS n = "
                 f"{params.ckks.poly_modulus_degree}. All methods in one run, one after the other.\n\n" + table)
-        print(f"published {publish('shapley-bank', 'Secure Shapley values on BANK (experiments/shapley_bank.py)', body, docs_dir=args.docs, figures={'': fig} if fig is not None else None)}")
+        where = publish('shapley-bank', 'Secure Shapley values on BANK (experiments/shapley_bank.py)', body,
+                        docs_dir=args.docs, figures={'': fig} if fig is not None else None)
+        print(f"published {where}")
 
 
 if __name__ == "__main__":

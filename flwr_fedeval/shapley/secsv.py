@@ -381,9 +381,10 @@ class SecSV:
         for ids in choose_batches(rows, self.owners, self.m, self.clients, self._full_batches):
             self.stats.batches += 1
             key = ids.tobytes() if ids.tobytes() in self._full_keys else None
-            res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids], None if key is None else ("A", key))  # step 4
+            key_A, key_P = (None, None) if key is None else (("A", key), ("P", key))
+            res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids], key_A)  # step 4
             res_A = [self._wire.send(self.ctx_A, self.ctx_P, c) for c in res_A]
-            res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids], None if key is None else ("P", key))  # step 5
+            res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids], key_P)  # step 5
             total = add_products(self.ctx_P, res_P, res_A)                              # step 6
             helper, fb = pick_helper(self.clients, set(self.owners[ids].tolist()), set(S), self._helper_turn)
             self._helper_turn += 1

@@ -57,7 +57,8 @@ def _assert_no_fhe_state(grid):
             assert key not in ctx.state
 
 
-def test_semi_honest_auc_and_threshold_metrics_equal_plaintext_server_holds_no_secret_key(grid, arrays, scores, plain_auc):
+def test_semi_honest_auc_and_threshold_metrics_equal_plaintext_server_holds_no_secret_key(
+        grid, arrays, scores, plain_auc):
     phase = FHEAUCPhase(N, backend=BACKEND, protocol="semi-honest", share_auc_with_server=True,
                         metrics_threshold=THRESHOLD)
     result = phase.run(grid, arrays)

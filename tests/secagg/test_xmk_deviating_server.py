@@ -422,7 +422,8 @@ def test_replayed_request_of_an_earlier_round_is_refused_with_reused_keys():
     # round 2 masks differ from round 1 masks: the two rounds' ciphertexts of a client are unrelated
     total2 = rlwe.add_ciphertexts(list(cts2.values()))
     shares = [server.share(server.pdec(n, total2.c1)) for n in server.nodes]
-    got = rlwe.combine_and_decode(server.params, total2.c0, shares, LENGTH, scale_bits=server.strategy.scale_bits_for(3))
+    got = rlwe.combine_and_decode(server.params, total2.c0, shares, LENGTH,
+                                  scale_bits=server.strategy.scale_bits_for(3))
     assert np.max(np.abs(got[-1] - sum(_num_examples(p) for p in range(3)))) < 1e-6
 
 

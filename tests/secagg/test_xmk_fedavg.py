@@ -103,7 +103,8 @@ def test_too_many_dropouts_leave_global_model_unchanged():
     result = _run(grid, strategy)
     assert strategy.aborted_attempts
     # no round succeeded: the result keeps the initial arrays
-    assert np.array_equal(_flat(result.arrays.to_numpy_ndarrays()) if len(result.arrays) else _flat(_initial()), _flat(_initial()))
+    final = _flat(result.arrays.to_numpy_ndarrays()) if len(result.arrays) else _flat(_initial())
+    assert np.array_equal(final, _flat(_initial()))
 
 
 def test_corrupted_ciphertext_aborts_cleanly_naming_the_node():
