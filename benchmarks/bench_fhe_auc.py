@@ -23,7 +23,8 @@ in ``docs/results.md`` (:func:`flwr_fedeval.reporting.publish`).
 protocols, for every engine this interpreter can load in one process —
 ``tenseal``, ``openfhe`` (our default OpenFHE set), ``openfhe-fast``
 (``CKKSParams.fast_openfhe``) and ``openfhe-paper`` (the paper's OpenFHE set,
-``CKKSParams.paper_openfhe``) — next to the paper's C++ aggregator (0.68 s / 1.64 s at M = 100) and the target (<= 0.34 s / 0.8 s);
+``CKKSParams.paper_openfhe``) — next to the paper's C++ aggregator
+(0.68 s / 1.64 s at M = 100) and the target (<= 0.34 s / 0.8 s);
 JSON in ``benchmarks/results/fhe_auc_side_by_side.json``. The Python 3.10
 venv has both engines (``make run-openfhe`` builds it).
 
