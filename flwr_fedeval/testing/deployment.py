@@ -662,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m flwr_fedeval.testing.deployment",
-                                 description=main.__doc__.split("\n")[0])
+                                 description=(main.__doc__ or "").split("\n")[0])
     ap.add_argument("--nodes", type=int, required=True, help="number of SuperNodes (data clients)")
     ap.add_argument("--app", default=".", help="the Flower App (directory with pyproject.toml)")
     ap.add_argument("--run-config", default="", help="flwr run --run-config overrides")

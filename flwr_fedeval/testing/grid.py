@@ -172,7 +172,7 @@ class InProcessGrid(Grid):
                 continue
             delivered, size = _roundtrip_message(msg)
             self.bytes_down[node] += size
-            reply = self._execute(node, delivered)
+            reply: Message | None = self._execute(node, delivered)
             if self.fault is not None and reply is not None:
                 reply = self.fault(node, delivered, reply)
             if node in self._dead:  # killed while it worked on the message (e.g. by the fault hook)
