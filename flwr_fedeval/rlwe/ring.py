@@ -243,7 +243,7 @@ class Ring:
 
     def sum(self, xs: NDArray[np.uint64], axis: int = 0) -> NDArray[np.uint64]:
         """Sum of elements along a batch ``axis`` (at most 2^32 terms)."""
-        xs = np.asarray(xs, dtype=np.uint64)
+        xs = np.asarray(xs)
         if xs.shape[axis] > 2**32:
             raise ValueError("too many terms for an overflow-free sum")
         return np.sum(xs, axis=axis, dtype=np.uint64) % self.q_col
