@@ -5,7 +5,7 @@ NUM_CLIENTS ?= 5
 XRAY_DIR ?= ../shared/data/chest-xray
 BANK_DIR ?= ../shared/data/bank-marketing
 
-.PHONY: help setup run run-deployment run-xray run-shapley test test-fast test-openfhe bench clean
+.PHONY: help setup run run-deployment run-xray run-shapley test test-fast test-openfhe lint bench clean
 
 help:
 	@echo "make run        main job: flwr run . on the embedded breast-cancer data ($(NUM_CLIENTS) clients)"
@@ -15,6 +15,7 @@ help:
 	@echo "make run-openfhe main job, FHE AUC (FHE_AUC=malicious|semi-honest) on OpenFHE: Python 3.10 venv, flwr 1.30"
 	@echo "make test       the whole test suite (what CI runs)"
 	@echo "make test-fast  the suite without tests marked slow"
+	@echo "make lint       ruff and mypy (a leg of make test)"
 	@echo "make bench      the benchmarks (JSON in benchmarks/results/)"
 
 setup:
@@ -37,6 +38,9 @@ run-shapley: setup
 
 test: setup
 	@scripts/run-tests.sh
+
+lint: setup
+	@scripts/lint.sh
 
 test-fast: setup
 	@scripts/run-tests.sh -m "not slow"

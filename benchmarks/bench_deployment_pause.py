@@ -23,11 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from flwr_fedeval.keys import create
+from flwr_fedeval.testing.deployment import LocalDeployment
 
-from flwr_fedeval.keys import create  # noqa: E402
-from flwr_fedeval.testing.deployment import LocalDeployment  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:

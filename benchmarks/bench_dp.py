@@ -4,7 +4,7 @@ Times, per client, side by side:
 
 * DPAUC_Lap client step (Laplace noise on 4·|Θ| counts) with the vectorised
   sampler and with diffprivlib's scalar ``Laplace.randomise``;
-* the exact threshold counts that precede it (``fhe.counts.threshold_counts``);
+* the exact threshold counts that precede it (``metrics.counts.threshold_counts``);
 * RR label flipping (vectorised vs diffprivlib ``Binary``) for the client's samples;
 * FedAUC_Lap client step (local alpha and adaptive β).
 
@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 from diffprivlib import BudgetAccountant
+from tqdm import tqdm
 
 from flwr_fedeval.dp import (
     DPAUCLaplaceParams,
@@ -36,7 +33,7 @@ from flwr_fedeval.dp import (
     fedauc_laplace_client,
     randomize_labels,
 )
-from flwr_fedeval.fhe.counts import decision_points, threshold_counts
+from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 from flwr_fedeval.reporting import markdown_table, publish
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -126,7 +123,8 @@ def main() -> None:
                 f"{'met' if report['meets_target'] else 'missed'}); vectorised Laplace draw "
                 f"{report['speedup_vectorised_over_scalar_laplace']:.0f}× faster than diffprivlib's scalar "
                 f"`randomise` (same distribution, tested draw for draw).\n\n" + table)
-        print(f"published {publish('bench-dp', 'DP AUC client cost (benchmarks/bench_dp.py)', body, docs_dir=args.docs)}")
+        where = publish('bench-dp', 'DP AUC client cost (benchmarks/bench_dp.py)', body, docs_dir=args.docs)
+        print(f"published {where}")
 
 
 if __name__ == "__main__":

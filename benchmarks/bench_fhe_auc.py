@@ -21,9 +21,10 @@ in ``docs/results.md`` (:func:`flwr_fedeval.reporting.publish`).
 
 ``--side-by-side`` (issue 13) runs M in {5, 15, 50, 100} at N = 100, both
 protocols, for every engine this interpreter can load in one process —
-``tenseal``, ``openfhe`` (our default OpenFHE set), ``openfhe-fast`` (``CKKSParams.fast_openfhe``) and ``openfhe-paper`` (the
-paper's OpenFHE set, ``CKKSParams.paper_openfhe``) — next to the paper's C++
-aggregator (0.68 s / 1.64 s at M = 100) and the target (<= 0.34 s / 0.8 s);
+``tenseal``, ``openfhe`` (our default OpenFHE set), ``openfhe-fast``
+(``CKKSParams.fast_openfhe``) and ``openfhe-paper`` (the paper's OpenFHE set,
+``CKKSParams.paper_openfhe``) — next to the paper's C++ aggregator
+(0.68 s / 1.64 s at M = 100) and the target (<= 0.34 s / 0.8 s);
 JSON in ``benchmarks/results/fhe_auc_side_by_side.json``. The Python 3.10
 venv has both engines (``make run-openfhe`` builds it).
 
@@ -42,15 +43,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 try:
     from tqdm import tqdm
@@ -65,7 +64,7 @@ M_GRID = (5, 15, 50, 100)
 
 
 def _counts(n_clients: int, n_points: int, seed: int):
-    from flwr_fedeval.fhe.counts import decision_points, threshold_counts
+    from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 
     rng = np.random.default_rng(seed)
     th = decision_points(n_points)
@@ -205,7 +204,8 @@ def side_by_side(args) -> Path:
               f"down {row['bytes_down_per_client'] / 2**20:.2f} MiB  err {row['abs_error']:.1e}", flush=True)
     print("\naggregator CPU seconds (bytes in -> bytes out), N = 100; paper C++ and target at M = 100; "
           "* = the clients refused the result (certified CKKS error bound > max_error)")
-    print(f"{'setting':11s} {'M':>4s} " + " ".join(f"{e:>13s}" for e in engines) + f" {'paper C++':>10s} {'target':>7s}")
+    print(f"{'setting':11s} {'M':>4s} " + " ".join(f"{e:>13s}" for e in engines)
+          + f" {'paper C++':>10s} {'target':>7s}")
     for setting in ("semi-honest", "malicious"):
         for m in M_GRID:
             cells = []
@@ -282,8 +282,9 @@ def plot(docs: str | None = None) -> None:
                 rows = sorted((r for r in d["rows"] if r["setting"] == setting and r[fixed[0]] == fixed[1]),
                               key=lambda r: r[x_key])
                 if rows:
-                    ax.plot([r[x_key] for r in rows], [r.get("aggregator_cpu_s", r["aggregator_s"]) for r in rows], style,
-                            label=f"{d['backend']} {setting}" + (f" (S={d['splits']})" if setting == "malicious" else ""))
+                    splits = f" (S={d['splits']})" if setting == "malicious" else ""
+                    ax.plot([r[x_key] for r in rows], [r.get("aggregator_cpu_s", r["aggregator_s"]) for r in rows],
+                            style, label=f"{d['backend']} {setting}" + splits)
         if x_key == "N":
             ax.set_xscale("log")
         ax.set_xlabel(x_label)
@@ -314,7 +315,9 @@ def plot(docs: str | None = None) -> None:
                 "evaluation: " + ", ".join(f"{b} {v / 2**20:.1f} MiB" for b, v in pub.items()) + ". "
                 "Targets of issue 5 at M = 100, N = 100: semi-honest ≤ 0.34 s, malicious ≤ 0.8 s (the paper: 0.68 s / "
                 "1.64 s on an Apple M2 core, OpenFHE).\n\n" + table)
-        print(f"published {publish('fhe-auc', 'FHE AUC aggregator and client time (benchmarks/bench_fhe_auc.py)', body, docs_dir=docs, figures=figures)}")
+        where = publish('fhe-auc', 'FHE AUC aggregator and client time (benchmarks/bench_fhe_auc.py)', body,
+                        docs_dir=docs, figures=figures)
+        print(f"published {where}")
     for fig in figures.values():
         plt.close(fig)
 

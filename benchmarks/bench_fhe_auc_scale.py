@@ -25,15 +25,15 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from flwr_fedeval.testing.scores import tiled_counts
+
+ROOT = Path(__file__).resolve().parents[1]
 
 try:
     from tqdm import tqdm
@@ -44,17 +44,6 @@ except ImportError:  # a side venv without tqdm
         return iterable
 
     _write = print
-
-
-def tiled_counts(factor: int, n_clients: int = 5, n_points: int = 100):
-    from flwr_fedeval.metrics.counts import decision_points, threshold_counts
-
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 2, 9049)
-    s = np.clip(rng.normal(0.35 + 0.3 * y, 0.2), 0, 1)
-    th = decision_points(n_points)
-    return [threshold_counts(np.tile(y[i::n_clients], factor), np.tile(s[i::n_clients], factor), th)
-            for i in range(n_clients)]
 
 
 def main() -> None:

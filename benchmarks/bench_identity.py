@@ -31,18 +31,15 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+import numpy as np
 
-import numpy as np  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 BUDGET_S = 0.1
@@ -77,12 +74,12 @@ def _op_costs(repeats: int) -> dict:
 def _phase(n_clients: int, n_points: int) -> dict:
     from flwr.app import ArrayRecord, Context, Message
     from flwr.clientapp import ClientApp
-    from flwr_fedeval.testing import InProcessGrid
 
     from flwr_fedeval import identity
     from flwr_fedeval.clients import fhe_handlers
     from flwr_fedeval.keys import create
     from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
+    from flwr_fedeval.testing import InProcessGrid
 
     def data(context: Context):
         rng = np.random.default_rng(int(context.node_config["partition-id"]))
@@ -134,7 +131,7 @@ def _phase(n_clients: int, n_points: int) -> dict:
     finally:
         identity.NodeIdentity.sign, identity.Roster.verify = sign, verify
     totals = {k: sum(v) for k, v in spent.items()}
-    per_client = lambda kind: statistics.median(spent[f"client {kind}"]) if spent[f"client {kind}"] else 0.0  # noqa: E731
+    per_client = lambda kind: statistics.median(spent[f"client {kind}"]) if spent[f"client {kind}"] else 0.0
     critical = (totals.get("server verify", 0.0) + totals.get("key holder verify", 0.0)
                 + totals.get("key holder sign", 0.0) + per_client("sign") + per_client("verify"))
     auth_total = sum(totals.values())

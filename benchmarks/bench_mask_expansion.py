@@ -19,17 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from flwr_fedeval import rlwe  # noqa: E402
-from flwr_fedeval.rlwe import masking  # noqa: E402
+from flwr_fedeval import rlwe
+from flwr_fedeval.rlwe import masking
 
 
 def best_cpu(fn, repeat: int) -> float:
@@ -71,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             per_peers[count] = best_cpu(lambda: masking._masked(params, plaintext, []), args.repeat)
             continue
         peers = {name: pairs[name][1] for name in names[1 : count + 1]}
-        per_peers[count] = best_cpu(lambda: masking.mask_plaintext(
+        per_peers[count] = best_cpu(lambda peers=peers: masking.mask_plaintext(
             params, plaintext, own_name=names[0], own_private=pairs[names[0]][0], peers=peers, context=ctx),
             args.repeat)
     per_pair = (per_peers[9] - per_peers[1]) / 8

@@ -26,19 +26,15 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from flwr_fedeval import rlwe  # noqa: E402
-from flwr_fedeval.rlwe.ring import find_ntt_primes, get_ring, schoolbook_negacyclic  # noqa: E402
-from flwr_fedeval.rlwe.sampling import RandomStream, ternary, uniform_mod_q  # noqa: E402
-
+from flwr_fedeval import rlwe
+from flwr_fedeval.rlwe.ring import find_ntt_primes, get_ring, schoolbook_negacyclic
+from flwr_fedeval.rlwe.sampling import RandomStream, ternary, uniform_mod_q
 
 _CPU: dict[str, float] = {}
 
@@ -291,11 +287,13 @@ def _publish(args: argparse.Namespace, params: rlwe.ParameterSet, result: dict) 
     p = result["products"]
     body = (f"Parameter set `{args.params}` (n = {params.n}, {params.limbs} limbs, log2 q = {params.log2_q:.1f} ≤ "
             f"{params.security_bound_log2_q}: 128-bit), {args.length:,} values + n_i per client"
-            f"{' (the seed CNN)' if args.length == 949_002 else ''}, medians of {args.repeat}; wall time with CPU time in brackets (shared machine). Targets: encrypt "
+            f"{' (the seed CNN)' if args.length == 949_002 else ''}, medians of {args.repeat}; "
+            "wall time with CPU time in brackets (shared machine). Targets: encrypt "
             "≤ 1 s, partial decrypt ≤ 0.5 s, server sum of 10 clients ≤ 0.5 s, ciphertext ≤ 4× float32. "
             f"Products at n = 1024 × 3 limbs: NTT {p['ntt_speedup_vs_schoolbook']:.1f}×, exact FFT "
             f"{p['fft_speedup_vs_schoolbook']:.1f}× the schoolbook product.\n\n" + table)
-    print(f"published {publish('bench-rlwe', 'xMK-CKKS aggregation cost (benchmarks/bench_rlwe.py)', body, docs_dir=args.docs)}")
+    where = publish('bench-rlwe', 'xMK-CKKS aggregation cost (benchmarks/bench_rlwe.py)', body, docs_dir=args.docs)
+    print(f"published {where}")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,6 @@ import logging
 import os
 import platform
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -64,12 +63,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from flwr_fedeval import rlwe  # noqa: E402
-from flwr_fedeval.identity import NodeIdentity, Roster  # noqa: E402
-from flwr_fedeval.reporting import markdown_table, publish  # noqa: E402
-from flwr_fedeval.rlwe import keyset, masking  # noqa: E402
+from flwr_fedeval import rlwe
+from flwr_fedeval.identity import NodeIdentity, Roster
+from flwr_fedeval.reporting import markdown_table, publish
+from flwr_fedeval.rlwe import keyset, masking
 
 TARGET = 0.10
 
@@ -127,7 +124,8 @@ def baseline_round(params, vectors, scale_bits, a):
 
 
 def secure_round(params, vectors, scale_bits, seed_a, a, identities, roster, mask_degree):
-    """The issue-12 round: signed commit-then-reveal key set, pairwise masks (graph of ``mask_degree``), canonical C1."""
+    """The issue-12 round: signed commit-then-reveal key set, pairwise masks (graph of ``mask_degree``),
+    canonical C1."""
     clock, M, length = Clock(), len(vectors), vectors[0].size
     kid, rnd = keyset.key_set_id(params, seed_a), 1
     members = []
@@ -214,7 +212,7 @@ def grid_round(length: int, num_clients: int, identity_dir: str, ablate: bool, m
     expected = np.float32(0.001) * (num_clients + 1) / 2
     if strategy.aborted_attempts or float(np.max(np.abs(got - expected))) > 1e-6:
         raise RuntimeError(f"grid round failed: {strategy.aborted_attempts}")
-    return {"cpu_s": cpu, "wall_s": wall, "steps_wall_s": {k: v for k, v in strategy.timer.timings}}
+    return {"cpu_s": cpu, "wall_s": wall, "steps_wall_s": dict(strategy.timer.timings)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{sec['wall_s']:.2f}", f"{100 * overhead:+.1f} % (added stages {100 * added_share:.1f} %)"])
         rows.append([f"  of which pairwise mask ({k} PRGs per client)",
                      f"{added.get('+ pairwise mask (k PRGs)', 0.0):.3f}", "", ""])
-    print(f"  max |error| of the sum: " + ", ".join(f"{v} {e:.3g}" for v, e in errors.items()))
+    print("  max |error| of the sum: " + ", ".join(f"{v} {e:.3g}" for v, e in errors.items()))
     if args.grid_repeat:
         import tempfile
 
@@ -338,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(f'{100 * p:.1f}' for p in g[v]['overhead_cpu_per_repeat'])} %)"
                   for v in ("complete", "default")))
     met = result["default"]["target_met_added_stages"]
-    print(f"  target overhead <= {100 * TARGET:.0f} % at the default degree (added stages): {'met' if met else 'NOT met'}")
+    print(f"  target overhead <= {100 * TARGET:.0f} % at the default degree (added stages): "
+          f"{'met' if met else 'NOT met'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -359,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                 "add, over the baseline, is the steadier figure on a loaded machine; target ≤ "
                 f"{100 * TARGET:.0f} % at the default degree: {'met' if met else 'NOT met'}. "
                 "Max |error| of the sum: " + ", ".join(f"{v} {e:.3g}" for v, e in errors.items()) + ".\n\n" + table)
-        print(f"published {publish('bench-xmk-security', 'xMK-CKKS security overhead (benchmarks/bench_xmk_security.py)', body, docs_dir=args.docs)}")
+        where = publish('bench-xmk-security', 'xMK-CKKS security overhead (benchmarks/bench_xmk_security.py)', body,
+                        docs_dir=args.docs)
+        print(f"published {where}")
     return 0
 
 if __name__ == "__main__":

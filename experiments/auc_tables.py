@@ -2,7 +2,7 @@
 
 Rows: global test size (10^2, 10^3, 10^4, full = 45,211) × N ∈ {25, 50, 100}
 decision points × spacing (``--spacing linear|logit|both``: the paper's even
-spacing and/or logit spacing, :func:`~flwr_fedeval.fhe.counts.decision_points`).
+spacing and/or logit spacing, :func:`~flwr_fedeval.metrics.counts.decision_points`).
 Columns: sklearn ``roc_auc_score``, TF ``keras.metrics.AUC(num_thresholds=1000)``
 (TensorFlow imported lazily; "n/a" if absent), the plaintext trapezoid from
 summed counts, the FHE AUC (semi-honest protocol of :mod:`flwr_fedeval.fhe.auc`
@@ -34,29 +34,28 @@ larger N, to show where the 1e-3 target against sklearn is reachable.
 Writes ``experiments/results/auc_tables.{csv,md,png}`` (and
 ``auc_tables_reference.csv``); ``--docs`` also publishes the tables and the
 figure in ``docs/results.md`` (:func:`flwr_fedeval.reporting.publish`).
-Usage: ``python experiments/auc_tables.py [--runs 100] [--spacing both] [--data ../shared/data/bank-marketing/bank-full.csv] [--docs]``
+Usage: ``python experiments/auc_tables.py [--runs 100] [--spacing both]
+[--data ../shared/data/bank-marketing/bank-full.csv] [--docs]``
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from flwr_fedeval.data.bank_marketing import load_bank_marketing
+from flwr_fedeval.dp import DPAUCLaplaceParams, dpauc_laplace_client, dpauc_laplace_server
+from flwr_fedeval.fhe import auc as fhe_auc
+from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context
+from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
+from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points, threshold_counts
+from flwr_fedeval.reporting import publish
 
-from flwr_fedeval.data.bank_marketing import load_bank_marketing  # noqa: E402
-from flwr_fedeval.dp import DPAUCLaplaceParams, dpauc_laplace_client, dpauc_laplace_server  # noqa: E402
-from flwr_fedeval.fhe import auc as fhe_auc  # noqa: E402
-from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context  # noqa: E402
-from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points, threshold_counts  # noqa: E402
-from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound  # noqa: E402
-from flwr_fedeval.reporting import publish  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SIZES = (100, 1_000, 10_000, None)  # None = full data set
 N_POINTS = (25, 50, 100)
@@ -226,12 +225,14 @@ def _markdown(rows: list[dict], ref_rows: list[dict], args, keys: FHEKeys, stats
                 lines.append(
                     f"| {r['test_size']} | {r['N']} | {r['sklearn']:.4f} | {r['tf_keras_1000']:.4f} "
                     f"| {r['plaintext']:.4f} | {r['fhe']:.4f} | {r['fhe_minus_plain_abs']:.1e} | {e} "
-                    f"| {r['resolution_bound']:.1e} | {pm(r, 1, 'no-clip')} | {pm(r, 1, 'clip-sort')} | {pm(r, 8, 'no-clip')} "
+                    f"| {r['resolution_bound']:.1e} | {pm(r, 1, 'no-clip')} | {pm(r, 1, 'clip-sort')} "
+                    f"| {pm(r, 8, 'no-clip')} "
                     f"| {pm(r, 8, 'clip-sort')} |")
             lines.append("")
     if ref_rows:
         lines += [f"## Reference: FHE at N = {ref_rows[0]['N']} (no DP columns)", "",
-                  "| partition | spacing | test size | sklearn | plaintext | FHE | \\|FHE−plain\\| | \\|FHE−skl\\| | ½q |",
+                  "| partition | spacing | test size | sklearn | plaintext | FHE "
+                  "| \\|FHE−plain\\| | \\|FHE−skl\\| | ½q |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in ref_rows:
             e = f"{r['fhe_minus_sklearn_abs']:.1e}"
@@ -383,7 +384,9 @@ def main() -> None:
     if args.docs:
         title, body = md.split("\n", 1)
         body = body.replace("\n## ", "\n### ")  # subsections of the published section
-        print(f"published {publish('auc-tables', title.lstrip('# ') + ' (experiments/auc_tables.py)', body, docs_dir=args.docs, figures={'': fig})}")
+        where = publish('auc-tables', title.lstrip('# ') + ' (experiments/auc_tables.py)', body, docs_dir=args.docs,
+                        figures={'': fig})
+        print(f"published {where}")
     plt.close(fig)
 
 

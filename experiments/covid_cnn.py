@@ -203,7 +203,7 @@ def run_local(cfg, n: int, meter: Meter, progress) -> dict[str, Any]:
     per_client, times = [], []
     for pid in tqdm(range(n), desc=f"local n={n}", unit="client", **progress):
         t0, c0 = time.perf_counter(), time.process_time()
-        per_client.append(meter.client_call(lambda: train(pid), "local-train"))
+        per_client.append(meter.client_call(lambda pid=pid: train(pid), "local-train"))
         times.append({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
     return {"metrics": summarize(per_client), "wall_s": sum(t["wall_s"] for t in times),
             "cpu_s": sum(t["cpu_s"] for t in times), "parallel_est_s": max(t["wall_s"] for t in times),
@@ -358,7 +358,7 @@ def build_rows(runs: dict[tuple[str, int], dict]) -> list[dict[str, Any]]:
     rows = []
     for (mode, n), r in sorted(runs.items(), key=lambda kv: (kv[0][1], MODES.index(kv[0][0]))):
         rounds = r.get("rounds") or []
-        mean = (lambda key: float(np.mean([x[key] for x in rounds])) if rounds else None)  # noqa: E731
+        mean = (lambda key, rounds=rounds: float(np.mean([x[key] for x in rounds])) if rounds else None)
         rows.append({"clients": n, "mode": mode,
                      **{f"pooled_{k}": r["metrics"]["pooled"][k] for k in METRIC_KEYS},
                      **{f"mean_{k}": r["metrics"]["mean_over_clients"][k] for k in METRIC_KEYS},
@@ -441,7 +441,7 @@ def he_step_means(runs: dict[tuple[str, int], dict]) -> dict[int, list[float | N
             continue
         rounds = r["rounds"]
 
-        def mean(get):
+        def mean(get, rounds=rounds):
             vals = [v for v in map(get, rounds) if v is not None]
             return float(np.mean(vals)) if vals else None
 

@@ -35,22 +35,20 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from flwr_fedeval.data.bank_marketing import load_bank_marketing
+from flwr_fedeval.data.partition import partition_indices
+from flwr_fedeval.reporting import markdown_table, publish
+from flwr_fedeval.shapley.fsv import federated_shapley
+from flwr_fedeval.shapley.hesv import HESV
+from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights
 
-from flwr_fedeval.data.bank_marketing import load_bank_marketing  # noqa: E402
-from flwr_fedeval.data.partition import partition_indices  # noqa: E402
-from flwr_fedeval.reporting import markdown_table, publish  # noqa: E402
-from flwr_fedeval.shapley.fsv import federated_shapley  # noqa: E402
-from flwr_fedeval.shapley.hesv import HESV  # noqa: E402
-from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_federated(clients, n_classes, rounds, *, lr=0.5, l2=1e-4, batch=64, seed=0):
@@ -158,7 +156,8 @@ def main() -> None:
                        mbytes=round(stats.bytes_sent / 2**20, 1), setup_s=round(stats.setup_seconds, 2),
                        helper_fallbacks=stats.helper_fallbacks)
         rows.append(row)
-        tqdm.write(f"[{block}] {method:14s} {seconds:8.1f}s (cpu {cpu or 0:.1f}s)  max|dFSV|={err:.2e}  fsv={np.round(res.fsv, 4).tolist()}")
+        tqdm.write(f"[{block}] {method:14s} {seconds:8.1f}s (cpu {cpu or 0:.1f}s)  max|dFSV|={err:.2e}  "
+                   f"fsv={np.round(res.fsv, 4).tolist()}")
         return row
 
     def secure_runs(block, Xb, yb, ob, R, ref, methods):
@@ -185,15 +184,19 @@ def main() -> None:
     R = history[: args.compare_rounds]
     Xs, ys, os_ = Xt[sub], yt[sub], owners[sub]
     if not args.skip_compare:
-        t = time.perf_counter(); ref = federated_shapley(R, w, Xs, ys, n_classes=2); tp = time.perf_counter() - t
+        t = time.perf_counter()
+        ref = federated_shapley(R, w, Xs, ys, n_classes=2)
+        tp = time.perf_counter() - t
         record("compare", "plaintext", ref, tp, ref)
-        t = time.perf_counter(); r = federated_shapley(R, w, Xs, ys, n_classes=2, sample_skip=True)
+        t = time.perf_counter()
+        r = federated_shapley(R, w, Xs, ys, n_classes=2, sample_skip=True)
         record("compare", "plaintext+SS", r, time.perf_counter() - t, ref)
         secure_runs("compare", Xs, ys, os_, R, ref, ["HESV", "SecSV", "SecSV+SS"])
 
     # -- full block --------------------------------------------------------
     if not args.skip_full:
-        t = time.perf_counter(); ref_full = federated_shapley(history, w, Xt, yt, n_classes=2)
+        t = time.perf_counter()
+        ref_full = federated_shapley(history, w, Xt, yt, n_classes=2)
         record("full", "plaintext", ref_full, time.perf_counter() - t, ref_full)
         exact = federated_shapley(history, counts, Xt, yt, n_classes=2)
         result["plaintext_exact_counts_fsv"] = exact.fsv.tolist()
@@ -205,8 +208,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     result["rows"] = rows
     (out / "shapley_bank.json").write_text(json.dumps(result, indent=2, default=str))
-    keys = ["block", "method", "seconds", "cpu_seconds", "speedup_vs_HESV", "cpu_speedup_vs_HESV", "max_abs_err", "evaluated_samples",
-            "skipped_samples", "ct_pt", "ct_ct", "batches", "mbytes", "setup_s", "helper_fallbacks", "fsv"]
+    keys = ["block", "method", "seconds", "cpu_seconds", "speedup_vs_HESV", "cpu_speedup_vs_HESV", "max_abs_err",
+            "evaluated_samples", "skipped_samples", "ct_pt", "ct_ct", "batches", "mbytes", "setup_s",
+            "helper_fallbacks", "fsv"]
     with open(out / "shapley_bank.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         wr.writeheader()
@@ -253,7 +257,9 @@ def main() -> None:
                    f"{result['max_abs_diff_quantised_vs_exact_weights']:.4f})"
                    if "max_abs_diff_quantised_vs_exact_weights" in result else "") + ". CKKS n = "
                 f"{params.ckks.poly_modulus_degree}. All methods in one run, one after the other.\n\n" + table)
-        print(f"published {publish('shapley-bank', 'Secure Shapley values on BANK (experiments/shapley_bank.py)', body, docs_dir=args.docs, figures={'': fig} if fig is not None else None)}")
+        where = publish('shapley-bank', 'Secure Shapley values on BANK (experiments/shapley_bank.py)', body,
+                        docs_dir=args.docs, figures={'': fig} if fig is not None else None)
+        print(f"published {where}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=E0
 try:  # flwr >= 1.31
     from flwr.supercore.run import Run
 except ImportError:  # flwr 1.30
-    from flwr.common.typing import Run  # type: ignore[no-redef]
+    from flwr.common.typing import Run  # type: ignore[no-redef,attr-defined,unused-ignore]  # moved in 1.31
 
 try:  # flwr >= 1.31: Message() reads the process's task identity
     from flwr.supercore.task_identity import TaskIdentity

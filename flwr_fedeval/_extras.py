@@ -75,7 +75,7 @@ def require(module: str, *, extra: str | None = None, purpose: str = "") -> Modu
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        what = purpose or f"this part of flwr-fedeval"
+        what = purpose or "this part of flwr-fedeval"
         hint = f"pip install 'flwr-fedeval[{extra}]'"
         if extra == "openfhe":
             hint += (" on CPython 3.10 (the openfhe wheel 1.6.1 loads on CPython 3.10 here; "

@@ -44,13 +44,14 @@ import os
 import re
 import stat
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 __all__ = [
     "IdentityError",
@@ -69,7 +70,9 @@ _ROSTER_VERSION = 1
 _DOMAIN = b"flwr-fedeval/signed-key/v1"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CURVES = (ec.SECP256R1, ec.SECP384R1, ec.SECP521R1)
-_HASH = {ec.SECP256R1: hashes.SHA256, ec.SECP384R1: hashes.SHA384, ec.SECP521R1: hashes.SHA512}
+_HASH: dict[type[ec.EllipticCurve], Callable[[], hashes.HashAlgorithm]] = {
+    ec.SECP256R1: hashes.SHA256, ec.SECP384R1: hashes.SHA384, ec.SECP521R1: hashes.SHA512,
+}
 
 
 class IdentityError(ValueError):
@@ -83,7 +86,7 @@ def _check_name(name: str) -> str:
     return name
 
 
-def _hash_for(key) -> hashes.HashAlgorithm:
+def _hash_for(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> hashes.HashAlgorithm:
     return _HASH[type(key.curve)]()
 
 
@@ -135,12 +138,12 @@ class NodeIdentity:
         return f"NodeIdentity({self.name!r}, fingerprint={self.fingerprint()})"
 
     @classmethod
-    def generate(cls, name: str) -> "NodeIdentity":
+    def generate(cls, name: str) -> NodeIdentity:
         """A fresh P-256 key (``os.urandom`` via OpenSSL)."""
         return cls(name, ec.generate_private_key(ec.SECP256R1()))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, name: str | None = None) -> "NodeIdentity":
+    def load(cls, path: str | os.PathLike[str], name: str | None = None) -> NodeIdentity:
         """Load an OpenSSH (or PKCS#8 PEM) EC private key; ``name`` defaults to the file stem.
 
         Raises
@@ -155,6 +158,7 @@ class NodeIdentity:
         _check_permissions(path, private=True)
         data = path.read_bytes()
         try:
+            key: PrivateKeyTypes
             if b"OPENSSH PRIVATE KEY" in data:
                 key = serialization.load_ssh_private_key(data, password=None)
             else:
@@ -165,7 +169,7 @@ class NodeIdentity:
             raise IdentityError(f"private key {path}: not an ECDSA key")
         return cls(name if name is not None else path.name.split(".")[0], key)
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the private key (OpenSSH format, mode 0600; refuses to overwrite)."""
         path = Path(path)
         data = self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
@@ -273,7 +277,7 @@ class Roster:
         return json.dumps({"format": ROSTER_FORMAT, "version": _ROSTER_VERSION, "nodes": nodes}, indent=2) + "\n"
 
     @classmethod
-    def from_identities(cls, identities: Iterable[NodeIdentity]) -> "Roster":
+    def from_identities(cls, identities: Iterable[NodeIdentity]) -> Roster:
         """Roster of the public keys of ``identities`` (tests, the keys CLI)."""
         keys: dict[str, bytes] = {}
         for ident in identities:
@@ -282,7 +286,7 @@ class Roster:
             keys[ident.name] = ident.public_key_bytes()
         return cls(keys)
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_json` with mode 0644."""
         path = Path(path)
         path.write_text(self.to_json(), encoding="utf-8")
@@ -290,7 +294,7 @@ class Roster:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Roster":
+    def load(cls, path: str | os.PathLike[str]) -> Roster:
         """Read a roster file.
 
         Raises
@@ -326,7 +330,7 @@ def _lp(b: bytes) -> bytes:
     return struct.pack(">I", len(b)) + b
 
 
-def key_statement(*, protocol: str, session: str, round: int, role: str, key: bytes) -> bytes:  # noqa: A002
+def key_statement(*, protocol: str, session: str, round: int, role: str, key: bytes) -> bytes:
     """Canonical, domain-separated bytes that a node signs for one relayed key.
 
     ``DOMAIN ‖ lp(protocol) ‖ lp(session) ‖ round (8 bytes, big endian) ‖
@@ -357,13 +361,13 @@ def key_statement(*, protocol: str, session: str, round: int, role: str, key: by
             + _lp(role.encode()) + _lp(bytes(key)))
 
 
-def sign_key(identity: NodeIdentity, *, protocol: str, session: str, round: int, role: str,  # noqa: A002
+def sign_key(identity: NodeIdentity, *, protocol: str, session: str, round: int, role: str,
              key: bytes) -> bytes:
     """``identity``'s signature over :func:`key_statement`."""
     return identity.sign(key_statement(protocol=protocol, session=session, round=round, role=role, key=key))
 
 
-def verify_key(roster: Roster, signer: str, signature: bytes, *, protocol: str, session: str, round: int,  # noqa: A002
+def verify_key(roster: Roster, signer: str, signature: bytes, *, protocol: str, session: str, round: int,
                role: str, key: bytes) -> None:
     """Check that roster member ``signer`` signed ``key`` for this protocol, session, round and role.
 
@@ -391,7 +395,7 @@ class SignedKey(NamedTuple):
 
 
 def verify_key_set(roster: Roster, entries: Mapping[Any, SignedKey], *, protocol: str, session: str,
-                   round: int, role: str, floor: int, own: str | None = None) -> dict[Any, str]:  # noqa: A002
+                   round: int, role: str, floor: int, own: str | None = None) -> dict[Any, str]:
     """Check a key set relayed by the server; ``{entry id: signer name}``.
 
     Every entry must be signed by its roster member for (protocol, session,

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import secrets
 import struct
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization

@@ -30,7 +30,7 @@ class WeightLayout:
     dtypes: tuple[str, ...]
 
     @classmethod
-    def of(cls, arrays: list[np.ndarray]) -> "WeightLayout":
+    def of(cls, arrays: list[np.ndarray]) -> WeightLayout:
         """The layout of a list of arrays."""
         return cls(
             shapes=tuple(tuple(int(d) for d in a.shape) for a in arrays),

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The test suite (`make test`, what CI runs through .ci/run), in three legs:
+# The test suite (`make test`, what CI runs through .ci/run), in three legs and a lint leg:
 #   1. .venv: Python 3.11, flwr 1.42, every extra: the whole pytest suite
 #      (TenSEAL engine); the deployment-engine tests (-m deployment) run in the
 #      background from the start, beside all legs, and are reported last;
 #   2. .venv-py310: Python 3.10, flwr 1.30, the project with [openfhe]:
 #      FHE protocol tests, FHE AUC Flower phases and one `flwr run .` on OpenFHE
 #      (scripts/test-openfhe.sh);
+#   lint: ruff and mypy from .venv (scripts/lint.sh), right after leg 1;
 #   3. the core wheel without extras in a clean Python 3.12 venv: no TensorFlow,
 #      strategies import, one xMK-CKKS round (scripts/test-wheel.sh).
 # With arguments, only leg 1 runs: `scripts/run-tests.sh ARGS` = pytest ARGS (deployment
@@ -49,6 +50,7 @@ dep_t0=$SECONDS
 .venv/bin/python -m pytest -m deployment -p no:cacheprovider --durations=0 >"$dep_log" 2>&1 &
 dep_pid=$!
 leg "py311 flwr-$FLWR_311 (pytest -m 'not deployment')" .venv/bin/python -m pytest -m "not deployment" --durations=15
+leg "lint (ruff, mypy)" scripts/lint.sh
 leg "py310 flwr-1.30 openfhe" scripts/test-openfhe.sh
 leg "core wheel py312" scripts/test-wheel.sh
 echo "===== leg: py311 flwr-$FLWR_311 deployment engine (pytest -m deployment, in the background since the start)"

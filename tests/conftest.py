@@ -7,4 +7,4 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).parent))
 
-import flwr_fedeval  # noqa: E402,F401  (loads TenSEAL before any test imports TensorFlow)
+import flwr_fedeval  # noqa: F401  (loads TenSEAL before any test imports TensorFlow)

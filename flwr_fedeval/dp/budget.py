@@ -29,7 +29,7 @@ __all__ = [
     "client_random_state",
 ]
 
-def check_epsilon(epsilon, name: str = "epsilon", *, allow_inf: bool = True) -> float:
+def check_epsilon(epsilon: float, name: str = "epsilon", *, allow_inf: bool = True) -> float:
     """Validate a privacy budget: a real number ``> 0`` (``inf`` = no noise).
 
     Raises
@@ -49,7 +49,11 @@ def check_epsilon(epsilon, name: str = "epsilon", *, allow_inf: bool = True) -> 
     return epsilon
 
 
-def client_random_state(random_state=None) -> np.random.RandomState:
+#: What a client may pass as ``random_state`` (see :func:`client_random_state`).
+RandomStateLike = int | np.integer | np.random.RandomState | None
+
+
+def client_random_state(random_state: RandomStateLike = None) -> np.random.RandomState:
     """The one random-number source of one client.
 
     Parameters

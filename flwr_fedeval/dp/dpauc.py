@@ -15,7 +15,7 @@ Two baselines, each split into a client step and a server step:
   (Menon et al. 2015, see :mod:`flwr_fedeval.dp.debias`).
 
 Client steps: :func:`dpauc_laplace_client`, :func:`randomize_labels` (then
-:func:`flwr_fedeval.fhe.counts.threshold_counts` on the flipped labels).
+:func:`flwr_fedeval.metrics.counts.threshold_counts` on the flipped labels).
 Server steps: :func:`dpauc_laplace_server`, :func:`dpauc_rr_server`.
 """
 
@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 import numpy as np
 from diffprivlib import BudgetAccountant
+from numpy.typing import ArrayLike, NDArray
 
-from flwr_fedeval.dp.budget import charge, check_epsilon, client_random_state
+from flwr_fedeval.dp.budget import RandomStateLike, charge, check_epsilon, client_random_state
 from flwr_fedeval.dp.debias import menon_debias
 from flwr_fedeval.dp.mechanisms import (
     Sampler,
@@ -39,8 +41,8 @@ from flwr_fedeval.dp.mechanisms import (
     randomized_response,
 )
 from flwr_fedeval.dp.result import AUCEstimate, undefined_estimate
-from flwr_fedeval.metrics.counts import ConfusionCounts
 from flwr_fedeval.metrics.auc import UndefinedAUCError, auc_from_counts, resolution_bound
+from flwr_fedeval.metrics.counts import ConfusionCounts
 
 __all__ = [
     "Clipping",
@@ -102,7 +104,8 @@ class DPAUCLaplaceParams:
     n_thresholds: int
     split: tuple[float, float, float, float]
 
-    def __init__(self, epsilon: float, n_thresholds: int, split=(0.25, 0.25, 0.25, 0.25)):
+    def __init__(self, epsilon: float, n_thresholds: int,
+                 split: tuple[float, float, float, float] = (0.25, 0.25, 0.25, 0.25)) -> None:
         epsilon = check_epsilon(epsilon)
         if isinstance(n_thresholds, bool) or not isinstance(n_thresholds, (int, np.integer)) or n_thresholds < 2:
             raise ValueError(f"n_thresholds must be an integer >= 2, got {n_thresholds!r}")
@@ -120,7 +123,7 @@ class DPAUCLaplaceParams:
         object.__setattr__(self, "split", tuple(w / total for w in weights))
 
     @classmethod
-    def from_epsilon_prime(cls, epsilon_prime: float, n_thresholds: int) -> "DPAUCLaplaceParams":
+    def from_epsilon_prime(cls, epsilon_prime: float, n_thresholds: int) -> DPAUCLaplaceParams:
         """The paper's parametrisation: ``ε′`` per count, total ``ε = 4|Θ|ε′``."""
         epsilon_prime = check_epsilon(epsilon_prime, "epsilon_prime")
         return cls(4 * int(n_thresholds) * epsilon_prime, n_thresholds)
@@ -152,7 +155,7 @@ def dpauc_laplace_client(
     params: DPAUCLaplaceParams,
     *,
     accountant: BudgetAccountant | None = None,
-    random_state=None,
+    random_state: RandomStateLike = None,
     sampler: Sampler = "vectorised",
 ) -> NoisyCounts:
     """Client step of DPAUC_Lap: add Laplace noise to every count (workflow step 3).
@@ -161,7 +164,7 @@ def dpauc_laplace_client(
     ----------
     counts : ConfusionCounts
         This client's exact counts at the public decision points, arrays of
-        shape ``(|Θ|,)`` (from :func:`flwr_fedeval.fhe.counts.threshold_counts`).
+        shape ``(|Θ|,)`` (from :func:`flwr_fedeval.metrics.counts.threshold_counts`).
         A single-class or empty client is fine.
     params : DPAUCLaplaceParams
         ``params.n_thresholds`` must equal ``len(counts.tp)``.
@@ -201,7 +204,7 @@ def dpauc_laplace_client(
     return NoisyCounts(*noisy)
 
 
-def _sum_counts(client_counts: Sequence) -> tuple[np.ndarray, ...]:
+def _sum_counts(client_counts: Sequence[Sequence[ArrayLike]]) -> tuple[NDArray[np.float64], ...]:
     if len(client_counts) == 0:
         raise ValueError("no client counts to aggregate")
     shapes = {np.shape(c[0]) for c in client_counts}
@@ -303,11 +306,11 @@ class RandomizedResponseParams:
 
 
 def randomize_labels(
-    labels,
+    labels: ArrayLike,
     params: RandomizedResponseParams,
     *,
     accountant: BudgetAccountant | None = None,
-    random_state=None,
+    random_state: RandomStateLike = None,
     sampler: Sampler = "vectorised",
 ) -> np.ndarray:
     """Client step of DPAUC_RR and FedAUC_RR: flip the labels once (Algorithm 1).

@@ -24,14 +24,16 @@ rank is at most ``M-1``, the sensitivity bound of GlobalLaplace.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 import numpy as np
 from diffprivlib import BudgetAccountant
+from numpy.typing import ArrayLike, NDArray
 from scipy.stats import rankdata
 
-from flwr_fedeval.dp.budget import charge, check_epsilon, client_random_state
+from flwr_fedeval.dp.budget import RandomStateLike, charge, check_epsilon, client_random_state
 from flwr_fedeval.dp.debias import menon_debias
 from flwr_fedeval.dp.dpauc import RandomizedResponseParams
 from flwr_fedeval.dp.mechanisms import Sampler, laplace_mechanism, laplace_randomise
@@ -61,7 +63,9 @@ class LocalStats(NamedTuple):
     local_n: float
 
 
-def fedauc_shuffle_scores(scores, *, random_state=None) -> tuple[np.ndarray, np.ndarray]:
+def fedauc_shuffle_scores(
+    scores: ArrayLike, *, random_state: RandomStateLike = None
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """Client step 1: shuffle the scores before sending them.
 
     Returns
@@ -81,7 +85,7 @@ def fedauc_shuffle_scores(scores, *, random_state=None) -> tuple[np.ndarray, np.
     return scores[perm], perm
 
 
-def fedauc_server_ranks(client_scores: Sequence, *, ties: Ties = "average") -> list[np.ndarray]:
+def fedauc_server_ranks(client_scores: Sequence[ArrayLike], *, ties: Ties = "average") -> list[NDArray[np.float64]]:
     """Server step 2: global ranks (0 = lowest score, ``M-1`` = highest).
 
     Parameters
@@ -107,18 +111,18 @@ def fedauc_server_ranks(client_scores: Sequence, *, ties: Ties = "average") -> l
     return [ranks[bounds[i] : bounds[i + 1]] for i in range(len(arrays))]
 
 
-def fedauc_unshuffle_ranks(ranks, permutation) -> np.ndarray:
+def fedauc_unshuffle_ranks(ranks: ArrayLike, permutation: ArrayLike) -> NDArray[np.float64]:
     """Client: map ranks of the shuffled scores back to the client's own sample order."""
-    ranks = np.asarray(ranks, dtype=np.float64)
-    permutation = np.asarray(permutation)
-    if ranks.shape != permutation.shape:
-        raise ValueError(f"got {ranks.size} ranks for {permutation.size} scores")
-    out = np.empty_like(ranks)
-    out[permutation] = ranks
+    r: NDArray[np.float64] = np.asarray(ranks, dtype=np.float64)
+    perm = np.asarray(permutation)
+    if r.shape != perm.shape:
+        raise ValueError(f"got {r.size} ranks for {perm.size} scores")
+    out = np.empty_like(r)
+    out[perm] = r
     return out
 
 
-def _check_ranks_labels(ranks, labels) -> tuple[np.ndarray, np.ndarray]:
+def _check_ranks_labels(ranks: ArrayLike, labels: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     ranks = np.asarray(ranks, dtype=np.float64)
     labels = np.asarray(labels)
     if ranks.ndim != 1 or ranks.shape != labels.shape:
@@ -130,7 +134,7 @@ def _check_ranks_labels(ranks, labels) -> tuple[np.ndarray, np.ndarray]:
     return ranks, labels.astype(np.float64)
 
 
-def fedauc_local_stats(ranks, labels) -> LocalStats:
+def fedauc_local_stats(ranks: ArrayLike, labels: ArrayLike) -> LocalStats:
     """Client step 3 without noise: ``localSum = Σ r_i y_i``, ``localP``, ``localN``.
 
     Used as is by FedAUC_RR with the *flipped* labels from
@@ -142,7 +146,7 @@ def fedauc_local_stats(ranks, labels) -> LocalStats:
     return LocalStats(float(ranks @ y), p, float(y.size) - p)
 
 
-def adaptive_beta(ranks) -> float:
+def adaptive_beta(ranks: ArrayLike) -> float:
     """β minimising ``Var(‖u′‖∞·s1 + ‖v′‖∞·s2)`` (FedAUC §5.3).
 
     With ``r = u′ + v′``, ``u′ = mean(r)·1``, ``v′ = r - u′``,
@@ -152,18 +156,18 @@ def adaptive_beta(ranks) -> float:
     ``β = 1`` when ``b = 0`` (all ranks equal: ``localSum = r·localP``, the
     one-sample case of §5.3). Depends on the public ranks only.
     """
-    ranks = np.asarray(ranks, dtype=np.float64)
-    if ranks.size == 0:
+    r: NDArray[np.float64] = np.asarray(ranks, dtype=np.float64)
+    if r.size == 0:
         return 1.0
-    mean = float(ranks.mean())
+    mean = float(r.mean())
     a = abs(mean)
-    b = float(np.max(np.abs(ranks - mean)))
+    b = float(np.max(np.abs(r - mean)))
     if b == 0.0:
         return 1.0
     if a == 0.0:
         return 0.0
     a23, b23 = a ** (2.0 / 3.0), b ** (2.0 / 3.0)
-    return a23 / (a23 + b23)
+    return float(a23 / (a23 + b23))
 
 
 @dataclass(frozen=True, init=False)
@@ -227,13 +231,13 @@ class FedAUCLaplaceParams:
 
 
 def fedauc_laplace_client(
-    ranks,
-    labels,
+    ranks: ArrayLike,
+    labels: ArrayLike,
     params: FedAUCLaplaceParams,
     *,
     max_rank: float | None = None,
     accountant: BudgetAccountant | None = None,
-    random_state=None,
+    random_state: RandomStateLike = None,
     sampler: Sampler = "vectorised",
 ) -> LocalStats:
     """Client step 3 of FedAUC_Lap: noisy ``localSum′``, ``localP′``, ``localN′ = n_k - localP′``.
@@ -309,7 +313,7 @@ def fedauc_laplace_client(
         local_p = float(laplace_randomise(np.array([exact.local_p]), m_p, rng, sampler=sampler)[0])
         return LocalStats(local_sum, local_p, n - local_p)
 
-    beta = adaptive_beta(ranks) if params.beta == "adaptive" else params.beta
+    beta = adaptive_beta(ranks) if isinstance(params.beta, str) else float(params.beta)  # str: "adaptive"
     mean = float(ranks.mean()) if ranks.size else 0.0
     a = abs(mean)
     b = float(np.max(np.abs(ranks - mean))) if ranks.size else 0.0

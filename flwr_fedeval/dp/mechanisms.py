@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 from diffprivlib.mechanisms import Binary, Laplace
+from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "Sampler",
@@ -40,18 +41,18 @@ __all__ = [
 Sampler = Literal["vectorised", "diffprivlib"]
 
 
-def laplace_mechanism(epsilon: float, sensitivity: float, rng) -> Laplace:
+def laplace_mechanism(epsilon: float, sensitivity: float, rng: np.random.RandomState | None) -> Laplace:
     """A diffprivlib ``Laplace`` mechanism; its constructor validates the parameters."""
     return Laplace(epsilon=epsilon, delta=0.0, sensitivity=sensitivity, random_state=rng)
 
 
 def laplace_randomise(
-    values: np.ndarray,
+    values: ArrayLike,
     mechanism: Laplace,
     rng: np.random.RandomState,
     *,
     sampler: Sampler = "vectorised",
-) -> np.ndarray:
+) -> NDArray[np.float64]:
     """Add Laplace(``Δ/ε``) noise of ``mechanism`` to every entry of ``values``.
 
     Parameters
@@ -70,20 +71,20 @@ def laplace_randomise(
     ndarray of float64, same shape as ``values``
         With ``epsilon = inf`` (scale 0) the values are returned unchanged.
     """
-    values = np.asarray(values, dtype=np.float64)
-    scale = mechanism.sensitivity / mechanism.epsilon
+    x: NDArray[np.float64] = np.asarray(values, dtype=np.float64)
+    scale = float(mechanism.sensitivity / mechanism.epsilon)
     if scale == 0.0:
-        return values.copy()
+        return x.copy()
     if sampler == "diffprivlib":
-        flat = [mechanism.randomise(float(v)) for v in values.ravel()]
-        return np.asarray(flat, dtype=np.float64).reshape(values.shape)
+        flat = [mechanism.randomise(float(v)) for v in x.ravel()]
+        return np.asarray(flat, dtype=np.float64).reshape(x.shape)
     if sampler != "vectorised":
         raise ValueError(f"sampler must be 'vectorised' or 'diffprivlib', got {sampler!r}")
-    u = rng.random_sample(values.shape + (4,))
-    standard = np.log(1 - u[..., 0]) * np.cos(np.pi * u[..., 1]) + np.log(1 - u[..., 2]) * np.cos(
+    u: NDArray[np.float64] = rng.random_sample(x.shape + (4,))
+    standard: NDArray[np.float64] = np.log(1 - u[..., 0]) * np.cos(np.pi * u[..., 1]) + np.log(1 - u[..., 2]) * np.cos(
         np.pi * u[..., 3]
     )
-    return values - scale * standard
+    return x - scale * standard
 
 
 def flip_probability(epsilon: float) -> float:
@@ -94,12 +95,12 @@ def flip_probability(epsilon: float) -> float:
 
 
 def randomized_response(
-    labels: np.ndarray,
+    labels: NDArray[np.int64],
     epsilon: float,
     rng: np.random.RandomState,
     *,
     sampler: Sampler = "vectorised",
-) -> np.ndarray:
+) -> NDArray[np.int64]:
     """Flip each binary label independently with probability ``1/(1+e^ε)``.
 
     Same distribution as diffprivlib ``Binary(epsilon, value0="0",
@@ -121,5 +122,5 @@ def randomized_response(
     rho = flip_probability(epsilon)
     if rho == 0.0:
         return labels.copy()
-    flips = rng.random_sample(labels.shape) < rho
+    flips: NDArray[np.bool_] = rng.random_sample(labels.shape) < rho
     return np.where(flips, 1 - labels, labels)

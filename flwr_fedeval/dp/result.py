@@ -13,6 +13,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["AUCEstimate", "UndefinedAUCWarning", "undefined_estimate"]
 
@@ -56,13 +57,13 @@ class AUCEstimate:
     epsilon: float
     defined: bool = True
     reason: str = ""
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
     def __float__(self) -> float:
         return float(self.auc)
 
 
-def undefined_estimate(method: str, variant: str, epsilon: float, reason: str, **details) -> AUCEstimate:
+def undefined_estimate(method: str, variant: str, epsilon: float, reason: str, **details: Any) -> AUCEstimate:
     """Build the NaN estimate for an undefined AUC and warn (never silent)."""
     message = f"{method} ({variant}): AUC undefined, returning nan: {reason}"
     warnings.warn(message, UndefinedAUCWarning, stacklevel=3)

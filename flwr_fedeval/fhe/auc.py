@@ -85,8 +85,9 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -171,7 +172,7 @@ def count_scale_for(max_rows: int, *, shift: int = 3) -> float:
     return float(2.0 ** (int(max_rows - 1).bit_length() - shift))
 
 
-def _check_max_rows(max_rows) -> None:
+def _check_max_rows(max_rows: object) -> None:
     if isinstance(max_rows, bool) or not isinstance(max_rows, (int, np.integer)) or max_rows < 1:
         raise ValueError(
             f"max_rows must be an integer >= 1 (public bound on the pooled test rows), got {max_rows!r}"
@@ -373,7 +374,7 @@ def client_encrypt_counts(ctx: CKKSContext, counts: ConfusionCounts, *, config: 
     return pack_blobs([ctx.serialize_ciphertext(ctx.encrypt(v)) for v in vecs])
 
 
-def _load_client_messages(ctx: CKKSContext, messages: Sequence[bytes], per_client: int) -> list[list]:
+def _load_client_messages(ctx: CKKSContext, messages: Sequence[bytes], per_client: int) -> list[list[Any]]:
     if len(messages) == 0:
         raise ValueError("no client messages to aggregate")
     out = []

@@ -75,10 +75,12 @@ import hashlib
 import math
 import secrets
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from flwr_fedeval.fhe.auc import (
     AUCPrecisionError,
@@ -189,12 +191,14 @@ class _XOF:
         self._key = (b"flwr-fedeval fhe-auc-malicious v2" + struct.pack(">I", len(seed)) + bytes(seed)
                      + struct.pack(">I", len(nonce)) + nonce + struct.pack(">B", run) + label.encode())
 
-    def uint64(self, count: int) -> np.ndarray:
-        return np.frombuffer(hashlib.shake_256(self._key).digest(8 * count), dtype=">u8").astype(np.uint64)
+    def uint64(self, count: int) -> NDArray[np.uint64]:
+        words: NDArray[np.uint64] = np.frombuffer(hashlib.shake_256(self._key).digest(8 * count), dtype=">u8")
+        return words.astype(np.uint64)
 
-    def uniform(self, count: int) -> np.ndarray:
+    def uniform(self, count: int) -> NDArray[np.float64]:
         """Floats in [0, 1) with 53 random bits."""
-        return (self.uint64(count) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+        top: NDArray[np.float64] = (self.uint64(count) >> np.uint64(11)).astype(np.float64)
+        return top / float(1 << 53)
 
 
 class RunRandomness(NamedTuple):
@@ -340,7 +344,7 @@ def client_encrypt_counts_malicious(ctx: CKKSContext, counts: ConfusionCounts, *
     return pack_blobs(blobs)
 
 
-def _aggregate_run(ctx: CKKSContext, xs: list, ys: list, zs: list, c: float) -> list[bytes]:
+def _aggregate_run(ctx: CKKSContext, xs: list[Any], ys: list[Any], zs: list[Any], c: float) -> list[bytes]:
     a = ctx.add_many(xs)                                   # step 9
     b = ctx.add_many(ys)
     z = ctx.add_many(zs)
@@ -368,8 +372,8 @@ def aggregate_auc_malicious(ctx: CKKSContext, messages: Sequence[bytes], *, conf
     loaded = _load_client_messages(ctx, messages, per * N_RUNS)
     out = []
     for run in range(N_RUNS):
-        out += _aggregate_run(ctx, *([m[per * run + i] for m in loaded] for i in range(per)),
-                              random_mask(config.mask_range))
+        xs, ys, zs = ([m[per * run + i] for m in loaded] for i in range(per))
+        out += _aggregate_run(ctx, xs, ys, zs, random_mask(config.mask_range))
     return pack_blobs(out)
 
 

@@ -27,15 +27,18 @@ the OpenFHE venv (Python 3.10) does not need TenSEAL and vice versa.
 
 from __future__ import annotations
 
-import zlib
+import json
 import os
 import struct
+import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-import json
-from typing import Any, Iterable, Sequence
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
+
+from flwr_fedeval.rlwe.params import HE_STANDARD_128_TABLE
 
 __all__ = [
     "BACKENDS",
@@ -159,8 +162,8 @@ class CKKSParams:
     num_large_digits: int = 3
     scaling: str = "fixed-manual"
 
-    # HomomorphicEncryption.org standard, 128-bit classical, ternary secret.
-    _MAX_LOGQ = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+    # HomomorphicEncryption.org standard, 128-bit classical, ternary secret (one table, in rlwe.params).
+    _MAX_LOGQ: ClassVar[dict[int, int]] = HE_STANDARD_128_TABLE
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -197,7 +200,7 @@ class CKKSParams:
                 raise ValueError(f"scaling must be 'fixed-manual' or 'flexible-auto', got {self.scaling!r}")
 
     @classmethod
-    def default(cls, backend: str | None = None) -> "CKKSParams":
+    def default(cls, backend: str | None = None) -> CKKSParams:
         """The default (128-bit) parameter set of ``backend``."""
         backend = backend or default_backend()
         if backend == "openfhe":
@@ -207,7 +210,7 @@ class CKKSParams:
         return cls(backend="tenseal")
 
     @classmethod
-    def fast_openfhe(cls) -> "CKKSParams":
+    def fast_openfhe(cls) -> CKKSParams:
         """A faster, less precise OpenFHE set (see the class notes): ``n = 2^13``,
         Δ = 2^47, first modulus 55 bits, depth 2, HYBRID dnum = 3, fixed-manual."""
         return cls(backend="openfhe", poly_modulus_degree=8192, scale_bits=47,
@@ -215,7 +218,7 @@ class CKKSParams:
                    num_large_digits=3, scaling="fixed-manual")
 
     @classmethod
-    def paper_openfhe(cls) -> "CKKSParams":
+    def paper_openfhe(cls) -> CKKSParams:
         """The FHE AUC paper's OpenFHE set (Baykara et al. 2025, §VII), for comparison:
         ``n = 2^14``, Δ = 2^50, first modulus 60 bits, depth 3, HYBRID key
         switching (OpenFHE's dnum), flexible-auto rescaling."""
@@ -225,11 +228,13 @@ class CKKSParams:
 
     @classmethod
     def for_slots(cls, needed_slots: int, backend: str | None = None, *,
-                  base: "CKKSParams | None" = None) -> "CKKSParams":
+                  base: CKKSParams | None = None) -> CKKSParams:
         """Default parameters of ``backend`` (or ``base``) with the smallest batch holding ``needed_slots``."""
         p = base if base is not None else cls.default(backend)
         if needed_slots > p.poly_modulus_degree // 2:
-            raise ValueError(f"{needed_slots} slots exceed the {p.poly_modulus_degree // 2} of n={p.poly_modulus_degree}")
+            raise ValueError(
+                f"{needed_slots} slots exceed the {p.poly_modulus_degree // 2} of n={p.poly_modulus_degree}"
+            )
         if p.backend != "openfhe":
             return p
         b = max(2, 1 << max(0, int(needed_slots - 1).bit_length()))
@@ -243,7 +248,7 @@ class CKKSParams:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "CKKSParams":
+    def from_json(cls, data: bytes) -> CKKSParams:
         try:
             d = json.loads(bytes(data).decode())
             d["coeff_mod_bit_sizes"] = tuple(d["coeff_mod_bit_sizes"])
@@ -260,7 +265,7 @@ class CKKSParams:
         return float(2 ** (first - self.scale_bits - 1))
 
 
-def _digest(payload) -> int:
+def _digest(payload: bytes | memoryview) -> int:
     # CRC-32 catches accidental corruption at ~3 GB/s (BLAKE2b cost 0.5 ms per
     # ciphertext, a third of the aggregator's deserialization time). It is no
     # defence against an adversary, and is not meant to be one.
@@ -494,14 +499,24 @@ class CKKSContext(ABC):
         return out
 
 
-def _backend_module(name: str):
+class _Engine(Protocol):
+    """What a backend module provides (``tenseal_backend``, ``openfhe_backend``)."""
+
+    def create(self, params: CKKSParams) -> CKKSContext: ...
+
+    def load(self, data: bytes) -> CKKSContext: ...
+
+
+def _backend_module(name: str) -> _Engine:
     if name == "tenseal":
-        from flwr_fedeval.fhe import tenseal_backend as mod
-    elif name == "openfhe":
-        from flwr_fedeval.fhe import openfhe_backend as mod
-    else:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
-    return mod
+        from flwr_fedeval.fhe import tenseal_backend
+
+        return tenseal_backend
+    if name == "openfhe":
+        from flwr_fedeval.fhe import openfhe_backend
+
+        return openfhe_backend
+    raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
 
 
 def create_context(backend: str | None = None, params: CKKSParams | None = None) -> CKKSContext:

@@ -5,7 +5,7 @@ live in :mod:`flwr_fedeval.metrics` so that imports run one way only
 (``fhe`` → ``metrics``, never back). Import from ``flwr_fedeval.metrics.counts``.
 """
 
-from flwr_fedeval.metrics.counts import (  # noqa: F401
+from flwr_fedeval.metrics.counts import (
     ConfusionCounts,
     Spacing,
     decision_points,

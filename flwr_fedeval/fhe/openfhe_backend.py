@@ -26,11 +26,14 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import secrets  # noqa: E402
-from typing import Any, Iterable, Sequence  # noqa: E402
+import secrets
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-import numpy as np  # noqa: E402
-from flwr_fedeval._extras import require  # noqa: E402
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fedeval._extras import require
 
 ofhe = require("openfhe", extra="openfhe", purpose="the OpenFHE CKKS engine (fhe-backend 'openfhe')")
 
@@ -54,7 +57,7 @@ __all__ = ["OpenFHEContext", "create", "load"]
 _BIN = ofhe.BINARY
 
 
-def _ser(obj) -> bytes:
+def _ser(obj: Any) -> bytes:
     out = ofhe.Serialize(obj, _BIN)
     return out if isinstance(out, bytes) else out.encode("latin-1")
 
@@ -62,7 +65,7 @@ def _ser(obj) -> bytes:
 class OpenFHEContext(CKKSContext):
     backend = "openfhe"
 
-    def __init__(self, cc, public_key, secret_key, params: CKKSParams, context_id: bytes) -> None:
+    def __init__(self, cc: Any, public_key: Any, secret_key: Any, params: CKKSParams, context_id: bytes) -> None:
         self._cc = cc
         self._pk = public_key
         self._sk = secret_key
@@ -76,7 +79,7 @@ class OpenFHEContext(CKKSContext):
         return self._sk is not None
 
     # -- arithmetic -------------------------------------------------------
-    def _plain(self, values: np.ndarray, level: int = 0):
+    def _plain(self, values: NDArray[np.float64], level: int = 0) -> Any:
         # Encoded at the ciphertext's level: fewer limbs to transform.
         return self._cc.MakeCKKSPackedPlaintext(values.tolist(), 1, level)
 
@@ -109,7 +112,8 @@ class OpenFHEContext(CKKSContext):
         return self._rescale(self._cc.EvalMult(a, b))
 
     def multiply_plain(self, ct: Any, values: Sequence[float]) -> Any:
-        return self._rescale(self._cc.EvalMult(ct, self._plain(self._pad(values), ct.GetLevel() if self._manual else 0)))
+        level = ct.GetLevel() if self._manual else 0
+        return self._rescale(self._cc.EvalMult(ct, self._plain(self._pad(values), level)))
 
     def sum_slots(self, ct: Any) -> Any:
         for step in reversed(self._steps):
@@ -136,7 +140,7 @@ class OpenFHEContext(CKKSContext):
 
     def _tag(self) -> str:
         key = self._sk if self._sk is not None else self._pk
-        return key.GetKeyTag()
+        return str(key.GetKeyTag())
 
     def public_bytes(self, *, rotation_keys: bool = True) -> bytes:
         if not rotation_keys:
@@ -158,7 +162,7 @@ class OpenFHEContext(CKKSContext):
         return wrap(KIND_SECRET_CONTEXT, self.backend, self.context_id, pack_blobs(blobs))
 
 
-def _to_bytes(x) -> bytes:
+def _to_bytes(x: bytes | str) -> bytes:
     return x if isinstance(x, bytes) else x.encode("latin-1")
 
 

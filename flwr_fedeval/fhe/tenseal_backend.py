@@ -18,7 +18,8 @@ import os
 import secrets
 import struct
 import tempfile
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import tenseal as ts
@@ -58,15 +59,15 @@ class _Encoded:
 
     __slots__ = ("pt",)
 
-    def __init__(self, pt) -> None:
+    def __init__(self, pt: Any) -> None:  # a tenseal.sealapi.Plaintext
         self.pt = pt
 
 
 class TenSEALContext(CKKSContext):
     backend = "tenseal"
 
-    def __init__(self, ctx: "ts.Context", params: CKKSParams, context_id: bytes) -> None:
-        self._sa = None
+    def __init__(self, ctx: ts.Context, params: CKKSParams, context_id: bytes) -> None:
+        self._sa: tuple[Any, Any, Any] | None = None  # (sealapi module, Evaluator, CKKSEncoder)
         self._ctx = ctx
         self.params = params
         self.context_id = context_id
@@ -79,7 +80,7 @@ class TenSEALContext(CKKSContext):
     def encrypt(self, values: Iterable[float]) -> Any:
         return ts.ckks_vector(self._ctx, self._pad(values).tolist())
 
-    def _full(self, ct: "ts.CKKSVector") -> "ts.CKKSVector":
+    def _full(self, ct: ts.CKKSVector) -> ts.CKKSVector:
         """Same ciphertext, labelled with the full batch size."""
         if ct.size() == self.slot_count:
             return ct
@@ -120,7 +121,7 @@ class TenSEALContext(CKKSContext):
         return self._full(ct).mul(vals.tolist())
 
     # -- pre-encoded plaintexts (secure Shapley values) --------------------
-    def _sealapi(self):
+    def _sealapi(self) -> tuple[Any, Any, Any]:
         """TenSEAL's bundled SEAL bindings on this context's SEALContext (lazy)."""
         if self._sa is None:
             import tenseal.sealapi as sa
@@ -135,7 +136,7 @@ class TenSEALContext(CKKSContext):
         encoder.encode(self._pad(values).tolist(), float(2 ** self.params.scale_bits), pt)
         return _Encoded(pt)
 
-    def _vector_from_seal(self, ct) -> "ts.CKKSVector":
+    def _vector_from_seal(self, ct: Any) -> ts.CKKSVector:
         """Wrap a SEAL ciphertext into a full-batch CKKSVector (CKKSVectorProto:
         1 = shape, 2 = SEAL ciphertext bytes, 3 = initial scale)."""
         fd, path = tempfile.mkstemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)

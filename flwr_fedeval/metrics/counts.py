@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 Spacing = Literal["linear", "logit"]
 
@@ -48,12 +49,12 @@ class ConfusionCounts(NamedTuple):
     ``sum(list_of_counts)`` works.
     """
 
-    tp: np.ndarray
-    fp: np.ndarray
-    tn: np.ndarray
-    fn: np.ndarray
+    tp: NDArray[np.int64]
+    fp: NDArray[np.int64]
+    tn: NDArray[np.int64]
+    fn: NDArray[np.int64]
 
-    def __add__(self, other: "ConfusionCounts") -> "ConfusionCounts":  # type: ignore[override]
+    def __add__(self, other: object) -> ConfusionCounts:
         if isinstance(other, (int, np.integer)) and not isinstance(other, bool) and other == 0:
             return self
         if not isinstance(other, ConfusionCounts):
@@ -66,9 +67,9 @@ class ConfusionCounts(NamedTuple):
         return ConfusionCounts(*(_frozen(np.asarray(a, dtype=np.int64) + np.asarray(b, dtype=np.int64))
                                  for a, b in zip(self, other)))
 
-    def __radd__(self, other: object) -> "ConfusionCounts":
+    def __radd__(self, other: object) -> ConfusionCounts:
         # ``sum()`` starts from the int 0.
-        return self.__add__(other)  # type: ignore[arg-type]
+        return self.__add__(other)
 
     @property
     def n_positive(self) -> int:
@@ -81,7 +82,7 @@ class ConfusionCounts(NamedTuple):
         return int(self.fp[0] + self.tn[0])
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
+def _frozen(a: NDArray[np.int64]) -> NDArray[np.int64]:
     a.setflags(write=False)
     return a
 
@@ -143,7 +144,9 @@ def decision_points(n_points: int, *, spacing: Spacing = "linear", logit_range: 
     raise ValueError(f"spacing must be 'linear' or 'logit', got {spacing!r}")
 
 
-def _validate_labels_scores(y_true, y_score, score_range=(0.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
+def _validate_labels_scores(
+    y_true: ArrayLike, y_score: ArrayLike, score_range: tuple[float, float] | None = (0.0, 1.0)
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     y_true = np.asarray(y_true)
     y_score = np.asarray(y_score, dtype=np.float64)
     if y_true.ndim != 1 or y_score.ndim != 1:
@@ -168,7 +171,7 @@ def _validate_labels_scores(y_true, y_score, score_range=(0.0, 1.0)) -> tuple[np
     return y_true.astype(np.int64), y_score
 
 
-def threshold_counts(y_true, y_score, thresholds, *,
+def threshold_counts(y_true: ArrayLike, y_score: ArrayLike, thresholds: ArrayLike, *,
                      score_range: tuple[float, float] | None = (0.0, 1.0)) -> ConfusionCounts:
     """TP, FP, TN, FN of one client's test split at every decision point.
 
@@ -217,7 +220,7 @@ def threshold_counts(y_true, y_score, thresholds, *,
     return ConfusionCounts(tp=_frozen(tp), fp=_frozen(fp), tn=_frozen(neg.size - fp), fn=_frozen(pos.size - tp))
 
 
-def tf_vectors(tp, fp) -> tuple[np.ndarray, np.ndarray]:
+def tf_vectors(tp: ArrayLike, fp: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """The T and F vectors of Baykara et al. 2025, Eq. 3.
 
     ``T^n = TP^n + TP^{n-1}`` and ``F^n = FP^n - FP^{n-1}`` with

@@ -23,6 +23,7 @@ from .encoding import EncodingRangeError, decode, encode, num_polys
 from .params import (
     DEFAULT_PARAMETER_SET,
     HE_STANDARD_128_MAX_LOG2Q,
+    HE_STANDARD_128_TABLE,
     PARAMETER_SETS,
     NoiseBudget,
     NoiseBudgetError,
@@ -62,6 +63,7 @@ __all__ = [
     "DecryptionShare",
     "EncodingRangeError",
     "HE_STANDARD_128_MAX_LOG2Q",
+    "HE_STANDARD_128_TABLE",
     "NoiseBudget",
     "NoiseBudgetError",
     "PARAMETER_SETS",

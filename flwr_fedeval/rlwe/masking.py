@@ -44,14 +44,15 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from numpy.typing import NDArray
 
 from .params import ParameterSet
 
@@ -209,18 +210,20 @@ class _LimbStream:
         self._p32 = np.uint32(p)
         self._scratch = scratch or _Scratch()
 
-    def _words(self, count: int) -> np.ndarray:
+    def _words(self, count: int) -> NDArray[np.uint32]:
         """The next ``count`` keystream words, cut (fresh array)."""
-        return np.frombuffer(self._enc.update(bytes(4 * count)), dtype="<u4") & self._cut
+        words: NDArray[np.uint32] = np.frombuffer(self._enc.update(bytes(4 * count)), dtype="<u4")
+        cut: NDArray[np.uint32] = words & self._cut
+        return cut
 
-    def next(self, need: int) -> np.ndarray:
+    def next(self, need: int) -> NDArray[np.uint32]:
         """The next ``need`` (<= scratch size) residues, a uint32 view valid until the next call."""
         s = self._scratch
         if need > s.vals.size:
             raise ValueError(f"a step takes at most {s.vals.size} values, asked for {need}")
         n_bytes = self._enc.update_into(memoryview(s.zeros)[: 4 * need], s.raw)
         words = np.frombuffer(s.raw, dtype="<u4", count=n_bytes // 4)
-        vals = np.bitwise_and(words, self._cut, out=s.vals[:need])
+        vals: NDArray[np.uint32] = np.bitwise_and(words, self._cut, out=s.vals[:need])
         bad = np.flatnonzero(np.greater_equal(vals, self._p32, out=s.bad[:need]))
         if bad.size:
             pool = np.empty(0, dtype=np.uint32)
@@ -237,7 +240,7 @@ def _pair_key_bytes(key: bytes) -> bytes:
     return bytes(key)
 
 
-def _check_polys(num_polys) -> int:
+def _check_polys(num_polys: int) -> int:
     if isinstance(num_polys, bool) or int(num_polys) != num_polys or num_polys < 1:
         raise ValueError(f"num_polys must be an integer >= 1, got {num_polys!r}")
     return int(num_polys)
@@ -282,7 +285,9 @@ def _reduce(acc: np.ndarray, tmp: np.ndarray, p: int, bound: int) -> None:
         j -= 1
 
 
-def _masked(params: ParameterSet, base: np.ndarray, pairs: list) -> np.ndarray:
+def _masked(
+    params: ParameterSet, base: NDArray[np.uint64], pairs: Sequence[tuple[bytes, np.ufunc]]
+) -> NDArray[np.uint64]:
     """base + sum of ±PRG(key) mod q, step by step (the buffers stay in cache).
 
     Exact integer arithmetic in uint32: the accumulator starts at
@@ -414,7 +419,7 @@ def apply_mask(params: ParameterSet, plaintext: np.ndarray, mask: np.ndarray) ->
 
 
 
-def _check_degree_value(degree, what: str = "mask degree") -> int:
+def _check_degree_value(degree: object, what: str = "mask degree") -> int:
     if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) or degree < 0:
         raise MaskKeyError(f"{what} must be an integer >= 0 (0 = complete graph), got {degree!r}")
     return int(degree)
@@ -468,7 +473,7 @@ def check_mask_degree(degree: int, num_members: int, floor: int) -> int:
     return got
 
 
-def mask_neighbours(names, degree: int, transcript: bytes) -> dict[str, tuple[str, ...]]:
+def mask_neighbours(names: Iterable[str], degree: int, transcript: bytes) -> dict[str, tuple[str, ...]]:
     """The mask graph of a key set: each member's neighbours (SecAgg+, Bell et al., CCS 2020, §3).
 
     The members are placed on a ring in the order of

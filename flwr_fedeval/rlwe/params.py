@@ -59,6 +59,7 @@ from .ring import Ring, find_ntt_primes, get_ring, validate_primes
 
 __all__ = [
     "HE_STANDARD_128_MAX_LOG2Q",
+    "HE_STANDARD_128_TABLE",
     "ParameterSet",
     "NoiseBudget",
     "NoiseBudgetError",
@@ -74,8 +75,12 @@ __all__ = [
     "max_scale_bits",
 ]
 
-#: Max log2 q for 128-bit classical security, ternary secret (HE Standard, Table 1).
-HE_STANDARD_128_MAX_LOG2Q: dict[int, int] = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
+#: Max log2 q for 128-bit classical security, ternary secret (HE Standard, Table 1), every ring
+#: dimension of the table. The one copy of the table: :mod:`flwr_fedeval.fhe.backend` uses it too.
+HE_STANDARD_128_TABLE: dict[int, int] = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+#: The rows xMK-CKKS parameter sets may use (n >= 2^12: smaller rings leave no room for the noise budget).
+HE_STANDARD_128_MAX_LOG2Q: dict[int, int] = {n: b for n, b in HE_STANDARD_128_TABLE.items() if n >= 4096}
 
 #: Standard deviation of the discrete Gaussian assumed by the HE Standard tables.
 SIGMA = 3.2
@@ -201,7 +206,7 @@ def fresh_noise_bound(params: ParameterSet, num_clients: int) -> int:
 def smudging_bound(params: ParameterSet, num_clients: int) -> int:
     """Half-width B_smudge(M) = 2^(lambda + ceil(log2 B_fresh(M))) of the smudging noise."""
     fresh = fresh_noise_bound(params, num_clients)
-    return 2 ** (params.smudging_bits + (fresh - 1).bit_length())
+    return 1 << (params.smudging_bits + (fresh - 1).bit_length())
 
 
 def total_noise_bound(params: ParameterSet, num_clients: int) -> int:

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 __all__ = [
     "Ring",
@@ -145,7 +146,7 @@ def _bit_reverse(n: int) -> np.ndarray:
     return rev
 
 
-def schoolbook_negacyclic(x: np.ndarray, y: np.ndarray, q: int) -> np.ndarray:
+def schoolbook_negacyclic(x: NDArray[np.integer], y: NDArray[np.integer], q: int) -> NDArray[np.uint64]:
     """Reference O(n^2) product of two polynomials modulo (X^n + 1, q).
 
     Parameters
@@ -160,17 +161,17 @@ def schoolbook_negacyclic(x: np.ndarray, y: np.ndarray, q: int) -> np.ndarray:
     ndarray of shape (n,), dtype uint64
         Coefficients of x*y mod (X^n + 1) reduced into [0, q).
     """
-    x = np.asarray(x).astype(np.int64) % q
-    y = np.asarray(y).astype(np.int64) % q
-    n = x.shape[-1]
+    xs: NDArray[np.int64] = np.asarray(x).astype(np.int64) % q
+    ys: NDArray[np.int64] = np.asarray(y).astype(np.int64) % q
+    n = xs.shape[-1]
     if n > 2**14:
         raise ValueError("schoolbook_negacyclic is a reference for n <= 2^14")
     # direct O(n^2) convolution of x with 16-bit pieces of y: every partial sum
     # is below n * 2^31 * 2^16 <= 2^61, exact in int64
-    lo = np.convolve(x, y & 0xFFFF) % q
-    hi = np.convolve(x, y >> 16) % q
+    lo: NDArray[np.int64] = np.convolve(xs, ys & 0xFFFF) % q
+    hi: NDArray[np.int64] = np.convolve(xs, ys >> 16) % q
     full = (lo + (hi << 16) % q) % q  # (2n - 1,)
-    out = full[:n].copy()
+    out: NDArray[np.int64] = full[:n].copy()
     out[: n - 1] -= full[n:]  # X^n = -1
     return (out % q).astype(np.uint64)
 
@@ -202,7 +203,7 @@ class Ring:
         self.primes = primes
         self.limbs = len(primes)
         self.q = math.prod(primes)
-        self.q_col = np.array(primes, dtype=np.uint64)[:, None]  # (L, 1)
+        self.q_col: NDArray[np.uint64] = np.array(primes, dtype=np.uint64)[:, None]  # (L, 1)
         self._q_i64 = self.q_col.astype(np.int64)
         self._build_ntt_tables()
         self._build_fft_tables()
@@ -212,11 +213,11 @@ class Ring:
     def __repr__(self) -> str:
         return f"Ring(n={self.n}, primes={self.primes})"
 
-    def zeros(self, batch: tuple[int, ...] = ()) -> np.ndarray:
+    def zeros(self, batch: tuple[int, ...] = ()) -> NDArray[np.uint64]:
         """Zero element(s), shape ``batch + (L, n)``, dtype uint64."""
         return np.zeros(batch + (self.limbs, self.n), dtype=np.uint64)
 
-    def check(self, x: np.ndarray, name: str = "x") -> np.ndarray:
+    def check(self, x: NDArray[np.uint64], name: str = "x") -> NDArray[np.uint64]:
         """Validate an element: dtype uint64, trailing shape (L, n), limbs < q_i.
 
         Raises
@@ -234,26 +235,26 @@ class Ring:
             raise ValueError(f"{name} has coefficients >= q_i")
         return x
 
-    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def add(self, x: NDArray[np.uint64], y: NDArray[np.uint64]) -> NDArray[np.uint64]:
         """x + y, shapes broadcast; returns uint64 ``(..., L, n)``."""
         s = x + y
         np.subtract(s, self.q_col, out=s, where=s >= self.q_col)
         return s
 
-    def sum(self, xs: np.ndarray, axis: int = 0) -> np.ndarray:
+    def sum(self, xs: NDArray[np.uint64], axis: int = 0) -> NDArray[np.uint64]:
         """Sum of elements along a batch ``axis`` (at most 2^32 terms)."""
         xs = np.asarray(xs)
         if xs.shape[axis] > 2**32:
             raise ValueError("too many terms for an overflow-free sum")
         return np.sum(xs, axis=axis, dtype=np.uint64) % self.q_col
 
-    def neg(self, x: np.ndarray) -> np.ndarray:
+    def neg(self, x: NDArray[np.uint64]) -> NDArray[np.uint64]:
         """-x; returns uint64 ``(..., L, n)``."""
         out = self.q_col - x
         out[x == 0] = 0
         return out
 
-    def sub(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def sub(self, x: NDArray[np.uint64], y: NDArray[np.uint64]) -> NDArray[np.uint64]:
         """x - y; returns uint64 ``(..., L, n)``."""
         return self.add(x, self.neg(y))
 
@@ -401,7 +402,7 @@ class Ring:
         if pieces == 2:
             lo = (y & np.uint64(0xFFFF)).astype(np.float64)
             hi = (y >> np.uint64(16)).astype(np.float64)
-            sig = np.stack([lo, hi], axis=-2).reshape(y.shape[:-2] + (-1, self.n))
+            sig: NDArray[np.float64] = np.stack([lo, hi], axis=-2).reshape(y.shape[:-2] + (-1, self.n))
         else:
             sig = y.astype(np.float64)
         S = sig.shape[-2]
@@ -601,7 +602,7 @@ class Ring:
         """
         q = self.q
         coeffs = []
-        for i, p in enumerate(self.primes):
+        for p in self.primes:
             Qi = q // p
             coeffs.append(Qi * pow(Qi, -1, p))
         xs = x.astype(object)

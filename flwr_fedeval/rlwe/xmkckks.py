@@ -25,10 +25,11 @@ All ring elements are ``uint64`` arrays in RNS form, shape (L, n) for keys and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import serialization as ser
 from .encoding import decode, encode
@@ -86,7 +87,7 @@ class SecretKey:
         ).tobytes()
 
     @classmethod
-    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> "SecretKey":
+    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> SecretKey:
         """Load a secret key; raises ``ValueError`` naming the bad field."""
         params, count, aux = ser.unpack_header(data, ser.KIND_SECRET_KEY, params)
         _no_aux(aux)
@@ -125,7 +126,7 @@ class PublicKey:
         ) + ser.pack_polys(self.params, [self.b[None]])
 
     @classmethod
-    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> "PublicKey":
+    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> PublicKey:
         """Load a public key / share; raises ``ValueError`` naming the bad field."""
         params, count, aux = ser.unpack_header(data, ser.KIND_PUBLIC_KEY, params)
         if count != 1:
@@ -165,7 +166,7 @@ class Ciphertext:
         ) + ser.pack_polys(self.params, [self.c0, self.c1])
 
     @classmethod
-    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> "Ciphertext":
+    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> Ciphertext:
         """Load a ciphertext; raises ``ValueError`` naming the bad field."""
         params, count, aux = ser.unpack_header(data, ser.KIND_CIPHERTEXT, params)
         if aux < 1:
@@ -190,7 +191,7 @@ class DecryptionShare:
     @classmethod
     def from_bytes(
         cls, data: bytes, params: ParameterSet | None = None
-    ) -> "DecryptionShare":
+    ) -> DecryptionShare:
         """Load a decryption share; raises ``ValueError`` naming the bad field."""
         params, count, aux = ser.unpack_header(data, ser.KIND_DECRYPTION_SHARE, params)
         _no_aux(aux)
@@ -482,8 +483,8 @@ def partial_decrypt(
 
 
 def combine(
-    params: ParameterSet, c0_sum: np.ndarray, shares: Sequence[DecryptionShare]
-) -> np.ndarray:
+    params: ParameterSet, c0_sum: NDArray[np.uint64], shares: Sequence[DecryptionShare]
+) -> NDArray[np.uint64]:
     """Recover the plaintext sum: C0 + sum_i D_i (Eq. 5 / Eq. 11).
 
     Returns
@@ -499,7 +500,7 @@ def combine(
     ring.check(c0_sum, "c0_sum")
     if not shares:
         raise ValueError("shares must not be empty")
-    acc = c0_sum.copy()
+    acc: NDArray[np.uint64] = c0_sum.copy()
     for j, sh in enumerate(shares):
         _same_params(params, sh.params, f"shares[{j}]")
         if sh.d.shape != c0_sum.shape:

@@ -24,11 +24,13 @@ No flwr and no TensorFlow imports.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import factorial
-from typing import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 __all__ = [
     "Coalition",
@@ -44,40 +46,49 @@ __all__ = [
     "shapley_values",
 ]
 
-Coalition = frozenset
+#: A coalition of players (client indices).
+Coalition = frozenset[int]
 
 
-def coalitions(players: Sequence[int], *, min_size: int = 1) -> list[frozenset]:
+def coalitions(players: Sequence[int], *, min_size: int = 1) -> list[Coalition]:
     """All subsets of ``players`` with at least ``min_size`` members, by increasing size."""
     players = list(players)
     return [frozenset(c) for r in range(min_size, len(players) + 1)
             for c in itertools.combinations(players, r)]
 
 
-def fedavg(models: Mapping[int, np.ndarray], weights: Mapping[int, float], members) -> np.ndarray:
+def fedavg(models: Mapping[int, NDArray[np.floating[Any]]], weights: Mapping[int, float],
+           members: Iterable[int]) -> NDArray[np.float64]:
     """Example-weighted FedAvg ``Σ_{i∈S} w_i θ_i / Σ_{i∈S} w_i`` of the members of ``S``."""
-    members = sorted(members)
-    if not members:
+    order = sorted(members)
+    if not order:
         raise ValueError("fedavg needs a non-empty coalition")
-    total = float(sum(weights[i] for i in members))
+    total = float(sum(weights[i] for i in order))
     if not total > 0:
         raise ValueError("aggregation weights of a coalition must sum to > 0")
-    return sum(float(weights[i]) * np.asarray(models[i], dtype=np.float64) for i in members) / total
+    terms = [float(weights[i]) * np.asarray(models[i], dtype=np.float64) for i in order]
+    acc = terms[0]
+    for t in terms[1:]:
+        acc = acc + t
+    return acc / total
 
 
-def predict(model: np.ndarray, X: np.ndarray) -> np.ndarray:
+def predict(model: NDArray[np.floating[Any]], X: NDArray[np.floating[Any]]) -> NDArray[np.intp]:
     """Predicted labels ``argmax_j (W x + b)_j`` of a linear model of shape ``(c, d+1)``."""
     model = np.asarray(model, dtype=np.float64)
     scores = X @ model[:, :-1].T + model[:, -1]
-    return np.argmax(scores, axis=1)
+    labels: NDArray[np.intp] = np.argmax(scores, axis=1)
+    return labels
 
 
-def _correct(model: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return predict(model, X) == y
+def _correct(model: NDArray[np.floating[Any]], X: NDArray[np.floating[Any]],
+             y: NDArray[np.integer[Any]]) -> NDArray[np.bool_]:
+    ok: NDArray[np.bool_] = predict(model, X) == y
+    return ok
 
 
-def shapley_values(utilities: Mapping[frozenset, float], players: Sequence[int],
-                   empty_utility: float) -> np.ndarray:
+def shapley_values(utilities: Mapping[Coalition, float], players: Sequence[int],
+                   empty_utility: float) -> NDArray[np.float64]:
     """Exact Shapley values from the utilities of every non-empty coalition.
 
     Parameters
@@ -105,13 +116,13 @@ def shapley_values(utilities: Mapping[frozenset, float], players: Sequence[int],
     for a, i in enumerate(players):
         others = [p for p in players if p != i]
         for r in range(n):
-            for S in itertools.combinations(others, r):
-                S = frozenset(S)
+            for combo in itertools.combinations(others, r):
+                S = frozenset(combo)
                 phi[a] += coef[r] * (util[S | {i}] - util[S])
     return phi
 
 
-def find_skippable(S: frozenset, correct: Mapping[frozenset, np.ndarray]) -> np.ndarray:
+def find_skippable(S: Coalition, correct: Mapping[Coalition, NDArray[np.bool_]]) -> NDArray[np.bool_]:
     """Algorithm 7 (FindSkippable): union over splits ``(S', S∖S')`` of ``Φ_{S'} ∩ Φ_{S∖S'}``.
 
     ``correct`` maps coalitions already evaluated to boolean masks of the samples
@@ -138,14 +149,14 @@ def find_skippable(S: frozenset, correct: Mapping[frozenset, np.ndarray]) -> np.
 class RoundEvaluation:
     """Utilities of one round and the work it took."""
 
-    utilities: dict[frozenset, float]
-    correct: dict[frozenset, np.ndarray]
+    utilities: dict[Coalition, float]
+    correct: dict[Coalition, NDArray[np.bool_]]
     evaluated_samples: int = 0
     skipped_samples: int = 0
 
 
-def round_utilities(models: Mapping[int, np.ndarray], weights: Mapping[int, float],
-                    X: np.ndarray, y: np.ndarray) -> RoundEvaluation:
+def round_utilities(models: Mapping[int, NDArray[np.floating[Any]]], weights: Mapping[int, float],
+                    X: NDArray[np.floating[Any]], y: NDArray[np.integer[Any]]) -> RoundEvaluation:
     """Accuracy of the FedAvg model of every non-empty coalition on ``(X, y)``."""
     players = sorted(models)
     out = RoundEvaluation({}, {})
@@ -158,12 +169,12 @@ def round_utilities(models: Mapping[int, np.ndarray], weights: Mapping[int, floa
 
 
 def sample_skip_utilities(
-    models: Mapping[int, np.ndarray],
+    models: Mapping[int, NDArray[np.floating[Any]]],
     weights: Mapping[int, float],
-    X: np.ndarray,
-    y: np.ndarray,
+    X: NDArray[np.floating[Any]],
+    y: NDArray[np.integer[Any]],
     *,
-    evaluate: Callable[[frozenset, np.ndarray], np.ndarray] | None = None,
+    evaluate: Callable[[Coalition, NDArray[np.intp]], NDArray[np.bool_]] | None = None,
 ) -> RoundEvaluation:
     """Algorithm 6 (SampleSkip): coalition utilities, skipping samples both halves of a split get right.
 
@@ -186,7 +197,7 @@ def sample_skip_utilities(
     players = sorted(models)
     M = len(y)
     if evaluate is None:
-        def evaluate(S, idx):
+        def evaluate(S: Coalition, idx: NDArray[np.intp]) -> NDArray[np.bool_]:
             return _correct(fedavg(models, weights, S), X[idx], y[idx])
     out = RoundEvaluation({}, {})
     everything = np.arange(M)
@@ -229,26 +240,27 @@ class FSVResult:
         (sample, model) pairs tested and skipped (SampleSkip).
     """
 
-    fsv: np.ndarray
-    ssv: np.ndarray
-    utilities: list[dict]
+    fsv: NDArray[np.float64]
+    ssv: NDArray[np.float64]
+    utilities: list[dict[Coalition, float]]
     empty_utilities: list[float]
     clients: list[int]
     evaluated_samples: int = 0
     skipped_samples: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def federated_shapley(
-    rounds: Sequence[Mapping[int, np.ndarray]],
+    rounds: Sequence[Mapping[int, NDArray[np.floating[Any]]]],
     weights: Mapping[int, float] | Sequence[Mapping[int, float]],
-    X: np.ndarray,
-    y: np.ndarray,
+    X: NDArray[np.floating[Any]],
+    y: NDArray[np.integer[Any]],
     *,
     n_classes: int,
     sample_skip: bool = False,
     empty_utilities: Sequence[float] | None = None,
-    round_evaluator: Callable[[int, Mapping[int, np.ndarray], Mapping[int, float]], RoundEvaluation] | None = None,
+    round_evaluator: (Callable[[int, Mapping[int, NDArray[np.floating[Any]]], Mapping[int, float]], RoundEvaluation]
+                      | None) = None,
 ) -> FSVResult:
     """Exact Federated Shapley Values over all coalitions of every round (plaintext).
 
@@ -302,7 +314,7 @@ def federated_shapley(
 
 
 def fsv_from_utilities(
-    utilities: Sequence[Mapping[frozenset, float]],
+    utilities: Sequence[Mapping[Coalition, float]],
     players: Sequence[Sequence[int]],
     *,
     n_classes: int,

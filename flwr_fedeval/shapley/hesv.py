@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context
-from flwr_fedeval.shapley.fsv import FSVResult, RoundEvaluation, coalitions, federated_shapley
+from flwr_fedeval.shapley.fsv import Coalition, FSVResult, RoundEvaluation, coalitions, federated_shapley
 from flwr_fedeval.shapley.matrix_reducing import max_batch, reduce_data, reduce_model
 from flwr_fedeval.shapley.parties import check_test_set
 from flwr_fedeval.shapley.secsv import ShapleyStats, _Wire, pick_helper, shapley_ckks_params
@@ -101,8 +103,9 @@ class HESV:
         self._setup_done = True
         self.stats.setup_seconds += time.perf_counter() - t0
 
-    def encrypt_models(self, models: Mapping[int, np.ndarray], weights: Mapping[int, float]) -> dict:
-        enc = {}
+    def encrypt_models(self, models: Mapping[int, NDArray[np.floating[Any]]], weights: Mapping[int, float],
+                       ) -> dict[int, list[Any]]:
+        enc: dict[int, list[Any]] = {}
         for i, theta in models.items():
             A = float(weights[i]) * np.asarray(theta, dtype=np.float64)
             if self.d_out == 1:
@@ -113,7 +116,7 @@ class HESV:
             self.stats.encryptions += red.shape[0]
         return enc
 
-    def secure_count(self, S: frozenset, enc_model: list) -> int:
+    def secure_count(self, S: Coalition, enc_model: list[Any]) -> int:
         """Π_HE (Algorithm 2) over every batch: total number of correct predictions."""
         ctx = self.ctx_S
         total = 0

@@ -23,7 +23,12 @@ batch holds ``m ≤ slots / d_out`` samples (Table 1).
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
+from numpy.typing import NDArray
+
+_T = TypeVar("_T", bound=np.generic)  # the element type: floats (plaintext) or ring elements
 
 __all__ = ["matrix_reducing", "max_batch", "reduce_data", "reduce_literal", "reduce_model"]
 
@@ -35,14 +40,14 @@ def max_batch(slot_count: int, d_out: int) -> int:
     return slot_count // d_out
 
 
-def _index(d_out: int, d_in: int, m: int) -> np.ndarray:
+def _index(d_out: int, d_in: int, m: int) -> NDArray[np.intp]:
     j = np.arange(d_out)[None, :, None]
     k = np.arange(m)[None, None, :]
     o = np.arange(d_in)[:, None, None]
     return (j + k + o) % d_in  # shape (d_in, d_out, m)
 
 
-def reduce_model(A: np.ndarray, m: int) -> np.ndarray:
+def reduce_model(A: NDArray[_T], m: int) -> NDArray[_T]:
     """``Ã^(o)`` for ``o = 0..d_in−1``: array of shape ``(d_in, d_out, m)``.
 
     ``A`` has shape ``(d_out, d_in)``; copies of ``A`` are packed when ``m > d_in``.
@@ -51,19 +56,21 @@ def reduce_model(A: np.ndarray, m: int) -> np.ndarray:
     d_out, d_in = A.shape
     idx = _index(d_out, d_in, m)
     rows = np.arange(d_out)[None, :, None]
-    return A[rows, idx]
+    out: NDArray[_T] = A[rows, idx]
+    return out
 
 
-def reduce_data(B: np.ndarray, d_out: int) -> np.ndarray:
+def reduce_data(B: NDArray[_T], d_out: int) -> NDArray[_T]:
     """``B̃^(o)`` for ``o = 0..d_in−1``: array of shape ``(d_in, d_out, m)`` (``B`` is ``d_in × m``)."""
     B = np.asarray(B)
     d_in, m = B.shape
     idx = _index(d_out, d_in, m)
     cols = np.arange(m)[None, None, :]
-    return B[idx, cols]
+    out: NDArray[_T] = B[idx, cols]
+    return out
 
 
-def reduce_literal(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def reduce_literal(A: NDArray[_T], B: NDArray[_T]) -> tuple[NDArray[_T], NDArray[_T]]:
     """Steps 1–2 of δ(Ā, B) exactly as written in §5.2 (needs ``d_out ≤ d_in``)."""
     A = np.asarray(A)
     B = np.asarray(B)
@@ -80,10 +87,12 @@ def reduce_literal(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return At, Bt
 
 
-def matrix_reducing(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+def matrix_reducing(A: NDArray[np.float64], B: NDArray[np.float64]) -> NDArray[np.float64]:
     """Plaintext δ(Ā, B) = ``Σ_o Ã^(o) ⊙ B̃^(o)`` (equals ``A @ B``)."""
     A = np.asarray(A)
     B = np.asarray(B)
     if A.shape[1] != B.shape[0]:
         raise ValueError(f"shapes {A.shape} and {B.shape} do not multiply")
-    return (reduce_model(A, B.shape[1]) * reduce_data(B, A.shape[0])).sum(axis=0)
+    a_red, b_red = reduce_model(A, B.shape[1]), reduce_data(B, A.shape[0])
+    out: NDArray[np.float64] = (a_red * b_red).sum(axis=0)
+    return out

@@ -28,13 +28,21 @@ No flwr and no TensorFlow imports.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from flwr_fedeval.fhe.backend import CKKSContext
 from flwr_fedeval.shapley.matrix_reducing import reduce_data, reduce_model
 from flwr_fedeval.shapley.sharing import encode_fixed, reconstruct, share, to_signed
+
+if TYPE_CHECKING:  # secsv imports this module
+    from flwr_fedeval.shapley.secsv import SecSVParams
+
+#: One server's shares of the test set: features ``(M, d_in)`` and labels ``(M,)``, uint64.
+_Shares = tuple[NDArray[np.uint64], NDArray[np.uint64]]
 
 __all__ = [
     "ENCODE_COST",
@@ -55,7 +63,8 @@ __all__ = [
 ]
 
 
-def check_test_set(X, y, owners) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def check_test_set(X: ArrayLike, y: ArrayLike, owners: ArrayLike,
+                   ) -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]:
     """The union of the test sets as ``X (M, d)`` float64, ``y (M,)`` and ``owners (M,)`` int64.
 
     Raises
@@ -71,7 +80,8 @@ def check_test_set(X, y, owners) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return X, y, owners
 
 
-def model_matrix(theta: np.ndarray, weight: int, params, *, n_classes: int, d_out: int) -> np.ndarray:
+def model_matrix(theta: ArrayLike, weight: float, params: SecSVParams, *, n_classes: int, d_out: int,
+                 ) -> NDArray[np.float64]:
     """The integer matrix a client encrypts: ``w_i · round(θ_i · 2^f_A)`` (SecSV module docstring).
 
     Parameters
@@ -103,7 +113,7 @@ def model_matrix(theta: np.ndarray, weight: int, params, *, n_classes: int, d_ou
         raise ValueError(f"model has shape {theta.shape}, expected {(n_classes, params.n_features + 1)}")
     if not np.all(np.isfinite(theta)):
         raise ValueError("model has NaN or infinite parameters")
-    A = np.rint(theta * 2 ** params.model_frac_bits)
+    A: NDArray[np.float64] = np.rint(theta * 2 ** params.model_frac_bits)
     if d_out == 1:
         theta = theta[1:] - theta[:1]
         A = A[1:] - A[:1]
@@ -112,14 +122,13 @@ def model_matrix(theta: np.ndarray, weight: int, params, *, n_classes: int, d_ou
     return w * A
 
 
-def encrypt_model(ctx: CKKSContext, A: np.ndarray, m: int) -> list:
+def encrypt_model(ctx: CKKSContext, A: NDArray[np.float64], m: int) -> list[Any]:
     """``⟦Ã^(o)⟧`` for ``o = 0..d_in−1`` (Algorithm 5 steps 1–3): ``d_in`` ciphertexts."""
     red = reduce_model(A, m)
     return [ctx.encrypt(red[o].ravel()) for o in range(red.shape[0])]
 
 
-def share_test_set(X: np.ndarray, y: np.ndarray, params) -> tuple[tuple[np.ndarray, np.ndarray],
-                                                                  tuple[np.ndarray, np.ndarray]]:
+def share_test_set(X: ArrayLike, y: ArrayLike, params: SecSVParams) -> tuple[_Shares, _Shares]:
     """Fixed-point encode ``[X | 1]`` and the labels and split both into two additive shares.
 
     Returns
@@ -150,7 +159,7 @@ def share_test_set(X: np.ndarray, y: np.ndarray, params) -> tuple[tuple[np.ndarr
     return (X_P, y_P), (X_A, y_A)
 
 
-def aggregate_model(ctx: CKKSContext, models: Sequence[list]) -> list:
+def aggregate_model(ctx: CKKSContext, models: Sequence[list[Any]]) -> list[Any]:
     """``⟦Σ_{i∈S} w_i A_i⟧``: slot-wise sums of the members' reduced ciphertexts (no level used)."""
     if not models:
         raise ValueError("a coalition needs at least one model")
@@ -160,7 +169,7 @@ def aggregate_model(ctx: CKKSContext, models: Sequence[list]) -> list:
     return [ctx.add_many([m[o] for m in models]) for o in range(n)]
 
 
-def limb_rows(share_rows: np.ndarray, params) -> list[np.ndarray]:
+def limb_rows(share_rows: NDArray[np.uint64], params: SecSVParams) -> list[NDArray[np.float64]]:
     """The ``⌈k/b⌉`` limbs of ``b`` bits of a share (float64 arrays of the share's shape)."""
     b = params.limb_bits
     mask = np.uint64((1 << b) - 1)
@@ -168,7 +177,8 @@ def limb_rows(share_rows: np.ndarray, params) -> list[np.ndarray]:
     return [((rows >> np.uint64(b * l)) & mask).astype(np.float64) for l in range(params.n_limbs)]
 
 
-def server_plaintexts(ctx: CKKSContext, share_rows: np.ndarray, params, *, m: int, d_out: int) -> list[list]:
+def server_plaintexts(ctx: CKKSContext, share_rows: NDArray[np.uint64], params: SecSVParams, *, m: int, d_out: int,
+                      ) -> list[list[Any]]:
     """Encoded ``B̃_l^(o)`` of one server's share of a batch (≤ m rows), per limb (Algorithm 5 step 4)."""
     if share_rows.shape[0] > m:
         raise ValueError(f"a batch holds at most m={m} samples, got {share_rows.shape[0]}")
@@ -181,19 +191,20 @@ def server_plaintexts(ctx: CKKSContext, share_rows: np.ndarray, params, *, m: in
     return plains
 
 
-def server_products(ctx: CKKSContext, enc_model: list, plains: list[list]) -> list:
+def server_products(ctx: CKKSContext, enc_model: list[Any], plains: list[list[Any]]) -> list[Any]:
     """``⟦A_S B̃_l⟧`` per limb: ``d_in`` ciphertext×plaintext products each (Algorithm 4 steps 4–5)."""
     return [ctx.dot_plain(enc_model, p) for p in plains]
 
 
-def add_products(ctx: CKKSContext, mine: list, theirs: list) -> list:
+def add_products(ctx: CKKSContext, mine: list[Any], theirs: list[Any]) -> list[Any]:
     """P adds A's products to its own, limb by limb (Algorithm 4 step 6)."""
     if len(mine) != len(theirs):
         raise ValueError(f"{len(theirs)} limbs received, {len(mine)} expected")
     return [ctx.add_many([a, b]) for a, b in zip(mine, theirs)]
 
 
-def helper_predict(ctx: CKKSContext, limb_cts: list, n_samples: int, params, *, m: int, d_out: int) -> np.ndarray:
+def helper_predict(ctx: CKKSContext, limb_cts: list[Any], n_samples: int, params: SecSVParams, *, m: int,
+                   d_out: int) -> NDArray[np.uint64]:
     """Helper client: decrypt every limb, recombine ``Σ_l 2^{bl} round(dec_l) mod 2^k``, predict.
 
     Algorithm 4 steps 7–11: ``Σ_l 2^{bl} (A_S B'_l + A_S B''_l) ≡ A_S X (mod 2^k)``.
@@ -215,27 +226,30 @@ def helper_predict(ctx: CKKSContext, limb_cts: list, n_samples: int, params, *, 
             raise ValueError("decrypted scores are out of range (wrong key or malformed ciphertext)")
         v = np.rint(dec).astype(np.int64)
         acc += v.astype(np.uint64) << np.uint64(b * l)
-    scores = to_signed(acc & np.uint64((1 << k) - 1), k).reshape(d_out, m)[:, :n_samples]
+    scores: NDArray[np.int64] = to_signed(acc & np.uint64((1 << k) - 1), k).reshape(d_out, m)[:, :n_samples]
     if d_out == 1:
-        return (scores[0] > 0).astype(np.uint64)
-    return np.argmax(scores, axis=0).astype(np.uint64)
+        positive: NDArray[np.bool_] = scores[0] > 0
+        return positive.astype(np.uint64)
+    labels: NDArray[np.intp] = np.argmax(scores, axis=0)
+    return labels.astype(np.uint64)
 
 
-def masked_difference(pred_share: np.ndarray, y_share: np.ndarray, k: int) -> np.ndarray:
+def masked_difference(pred_share: ArrayLike, y_share: ArrayLike, k: int) -> NDArray[np.uint64]:
     """A server's share of ``Ŷ − Y`` (Algorithm 4 step 12): ``pred' − y' mod 2^k``."""
-    pred_share = np.asarray(pred_share, dtype=np.uint64)
-    y_share = np.asarray(y_share, dtype=np.uint64)
-    if pred_share.shape != y_share.shape:
-        raise ValueError(f"prediction share {pred_share.shape} and label share {y_share.shape} differ")
-    return (pred_share - y_share) & np.uint64((1 << k) - 1)
+    pred: NDArray[np.uint64] = np.asarray(pred_share, dtype=np.uint64)
+    label: NDArray[np.uint64] = np.asarray(y_share, dtype=np.uint64)
+    if pred.shape != label.shape:
+        raise ValueError(f"prediction share {pred.shape} and label share {label.shape} differ")
+    return (pred - label) & np.uint64((1 << k) - 1)
 
 
-def correct_mask(diff_P: np.ndarray, diff_A: np.ndarray, k: int) -> np.ndarray:
+def correct_mask(diff_P: NDArray[np.uint64], diff_A: NDArray[np.uint64], k: int) -> NDArray[np.bool_]:
     """P: ``(Ŷ − Y)' + (Ŷ − Y)'' = 0`` marks a correct prediction (Algorithm 4 steps 13–14)."""
-    return reconstruct(diff_P, diff_A, k) == 0
+    ok: NDArray[np.bool_] = reconstruct(diff_P, diff_A, k) == 0
+    return ok
 
 
-def plan_batches(owners: np.ndarray, m: int, clients: Sequence[int]) -> list[np.ndarray]:
+def plan_batches(owners: NDArray[np.int64], m: int, clients: Sequence[int]) -> list[NDArray[np.intp]]:
     """Positions (into ``owners``) of each batch: samples grouped by owner, ≤ ``m`` per batch,
     and never every client in one batch (a helper client must own none of it).
     """

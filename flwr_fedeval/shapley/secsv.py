@@ -42,13 +42,16 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from flwr_fedeval.fhe.backend import CKKSContext, CKKSParams, create_context, load_context
 from flwr_fedeval.shapley.fsv import (
+    Coalition,
     FSVResult,
     RoundEvaluation,
     coalitions,
@@ -152,11 +155,11 @@ class SecSVParams:
             raise ValueError(f"ring_bits must be in [8, 62], got {self.ring_bits!r}")
         if not 1 <= self.limb_bits <= self.ring_bits:
             raise ValueError(f"limb_bits must be in [1, ring_bits], got {self.limb_bits!r}")
-        if self.ckks is None:
-            object.__setattr__(self, "ckks", shapley_ckks_params())
-        if self.ckks.backend != "tenseal":
+        ckks = self.ckks if self.ckks is not None else shapley_ckks_params()
+        object.__setattr__(self, "ckks", ckks)
+        if ckks.backend != "tenseal":
             raise ValueError(f"SecSV needs the tenseal backend (exact integers up to 2^{EXACT_BITS}), "
-                             f"got {self.ckks.backend!r}")
+                             f"got {ckks.backend!r}")
         d_in = self.n_features + 1
         w_sum = self.max_clients * (2 ** self.weight_bits - 1)
         a_max = w_sum * self.model_bound * 2 ** self.model_frac_bits
@@ -179,7 +182,7 @@ class SecSVParams:
     @classmethod
     def for_bounds(cls, *, n_features: int, max_clients: int, model_bound: float = 8.0,
                    feature_bound: float = 16.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
-                   weight_bits: int = 8, ckks: CKKSParams | None = None) -> "SecSVParams":
+                   weight_bits: int = 8, ckks: CKKSParams | None = None) -> SecSVParams:
         """The smallest ring ``k`` (and the widest limbs ``b``) valid for these public bounds.
 
         ``k = ⌈log2(d_in · |A_S|max · max(1, feature_bound)) + data_frac_bits⌉ + 2`` and
@@ -206,23 +209,23 @@ class SecSVParams:
                    model_frac_bits=model_frac_bits, weight_bits=weight_bits, model_bound=model_bound,
                    feature_bound=feature_bound, max_clients=max_clients, n_features=n_features, ckks=ckks)
 
-    def to_config(self) -> dict:
+    def to_config(self) -> dict[str, int | float]:
         """The public parameters as a flat dict (no CKKS set: it travels in the context)."""
         return {f: getattr(self, f) for f in ("ring_bits", "data_frac_bits", "model_frac_bits", "limb_bits",
                                                "weight_bits", "model_bound", "feature_bound",
                                                "max_clients", "n_features")}
 
     @classmethod
-    def from_config(cls, config: Mapping, ckks: CKKSParams | None = None) -> "SecSVParams":
+    def from_config(cls, config: Mapping[str, Any], ckks: CKKSParams | None = None) -> SecSVParams:
         """Inverse of :meth:`to_config`; validates (``ValueError`` on bad or missing values)."""
         ints = ("ring_bits", "data_frac_bits", "model_frac_bits", "limb_bits", "weight_bits",
                 "max_clients", "n_features")
         try:
             values = {f: int(config[f]) for f in ints}
-            values.update(model_bound=float(config["model_bound"]), feature_bound=float(config["feature_bound"]))
+            model_bound, feature_bound = float(config["model_bound"]), float(config["feature_bound"])
         except KeyError as exc:
             raise ValueError(f"SecSV parameters lack {exc.args[0]!r}") from None
-        return cls(**values, ckks=ckks)
+        return cls(**values, model_bound=model_bound, feature_bound=feature_bound, ckks=ckks)
 
 
 @dataclass
@@ -240,7 +243,7 @@ class ShapleyStats:
     evaluated_samples: int = 0
     skipped_samples: int = 0
     helper_fallbacks: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Wire:
@@ -249,13 +252,13 @@ class _Wire:
     def __init__(self, stats: ShapleyStats) -> None:
         self.stats = stats
 
-    def send(self, sender: CKKSContext, receiver: CKKSContext, ct):
+    def send(self, sender: CKKSContext, receiver: CKKSContext, ct: Any) -> Any:
         data = sender.serialize_ciphertext(ct)
         self.stats.bytes_sent += len(data)
         return receiver.deserialize_ciphertext(data)
 
 
-def pick_helper(clients: Sequence[int], avoid_strict: set, avoid: set, start: int) -> tuple[int, bool]:
+def pick_helper(clients: Sequence[int], avoid_strict: set[int], avoid: set[int], start: int) -> tuple[int, bool]:
     """A client outside ``avoid_strict ∪ avoid`` (round-robin from ``start``); else outside
     ``avoid_strict``; returns ``(client, fell_back)``. Raises if none is available."""
     order = list(clients[start % len(clients):]) + list(clients[:start % len(clients)])
@@ -303,6 +306,7 @@ class SecSV:
         self.n_classes = int(n_classes)
         self.d_out = 1 if (binary_margin and self.n_classes == 2) else self.n_classes
         self.clients = sorted(set(owners.tolist()))
+        assert self.params.ckks is not None  # SecSVParams.__post_init__ sets it
         slots = self.params.ckks.slot_count
         self.m = batch_size or max_batch(slots, self.d_out)
         if self.m * self.d_out > slots:
@@ -310,7 +314,7 @@ class SecSV:
         self.stats = ShapleyStats()
         self._wire = _Wire(self.stats)
         self._helper_turn = 0
-        self._plain_cache: dict = {}
+        self._plain_cache: dict[tuple[str, bytes], list[list[Any]]] = {}
         self._setup_done = False
 
     # -- Algorithm 3, steps 1-3 -------------------------------------------
@@ -330,10 +334,12 @@ class SecSV:
         self.stats.setup_seconds += time.perf_counter() - t0
 
     # -- clients: encrypt the round's models (Algorithm 5, steps 1-3) -------
-    def encrypt_models(self, models: Mapping[int, np.ndarray], weights: Mapping[int, int]):
+    def encrypt_models(self, models: Mapping[int, NDArray[np.floating[Any]]], weights: Mapping[int, float],
+                       ) -> tuple[dict[int, list[Any]], dict[int, list[Any]]]:
         """Each client ``i`` encrypts the reduced matrices of ``w_i · round(θ_i 2^f_A)``;
         returns the deserialized ciphertexts held by P and by A."""
-        enc_P, enc_A = {}, {}
+        enc_P: dict[int, list[Any]] = {}
+        enc_A: dict[int, list[Any]] = {}
         for i, theta in models.items():
             try:
                 A = model_matrix(theta, weights[i], self.params, n_classes=self.n_classes, d_out=self.d_out)
@@ -346,7 +352,8 @@ class SecSV:
         return enc_P, enc_A
 
     # -- Algorithm 4: Π_Sec -----------------------------------------------
-    def _server_product(self, ctx: CKKSContext, enc_model: list, share_rows: np.ndarray, key=None) -> list:
+    def _server_product(self, ctx: CKKSContext, enc_model: list[Any], share_rows: NDArray[np.uint64],
+                        key: tuple[str, bytes] | None = None) -> list[Any]:
         """``[[A_S B̃_l]]`` for every limb ``l`` of one server's share (``d_in`` ct×pt each);
         the encoded batches of the whole test set are cached (``key``)."""
         if key is not None and key in self._plain_cache:
@@ -358,25 +365,26 @@ class SecSV:
         self.stats.ct_pt_mults += sum(len(p) for p in plains)
         return server_products(ctx, enc_model, plains)
 
-    def secure_test(self, S: frozenset, enc_P: list, enc_A: list, idx: np.ndarray) -> np.ndarray:
+    def secure_test(self, S: Coalition, enc_P: list[Any], enc_A: list[Any], idx: ArrayLike) -> NDArray[np.bool_]:
         """Π_Sec(⟦θ_S⟧, (D', D'')) on the samples ``idx``: boolean mask of correct predictions.
 
         Batches come from :func:`~flwr_fedeval.shapley.parties.choose_batches` (the
         cached whole-test-set batches, or the samples gathered into new ones)."""
         p = self.params
         k = p.ring_bits
-        idx = np.asarray(idx, dtype=np.int64)
+        rows: NDArray[np.int64] = np.asarray(idx, dtype=np.int64)
         if not hasattr(self, "_full_batches"):
             self._full_batches = [np.arange(len(self.y))[pos]
                                   for pos in plan_batches(self.owners, self.m, self.clients)]
             self._full_keys = {b.tobytes() for b in self._full_batches}
         by_id = np.zeros(len(self.y), dtype=bool)
-        for ids in choose_batches(idx, self.owners, self.m, self.clients, self._full_batches):
+        for ids in choose_batches(rows, self.owners, self.m, self.clients, self._full_batches):
             self.stats.batches += 1
             key = ids.tobytes() if ids.tobytes() in self._full_keys else None
-            res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids], key and ("A", key))  # step 4
+            key_A, key_P = (None, None) if key is None else (("A", key), ("P", key))
+            res_A = self._server_product(self.ctx_A, enc_A, self.X_A[ids], key_A)  # step 4
             res_A = [self._wire.send(self.ctx_A, self.ctx_P, c) for c in res_A]
-            res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids], key and ("P", key))  # step 5
+            res_P = self._server_product(self.ctx_P, enc_P, self.X_P[ids], key_P)  # step 5
             total = add_products(self.ctx_P, res_P, res_A)                              # step 6
             helper, fb = pick_helper(self.clients, set(self.owners[ids].tolist()), set(S), self._helper_turn)
             self._helper_turn += 1
@@ -388,19 +396,20 @@ class SecSV:
             diff_A = masked_difference(pred_A, self.y_A[ids], k)                        # step 12 (A -> P)
             by_id[ids] = correct_mask(masked_difference(pred_P, self.y_P[ids], k), diff_A, k)  # 13-14
             self.stats.bytes_sent += 3 * len(ids) * math.ceil(k / 8)
-        return by_id[idx]
+        out: NDArray[np.bool_] = by_id[rows]
+        return out
 
     # -- Algorithm 3, steps 4-13 / Algorithm 6 ------------------------------
-    def round_evaluation(self, models: Mapping[int, np.ndarray], weights: Mapping[int, int],
+    def round_evaluation(self, models: Mapping[int, NDArray[np.floating[Any]]], weights: Mapping[int, float],
                          *, sample_skip: bool = False) -> RoundEvaluation:
         """Utilities of every coalition of one round (SampleSkip optional)."""
         if not self._setup_done:
             self.setup()
         t0 = time.perf_counter()
         enc_P, enc_A = self.encrypt_models(models, weights)
-        cache: dict[frozenset, tuple[list, list]] = {}
+        cache: dict[Coalition, tuple[list[Any], list[Any]]] = {}
 
-        def aggregate(S):
+        def aggregate(S: Coalition) -> tuple[list[Any], list[Any]]:
             if S not in cache:   # Algorithm 3 step 9: both servers aggregate under HE
                 members = sorted(S)
                 agg_P = [self.ctx_P.add_many([enc_P[i][o] for i in members]) for o in range(len(enc_P[members[0]]))]
@@ -408,7 +417,7 @@ class SecSV:
                 cache[S] = (agg_P, agg_A)
             return cache[S]
 
-        def evaluate(S, idx):
+        def evaluate(S: Coalition, idx: NDArray[np.intp]) -> NDArray[np.bool_]:
             agg_P, agg_A = aggregate(S)
             return self.secure_test(S, agg_P, agg_A, np.asarray(idx))
 
@@ -428,7 +437,7 @@ class SecSV:
                  len(ev.utilities), ev.evaluated_samples, ev.skipped_samples, time.perf_counter() - t0)
         return ev
 
-    def run(self, rounds: Sequence[Mapping[int, np.ndarray]], weights: Mapping[int, int],
+    def run(self, rounds: Sequence[Mapping[int, NDArray[np.floating[Any]]]], weights: Mapping[int, float],
             *, sample_skip: bool = False, empty_utilities: Sequence[float] | None = None) -> FSVResult:
         """Federated Shapley values of all rounds; :attr:`stats` holds time and work."""
         t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from numpy.typing import NDArray
 
 __all__ = ["decode_fixed", "encode_fixed", "random_ring", "reconstruct", "share", "to_signed"]
 
@@ -21,7 +22,7 @@ def _check_k(k: int) -> None:
         raise ValueError(f"ring bits k must be in [2, 62], got {k!r}")
 
 
-def random_ring(shape, k: int) -> np.ndarray:
+def random_ring(shape: int | tuple[int, ...], k: int) -> NDArray[np.uint64]:
     """Uniform elements of ``Z_{2^k}`` (uint64) from ``os.urandom``."""
     _check_k(k)
     n = int(np.prod(shape, dtype=np.int64))

@@ -57,6 +57,11 @@ new node ID; the old ID leaves the node list when its 60 s heartbeat expires
 Each node sees ``node_config = {"partition-id": i, "num-partitions": num_nodes}``
 unless ``node_configs`` is given, and the same ``run_config``.
 
+:mod:`flwr_fedeval.testing.scores` has synthetic data for AUC tests and
+benchmarks (:func:`~flwr_fedeval.testing.scores.tiled_counts`: per-client
+counts of one fixed score set at any size); :mod:`flwr_fedeval.testing.deployment`
+runs a SuperLink and SuperNodes on 127.0.0.1.
+
 Notes
 -----
 This module uses Flower internals that are not public API:

@@ -55,9 +55,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["DeploymentError", "FlwrRun", "LocalDeployment", "make_certificates"]
 
@@ -420,7 +421,7 @@ class LocalDeployment:
             If one is not online within ``timeout`` s.
         """
         if isinstance(names, int):
-            names = [n for n in self._node_args][:names]
+            names = list(self._node_args)[:names]
         ids = {name: self._node_ids[name] for name in names}
         deadline = time.monotonic() + timeout
         while True:
@@ -641,7 +642,7 @@ class LocalDeployment:
                 pass
         return _marked_pids(self.token) + [p.pid for p in self.procs.values() if p.poll() is None]
 
-    def __enter__(self) -> "LocalDeployment":
+    def __enter__(self) -> LocalDeployment:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -661,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m flwr_fedeval.testing.deployment",
-                                 description=main.__doc__.split("\n")[0])
+                                 description=(main.__doc__ or "").split("\n")[0])
     ap.add_argument("--nodes", type=int, required=True, help="number of SuperNodes (data clients)")
     ap.add_argument("--app", default=".", help="the Flower App (directory with pyproject.toml)")
     ap.add_argument("--run-config", default="", help="flwr run --run-config overrides")

@@ -139,14 +139,14 @@ class InProcessGrid(Grid):
         self._waiting: dict[str, Message] = {}  # pushed to a dead node: message id -> instruction
 
     # --- Grid API ---------------------------------------------------------
-    def set_run(self, run: Run) -> None:  # noqa: D102
+    def set_run(self, run: Run) -> None:
         self._run = run
 
     @property
-    def run(self) -> Run:  # noqa: D102
+    def run(self) -> Run:
         return self._run
 
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -156,7 +156,7 @@ class InProcessGrid(Grid):
     def _listed(self, node: int) -> bool:
         return self._gone_at.get(node, float("inf")) > self.now and self._joins_at.get(node, 0.0) <= self.now
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
             msg_id = f"msg-{next(self._ids)}"
@@ -172,7 +172,7 @@ class InProcessGrid(Grid):
                 continue
             delivered, size = _roundtrip_message(msg)
             self.bytes_down[node] += size
-            reply = self._execute(node, delivered)
+            reply: Message | None = self._execute(node, delivered)
             if self.fault is not None and reply is not None:
                 reply = self.fault(node, delivered, reply)
             if node in self._dead:  # killed while it worked on the message (e.g. by the fault hook)
@@ -248,7 +248,7 @@ class InProcessGrid(Grid):
         self.bytes_down[new] = self.bytes_up[new] = 0
         return new
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:  # noqa: D102
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))
 
     # --- internals ----------------------------------------------------------

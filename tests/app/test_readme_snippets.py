@@ -22,7 +22,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 from sklearn.metrics import roc_auc_score
 
-from flwr_fedeval.fhe.counts import decision_points, threshold_counts
+from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 from flwr_fedeval.metrics.auc import auc_from_counts
 from flwr_fedeval.testing import InProcessGrid
 from identities import IDENTITY_DIR

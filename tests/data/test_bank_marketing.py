@@ -10,7 +10,8 @@ from flwr_fedeval.data.bank_marketing import BANK_FEATURE_NAMES, load_bank_marke
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 BANK_FULL = SHARED_DATA / "bank-marketing" / "bank-full.csv"
 
-HEADER = '"age";"job";"marital";"education";"default";"balance";"housing";"loan";"contact";"day";"month";"duration";"campaign";"pdays";"previous";"poutcome";"y"\n'
+HEADER = ('"age";"job";"marital";"education";"default";"balance";"housing";"loan";"contact";"day";"month";'
+          '"duration";"campaign";"pdays";"previous";"poutcome";"y"\n')
 ROW_YES = '30;"student";"single";"tertiary";"no";100;"yes";"no";"cellular";3;"jun";200;1;-1;0;"unknown";"yes"\n'
 ROW_NO = '58;"management";"married";"tertiary";"no";2143;"yes";"no";"unknown";5;"may";261;1;-1;0;"unknown";"no"\n'
 

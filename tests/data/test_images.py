@@ -31,7 +31,7 @@ def test_rgb_and_jpeg_are_converted_to_one_channel(folder):
     Image.new("RGB", (20, 20), (255, 0, 0)).save(folder / "pos" / "colour.jpg")
     x, y, _ = load_image_folder(folder, image_size=(8, 8))
     assert x.shape == (7, 8, 8, 1)
-    assert 0.0 <= x.min() and x.max() <= 1.0
+    assert x.min() >= 0.0 and x.max() <= 1.0
 
 
 def test_missing_root_raises_file_not_found(tmp_path):

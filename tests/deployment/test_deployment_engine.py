@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from deployment_support import BUDGET_S
 
 from flwr_fedeval.testing.deployment import DeploymentError, FlwrRun, LocalDeployment

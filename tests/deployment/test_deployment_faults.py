@@ -1,8 +1,8 @@
 """Node crashes on Flower's deployment engine (issue 16, item 5, first test).
 
 A SuperLink and four SuperNodes (TLS, loopback, each node with its roster
-identity; a fifth with a key the roster does not list, refused) run the main job: one xMK-CKKS secure-aggregation round of a
-logistic regression, then the FHE AUC phase (malicious protocol). One
+identity; a fifth with a key the roster does not list, refused) run the main job: one xMK-CKKS
+secure-aggregation round of a logistic regression, then the FHE AUC phase (malicious protocol). One
 SuperNode is killed with SIGKILL (a crash: no goodbye to the SuperLink)
 while the xMK-CKKS round trains and restarted 5 s later (same identity key
 and partition; Flower gives it a new node ID); another is killed, for good,
@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from deployment_support import BUDGET_S
 
 from flwr_fedeval.testing.deployment import DeploymentError
@@ -130,7 +129,7 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
     assert abs(result["federated_auc"] - counts_auc) <= 1e-6, (result["federated_auc"], counts_auc)
 
     detect = {}
-    for name, t_kill in (("node-1", t_kill_1), (victim, t_kill_2)):
+    for name, _t_kill in (("node-1", t_kill_1), (victim, t_kill_2)):
         mine = [f for f in result["failures"] if str(f["node"]) == str(node_ids[name])]
         assert mine, f"{name} ({node_ids[name]}) not in results.json failures: {result['failures']}"
         assert all(f["code_name"] != "TIMEOUT" and "step-timeout" not in f["reason"] for f in mine), mine
@@ -144,6 +143,7 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
             assert any(f["code_name"] == "NODE_REJOINED" for f in mine), mine
         detect[name] = (min(seconds), mine[0]["step"], mine[0]["code_name"])
     print(f"deployment faults: run {run_id}: {NUM_NODES} nodes up and the run took {t_done - t0:.1f} s; "
-          f"node-1 killed in training and restarted 5 s later as {new_id}, {victim} killed in the FHE phase; detection (s, step, code): {detect}; "
+          f"node-1 killed in training and restarted 5 s later as {new_id}, {victim} killed in the FHE phase; "
+          f"detection (s, step, code): {detect}; "
           f"FHE AUC {result['federated_auc']:.6f} = counts-AUC {counts_auc:.6f} over partitions "
           f"{sorted(survivors.values())}")

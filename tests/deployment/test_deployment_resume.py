@@ -248,7 +248,8 @@ def test_superlink_killed_after_round_1_and_resumed(deployment, tmp_path):
         f"{t_up:.1f} s; "
         f"SuperLink kill -> restarted {t_restart:.1f} s -> resumed run (rounds 2-{NUM_ROUNDS} + AUC phase) "
         f"complete {t_resumed:.1f} s (resumed run alone {t_resume_alone:.1f} s); interrupted run "
-        f"{crashed_status} {t_failed:.1f} s after the kill; max |resumed - uninterrupted| = {diff:.3g}; total {time.monotonic() - t0:.1f} s "
+        f"{crashed_status} {t_failed:.1f} s after the kill; max |resumed - uninterrupted| = {diff:.3g}; "
+        f"total {time.monotonic() - t0:.1f} s "
         f"(load average {os.getloadavg()[0]:.1f})"
     )
 

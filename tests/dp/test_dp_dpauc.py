@@ -15,8 +15,8 @@ from flwr_fedeval.dp import (
     menon_debias,
     randomize_labels,
 )
-from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points, threshold_counts
 from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
+from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points, threshold_counts
 
 THETA = decision_points(100)
 

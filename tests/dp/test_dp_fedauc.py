@@ -156,7 +156,8 @@ def test_adaptive_has_smaller_spread_than_alpha_split():
             vals.append(fedauc_server_auc(st).auc)
         return np.std(vals)
 
-    assert spread(FedAUCLaplaceParams(1.0, allocation="orthogonal")) < spread(FedAUCLaplaceParams(1.0, allocation="alpha"))
+    assert (spread(FedAUCLaplaceParams(1.0, allocation="orthogonal"))
+            < spread(FedAUCLaplaceParams(1.0, allocation="alpha")))
 
 
 def test_single_class_and_empty_clients_are_fine():
@@ -165,7 +166,8 @@ def test_single_class_and_empty_clients_are_fine():
     clients.append((np.zeros(0, dtype=np.int64), np.zeros(0)))
     ranks = _ranks(clients)
     for params in (FedAUCLaplaceParams(1.0), FedAUCLaplaceParams(1.0, allocation="orthogonal")):
-        st = [fedauc_laplace_client(r, yk, params, random_state=i) for i, (r, (yk, _)) in enumerate(zip(ranks, clients))]
+        st = [fedauc_laplace_client(r, yk, params, random_state=i)
+              for i, (r, (yk, _)) in enumerate(zip(ranks, clients))]
         assert st[-1] == (0.0, 0.0, 0.0)
         assert math.isfinite(fedauc_server_auc(st).auc)
 

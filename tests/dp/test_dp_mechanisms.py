@@ -18,7 +18,7 @@ from flwr_fedeval.dp import (
     randomize_labels,
 )
 from flwr_fedeval.dp.mechanisms import laplace_randomise
-from flwr_fedeval.fhe.counts import decision_points, threshold_counts
+from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 
 
 def _counts(n_thresholds=50, n=200, seed=0):

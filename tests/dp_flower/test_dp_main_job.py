@@ -5,7 +5,6 @@ import math
 
 import pytest
 from flwr.app import Context, RecordDict
-from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app
@@ -13,6 +12,7 @@ from flwr_fedeval.app.task import JobConfig
 from flwr_fedeval.clients.dp_handlers import CLIENT_DP_DEFAULTS
 from flwr_fedeval.strategies import dp_phases
 from flwr_fedeval.strategies.phases import make_auc_phase
+from flwr_fedeval.testing import InProcessGrid
 
 
 def test_client_side_dp_defaults_equal_job_config_defaults():

@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app.client_app import app as client_app
 from flwr_fedeval.app.client_app import local_test_scores
@@ -23,6 +22,7 @@ from flwr_fedeval.strategies.dp_phases import (
     FedAUCLaplacePhase,
     FedAUCRRPhase,
 )
+from flwr_fedeval.testing import InProcessGrid
 
 N = 50
 INF = math.inf

@@ -22,7 +22,7 @@ def _image_folder(root: Path, per_class: int = 12) -> Path:
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    for label, (cls, brightness) in enumerate((("normal", 60), ("covid", 170))):
+    for cls, brightness in (("normal", 60), ("covid", 170)):
         (root / cls).mkdir(parents=True)
         for i in range(per_class):
             pixels = np.clip(rng.normal(brightness, 40, size=(40, 40)), 0, 255).astype(np.uint8)

@@ -8,8 +8,8 @@ from tiled_scores import tiled_counts
 
 from flwr_fedeval.fhe import auc as fa
 from flwr_fedeval.fhe.backend import SerializationError, unpack_blobs
-from flwr_fedeval.metrics.counts import closed_tf_vectors, decision_points, threshold_counts
 from flwr_fedeval.metrics.auc import UndefinedAUCError, auc_from_counts, resolution_bound
+from flwr_fedeval.metrics.counts import closed_tf_vectors, decision_points, threshold_counts
 
 
 def _clients(n_clients, n_points, seed=0, size=(20, 80), spacing="linear"):

@@ -17,10 +17,10 @@ import pytest
 from tiled_scores import tiled_counts
 
 from flwr_fedeval.fhe import auc_malicious as am
-from flwr_fedeval.fhe.backend import pack_blobs, unpack_blobs
 from flwr_fedeval.fhe.auc import AUCPrecisionError, CountBoundError
-from flwr_fedeval.metrics.counts import bin_counts, closed_tf_vectors, decision_points, threshold_counts
+from flwr_fedeval.fhe.backend import pack_blobs, unpack_blobs
 from flwr_fedeval.metrics.auc import UndefinedAUCError, auc_from_counts, resolution_bound
+from flwr_fedeval.metrics.counts import bin_counts, closed_tf_vectors, decision_points, threshold_counts
 
 _OPENFHE = os.environ.get("FHE_BACKEND", "tenseal") == "openfhe"  # ~4x slower per run
 TAMPER_TRIALS = int(os.environ.get("FHE_TAMPER_TRIALS", "14" if _OPENFHE else "35"))

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("cryptography")
 
-from flwr_fedeval import keyshare as k  # noqa: E402
+from flwr_fedeval import keyshare as k
 
 
 def test_recipient_opens_what_the_key_holder_sealed():
@@ -59,4 +59,5 @@ def test_fhe_secret_context_travels_through_the_relay(keysets):
     ctx = load_context(got.secret_context)
     assert ctx.is_private and got.seed == seed
     ct = ks.holder.encrypt([0.25])
-    assert ctx.decrypt(ctx.deserialize_ciphertext(ks.holder.serialize_ciphertext(ct)))[0] == pytest.approx(0.25, abs=1e-7)
+    got = ctx.decrypt(ctx.deserialize_ciphertext(ks.holder.serialize_ciphertext(ct)))[0]
+    assert got == pytest.approx(0.25, abs=1e-7)

@@ -15,7 +15,6 @@ import pytest
 import tenseal as ts
 from flwr.app import ArrayRecord
 from identities import IDENTITY_DIR, ROSTER_PATH
-from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval import keyshare
 from flwr_fedeval.app.client_app import app as client_app
@@ -28,6 +27,7 @@ from flwr_fedeval.keys import create
 from flwr_fedeval.messages import EVALUATE_FHE_COUNTS, array_to_bytes, bytes_to_array
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
+from flwr_fedeval.testing import InProcessGrid
 
 N = 20
 

@@ -7,11 +7,11 @@ import math
 import pytest
 from flwr.app import Context, RecordDict
 from identities import IDENTITY_DIR
-from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app
 from flwr_fedeval.fhe.backend import default_backend
+from flwr_fedeval.testing import InProcessGrid
 
 
 def _run(tmp_path, **overrides):

@@ -11,10 +11,9 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord
 from client_scores import client_scores, plain_auc_of
+from flwr.app import ArrayRecord
 from identities import IDENTITY_DIR
-from flwr_fedeval.testing import InProcessGrid
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
 from flwr_fedeval import keyshare
@@ -25,6 +24,7 @@ from flwr_fedeval.fhe.backend import NoSecretKeyError, default_backend, load_con
 from flwr_fedeval.messages import array_to_bytes
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, TamperingReportedError
+from flwr_fedeval.testing import InProcessGrid
 
 N = 30
 BACKEND = default_backend()
@@ -57,7 +57,8 @@ def _assert_no_fhe_state(grid):
             assert key not in ctx.state
 
 
-def test_semi_honest_auc_and_threshold_metrics_equal_plaintext_server_holds_no_secret_key(grid, arrays, scores, plain_auc):
+def test_semi_honest_auc_and_threshold_metrics_equal_plaintext_server_holds_no_secret_key(
+        grid, arrays, scores, plain_auc):
     phase = FHEAUCPhase(N, backend=BACKEND, protocol="semi-honest", share_auc_with_server=True,
                         metrics_threshold=THRESHOLD)
     result = phase.run(grid, arrays)

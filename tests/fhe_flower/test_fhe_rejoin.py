@@ -3,15 +3,14 @@
 import secrets
 
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from client_scores import client_scores, plain_auc_of
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from identities import IDENTITY_DIR, ROSTER_PATH
 
 from flwr_fedeval.app.client_app import app as client_app
-from flwr_fedeval.fhe.backend import default_backend
-from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.app.server_app import make_rejoin
 from flwr_fedeval.app.task import JobConfig, build_model
+from flwr_fedeval.fhe.backend import default_backend
 from flwr_fedeval.identity import Roster
 from flwr_fedeval.messages import (
     FHE_PEER_SIGNATURES_KEY,
@@ -23,6 +22,7 @@ from flwr_fedeval.messages import (
     QUERY_FHE_PUBKEY,
     ReplyCode,
 )
+from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.base import FailureRecordingGrid, Failures
 from flwr_fedeval.strategies.collect import POLL_INTERVAL
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase

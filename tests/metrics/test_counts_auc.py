@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points, tf_vectors, threshold_counts
 from flwr_fedeval.metrics.auc import (
     UndefinedAUCError,
     auc_from_counts,
@@ -10,6 +9,7 @@ from flwr_fedeval.metrics.auc import (
     resolution_bound,
     roc_points,
 )
+from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points, tf_vectors, threshold_counts
 
 
 def _data(n=3000, seed=0):

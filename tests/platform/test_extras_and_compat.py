@@ -15,7 +15,8 @@ def test_require_returns_the_module():
 
 
 def test_missing_module_names_its_extra_and_chains_the_cause():
-    with pytest.raises(MissingExtraError, match=r"install the \[keras\] extra: pip install 'flwr-fedeval\[keras\]'") as info:
+    with pytest.raises(MissingExtraError,
+                       match=r"install the \[keras\] extra: pip install 'flwr-fedeval\[keras\]'") as info:
         require("keras._definitely_not_a_module_", purpose="the Keras models")
     assert isinstance(info.value, ImportError)
     assert isinstance(info.value.__cause__, ImportError)

@@ -36,10 +36,10 @@ def _check(entries, own=0, floor=2, round_=5, own_h=None):
 
 
 def test_key_set_id_binds_parameter_set_and_seed():
-    assert len(KID) == 32 and KID == keyset.key_set_id(P, SEED)
-    assert KID != keyset.key_set_id(P, bytes(32))
+    assert len(KID) == 32 and keyset.key_set_id(P, SEED) == KID
+    assert keyset.key_set_id(P, bytes(32)) != KID
     other = "xmk-n4096-q93" if P.name != "xmk-n4096-q93" else "xmk-n4096-q108"
-    assert KID != keyset.key_set_id(rlwe.get_parameter_set(other), SEED)
+    assert keyset.key_set_id(rlwe.get_parameter_set(other), SEED) != KID
     with pytest.raises(keyset.KeySetError, match="32 bytes"):
         keyset.key_set_id(P, b"short")
 

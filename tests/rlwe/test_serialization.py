@@ -7,9 +7,9 @@ import pytest
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe.params import get_parameter_set
+from flwr_fedeval.rlwe.serialization import HEADER_SIZE
 
 P = get_parameter_set("xmk-n4096-q93")  # q108 (the default) is the "other" set below
-from flwr_fedeval.rlwe.serialization import HEADER_SIZE
 
 
 @pytest.fixture(scope="module")

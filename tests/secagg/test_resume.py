@@ -41,7 +41,7 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(tmp_path, xmk):
         if msg.metadata.message_type == "query.xmk_pdec":
             pdec_keys.append((msg.content["xmk"]["key-id"], int(msg.content["xmk"]["round"]), node))
         if fault.armed and msg.metadata.message_type == crash_at and int(
-                (msg.content["xmk"]["round"] if xmk else msg.content["config"]["server-round"])) == 2:
+                msg.content["xmk"]["round"] if xmk else msg.content["config"]["server-round"]) == 2:
             raise Crash("ServerApp killed")
         return reply
 

@@ -11,7 +11,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from identities import IDENTITY_DIR
-from xmk_app import SHAPES, flat as _flat, initial as _initial, make_app, num_examples as _num_examples, plain_fedavg, run
+from xmk_app import SHAPES, make_app, plain_fedavg, run
+from xmk_app import flat as _flat
+from xmk_app import initial as _initial
+from xmk_app import num_examples as _num_examples
 from xmk_app import update as _update
 
 from flwr_fedeval import rlwe
@@ -419,7 +422,8 @@ def test_replayed_request_of_an_earlier_round_is_refused_with_reused_keys():
     # round 2 masks differ from round 1 masks: the two rounds' ciphertexts of a client are unrelated
     total2 = rlwe.add_ciphertexts(list(cts2.values()))
     shares = [server.share(server.pdec(n, total2.c1)) for n in server.nodes]
-    got = rlwe.combine_and_decode(server.params, total2.c0, shares, LENGTH, scale_bits=server.strategy.scale_bits_for(3))
+    got = rlwe.combine_and_decode(server.params, total2.c0, shares, LENGTH,
+                                  scale_bits=server.strategy.scale_bits_for(3))
     assert np.max(np.abs(got[-1] - sum(_num_examples(p) for p in range(3)))) < 1e-6
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from identities import IDENTITY_DIR
 from xmk_app import SHAPES, flat, initial, make_app, num_examples, plain_fedavg, run, update
+
 from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, array_to_bytes, bytes_to_array
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
@@ -102,7 +103,8 @@ def test_too_many_dropouts_leave_global_model_unchanged():
     result = _run(grid, strategy)
     assert strategy.aborted_attempts
     # no round succeeded: the result keeps the initial arrays
-    assert np.array_equal(_flat(result.arrays.to_numpy_ndarrays()) if len(result.arrays) else _flat(_initial()), _flat(_initial()))
+    final = _flat(result.arrays.to_numpy_ndarrays()) if len(result.arrays) else _flat(_initial())
+    assert np.array_equal(final, _flat(_initial()))
 
 
 def test_corrupted_ciphertext_aborts_cleanly_naming_the_node():

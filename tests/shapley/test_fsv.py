@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 
 from flwr_fedeval.shapley.fsv import (
-    coalitions, federated_shapley, find_skippable, round_utilities, sample_skip_utilities, shapley_values,
+    coalitions,
+    federated_shapley,
+    find_skippable,
+    round_utilities,
+    sample_skip_utilities,
+    shapley_values,
 )
 
 

@@ -18,15 +18,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord
+
 from flwr_fedeval.testing import InProcessGrid
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_secsv_phase import app, make_grid, train_two_rounds  # noqa: E402
+from test_secsv_phase import app, make_grid, train_two_rounds
 
-from flwr_fedeval import keyshare  # noqa: E402
-from flwr_fedeval.clients import shapley_handlers  # noqa: E402
-from flwr_fedeval.clients.shapley_handlers import Refused, read_raw_npz  # noqa: E402
-from flwr_fedeval.messages import (  # noqa: E402
+from flwr_fedeval import keyshare
+from flwr_fedeval.clients import shapley_handlers
+from flwr_fedeval.clients.shapley_handlers import Refused, read_raw_npz
+from flwr_fedeval.messages import (
     QUERY_SHAPLEY_AUX_DIFF,
     QUERY_SHAPLEY_AUX_SETUP,
     QUERY_SHAPLEY_HELPER,
@@ -34,7 +35,7 @@ from flwr_fedeval.messages import (  # noqa: E402
     QUERY_SHAPLEY_SHARE,
     bytes_to_array,
 )
-from flwr_fedeval.strategies.shapley_phase import SecSVPhase, ShapleyPhaseError  # noqa: E402
+from flwr_fedeval.strategies.shapley_phase import SecSVPhase, ShapleyPhaseError
 
 
 @pytest.fixture(scope="module")
@@ -217,9 +218,8 @@ def test_read_raw_npz_refuses(case, match):
         data = _npz(x=x, y=x)
     elif case == "object":
         buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-            with zf.open("x.npy", "w") as f:
-                np.lib.format.write_array(f, np.array([1, "a"], dtype=object), allow_pickle=True)
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf, zf.open("x.npy", "w") as f:
+            np.lib.format.write_array(f, np.array([1, "a"], dtype=object), allow_pickle=True)
         data = buf.getvalue()
     elif case == "fortran":
         data = _npz(x=np.asfortranarray(x))

@@ -12,8 +12,6 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 from identities import IDENTITY_DIR
 
-from flwr_fedeval.testing import InProcessGrid
-
 from flwr_fedeval.clients.shapley_handlers import (
     linear_model_matrix,
     recorded_models,
@@ -28,6 +26,7 @@ from flwr_fedeval.strategies.shapley_phase import (
     ShapleyPhaseError,
     discover_roles,
 )
+from flwr_fedeval.testing import InProcessGrid
 
 D = 5
 W_TRUE = np.array([2.0, -1.5, 1.0, 0.5, -2.0])
