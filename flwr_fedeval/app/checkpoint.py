@@ -219,16 +219,16 @@ class _ResumedRounds:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._strategy, name)
 
-    def configure_train(self, server_round, *args, **kwargs):  # noqa: D102
+    def configure_train(self, server_round, *args, **kwargs):
         return self._strategy.configure_train(server_round + self._offset, *args, **kwargs)
 
-    def aggregate_train(self, server_round, *args, **kwargs):  # noqa: D102
+    def aggregate_train(self, server_round, *args, **kwargs):
         return self._strategy.aggregate_train(server_round + self._offset, *args, **kwargs)
 
-    def configure_evaluate(self, server_round, *args, **kwargs):  # noqa: D102
+    def configure_evaluate(self, server_round, *args, **kwargs):
         return self._strategy.configure_evaluate(server_round + self._offset, *args, **kwargs)
 
-    def aggregate_evaluate(self, server_round, *args, **kwargs):  # noqa: D102
+    def aggregate_evaluate(self, server_round, *args, **kwargs):
         return self._strategy.aggregate_evaluate(server_round + self._offset, *args, **kwargs)
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Context

@@ -24,6 +24,7 @@ import math
 import os
 import re
 import sys
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency of flwr)

@@ -136,7 +136,7 @@ class JobConfig:
     fedauc_sensitivity: str = "local"
     fedauc_allocation: str = "orthogonal"
     fedauc_alpha: float = 0.5
-    fedauc_beta: "float | str" = "adaptive"
+    fedauc_beta: float | str = "adaptive"
     fhe_auc: str = "semi-honest"
     fhe_splits: int = 4
     fhe_backend: str = "tenseal"
@@ -160,7 +160,7 @@ class JobConfig:
     resume_from: str = ""
 
     @classmethod
-    def from_run_config(cls, run_config: dict[str, Any]) -> "JobConfig":
+    def from_run_config(cls, run_config: dict[str, Any]) -> JobConfig:
         """Build from a Flower run config (kebab-case keys).
 
         Raises
@@ -226,7 +226,7 @@ class JobConfig:
                 return                       # already reported as a type/choice problem
             try:
                 passed = ok()
-            except Exception as exc:         # noqa: BLE001 - a library check's refusal is the problem
+            except Exception as exc:
                 out.append(f"{message}: {exc}" if message else str(exc))
                 return
             if not passed:

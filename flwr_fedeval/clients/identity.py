@@ -151,7 +151,7 @@ def server_roster(run_config: dict[str, Any]) -> Roster | None:
     return _ROSTER_CACHE[key]
 
 
-def signed_key_record(identity: NodeIdentity, *, protocol: str, session: str, round: int, role: str,  # noqa: A002
+def signed_key_record(identity: NodeIdentity, *, protocol: str, session: str, round: int, role: str,
                       key: bytes, prefix: str = "") -> dict[str, Any]:
     """``{prefix+"signer": name, prefix+"signature": sig}`` for a ConfigRecord next to the key."""
     sig = sign_key(identity, protocol=protocol, session=session, round=round, role=role, key=key)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from flwr.app import Message, RecordDict
 
-from flwr_fedeval.protocol import error_reply, reply_code  # noqa: F401  (the one implementation)
+from flwr_fedeval.protocol import error_reply, reply_code
 
 __all__ = ["error_reply", "reply_code", "serve"]
 

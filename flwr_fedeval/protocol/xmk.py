@@ -353,7 +353,7 @@ class TrainReply(Payload):
     @classmethod
     def _from_record(cls, content: RecordDict) -> TrainReply:
         data = array_bytes(array_record(content, XMK_CIPHERTEXT_KEY), XMK_CIPHERTEXT_KEY, "ciphertext")
-        metrics = content[_METRICS_KEY] if _METRICS_KEY in content else None
+        metrics = content.get(_METRICS_KEY)  # RecordDict is a Mapping
         if metrics is not None and not isinstance(metrics, MetricRecord):
             raise MalformedMessage(_METRICS_KEY, f"expected a MetricRecord, got {type(metrics).__name__}")
         return cls(data, metrics)

@@ -255,7 +255,7 @@ class DetectingGrid:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
 
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+    def get_node_ids(self) -> Iterable[int]:
         return self._grid.get_node_ids()
 
     def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:

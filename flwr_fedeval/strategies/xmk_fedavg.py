@@ -512,11 +512,12 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         total_examples = decoded[-1]
         if not (np.isfinite(total_examples) and total_examples >= len(nodes) - 0.5
                 and abs(total_examples - round(total_examples)) < 1e-3):
-            raise RoundAborted("decoding", {n: f"decoded Σ n_i = {total_examples!r} is not a valid count" for n in nodes})
+            raise RoundAborted("decoding",
+                               dict.fromkeys(nodes, f"decoded Σ n_i = {total_examples!r} is not a valid count"))
         mean_update = decoded[:-1] / round(total_examples)
         new_flat = layout.flatten(state.arrays.to_numpy_ndarrays()) + mean_update
         if not np.isfinite(new_flat).all():
-            raise RoundAborted("decoding", {n: "aggregate is not finite" for n in nodes})
+            raise RoundAborted("decoding", dict.fromkeys(nodes, "aggregate is not finite"))
         return ArrayRecord(layout.unflatten(new_flat)), int(round(total_examples))
 
     # ------------------------------------------------------------ internals
@@ -561,7 +562,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         def parse(node: int, reply: RecordDict):
             return check(node, protocol_step.reply.from_record(reply, node=node))
 
-        valid = exchange_replies(state.grid if grid is None else grid, {n: content for n in nodes},
+        valid = exchange_replies(state.grid if grid is None else grid, dict.fromkeys(nodes, content),
                                  protocol_step.message_type, parse, failures, step=step, what=what,
                                  timeout=self.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
         if failures:

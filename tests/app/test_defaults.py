@@ -8,6 +8,7 @@ values, and its enumerations are values the library accepts.
 import importlib
 import inspect
 import re
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency of flwr)

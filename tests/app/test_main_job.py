@@ -7,10 +7,9 @@ import pytest
 from flwr.app import Context, RecordDict
 from identities import IDENTITY_DIR
 
-from flwr_fedeval.testing import InProcessGrid
-
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app
+from flwr_fedeval.testing import InProcessGrid
 
 
 @pytest.mark.slow
@@ -39,9 +38,10 @@ def test_main_job_runs_and_federated_auc_matches_pooled_reference(tmp_path):
 
 @pytest.mark.slow
 def test_failing_client_is_reported_and_left_out_of_the_auc(tmp_path):
-    from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
-    from flwr_fedeval.app.task import JobConfig, build_model
     from flwr.app import ArrayRecord
+
+    from flwr_fedeval.app.task import JobConfig, build_model
+    from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 
     bad = {}
 
@@ -108,7 +108,8 @@ def test_score_histogram_counts_each_class_on_both_scales():
 @pytest.mark.slow
 def test_main_job_with_secure_shapley_values(tmp_path):
     """Simulation-style roles: partition 3 of 4 is the auxiliary server A (no data, no training)."""
-    run_config = {"num-server-rounds": 2, "local-epochs": 3, "learning-rate": 0.01, "output-dir": str(tmp_path), "model": "logreg",
+    run_config = {"num-server-rounds": 2, "local-epochs": 3, "learning-rate": 0.01, "output-dir": str(tmp_path),
+                  "model": "logreg",
                   "shapley": "secsv", "shapley-aux-partition-id": 3, "identity-dir": IDENTITY_DIR}
     grid = InProcessGrid(client_app, 4, run_config)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)

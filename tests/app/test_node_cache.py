@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
-from flwr_fedeval.testing import InProcessGrid
 
 from flwr_fedeval.app import client_app, task
 from flwr_fedeval.app.node_cache import NodeCache, weights_digest
 from flwr_fedeval.app.task import JobConfig, build_model
+from flwr_fedeval.testing import InProcessGrid
 
 RUN_CONFIG = {"local-epochs": 1}
 

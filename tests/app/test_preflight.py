@@ -106,10 +106,10 @@ def test_seed_cnn_minimum_image_size_is_the_real_one():
 def test_server_app_refuses_before_round_1(tmp_path):
     """`flwr run .` without run-local.sh: the ServerApp's own check, before any train message."""
     from flwr.app import Context, RecordDict
-    from flwr_fedeval.testing import InProcessGrid
 
     from flwr_fedeval.app import server_app
     from flwr_fedeval.app.client_app import app as client_app
+    from flwr_fedeval.testing import InProcessGrid
 
     run_config = {"output-dir": str(tmp_path)}
     grid = InProcessGrid(client_app, 100, run_config)

@@ -20,12 +20,12 @@ import pytest
 from flwr.app import ArrayRecord, Context, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
+from identities import IDENTITY_DIR
 from sklearn.metrics import roc_auc_score
 
-from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 from flwr_fedeval.metrics.auc import auc_from_counts
+from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 from flwr_fedeval.testing import InProcessGrid
-from identities import IDENTITY_DIR
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 W_TRUE = np.array([1.5, -1.0, 0.8, -0.5], dtype=np.float32)
@@ -72,7 +72,7 @@ def task(monkeypatch):
 
 def _exec(code: str, namespace: dict | None = None) -> dict:
     namespace = {"__name__": "readme_snippet"} if namespace is None else namespace
-    exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README's own code
+    exec(compile(code, str(README), "exec"), namespace)
     return namespace
 
 
@@ -125,7 +125,8 @@ def test_quickstart_adds_xmkckks_fhe_and_dp_in_at_most_15_lines(task, capsys, mo
 
     evaluated = []  # the global model the FHE phase evaluates (the one xMK-CKKS FedAvg produced)
     run = FHEAUCPhase.run
-    monkeypatch.setattr(FHEAUCPhase, "run", lambda self, grid, arrays: evaluated.append(arrays) or run(self, grid, arrays))
+    monkeypatch.setattr(FHEAUCPhase, "run",
+                        lambda self, grid, arrays: evaluated.append(arrays) or run(self, grid, arrays))
     client = _exec(blocks["quickstart-client"])
     server = _exec(blocks["quickstart-server"])
     grid = InProcessGrid(client["app"], NUM_CLIENTS, RUN_CONFIG)

@@ -54,7 +54,7 @@ def test_predict_scores_are_positive_class_probabilities():
     expected = np.asarray(model(x, training=False))[:, 1]
     assert scores.shape == (300,)
     assert np.allclose(scores, expected, atol=1e-6)
-    assert ((0 <= scores) & (scores <= 1)).all()
+    assert ((scores >= 0) & (scores <= 1)).all()
     assert adapter.predict_scores(x[:0]).shape == (0,)
 
 

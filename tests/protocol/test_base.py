@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from flwr_fedeval._compat import set_serverapp_identity
 from flwr_fedeval.protocol import (
     MalformedMessage,
     Payload,
@@ -25,7 +26,6 @@ from flwr_fedeval.protocol import (
     handler,
     register,
 )
-from flwr_fedeval._compat import set_serverapp_identity
 from flwr_fedeval.testing.grid import _roundtrip_message
 
 
@@ -42,7 +42,7 @@ class _Ping(Payload):
                            "ping-data": ArrayRecord({"values": bytes_array(self.values.tobytes())})})
 
     @classmethod
-    def _from_record(cls, content: RecordDict) -> "_Ping":
+    def _from_record(cls, content: RecordDict) -> _Ping:
         rec = config_record(content, cls.KEY)
         data = array_record(content, "ping-data")
         return cls(config_field(rec, cls.KEY, "session", str), config_bytes(rec, cls.KEY, "key", length=32),

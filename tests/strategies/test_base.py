@@ -23,6 +23,7 @@ from flwr_fedeval.strategies.base import (
 )
 from flwr_fedeval.testing import InProcessGrid
 
+
 @contextmanager
 def flwr_records(level):
     """The records Flower's logger emits inside the block (it does not propagate to the root logger)."""

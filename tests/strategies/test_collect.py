@@ -126,7 +126,7 @@ def test_without_a_proven_identity_the_new_id_does_not_replace_the_old_one():
     victim = grid.node_ids[0]
     grid.fault = lambda n, m, r: (grid.restart(n, back_after=1.0, gone_after=HEARTBEAT), r)[1] if (
         n == victim and len(grid.node_ids) == 2) else r
-    rec = FailureRecordingGrid(grid, rejoin=Rejoin(lambda g, nodes: {n: "someone else" for n in nodes},
+    rec = FailureRecordingGrid(grid, rejoin=Rejoin(lambda g, nodes: dict.fromkeys(nodes, "someone else"),
                                                    {n: i for i, n in enumerate(grid.node_ids)}))
     got = rec.collect_replies(_ping(grid), timeout=STEP_TIMEOUT)
     assert not got.replaced and got.seconds[victim] >= HEARTBEAT
@@ -139,7 +139,7 @@ def test_one_identity_counts_for_one_node_id():
 
     def prove(grid, nodes):
         seen.extend(nodes)
-        return {n: "node-1" for n in nodes}
+        return dict.fromkeys(nodes, "node-1")
 
     rejoin = Rejoin(prove, {10: "node-1", 11: "node-2"}, ignore=[14])
     rejoin.learn(None, [10, 11, 12, 14])  # 14: refused before, never asked
