@@ -62,8 +62,10 @@ def make_strategy(cfg: JobConfig) -> FedAvg:
     return ReadableFedAvg(**common)  # FedAvg, failures logged one line per distinct reason
 
 
-def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPhase:
-    """The SecSV phase of ``shapley = "secsv"`` from the ``shapley-*`` keys."""
+def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None, *, clients: Iterable[int] | None = None,
+                       aux_node: int | None = None) -> SecSVPhase:
+    """The SecSV phase of ``shapley = "secsv"`` from the ``shapley-*`` keys (over ``clients`` and the
+    auxiliary server ``aux_node`` when given, else those :func:`discover_roles` finds)."""
     return SecSVPhase(
         sample_skip=cfg.shapley_sample_skip,
         model_bound=cfg.shapley_model_bound,
@@ -73,6 +75,8 @@ def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPha
         min_nodes=max(2, cfg.min_nodes),
         timeout=cfg.step_timeout,
         roster=roster,
+        clients=clients,
+        aux_node=aux_node,
     )
 
 
@@ -216,7 +220,8 @@ def main(grid: Grid, context: Context) -> None:
     shapley = None
     if aux_node is not None:
         t_sv = time.perf_counter()
-        shapley = make_shapley_phase(cfg, roster).run(grid, clients=grid.get_node_ids(), aux_node=aux_node)
+        shapley = make_shapley_phase(cfg, roster, clients=grid.get_node_ids(), aux_node=aux_node).run(
+            grid, result.arrays)
         t_sv = time.perf_counter() - t_sv
 
     _record_checked_failures(failures, strategy, auc_result)
