@@ -327,7 +327,7 @@ def _new_stats() -> dict:
             "evaluated_samples": 0, "skipped_samples": 0, "helper_replacements": 0}
 
 
-class SecSVPhase(EvaluationPhase):
+class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
     """Secure Federated Shapley Values with two non-colluding servers (Zheng et al. 2023, Alg. 3).
 
     One method per protocol step (see the module docstring): :meth:`hello`
