@@ -30,10 +30,13 @@ message type                   who                     what
 ``query.shapley_aux_diff``     A                       its share of ``Ŷ − Y`` per batch
 =============================  ======================  ====================================================
 
-Every request carries ``shapley.session``; state lives in ``context.state``
-under ``shapley.*`` (the deployment engine starts a process per message).
-Requests that do not fit (unknown session, wrong role, bounds exceeded,
-malformed bytes) get an error reply and change nothing.
+Every request and reply is a payload dataclass of :mod:`flwr_fedeval.protocol.secsv`
+(parsed and checked before any work); every request carries ``shapley.session``;
+state lives in ``context.state`` under ``shapley.*`` (the deployment engine starts
+a process per message). Requests that do not fit (wrong role, unknown session,
+malformed fields, bounds exceeded, malformed bytes) get an error reply
+(:class:`flwr_fedeval.protocol.Refused`, :class:`~flwr_fedeval.protocol.MalformedMessage`)
+and change nothing.
 
 No secret leaves a node: the clients' CKKS secret context travels sealed
 (X25519 + HKDF + AES-GCM, :mod:`flwr_fedeval.keyshare`) between clients, A's
@@ -78,28 +81,6 @@ from flwr_fedeval.identity import IdentityError, sign_key, verify_key, verify_ke
 from flwr_fedeval.messages import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
 from flwr_fedeval.protocol import Refused, error_reply, handler, register
 from flwr_fedeval.protocol import secsv as proto
-from flwr_fedeval.protocol.secsv import (
-    ROLES,
-    AuxDiffReply,
-    AuxDiffRequest,
-    AuxEvalReply,
-    AuxEvalRequest,
-    AuxSetupReply,
-    AuxSetupRequest,
-    HelloReply,
-    HelloRequest,
-    HelperReply,
-    HelperRequest,
-    KeygenReply,
-    KeygenRequest,
-    ModelsReply,
-    ModelsRequest,
-    PublicParams,
-    RoleReply,
-    RoleRequest,
-    ShareReply,
-    ShareRequest,
-)
 from flwr_fedeval.shapley.parties import (
     aggregate_model,
     encrypt_model,
@@ -145,6 +126,7 @@ STATE_AUX_MODELS = "shapley.aux-models"  # A: the current round's ciphertexts
 STATE_PEERS = "shapley.peers"            # verified relayed keys: client {"aux"}, A {<node>: client key}
 SIGNED_PROTOCOL = proto.SIGNED_PROTOCOL  # defined in flwr_fedeval.protocol.secsv; importable from here
 SIGNED_ROLE = proto.SIGNED_ROLE
+ROLES = proto.ROLES                      # the roles a node can answer; importable from here
 _LABEL = "Shapley"
 #: Exceptions a handler turns into an error reply (besides Refused and MalformedMessage).
 _ERRORS = (FHEError, ValueError, TypeError, KeyError)
@@ -160,7 +142,7 @@ def _keypair(context: Context, session: str) -> keyshare.KeyPair:
     return keyshare.KeyPair(private=bytes(rec["private"]), public=bytes(rec["public"]))
 
 
-def _layout(public: PublicParams) -> tuple[int, int, int]:
+def _layout(public: proto.PublicParams) -> tuple[int, int, int]:
     m, d_out, n_classes = public.m, public.d_out, public.n_classes
     if d_out not in (1, n_classes) or m * d_out > shapley_ckks_params().slot_count:
         raise Refused(f"invalid layout m={m}, d_out={d_out}, n_classes={n_classes}")
@@ -240,7 +222,7 @@ def read_raw_npz(data: bytes, expected: dict[str, tuple[Any, Callable[[tuple], b
 
 
 
-def _verified_aux_key(context: Context, request: HelperRequest) -> bytes:
+def _verified_aux_key(context: Context, request: proto.HelperRequest) -> bytes:
     """A's key as this client checked it at the share step; the request must name the same key."""
     if STATE_PEERS not in context.state or context.state[STATE_PEERS]["session"] != request.public.session:
         raise Refused("no checked auxiliary-server key for this phase (share step missing)")
@@ -251,7 +233,7 @@ def _verified_aux_key(context: Context, request: HelperRequest) -> bytes:
     return bytes(peers["aux"])
 
 
-def _verified_client_keys(context: Context, public: PublicParams) -> set[bytes]:
+def _verified_client_keys(context: Context, public: proto.PublicParams) -> set[bytes]:
     """A: the clients' keys it checked at setup."""
     if STATE_PEERS not in context.state or context.state[STATE_PEERS]["session"] != public.session:
         raise Refused("no checked client keys for this phase (aux setup missing)")
@@ -326,8 +308,8 @@ def recorded_models(context: Context) -> dict[int, np.ndarray]:
 
 
 # --- every node --------------------------------------------------------------
-def role_payload(request: RoleRequest, role: str, context: Context | None = None,
-                 partition: tuple[int, int] | None = None) -> RoleReply:
+def role_payload(request: proto.RoleRequest, role: str, context: Context | None = None,
+                 partition: tuple[int, int] | None = None) -> proto.RoleReply:
     """``query.fedeval_role``: this node's role and, if it has an identity, a signed statement of it.
 
     With a ``request.nonce`` (P's fresh nonce) and a node identity in ``context``, the reply
@@ -343,18 +325,18 @@ def role_payload(request: RoleRequest, role: str, context: Context | None = None
     Refused
         ``role`` is not one of :data:`~flwr_fedeval.protocol.secsv.ROLES`.
     """
-    if role not in ROLES:
-        raise Refused(f"unknown role {role!r}, expected one of {ROLES}")
+    if role not in proto.ROLES:
+        raise Refused(f"unknown role {role!r}, expected one of {proto.ROLES}")
     part = (int(partition[0]), int(partition[1])) if partition is not None else None
     if context is None or not request.nonce:
-        return RoleReply(role, part)
+        return proto.RoleReply(role, part)
     try:
         ident, _ = node_identity(context)
     except IdentityError as exc:
-        return RoleReply(role, part, identity_error=str(exc))
+        return proto.RoleReply(role, part, identity_error=str(exc))
     sig = sign_key(ident, protocol=proto.ROLE_PROTOCOL, session=request.nonce, round=0, role=role,
                    key=ident.public_key_bytes())
-    return RoleReply(role, part, ident.name, sig)
+    return proto.RoleReply(role, part, ident.name, sig)
 
 
 def role_reply(msg: Message, role: str, context: Context | None = None,
@@ -364,8 +346,8 @@ def role_reply(msg: Message, role: str, context: Context | None = None,
     return serve(msg, context)
 
 
-def hello(request: HelloRequest, context: Context, role: str, *, num_test: int = 0,
-          n_features: int = 0) -> HelloReply:
+def hello(request: proto.HelloRequest, context: Context, role: str, *, num_test: int = 0,
+          n_features: int = 0) -> proto.HelloReply:
     """``query.shapley_hello``: a fresh X25519 key pair; a client adds what the server plans with.
 
     Starts a new phase (drops this node's state of any earlier one, keeps the recorded models).
@@ -390,7 +372,7 @@ def hello(request: HelloRequest, context: Context, role: str, *, num_test: int =
     kp = keyshare.generate_keypair()
     context.state[STATE_KEYPAIR] = ConfigRecord({"session": session, "private": kp.private, "public": kp.public})
     sig = sign_key(ident, protocol=SIGNED_PROTOCOL, session=session, round=0, role=SIGNED_ROLE[role], key=kp.public)
-    reply = HelloReply(role, kp.public, ident.name, sig)
+    reply = proto.HelloReply(role, kp.public, ident.name, sig)
     if role == "client":
         models = recorded_models(context)
         if not models:
@@ -409,7 +391,7 @@ def hello(request: HelloRequest, context: Context, role: str, *, num_test: int =
 
 
 # --- data clients ---------------------------------------------------------------
-def keygen(request: KeygenRequest, context: Context) -> KeygenReply:
+def keygen(request: proto.KeygenRequest, context: Context) -> proto.KeygenReply:
     """``query.shapley_keygen`` (leader, Algorithm 3 step 1): CKKS keys for the clients.
 
     The other clients' keys are checked first (distinct roster members, role ``"client"``, at
@@ -432,7 +414,7 @@ def keygen(request: KeygenRequest, context: Context) -> KeygenReply:
     log(INFO, "Shapley phase: leader, CKKS keys for %d other clients", len(request.peers.keys))
     sig = sign_key(ident, protocol=SIGNED_PROTOCOL, session=request.public.session, round=0, role="key-holder",
                    key=kp.public)
-    return KeygenReply(ctx.public_bytes(rotation_keys=False), dict(bundles), ident.name, sig)
+    return proto.KeygenReply(ctx.public_bytes(rotation_keys=False), dict(bundles), ident.name, sig)
 
 
 def _checked_params(ctx):
@@ -451,7 +433,7 @@ def _secret_context(context: Context):
     return _checked_params(ctx)
 
 
-def share_data(request: ShareRequest, context: Context, X_test: np.ndarray, y_test: np.ndarray) -> ShareReply:
+def share_data(request: proto.ShareRequest, context: Context, X_test: np.ndarray, y_test: np.ndarray) -> proto.ShareReply:
     """``query.shapley_share`` (Algorithm 3 steps 2–3): open the key bundle, share the test set.
 
     The leader's key (role ``"key-holder"``) and A's key (role ``"aux"``) are checked against
@@ -494,14 +476,14 @@ def share_data(request: ShareRequest, context: Context, X_test: np.ndarray, y_te
     (x_p, y_p), (x_a, y_a) = share_test_set(X_test, np.asarray(y_test, dtype=np.int64), params)
     sealed = keyshare.seal_for(_pack_arrays(x=x_a, y=y_a), sender=kp, recipient_public=aux.key)
     context.state[STATE_PEERS] = ConfigRecord({"session": public.session, "aux": aux.key, "aux-signer": aux.signer})
-    return ShareReply(x_p, y_p, sealed)
+    return proto.ShareReply(x_p, y_p, sealed)
 
 
 def _arr(a: np.ndarray) -> Array:
     return Array(np.ascontiguousarray(a))
 
 
-def encrypt_models(request: ModelsRequest, context: Context) -> ModelsReply:
+def encrypt_models(request: proto.ModelsRequest, context: Context) -> proto.ModelsReply:
     """``query.shapley_models`` (Algorithm 5 steps 1–3): encrypt this client's model of round ``t``.
 
     Reply: ``d_in`` packed ciphertexts of ``w_i · round(θ_i^t 2^f)``. Refuses a model above the
@@ -512,10 +494,10 @@ def encrypt_models(request: ModelsRequest, context: Context) -> ModelsReply:
     theta = recorded_model(context, request.round)
     A = model_matrix(theta, request.weight, request.public.params, n_classes=n_classes, d_out=d_out)
     ctx = _secret_context(context)
-    return ModelsReply(pack_blobs([ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)]))
+    return proto.ModelsReply(pack_blobs([ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)]))
 
 
-def helper(request: HelperRequest, context: Context) -> HelperReply:
+def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
     """``query.shapley_helper`` (Algorithm 4 steps 7–11): decrypt scores, predict, share.
 
     ``request.aux_public_key`` must be the key this client checked against the roster at the
@@ -534,11 +516,11 @@ def helper(request: HelperRequest, context: Context) -> HelperReply:
         pred = helper_predict(ctx, cts, n, params, m=m, d_out=d_out)
         pred_p, pred_a = share(pred, params.ring_bits)
         out[j] = (pred_p, keyshare.seal_for(_pack_arrays(pred=pred_a), sender=kp, recipient_public=aux_pk))
-    return HelperReply(out)
+    return proto.HelperReply(out)
 
 
 # --- auxiliary server A -------------------------------------------------------
-def aux_setup(request: AuxSetupRequest, context: Context) -> AuxSetupReply:
+def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetupReply:
     """``query.shapley_aux_setup``: open A's shares of every test set, keep them.
 
     The clients' keys are checked against the roster (distinct members, role ``"client"``, at
@@ -583,7 +565,7 @@ def aux_setup(request: AuxSetupRequest, context: Context) -> AuxSetupReply:
     log(INFO, "Shapley phase: auxiliary server (%s) checked the keys of clients %s", ident.name,
         sorted(names.values()))
     log(INFO, "Shapley phase: auxiliary server holds shares of %d test samples", len(Y))
-    return AuxSetupReply(len(Y))
+    return proto.AuxSetupReply(len(Y))
 
 
 def _aux_state(context: Context):
@@ -593,7 +575,7 @@ def _aux_state(context: Context):
     return st["x"].numpy(), st["y"].numpy(), load_context(proto.array_bytes(st, STATE_AUX, "context"))
 
 
-def aux_eval(request: AuxEvalRequest, context: Context) -> AuxEvalReply:
+def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalReply:
     """``query.shapley_aux_eval`` (Algorithm 4 step 4): A's products for every (coalition, batch).
 
     The round's model ciphertexts come with the first request of a round and are kept for the
@@ -633,10 +615,10 @@ def aux_eval(request: AuxEvalRequest, context: Context) -> AuxEvalReply:
             plain_cache[key] = server_plaintexts(ctx, X[ids], params, m=m, d_out=d_out)
         prods = server_products(ctx, agg_cache[members], plain_cache[key])
         out[j] = pack_blobs([ctx.serialize_ciphertext(c) for c in prods])
-    return AuxEvalReply(out)
+    return proto.AuxEvalReply(out)
 
 
-def aux_diff(request: AuxDiffRequest, context: Context) -> AuxDiffReply:
+def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffReply:
     """``query.shapley_aux_diff`` (Algorithm 4 step 12): A's share of ``Ŷ − Y`` per batch.
 
     Each helper key must be one of the client keys checked at setup; each share must be a raw
@@ -655,7 +637,7 @@ def aux_diff(request: AuxDiffRequest, context: Context) -> AuxDiffReply:
         raw = keyshare.open_from(sealed, recipient=keypair, sender_public=helper_pk)
         (pred_a,) = read_raw_npz(raw, {"pred": (np.uint64, lambda s, n=ids.size: s == (n,))})
         out[j] = masked_difference(pred_a, Y[ids], params.ring_bits)
-    return AuxDiffReply(out)
+    return proto.AuxDiffReply(out)
 
 
 # --- registration -------------------------------------------------------------
@@ -706,14 +688,14 @@ def register_shapley_handlers(
         run.__name__ = serve_step.__name__
         return run
 
-    def serve_hello(request: HelloRequest, msg: Message, context: Context) -> HelloReply:
+    def serve_hello(request: proto.HelloRequest, msg: Message, context: Context) -> proto.HelloReply:
         r = role(context)
         if r != "client":
             return hello(request, context, r)
         X, _ = test_set(context)
         return hello(request, context, r, num_test=len(X), n_features=int(np.shape(X)[1]))
 
-    def serve_role(request: RoleRequest, msg: Message, context: Context) -> RoleReply:
+    def serve_role(request: proto.RoleRequest, msg: Message, context: Context) -> proto.RoleReply:
         return role_payload(request, role(context), context, partition(context) if partition else None)
 
     register(app, proto.STEPS, {

@@ -6,8 +6,9 @@ Reducing), 6–7 (SampleSkip). The ServerApp is the **principal server P**; the
 **auxiliary server A** is a SuperNode whose node config says
 ``fedeval-role="shapley-aux"`` (run by a party that does not collude with
 P); the data clients are the other nodes. Handlers:
-:mod:`flwr_fedeval.clients.shapley_handlers`; protocol steps:
-:mod:`flwr_fedeval.shapley.parties`.
+:mod:`flwr_fedeval.clients.shapley_handlers`; messages (one payload dataclass per
+request and reply, parsed and checked at the edge): :mod:`flwr_fedeval.protocol.secsv`;
+protocol steps: :mod:`flwr_fedeval.shapley.parties`.
 
 =====  =================================  =======================================================
 step   message (to)                       what
@@ -54,28 +55,6 @@ from flwr.serverapp import Grid
 from flwr_fedeval.fhe.backend import load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.identity import IdentityError, Roster, SignedKey, verify_key
 from flwr_fedeval.protocol import secsv as proto
-from flwr_fedeval.protocol.secsv import (
-    AuxDiffReply,
-    AuxDiffRequest,
-    AuxEvalReply,
-    AuxEvalRequest,
-    AuxSetupReply,
-    AuxSetupRequest,
-    HelloReply,
-    HelloRequest,
-    HelperReply,
-    HelperRequest,
-    KeygenReply,
-    KeygenRequest,
-    KeySet,
-    ModelsReply,
-    ModelsRequest,
-    PublicParams,
-    RoleReply,
-    RoleRequest,
-    ShareReply,
-    ShareRequest,
-)
 from flwr_fedeval.shapley.fsv import coalitions, find_skippable, fsv_from_utilities
 from flwr_fedeval.shapley.matrix_reducing import max_batch
 from flwr_fedeval.shapley.parties import (
@@ -163,7 +142,7 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
     nonce = secrets.token_hex(16)
 
     def parse(node: int, content: RecordDict) -> tuple[str, str | None, str | None]:
-        reply = RoleReply.from_record(content, node=node)
+        reply = proto.RoleReply.from_record(content, node=node)
         role = reply.role
         if partitions is not None and reply.partition is not None:
             partitions[node] = reply.partition
@@ -179,7 +158,7 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
         return role, reply.signer, None
 
     nodes = list(grid.get_node_ids()) if nodes is None else [int(n) for n in nodes]
-    request = RoleRequest(nonce).to_record()
+    request = proto.RoleRequest(nonce).to_record()
     got = exchange_replies(grid, dict.fromkeys(nodes, request), proto.ROLE_QUERY.message_type, parse, failed,
                            step="roles", what="role", timeout=timeout, label=_LABEL)
     if failed and strict:
@@ -285,7 +264,7 @@ class _SecSVRun:
     # step 1 (hello)
     params: SecSVParams | None = None
     #: The public fields of every request after hello (session, parameters, layout).
-    public: PublicParams | None = None
+    public: proto.PublicParams | None = None
     n_classes: int = 0
     m: int = 0
     d_out: int = 0
@@ -294,7 +273,7 @@ class _SecSVRun:
     n_test: dict[int, int] = field(default_factory=dict)
     recorded: dict[int, set[int]] = field(default_factory=dict)
     #: The checked hello replies of every node (relayed keys and their signatures come from here).
-    hello: dict[int, HelloReply] = field(default_factory=dict)
+    hello: dict[int, proto.HelloReply] = field(default_factory=dict)
     # step 2 (keygen)
     leader: int = -1
     #: The leader's X25519 key signed for role "key-holder".
@@ -513,8 +492,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         """Step 1: roles, X25519 keys, sizes and recorded rounds of every client and A; fixes the
         public parameters (fixed point, CKKS, batch size m, output rows d_out, FedAvg weights)."""
         clients, aux = st.clients, st.aux
-        hello, _ = self._exchange(grid, {n: HelloRequest(st.session).to_record() for n in clients + [aux]},
-                                  proto.HELLO.message_type, lambda n, c: HelloReply.from_record(c, node=n), "hello",
+        hello, _ = self._exchange(grid, {n: proto.HelloRequest(st.session).to_record() for n in clients + [aux]},
+                                  proto.HELLO.message_type, lambda n, c: proto.HelloReply.from_record(c, node=n), "hello",
                                   st=st)
         self._check_roles(hello, clients, aux)
         self._check_signatures(st, hello)
@@ -534,14 +513,14 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         st.d_out = 1 if (self.binary_margin and c == 2) else c
         st.m = max_batch(params.ckks.slot_count, st.d_out)
         st.weights = quantize_weights({n: info[n].num_examples for n in clients}, bits=params.weight_bits)
-        st.public = PublicParams(st.session, params, st.m, st.d_out, c)
+        st.public = proto.PublicParams(st.session, params, st.m, st.d_out, c)
         st.pk = {n: hello[n].public_key for n in clients + [aux]}
         st.recorded = {n: set(info[n].rounds) for n in clients}
         log(INFO, "%s: %s; %d clients, aux server node %d, ring Z_2^%d, %d limbs of %d bits, m=%d, d_out=%d",
             _LABEL, self.describe(), len(clients), aux, params.ring_bits, params.n_limbs, params.limb_bits,
             st.m, st.d_out)
 
-    def _check_signatures(self, st: _SecSVRun, hello: dict[int, HelloReply]) -> None:
+    def _check_signatures(self, st: _SecSVRun, hello: dict[int, proto.HelloReply]) -> None:
         """Every hello key signed by a distinct roster member for its role (checked against the roster if given)."""
         failed: dict[int, str] = {}
         signers: dict[str, int] = {}
@@ -561,12 +540,12 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
             raise ShapleyPhaseError("hello", failed)
 
     @staticmethod
-    def _signed_keys(nodes: list[int], hello: dict[int, HelloReply]) -> KeySet:
+    def _signed_keys(nodes: list[int], hello: dict[int, proto.HelloReply]) -> proto.KeySet:
         """The nodes' hello keys with their signers and signatures, as relayed."""
-        return KeySet.of({n: hello[n].signed_key for n in nodes})
+        return proto.KeySet.of({n: hello[n].signed_key for n in nodes})
 
     @staticmethod
-    def _check_roles(hello: dict[int, HelloReply], clients: list[int], aux: int) -> None:
+    def _check_roles(hello: dict[int, proto.HelloReply], clients: list[int], aux: int) -> None:
         wrong = {n: f"role {hello[n].role!r}" for n in clients if hello[n].role != "client"}
         if hello[aux].role != "shapley-aux":
             wrong[aux] = f"role {hello[aux].role!r}, expected 'shapley-aux'"
@@ -580,10 +559,10 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         clients = st.clients
         leader = secrets.choice(clients)
         others = [n for n in clients if n != leader]
-        request = KeygenRequest(st.public, self._signed_keys(others, st.hello)).to_record()
+        request = proto.KeygenRequest(st.public, self._signed_keys(others, st.hello)).to_record()
         keyrep, _ = self._exchange(grid, {leader: request}, proto.KEYGEN.message_type,
-                                   lambda n, ct: KeygenReply.from_record(ct, node=n), "keygen", st=st)
-        reply: KeygenReply = keyrep[leader]
+                                   lambda n, ct: proto.KeygenReply.from_record(ct, node=n), "keygen", st=st)
+        reply: proto.KeygenReply = keyrep[leader]
         public_bytes, bundles = reply.public_context, reply.bundles
         leader_key = SignedKey(reply.signer, st.pk[leader], reply.signature)
         if self.roster is not None:
@@ -609,11 +588,11 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         Returns ``{node: sealed share for A}``."""
         clients, d = st.clients, st.params.n_features
         aux_key = st.hello[st.aux].signed_key
-        contents = {n: ShareRequest(st.public, st.leader_key, aux_key,
+        contents = {n: proto.ShareRequest(st.public, st.leader_key, aux_key,
                                     None if n == st.leader else bundles[str(n)]).to_record() for n in clients}
 
-        def parse_share(n, ct) -> ShareReply:
-            reply = ShareReply.from_record(ct, node=n)
+        def parse_share(n, ct) -> proto.ShareReply:
+            reply = proto.ShareReply.from_record(ct, node=n)
             if reply.x.shape != (st.n_test[n], d + 1):
                 raise ValueError(f"share shapes {reply.x.shape}/{reply.y.shape}, announced {st.n_test[n]} samples "
                                  f"of {d} features")
@@ -632,11 +611,11 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
     def aux_setup(self, grid: Grid, st: _SecSVRun, sealed_for_aux: dict[int, bytes]) -> None:
         """Step 4: A opens and keeps its shares; it must hold as many samples as P."""
         clients, aux = st.clients, st.aux
-        aux_content = AuxSetupRequest(st.public, tuple(str(n) for n in clients), st.public_context,
+        aux_content = proto.AuxSetupRequest(st.public, tuple(str(n) for n in clients), st.public_context,
                                       {str(n): sealed_for_aux[n] for n in clients},
                                       self._signed_keys(clients, st.hello)).to_record()
         got, _ = self._exchange(grid, {aux: aux_content}, proto.AUX_SETUP.message_type,
-                                lambda n, ct: AuxSetupReply.from_record(ct, node=n).samples, "aux setup", st=st)
+                                lambda n, ct: proto.AuxSetupReply.from_record(ct, node=n).samples, "aux setup", st=st)
         if got[aux] != st.num_samples:
             raise ShapleyPhaseError("aux setup", {aux: f"holds {got[aux]} samples, P holds {st.num_samples}"})
 
@@ -649,11 +628,11 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         d_in = st.params.n_features + 1
 
         def parse_model(n, ct):
-            packed = ModelsReply.from_record(ct, node=n).cts
+            packed = proto.ModelsReply.from_record(ct, node=n).cts
             return packed, [st.ctx.deserialize_ciphertext(b) for b in unpack_blobs(packed, expected=d_in)]
 
         enc, _ = self._exchange(
-            grid, {n: ModelsRequest(st.public, t, st.weights[n]).to_record() for n in members},
+            grid, {n: proto.ModelsRequest(st.public, t, st.weights[n]).to_record() for n in members},
             proto.MODELS.message_type, parse_model, f"models of round {t}", st=st)
         models = {n: enc[n][1] for n in members}
         forward = {str(n): enc[n][0] for n in members}   # checked above, relayed as received
@@ -711,10 +690,10 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         index = st.index
         job_rec = {j: (np.array([index[n] for n in sorted(S)], dtype=np.int64), ids.astype(np.int64))
                    for j, (S, ids) in enumerate(jobs)}
-        content = AuxEvalRequest(st.public, t, job_rec, forward).to_record()
+        content = proto.AuxEvalRequest(st.public, t, job_rec, forward).to_record()
 
         def parse_products(n, ct):
-            products = _all_jobs(AuxEvalReply.from_record(ct, node=n).products, len(jobs))
+            products = _all_jobs(proto.AuxEvalReply.from_record(ct, node=n).products, len(jobs))
             return [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(products[j], expected=p.n_limbs)]
                     for j in range(len(jobs))]
 
@@ -757,12 +736,12 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                                             | {0: f"no eligible helper left for a batch owned by {sorted(owners)}"})
                 st.helper_turn += 1
                 assign.setdefault(h, []).append(j)
-            contents = {h: HelperRequest(st.public, st.pk[st.aux], {
+            contents = {h: proto.HelperRequest(st.public, st.pk[st.aux], {
                 j: (pack_blobs([st.ctx.serialize_ciphertext(c) for c in totals[j]]), len(jobs[j][1])) for j in js}
             ).to_record() for h, js in assign.items()}
 
             def parse(h, ct, assign=assign):
-                preds = HelperReply.from_record(ct, node=h).preds
+                preds = proto.HelperReply.from_record(ct, node=h).preds
                 if sorted(preds) != sorted(assign[h]):
                     raise ValueError(f"prediction shares of jobs {sorted(preds)}, sent jobs {sorted(assign[h])}")
                 res = {}
@@ -789,11 +768,11 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
     def aux_differences(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, preds: list) -> list[np.ndarray]:
         """Step 8 (A): its share of Ŷ − Y; P learns the correct-prediction mask of every job."""
         k, aux = st.params.ring_bits, st.aux
-        content = AuxDiffRequest(st.public, {j: (preds[j][1], ids.astype(np.int64), st.pk[preds[j][2]])
+        content = proto.AuxDiffRequest(st.public, {j: (preds[j][1], ids.astype(np.int64), st.pk[preds[j][2]])
                                              for j, (S, ids) in enumerate(jobs)}).to_record()
 
         def parse_diffs(n, ct):
-            diffs = _all_jobs(AuxDiffReply.from_record(ct, node=n).diffs, len(jobs))
+            diffs = _all_jobs(proto.AuxDiffReply.from_record(ct, node=n).diffs, len(jobs))
             out = []
             for j, (S, ids) in enumerate(jobs):
                 dj = diffs[j]

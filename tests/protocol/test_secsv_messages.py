@@ -15,67 +15,50 @@ from flwr.clientapp import ClientApp
 
 from flwr_fedeval._compat import set_serverapp_identity
 from flwr_fedeval.identity import SignedKey
-from flwr_fedeval.protocol import MalformedMessage, ReplyCode, bytes_array, register
-from flwr_fedeval.protocol import secsv
-from flwr_fedeval.protocol.secsv import (
-    AuxDiffReply,
-    AuxDiffRequest,
-    AuxEvalReply,
-    AuxEvalRequest,
-    AuxSetupReply,
-    AuxSetupRequest,
-    HelloReply,
-    HelloRequest,
-    HelperReply,
-    HelperRequest,
-    KeygenReply,
-    KeygenRequest,
-    KeySet,
-    ModelsReply,
-    ModelsRequest,
-    PublicParams,
-    RoleReply,
-    RoleRequest,
-    ShareReply,
-    ShareRequest,
+from flwr_fedeval.protocol import (
+    MalformedMessage,
+    ReplyCode,
+    bytes_array,
+    register,
+    secsv,
 )
 from flwr_fedeval.shapley.secsv import SecSVParams
 from flwr_fedeval.testing.grid import _roundtrip_message
 
 NODE = 18446744073709551557          # a node ID above the int64 range, as the deployment engine assigns
-PUBLIC = PublicParams("a1b2", SecSVParams.for_bounds(n_features=5, max_clients=3), m=4096, d_out=1, n_classes=2)
+PUBLIC = secsv.PublicParams("a1b2", SecSVParams.for_bounds(n_features=5, max_clients=3), m=4096, d_out=1, n_classes=2)
 PK = bytes(range(32))
 LEADER = SignedKey("node-0", PK, b"\x30" * 70)
 AUX = SignedKey("node-3", bytes(range(1, 33)), b"\x31" * 71)
-KEYS = KeySet.of({11: LEADER, 12: SignedKey("node-2", bytes(range(2, 34)), b"s2")})
+KEYS = secsv.KeySet.of({11: LEADER, 12: SignedKey("node-2", bytes(range(2, 34)), b"s2")})
 IDS = np.array([0, 5, 7], dtype=np.int64)
 
 SAMPLES = {
-    "role-request": RoleRequest("f00d"),
-    "role-reply": RoleReply("client", (1, 3), "node-1", b"sig", None),
-    "hello-request": HelloRequest("a1b2"),
-    "hello-reply": HelloReply("client", PK, "node-1", b"sig", 80, 30, 5, 2, (1, 2)),
-    "hello-reply-aux": HelloReply("shapley-aux", PK, "node-3", b"sig"),
-    "keygen-request": KeygenRequest(dataclasses.replace(PUBLIC, m=None, d_out=None, n_classes=None), KEYS),
-    "keygen-reply": KeygenReply(b"ctx" * 10, {"12": b"bundle"}, "node-0", b"sig"),
-    "share-request": ShareRequest(PUBLIC, LEADER, AUX, b"sealed"),
-    "share-request-leader": ShareRequest(PUBLIC, LEADER, AUX),
-    "share-reply": ShareReply(np.arange(12, dtype=np.uint64).reshape(2, 6), np.array([1, 0], dtype=np.uint64),
+    "role-request": secsv.RoleRequest("f00d"),
+    "role-reply": secsv.RoleReply("client", (1, 3), "node-1", b"sig", None),
+    "hello-request": secsv.HelloRequest("a1b2"),
+    "hello-reply": secsv.HelloReply("client", PK, "node-1", b"sig", 80, 30, 5, 2, (1, 2)),
+    "hello-reply-aux": secsv.HelloReply("shapley-aux", PK, "node-3", b"sig"),
+    "keygen-request": secsv.KeygenRequest(dataclasses.replace(PUBLIC, m=None, d_out=None, n_classes=None), KEYS),
+    "keygen-reply": secsv.KeygenReply(b"ctx" * 10, {"12": b"bundle"}, "node-0", b"sig"),
+    "share-request": secsv.ShareRequest(PUBLIC, LEADER, AUX, b"sealed"),
+    "share-request-leader": secsv.ShareRequest(PUBLIC, LEADER, AUX),
+    "share-reply": secsv.ShareReply(np.arange(12, dtype=np.uint64).reshape(2, 6), np.array([1, 0], dtype=np.uint64),
                               b"for A"),
-    "aux-setup-request": AuxSetupRequest(dataclasses.replace(PUBLIC, m=None, d_out=None, n_classes=None),
+    "aux-setup-request": secsv.AuxSetupRequest(dataclasses.replace(PUBLIC, m=None, d_out=None, n_classes=None),
                                          ("11", "12"), b"ctx", {"11": b"s11", "12": b"s12"}, KEYS),
-    "aux-setup-reply": AuxSetupReply(120),
-    "models-request": ModelsRequest(PUBLIC, 2, 255),
-    "models-reply": ModelsReply(b"cts" * 5),
-    "aux-eval-request": AuxEvalRequest(PUBLIC, 1, {0: (np.array([0, 2], dtype=np.int64), IDS),
+    "aux-setup-reply": secsv.AuxSetupReply(120),
+    "models-request": secsv.ModelsRequest(PUBLIC, 2, 255),
+    "models-reply": secsv.ModelsReply(b"cts" * 5),
+    "aux-eval-request": secsv.AuxEvalRequest(PUBLIC, 1, {0: (np.array([0, 2], dtype=np.int64), IDS),
                                                    1: (np.array([1], dtype=np.int64), IDS[:1])},
                                        {"11": b"m11", "12": b"m12"}),
-    "aux-eval-reply": AuxEvalReply({0: b"p0", 1: b"p1"}),
-    "helper-request": HelperRequest(PUBLIC, AUX.key, {3: (b"c3", 3), 10: (b"c10", 1)}),
-    "helper-reply": HelperReply({3: (np.array([1, 2, 3], dtype=np.uint64), b"a3")}),
-    "aux-diff-request": AuxDiffRequest(dataclasses.replace(PUBLIC, m=None, d_out=None, n_classes=None),
+    "aux-eval-reply": secsv.AuxEvalReply({0: b"p0", 1: b"p1"}),
+    "helper-request": secsv.HelperRequest(PUBLIC, AUX.key, {3: (b"c3", 3), 10: (b"c10", 1)}),
+    "helper-reply": secsv.HelperReply({3: (np.array([1, 2, 3], dtype=np.uint64), b"a3")}),
+    "aux-diff-request": secsv.AuxDiffRequest(dataclasses.replace(PUBLIC, m=None, d_out=None, n_classes=None),
                                        {0: (b"sealed0", IDS, PK)}),
-    "aux-diff-reply": AuxDiffReply({0: np.array([4, 5, 6], dtype=np.uint64)}),
+    "aux-diff-reply": secsv.AuxDiffReply({0: np.array([4, 5, 6], dtype=np.uint64)}),
 }
 
 
@@ -210,11 +193,11 @@ def test_every_payload_has_a_malformed_case():
 
 
 def test_role_request_without_a_nonce_and_key_set_without_signatures():
-    assert RoleRequest.from_record(RecordDict()).nonce is None
-    assert RoleRequest.from_record(roundtrip(RecordDict({"role": ConfigRecord({})}))).nonce is None
+    assert secsv.RoleRequest.from_record(RecordDict()).nonce is None
+    assert secsv.RoleRequest.from_record(roundtrip(RecordDict({"role": ConfigRecord({})}))).nonce is None
     content = roundtrip(SAMPLES["keygen-request"].to_record())
     del content["shapley-peers-signatures"]
-    peers = KeygenRequest.from_record(content, node=NODE).peers
+    peers = secsv.KeygenRequest.from_record(content, node=NODE).peers
     assert peers.keys == KEYS.keys and peers.signatures == {}
     with pytest.raises(ValueError, match="not signed"):          # an IdentityError: refused, not malformed
         peers.entries()
