@@ -110,64 +110,44 @@ FHE_RESULT_KEY = "fhe-result"
 #: Reply of step 6: ConfigRecord ``status``, ``shared`` and, if shared, the values.
 FHE_REPORT_KEY = "fhe-report"
 
-# --- SecSV contribution phase (strategies/shapley_phase.py, clients/shapley_handlers.py) ---
-#: Every node: its role ("client" or "shapley-aux").
-QUERY_FEDEVAL_ROLE = "query.fedeval_role"
-QUERY_SHAPLEY_HELLO = "query.shapley_hello"
-QUERY_SHAPLEY_KEYGEN = "query.shapley_keygen"
-QUERY_SHAPLEY_SHARE = "query.shapley_share"
-QUERY_SHAPLEY_MODELS = "query.shapley_models"
-QUERY_SHAPLEY_AUX_SETUP = "query.shapley_aux_setup"
-QUERY_SHAPLEY_AUX_EVAL = "query.shapley_aux_eval"
-QUERY_SHAPLEY_HELPER = "query.shapley_helper"
-QUERY_SHAPLEY_AUX_DIFF = "query.shapley_aux_diff"
+# --- SecSV contribution phase (flwr_fedeval.protocol.secsv) -----------------------
+# The old constant names, re-exported: the message types, record keys and field names are
+# spelled only in flwr_fedeval.protocol.secsv (one payload dataclass per request and reply).
+from flwr_fedeval.protocol import secsv as _secsv
 
-#: The roles a node can answer to ``query.fedeval_role``.
-ROLES = ("client", "shapley-aux")
-#: Reply of ``query.fedeval_role``: ConfigRecord ``role``.
-ROLE_KEY = "role"
-#: ConfigRecord of every Shapley request: ``session`` and the public parameters.
-SHAPLEY_REQUEST_KEY = "shapley"
-#: Reply of hello: ConfigRecord ``role``, ``public-key``, sizes, ``rounds``.
-SHAPLEY_HELLO_KEY = "shapley-hello"
-#: Request of keygen: ConfigRecord ``{str(node_id): X25519 public key}``.
-SHAPLEY_PEERS_KEY = "shapley-peers"
-#: Reply of keygen / request of aux setup: ArrayRecord ``public`` (public CKKS context).
-SHAPLEY_CONTEXT_KEY = "shapley-context"
-#: Reply of keygen: ConfigRecord, the leader's X25519 key signed for role ``"key-holder"``.
-SHAPLEY_LEADER_KEY = "shapley-leader"
-#: Reply of keygen: ArrayRecord ``{str(node_id): sealed bundle}``; request of share: ``sealed``.
-SHAPLEY_BUNDLES_KEY = "shapley-bundles"
-SHAPLEY_BUNDLE_KEY = "shapley-bundle"
-#: Reply of share: ArrayRecord ``x``, ``y`` (P's shares, uint64), ``sealed-aux``.
-SHAPLEY_SHARE_KEY = "shapley-share"
-#: Request of aux setup: ArrayRecord ``sealed-<node>``; ConfigRecord ``{node: public key}``.
-SHAPLEY_AUX_SHARES_KEY = "shapley-aux-shares"
-SHAPLEY_AUX_KEYS_KEY = "shapley-aux-keys"
-#: Reply of aux setup: ConfigRecord ``samples``.
-SHAPLEY_AUX_KEY = "shapley-aux"
-#: Reply of models: ArrayRecord ``cts`` (packed ciphertexts of one local model).
-SHAPLEY_MODEL_KEY = "shapley-model"
-#: Request of aux eval: ArrayRecord ``members-<j>``, ``ids-<j>``; the round's models as relayed.
-SHAPLEY_JOBS_KEY = "shapley-jobs"
-SHAPLEY_ROUND_MODELS_KEY = "shapley-round-models"
-#: Reply of aux eval: ArrayRecord ``cts-<j>``.
-SHAPLEY_PRODUCTS_KEY = "shapley-products"
-#: Request of helper: ArrayRecord ``cts-<j>``, ``n-<j>``; reply: ArrayRecord ``p-<j>``, ``a-<j>``.
-SHAPLEY_BATCHES_KEY = "shapley-batches"
-SHAPLEY_PRED_KEY = "shapley-pred"
-#: Request of aux diff: ArrayRecord ``sealed-<j>``, ``ids-<j>``; ConfigRecord ``helper-<j>``.
-SHAPLEY_PREDS_KEY = "shapley-preds"
-SHAPLEY_HELPER_KEYS_KEY = "shapley-helper-keys"
-#: Reply of aux diff: ArrayRecord ``d-<j>``.
-SHAPLEY_DIFFS_KEY = "shapley-diffs"
-#: Relayed keys are signed (:mod:`flwr_fedeval.identity`): a record ``<key>`` of relayed keys
-#: comes with ConfigRecords ``<key>-signers`` (roster names) and ``<key>-signatures``.
-SIGNERS_SUFFIX = "-signers"
-SIGNATURES_SUFFIX = "-signatures"
-#: ``protocol`` of the SecSV signed key statements; ``round`` is 0 (the session id binds a key to one phase).
-SHAPLEY_SIGNED_PROTOCOL = "secsv"
-#: Signing role per node role.
-SHAPLEY_SIGNED_ROLE = {"client": "client", "shapley-aux": "aux"}
-#: ``protocol`` of the signed role statement of ``query.fedeval_role``.
-ROLE_PROTOCOL = "fedeval-role"
+QUERY_FEDEVAL_ROLE = _secsv.ROLE_QUERY.message_type
+QUERY_SHAPLEY_HELLO = _secsv.HELLO.message_type
+QUERY_SHAPLEY_KEYGEN = _secsv.KEYGEN.message_type
+QUERY_SHAPLEY_SHARE = _secsv.SHARE.message_type
+QUERY_SHAPLEY_MODELS = _secsv.MODELS.message_type
+QUERY_SHAPLEY_AUX_SETUP = _secsv.AUX_SETUP.message_type
+QUERY_SHAPLEY_AUX_EVAL = _secsv.AUX_EVAL.message_type
+QUERY_SHAPLEY_HELPER = _secsv.HELPER.message_type
+QUERY_SHAPLEY_AUX_DIFF = _secsv.AUX_DIFF.message_type
+SHAPLEY_AUX_KEY = _secsv.AUX_KEY
+SHAPLEY_AUX_KEYS_KEY = _secsv.AUX_KEYS_KEY
+SHAPLEY_AUX_SHARES_KEY = _secsv.AUX_SHARES_KEY
+SHAPLEY_BATCHES_KEY = _secsv.BATCHES_KEY
+SHAPLEY_BUNDLE_KEY = _secsv.BUNDLE_KEY
+SHAPLEY_BUNDLES_KEY = _secsv.BUNDLES_KEY
+SHAPLEY_CONTEXT_KEY = _secsv.CONTEXT_KEY
+SHAPLEY_DIFFS_KEY = _secsv.DIFFS_KEY
+SHAPLEY_HELLO_KEY = _secsv.HELLO_KEY
+SHAPLEY_HELPER_KEYS_KEY = _secsv.HELPER_KEYS_KEY
+SHAPLEY_JOBS_KEY = _secsv.JOBS_KEY
+SHAPLEY_LEADER_KEY = _secsv.LEADER_KEY
+SHAPLEY_MODEL_KEY = _secsv.MODEL_KEY
+SHAPLEY_PEERS_KEY = _secsv.PEERS_KEY
+SHAPLEY_PRED_KEY = _secsv.PRED_KEY
+SHAPLEY_PREDS_KEY = _secsv.PREDS_KEY
+SHAPLEY_PRODUCTS_KEY = _secsv.PRODUCTS_KEY
+SHAPLEY_REQUEST_KEY = _secsv.REQUEST_KEY
+ROLE_KEY = _secsv.ROLE_KEY
+ROLE_PROTOCOL = _secsv.ROLE_PROTOCOL
+ROLES = _secsv.ROLES
+SHAPLEY_ROUND_MODELS_KEY = _secsv.ROUND_MODELS_KEY
+SHAPLEY_SHARE_KEY = _secsv.SHARE_KEY
+SIGNATURES_SUFFIX = _secsv.SIGNATURES_SUFFIX
+SHAPLEY_SIGNED_PROTOCOL = _secsv.SIGNED_PROTOCOL
+SHAPLEY_SIGNED_ROLE = _secsv.SIGNED_ROLE
+SIGNERS_SUFFIX = _secsv.SIGNERS_SUFFIX

@@ -10,8 +10,8 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -20,18 +20,22 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_fedeval.app.checkpoint import train_with_checkpoints
-from flwr_fedeval.app.harness import (contributors_reference_auc, run_folder, score_histogram, write_fsv_chart,
-                                      write_results)
+from flwr_fedeval.app.harness import (
+    contributors_reference_auc,
+    run_folder,
+    score_histogram,
+    write_fsv_chart,
+    write_results,
+)
 from flwr_fedeval.app.task import ConfigError, JobConfig, build_model
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
-from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
 from flwr_fedeval.messages import ReplyCode
-from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid
+from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
+from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid, ReadableFedAvg
 from flwr_fedeval.strategies.collect import IDENTITY_TIMEOUT, Rejoin
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
-from flwr_fedeval.strategies.base import ReadableFedAvg
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 
 app = ServerApp()
@@ -65,8 +69,10 @@ def make_strategy(cfg: JobConfig) -> FedAvg:
     return ReadableFedAvg(**common)  # FedAvg, failures logged one line per distinct reason
 
 
-def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPhase:
-    """The SecSV phase of ``shapley = "secsv"`` from the ``shapley-*`` keys."""
+def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None, *, clients: Iterable[int] | None = None,
+                       aux_node: int | None = None) -> SecSVPhase:
+    """The SecSV phase of ``shapley = "secsv"`` from the ``shapley-*`` keys (over ``clients`` and the
+    auxiliary server ``aux_node`` when given, else those :func:`discover_roles` finds)."""
     return SecSVPhase(
         sample_skip=cfg.shapley_sample_skip,
         model_bound=cfg.shapley_model_bound,
@@ -76,6 +82,8 @@ def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None) -> SecSVPha
         min_nodes=max(2, cfg.min_nodes),
         timeout=cfg.step_timeout,
         roster=roster,
+        clients=clients,
+        aux_node=aux_node,
     )
 
 
@@ -280,7 +288,8 @@ def main(grid: Grid, context: Context) -> None:
     shapley, t_sv = None, 0.0
     if fed.aux_node is not None:
         t_sv = time.perf_counter()
-        shapley = make_shapley_phase(cfg, roster).run(grid, clients=grid.get_node_ids(), aux_node=fed.aux_node)
+        shapley = make_shapley_phase(cfg, roster, clients=grid.get_node_ids(), aux_node=fed.aux_node).run(
+            grid, result.arrays)
         t_sv = time.perf_counter() - t_sv
 
     _record_checked_failures(fed.failures, strategy, auc_result)

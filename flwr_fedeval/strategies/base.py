@@ -21,8 +21,9 @@
   node is the node's.
 * :class:`StepTimer` — every protocol step logs ``<phase>: <step> done in
   1.23 s`` at INFO and keeps ``(step, seconds)`` for callers that measure.
-* :class:`EvaluationPhase` — base class of the evaluation phases (plaintext,
-  FHE and DP AUC, SecSV): configuration validated at construction,
+* :class:`EvaluationPhase` — abstract base of the evaluation phases (plaintext,
+  FHE and DP AUC, SecSV), the one phase contract ``run(grid, arrays) -> result``:
+  configuration validated at construction,
   ``summary()`` in Flower's style (a small tree at INFO), one reply exchange
   that checks replies before use, and the failure bookkeeping above.
 * :class:`ReadableFailuresMixin` — the same collapsed failure lines for
@@ -32,6 +33,8 @@
 
 from __future__ import annotations
 
+import abc
+import inspect
 import re
 import time
 from collections import defaultdict
@@ -39,9 +42,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from logging import DEBUG, INFO, WARNING
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
@@ -416,12 +419,29 @@ def exchange_replies(
     return valid
 
 
-class EvaluationPhase:
-    """Base class of the server-side evaluation phases.
+#: The result type of a phase's :meth:`EvaluationPhase.run`.
+ResultT = TypeVar("ResultT")
+_PhaseT = TypeVar("_PhaseT", bound="EvaluationPhase")
 
-    Subclasses validate their own configuration in ``__init__`` (after calling
-    this one), implement one method per protocol step and ``run``, and list
-    what :meth:`summary` shows in :meth:`_summary_items`.
+
+def _check_phase_config(min_nodes: Any, timeout: Any, min_nodes_floor: int) -> None:
+    if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < min_nodes_floor:
+        raise ValueError(f"min_nodes must be an integer >= {min_nodes_floor}, got {min_nodes!r}")
+    if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+
+
+class EvaluationPhase(abc.ABC, Generic[ResultT]):
+    """Abstract base of the server-side evaluation phases: the one phase contract.
+
+    Every phase is run after training as ``phase.run(grid, arrays)`` and returns
+    its result (``ResultT``: :class:`~flwr_fedeval.strategies.auc_phase.AUCPhaseResult`
+    for the AUC phases, :class:`~flwr_fedeval.strategies.shapley_phase.ShapleyPhaseResult`
+    for SecSV). Subclasses validate their own configuration in ``__init__`` (after
+    calling this one), implement one method per protocol step and :meth:`run`, and
+    list what :meth:`summary` shows in :meth:`_summary_items`. The base itself cannot
+    be instantiated (``TypeError``); its configuration is checked first, so a bad
+    ``min_nodes`` or ``timeout`` is named even then.
 
     Parameters
     ----------
@@ -452,17 +472,39 @@ class EvaluationPhase:
     #: Prefix of the log lines.
     label = "AUC phase"
 
+    def __new__(cls: type[_PhaseT], *args: Any, **kwargs: Any) -> _PhaseT:
+        if inspect.isabstract(cls):   # name a bad configuration before refusing the abstract class
+            _check_phase_config(kwargs.get("min_nodes", 2), kwargs.get("timeout", 3600),
+                                kwargs.get("min_nodes_floor", 1))
+        return super().__new__(cls)
+
     def __init__(self, *, min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600,
                  min_nodes_floor: int = 1) -> None:
-        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < min_nodes_floor:
-            raise ValueError(f"min_nodes must be an integer >= {min_nodes_floor}, got {min_nodes!r}")
-        if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
-            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        _check_phase_config(min_nodes, timeout, min_nodes_floor)
         self.min_nodes = min_nodes
         self.arrayrecord_key = arrayrecord_key
         self.timeout = float(timeout)
         self.timer = StepTimer(self._log_label())
         self.failures = Failures()
+
+    @abc.abstractmethod
+    def run(self, grid: Grid, arrays: ArrayRecord) -> ResultT:
+        """Run the phase's protocol steps over ``grid`` and return its result.
+
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+            The run's grid (the data clients, and any auxiliary node the phase needs).
+        arrays : ArrayRecord
+            The global model after training (the AUC phases send it; SecSV values the
+            local models the clients recorded and accepts it for this contract).
+
+        Raises
+        ------
+        RuntimeError
+            Fewer than ``min_nodes`` clients are left after a step (:meth:`require`);
+            each phase documents its own errors (``ShapleyPhaseError`` derives from it).
+        """
 
     # --- description --------------------------------------------------------------
     def _log_label(self) -> str:

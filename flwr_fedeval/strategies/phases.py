@@ -1,20 +1,28 @@
 """Choose the evaluation phase that runs after training (config ``auc-method``).
 
-Every phase has ``run(grid, arrays) -> AUCPhaseResult`` and a matching set of
-client handlers registered in :mod:`flwr_fedeval.app.client_app`.
+Every phase is an :class:`~flwr_fedeval.strategies.base.EvaluationPhase` with
+``run(grid, arrays) -> AUCPhaseResult`` and a matching set of client handlers
+registered in :mod:`flwr_fedeval.app.client_app`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
+from flwr_fedeval.strategies.auc_phase import AUCPhaseResult, PlaintextAUCPhase
+from flwr_fedeval.strategies.base import EvaluationPhase
+
+if TYPE_CHECKING:  # the job config lives in the app layer, the roster in identity
+    from flwr_fedeval.app.task import JobConfig
+    from flwr_fedeval.identity import Roster
+    from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
 
 __all__ = ["make_auc_phase"]
 
 
-def make_auc_phase(cfg: Any, roster: Any = None) -> Any:
-    """The evaluation phase for ``cfg.auc_method`` (a validated ``JobConfig``).
+def make_auc_phase(cfg: JobConfig, roster: Roster | None = None) -> EvaluationPhase[AUCPhaseResult]:
+    """The evaluation phase for ``cfg.auc_method`` (a validated ``JobConfig``); ``roster`` (FHE only)
+    lets the server check the nodes' signed keys.
 
     Raises
     ------
@@ -32,7 +40,7 @@ def make_auc_phase(cfg: Any, roster: Any = None) -> Any:
     raise ValueError(f"unknown auc-method {cfg.auc_method!r}")
 
 
-def _make_dp_phase(cfg: Any) -> Any:
+def _make_dp_phase(cfg: JobConfig) -> EvaluationPhase[AUCPhaseResult]:
     """The DP baselines of :mod:`flwr_fedeval.strategies.dp_phases` (``dp-*``, ``dpauc-*``, ``fedauc-*`` keys)."""
     from flwr_fedeval.strategies import dp_phases
 
@@ -48,7 +56,7 @@ def _make_dp_phase(cfg: Any) -> Any:
                                         alpha=cfg.fedauc_alpha, beta=cfg.fedauc_beta, **common)
 
 
-def _make_fhe_phase(cfg: Any, roster: Any = None) -> Any:
+def _make_fhe_phase(cfg: JobConfig, roster: Roster | None = None) -> FHEAUCPhase:
     """The FHE AUC phase of :mod:`flwr_fedeval.strategies.fhe_phase` (``fhe-*`` keys)."""
     from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
 

@@ -6,8 +6,9 @@ Reducing), 6–7 (SampleSkip). The ServerApp is the **principal server P**; the
 **auxiliary server A** is a SuperNode whose node config says
 ``fedeval-role="shapley-aux"`` (run by a party that does not collude with
 P); the data clients are the other nodes. Handlers:
-:mod:`flwr_fedeval.clients.shapley_handlers`; protocol steps:
-:mod:`flwr_fedeval.shapley.parties`.
+:mod:`flwr_fedeval.clients.shapley_handlers`; messages (one payload dataclass per
+request and reply, parsed and checked at the edge): :mod:`flwr_fedeval.protocol.secsv`;
+protocol steps: :mod:`flwr_fedeval.shapley.parties`.
 
 =====  =================================  =======================================================
 step   message (to)                       what
@@ -47,52 +48,13 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_fedeval.fhe.backend import load_context, pack_blobs, unpack_blobs
-from flwr_fedeval.identity import IdentityError, Roster, verify_key
-from flwr_fedeval.messages import (
-    ROLE_KEY,
-    SHAPLEY_AUX_KEY,
-    SHAPLEY_AUX_KEYS_KEY,
-    SHAPLEY_AUX_SHARES_KEY,
-    SHAPLEY_BATCHES_KEY,
-    SHAPLEY_BUNDLES_KEY,
-    SHAPLEY_BUNDLE_KEY,
-    SHAPLEY_CONTEXT_KEY,
-    SHAPLEY_DIFFS_KEY,
-    SHAPLEY_HELLO_KEY,
-    SHAPLEY_HELPER_KEYS_KEY,
-    SHAPLEY_JOBS_KEY,
-    SHAPLEY_MODEL_KEY,
-    SHAPLEY_PEERS_KEY,
-    SHAPLEY_PREDS_KEY,
-    SHAPLEY_PRED_KEY,
-    SHAPLEY_PRODUCTS_KEY,
-    SHAPLEY_ROUND_MODELS_KEY,
-    SHAPLEY_SHARE_KEY,
-    QUERY_FEDEVAL_ROLE,
-    QUERY_SHAPLEY_AUX_DIFF,
-    QUERY_SHAPLEY_AUX_EVAL,
-    QUERY_SHAPLEY_AUX_SETUP,
-    QUERY_SHAPLEY_HELLO,
-    QUERY_SHAPLEY_HELPER,
-    QUERY_SHAPLEY_KEYGEN,
-    QUERY_SHAPLEY_MODELS,
-    QUERY_SHAPLEY_SHARE,
-    ROLE_PROTOCOL,
-    ROLES,
-    SHAPLEY_LEADER_KEY,
-    SHAPLEY_REQUEST_KEY,
-    SHAPLEY_SIGNED_PROTOCOL,
-    SHAPLEY_SIGNED_ROLE,
-    SIGNATURES_SUFFIX,
-    SIGNERS_SUFFIX,
-    array_to_bytes,
-    bytes_to_array,
-)
+from flwr_fedeval.identity import IdentityError, Roster, SignedKey, verify_key
+from flwr_fedeval.protocol import secsv as proto
 from flwr_fedeval.shapley.fsv import coalitions, find_skippable, fsv_from_utilities
 from flwr_fedeval.shapley.matrix_reducing import max_batch
 from flwr_fedeval.shapley.parties import (
@@ -105,7 +67,12 @@ from flwr_fedeval.shapley.parties import (
     server_plaintexts,
     server_products,
 )
-from flwr_fedeval.shapley.secsv import SecSVParams, pick_helper, quantize_weights, shapley_ckks_params
+from flwr_fedeval.shapley.secsv import (
+    SecSVParams,
+    pick_helper,
+    quantize_weights,
+    shapley_ckks_params,
+)
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures, exchange_replies
 
 __all__ = ["NodeSubsetGrid", "SecSVPhase", "ShapleyPhaseError", "ShapleyPhaseResult", "discover_roles"]
@@ -175,27 +142,24 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
     nonce = secrets.token_hex(16)
 
     def parse(node: int, content: RecordDict) -> tuple[str, str | None, str | None]:
-        rec = content[ROLE_KEY]
-        role = str(rec["role"])
-        if partitions is not None and "partition-id" in rec and "num-partitions" in rec:
-            partitions[node] = (int(rec["partition-id"]), int(rec["num-partitions"]))
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}")
+        reply = proto.RoleReply.from_record(content, node=node)
+        role = reply.role
+        if partitions is not None and reply.partition is not None:
+            partitions[node] = reply.partition
         if roster is None:
             return role, None, None
-        signer, sig = rec.get("signer"), rec.get("signature")
-        if not isinstance(signer, str) or not isinstance(sig, bytes):
-            return role, None, f"no signed identity ({rec.get('identity-error', 'node sent none')})"
+        if reply.signer is None or reply.signature is None:
+            return role, None, f"no signed identity ({reply.identity_error or 'node sent none'})"
         try:
-            verify_key(roster, signer, sig, protocol=ROLE_PROTOCOL, session=nonce, round=0, role=role,
-                       key=roster.public_key_bytes(signer))
+            verify_key(roster, reply.signer, reply.signature, protocol=proto.ROLE_PROTOCOL, session=nonce, round=0,
+                       role=role, key=roster.public_key_bytes(reply.signer))
         except IdentityError as exc:
             return role, None, str(exc)
-        return role, signer, None
+        return role, reply.signer, None
 
     nodes = list(grid.get_node_ids()) if nodes is None else [int(n) for n in nodes]
-    request = RecordDict({ROLE_KEY: ConfigRecord({"nonce": nonce})})
-    got = exchange_replies(grid, dict.fromkeys(nodes, request), QUERY_FEDEVAL_ROLE, parse, failed,
+    request = proto.RoleRequest(nonce).to_record()
+    got = exchange_replies(grid, dict.fromkeys(nodes, request), proto.ROLE_QUERY.message_type, parse, failed,
                            step="roles", what="role", timeout=timeout, label=_LABEL)
     if failed and strict:
         raise ShapleyPhaseError("role discovery", failed.reasons())
@@ -273,6 +237,13 @@ class ShapleyPhaseResult:
         }
 
 
+def _all_jobs(by_job: dict, n_jobs: int) -> dict:
+    """``by_job`` if it has exactly the jobs ``0..n_jobs-1``; raises ``ValueError`` naming the difference."""
+    if sorted(by_job) != list(range(n_jobs)):
+        raise ValueError(f"reply has jobs {sorted(by_job)}, the request sent jobs 0..{n_jobs - 1}")
+    return by_job
+
+
 def _payload_bytes(content: RecordDict) -> int:
     total = 0
     for rec in content.values():
@@ -287,11 +258,13 @@ class _SecSVRun:
 
     clients: list[int]
     aux: int
-    #: Public fields sent in every request (session id, then the public parameters).
-    request: dict
+    #: The phase's session id (hex), sent in every request.
+    session: str
     stats: dict
     # step 1 (hello)
     params: SecSVParams | None = None
+    #: The public fields of every request after hello (session, parameters, layout).
+    public: proto.PublicParams | None = None
     n_classes: int = 0
     m: int = 0
     d_out: int = 0
@@ -300,11 +273,11 @@ class _SecSVRun:
     n_test: dict[int, int] = field(default_factory=dict)
     recorded: dict[int, set[int]] = field(default_factory=dict)
     #: The checked hello replies of every node (relayed keys and their signatures come from here).
-    hello: dict[int, dict] = field(default_factory=dict)
+    hello: dict[int, proto.HelloReply] = field(default_factory=dict)
     # step 2 (keygen)
     leader: int = -1
-    #: The leader's X25519 key signed for role "key-holder": ConfigRecord fields ``signer``, ``signature``.
-    leader_sig: dict = field(default_factory=dict)
+    #: The leader's X25519 key signed for role "key-holder".
+    leader_key: SignedKey | None = None
     ctx: Any = None
     public_context: bytes = b""
     # step 3 (share)
@@ -333,7 +306,7 @@ def _new_stats() -> dict:
             "evaluated_samples": 0, "skipped_samples": 0, "helper_replacements": 0}
 
 
-class SecSVPhase(EvaluationPhase):
+class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
     """Secure Federated Shapley Values with two non-colluding servers (Zheng et al. 2023, Alg. 3).
 
     One method per protocol step (see the module docstring): :meth:`hello`
@@ -367,6 +340,11 @@ class SecSVPhase(EvaluationPhase):
         The federation's roster: P checks the signed hello keys and aborts
         naming a node whose key does not verify (e.g. one not in the roster).
         The nodes check every relayed key themselves, with or without it.
+    clients : iterable of int, optional
+        The data clients' node IDs (e.g. those that trained); with ``aux_node``,
+        :meth:`run` skips role discovery.
+    aux_node : int, optional
+        The node ID of the auxiliary server A.
 
     Raises
     ------
@@ -383,9 +361,12 @@ class SecSVPhase(EvaluationPhase):
     def __init__(self, *, sample_skip: bool = True, binary_margin: bool = True, model_bound: float = 8.0,
                  feature_bound: float = 16.0, data_frac_bits: int = 10, model_frac_bits: int = 10,
                  weight_bits: int = 8, min_nodes: int = 2, timeout: float = 600.0,
-                 roster: Roster | None = None) -> None:
+                 roster: Roster | None = None, clients: Iterable[int] | None = None,
+                 aux_node: int | None = None) -> None:
         super().__init__(min_nodes=min_nodes, timeout=timeout, min_nodes_floor=2)
         self.roster = roster
+        self.clients = None if clients is None else sorted(int(c) for c in clients)
+        self.aux_node = None if aux_node is None else int(aux_node)
         if not (model_bound > 0 and feature_bound > 0):
             raise ValueError("model_bound and feature_bound must be > 0")
         for name, bits in (("data_frac_bits", data_frac_bits), ("model_frac_bits", model_frac_bits),
@@ -408,10 +389,11 @@ class SecSVPhase(EvaluationPhase):
     # -- plumbing -------------------------------------------------------------
     def _exchange(self, grid, contents: dict[int, RecordDict], mtype: str, parse, step: str, *, st: _SecSVRun,
                   allow_failures: bool = False) -> tuple[dict[int, Any], dict[int, str]]:
-        """Send (with the run's public request fields), check, count bytes; a failure ends the phase
-        with :class:`ShapleyPhaseError` unless ``allow_failures``."""
+        """Send the request contents, parse the replies (``parse(node, content)``, which raises a
+        ``ValueError`` such as :class:`~flwr_fedeval.protocol.MalformedMessage` for a malformed
+        reply), count bytes; a failure ends the phase with :class:`ShapleyPhaseError` unless
+        ``allow_failures``."""
         for c in contents.values():
-            c[SHAPLEY_REQUEST_KEY] = ConfigRecord(dict(st.request, **dict(c.get(SHAPLEY_REQUEST_KEY, {}))))
             st.stats["bytes_sent"] += _payload_bytes(c)
         failures = Failures()
 
@@ -427,11 +409,20 @@ class SecSVPhase(EvaluationPhase):
         return valid, failures.reasons()
 
     # -- the phase ------------------------------------------------------------
-    def run(self, grid: Grid, *, clients: Iterable[int] | None = None,
-            aux_node: int | None = None) -> ShapleyPhaseResult:
+    def run(self, grid: Grid, arrays: ArrayRecord | None = None) -> ShapleyPhaseResult:
         """Run steps 1–8 and return the clients' FSVs.
 
-        ``clients``/``aux_node`` default to :func:`discover_roles`.
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+        arrays : ArrayRecord, optional
+            The global model of the last round (the one phase contract,
+            :class:`~flwr_fedeval.strategies.base.EvaluationPhase`). Not sent:
+            SecSV values the local models every client recorded during training
+            (:func:`~flwr_fedeval.clients.shapley_handlers.shapley_record_mod`).
+
+        The clients and the auxiliary server are the constructor's ``clients`` /
+        ``aux_node``, else found by :func:`discover_roles` (step 0).
 
         Raises
         ------
@@ -445,6 +436,7 @@ class SecSVPhase(EvaluationPhase):
         t0 = time.perf_counter()
         self._start_run()
         self.summary()
+        clients, aux_node = self.clients, self.aux_node
         if clients is None or aux_node is None:
             with self.step("step 0 (roles)"):
                 roles = discover_roles(grid, timeout=self.timeout)
@@ -460,7 +452,7 @@ class SecSVPhase(EvaluationPhase):
             raise ValueError("the auxiliary server cannot be a data client")
         if len(clients) < self.min_nodes:
             raise ValueError(f"{len(clients)} clients, the phase needs at least {self.min_nodes}")
-        st = _SecSVRun(clients=clients, aux=aux, request={"session": secrets.token_hex(16)}, stats=_new_stats())
+        st = _SecSVRun(clients=clients, aux=aux, session=secrets.token_hex(16), stats=_new_stats())
 
         with self.step("step 1 (hello)"):
             self.hello(grid, st)
@@ -500,18 +492,19 @@ class SecSVPhase(EvaluationPhase):
         """Step 1: roles, X25519 keys, sizes and recorded rounds of every client and A; fixes the
         public parameters (fixed point, CKKS, batch size m, output rows d_out, FedAvg weights)."""
         clients, aux = st.clients, st.aux
-        hello, _ = self._exchange(grid, {n: RecordDict() for n in clients + [aux]}, QUERY_SHAPLEY_HELLO,
-                                  lambda n, c: dict(c[SHAPLEY_HELLO_KEY]), "hello", st=st)
+        hello, _ = self._exchange(grid, {n: proto.HelloRequest(st.session).to_record() for n in clients + [aux]},
+                                  proto.HELLO.message_type, lambda n, c: proto.HelloReply.from_record(c, node=n), "hello",
+                                  st=st)
         self._check_roles(hello, clients, aux)
         self._check_signatures(st, hello)
         st.hello = hello
         info = {n: hello[n] for n in clients}
-        n_features = {int(i["n-features"]) for i in info.values()}
-        n_classes = {int(i["n-classes"]) for i in info.values()}
+        n_features = {i.n_features for i in info.values()}
+        n_classes = {i.n_classes for i in info.values()}
         if len(n_features) != 1 or len(n_classes) != 1:
             raise ValueError(f"clients disagree on the model: features {sorted(n_features)}, classes {sorted(n_classes)}")
         (d,), (c,) = n_features, n_classes
-        st.n_test = {n: int(info[n]["num-test"]) for n in clients}
+        st.n_test = {n: info[n].num_test for n in clients}
         if sum(st.n_test.values()) == 0:
             raise ValueError("no client has test samples")
         params = SecSVParams.for_bounds(n_features=d, max_clients=len(clients), ckks=shapley_ckks_params(),
@@ -519,49 +512,43 @@ class SecSVPhase(EvaluationPhase):
         st.params, st.n_classes = params, c
         st.d_out = 1 if (self.binary_margin and c == 2) else c
         st.m = max_batch(params.ckks.slot_count, st.d_out)
-        st.weights = quantize_weights({n: int(info[n]["num-examples"]) for n in clients}, bits=params.weight_bits)
-        st.request.update({k.replace("_", "-"): v for k, v in params.to_config().items()})
-        st.request.update({"m": st.m, "d-out": st.d_out, "n-classes": c})
-        st.pk = {n: bytes(hello[n]["public-key"]) for n in clients + [aux]}
-        st.recorded = {n: {int(r) for r in info[n]["rounds"]} for n in clients}
+        st.weights = quantize_weights({n: info[n].num_examples for n in clients}, bits=params.weight_bits)
+        st.public = proto.PublicParams(st.session, params, st.m, st.d_out, c)
+        st.pk = {n: hello[n].public_key for n in clients + [aux]}
+        st.recorded = {n: set(info[n].rounds) for n in clients}
         log(INFO, "%s: %s; %d clients, aux server node %d, ring Z_2^%d, %d limbs of %d bits, m=%d, d_out=%d",
             _LABEL, self.describe(), len(clients), aux, params.ring_bits, params.n_limbs, params.limb_bits,
             st.m, st.d_out)
 
-    def _check_signatures(self, st: _SecSVRun, hello: dict) -> None:
+    def _check_signatures(self, st: _SecSVRun, hello: dict[int, proto.HelloReply]) -> None:
         """Every hello key signed by a distinct roster member for its role (checked against the roster if given)."""
         failed: dict[int, str] = {}
         signers: dict[str, int] = {}
         for n, h in hello.items():
-            signer, sig = h.get("signer"), h.get("signature")
-            if not isinstance(signer, str) or not isinstance(sig, bytes):
-                failed[n] = "X25519 key is not signed (signer, signature missing)"
-                continue
+            signer, sig = h.signer, h.signature
             if signer in signers:
                 failed[n] = failed[signers[signer]] = f"two nodes sign as roster member {signer!r}"
             signers[signer] = n
             if self.roster is None:
                 continue
             try:
-                verify_key(self.roster, signer, sig, protocol=SHAPLEY_SIGNED_PROTOCOL, session=st.request["session"],
-                           round=0, role=SHAPLEY_SIGNED_ROLE[h["role"]], key=bytes(h["public-key"]))
+                verify_key(self.roster, signer, sig, protocol=proto.SIGNED_PROTOCOL, session=st.session,
+                           round=0, role=proto.SIGNED_ROLE[h.role], key=h.public_key)
             except IdentityError as exc:
                 failed[n] = str(exc)
         if failed:
             raise ShapleyPhaseError("hello", failed)
 
     @staticmethod
-    def _signed_keys(record: str, nodes: list[int], hello: dict) -> dict[str, ConfigRecord]:
-        """``record`` (``{node: key}``) with ``record-signers`` and ``record-signatures`` as relayed from hello."""
-        return {record: ConfigRecord({str(n): bytes(hello[n]["public-key"]) for n in nodes}),
-                record + SIGNERS_SUFFIX: ConfigRecord({str(n): str(hello[n]["signer"]) for n in nodes}),
-                record + SIGNATURES_SUFFIX: ConfigRecord({str(n): bytes(hello[n]["signature"]) for n in nodes})}
+    def _signed_keys(nodes: list[int], hello: dict[int, proto.HelloReply]) -> proto.KeySet:
+        """The nodes' hello keys with their signers and signatures, as relayed."""
+        return proto.KeySet.of({n: hello[n].signed_key for n in nodes})
 
     @staticmethod
-    def _check_roles(hello: dict, clients: list[int], aux: int) -> None:
-        wrong = {n: f"role {hello[n]['role']!r}" for n in clients if hello[n]["role"] != "client"}
-        if hello[aux]["role"] != "shapley-aux":
-            wrong[aux] = f"role {hello[aux]['role']!r}, expected 'shapley-aux'"
+    def _check_roles(hello: dict[int, proto.HelloReply], clients: list[int], aux: int) -> None:
+        wrong = {n: f"role {hello[n].role!r}" for n in clients if hello[n].role != "client"}
+        if hello[aux].role != "shapley-aux":
+            wrong[aux] = f"role {hello[aux].role!r}, expected 'shapley-aux'"
         if wrong:
             raise ShapleyPhaseError("hello", wrong)
 
@@ -572,18 +559,16 @@ class SecSVPhase(EvaluationPhase):
         clients = st.clients
         leader = secrets.choice(clients)
         others = [n for n in clients if n != leader]
-        request = RecordDict(self._signed_keys(SHAPLEY_PEERS_KEY, others, st.hello))
-        keyrep, _ = self._exchange(grid, {leader: request}, QUERY_SHAPLEY_KEYGEN,
-                                   lambda n, ct: (array_to_bytes(ct[SHAPLEY_CONTEXT_KEY]["public"]),
-                                                  {k: array_to_bytes(v) for k, v in ct[SHAPLEY_BUNDLES_KEY].items()},
-                                                  dict(ct[SHAPLEY_LEADER_KEY])),
-                                   "keygen", st=st)
-        public_bytes, bundles, leader_sig = keyrep[leader]
+        request = proto.KeygenRequest(st.public, self._signed_keys(others, st.hello)).to_record()
+        keyrep, _ = self._exchange(grid, {leader: request}, proto.KEYGEN.message_type,
+                                   lambda n, ct: proto.KeygenReply.from_record(ct, node=n), "keygen", st=st)
+        reply: proto.KeygenReply = keyrep[leader]
+        public_bytes, bundles = reply.public_context, reply.bundles
+        leader_key = SignedKey(reply.signer, st.pk[leader], reply.signature)
         if self.roster is not None:
             try:
-                verify_key(self.roster, str(leader_sig["signer"]), bytes(leader_sig["signature"]),
-                           protocol=SHAPLEY_SIGNED_PROTOCOL, session=st.request["session"], round=0,
-                           role="key-holder", key=st.pk[leader])
+                verify_key(self.roster, leader_key.signer, leader_key.signature, protocol=proto.SIGNED_PROTOCOL,
+                           session=st.session, round=0, role="key-holder", key=leader_key.key)
             except IdentityError as exc:
                 raise ShapleyPhaseError("keygen", {leader: str(exc)}) from None
         ctx = load_context(public_bytes)
@@ -594,7 +579,7 @@ class SecSVPhase(EvaluationPhase):
         missing = [n for n in clients if n != leader and str(n) not in bundles]
         if missing:
             raise ShapleyPhaseError("keygen", {leader: f"no key bundle for nodes {missing}"})
-        st.leader, st.leader_sig, st.ctx, st.public_context = leader, leader_sig, ctx, public_bytes
+        st.leader, st.leader_key, st.ctx, st.public_context = leader, leader_key, ctx, public_bytes
         return bundles
 
     # -- step 3 ---------------------------------------------------------------
@@ -602,51 +587,40 @@ class SecSVPhase(EvaluationPhase):
         """Step 3: every client's test-set shares (P's in the clear, checked; A's sealed for A).
         Returns ``{node: sealed share for A}``."""
         clients, d = st.clients, st.params.n_features
-        hello_aux = st.hello[st.aux]
-        extra = {"leader-public-key": st.pk[st.leader], "leader-signer": str(st.leader_sig["signer"]),
-                 "leader-signature": bytes(st.leader_sig["signature"]), "aux-public-key": st.pk[st.aux],
-                 "aux-signer": str(hello_aux["signer"]), "aux-signature": bytes(hello_aux["signature"])}
-        contents = {}
-        for n in clients:
-            rd = RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord(extra)})
-            if n != st.leader:
-                rd[SHAPLEY_BUNDLE_KEY] = ArrayRecord({"sealed": bytes_to_array(bundles[str(n)])})
-            contents[n] = rd
+        aux_key = st.hello[st.aux].signed_key
+        contents = {n: proto.ShareRequest(st.public, st.leader_key, aux_key,
+                                    None if n == st.leader else bundles[str(n)]).to_record() for n in clients}
 
-        def parse_share(n, ct):
-            rec = ct[SHAPLEY_SHARE_KEY]
-            x, y = rec["x"].numpy(), rec["y"].numpy()
-            if x.dtype != np.uint64 or y.dtype != np.uint64 or x.shape != (st.n_test[n], d + 1) \
-                    or y.shape != (st.n_test[n],):
-                raise ValueError(f"share shapes {x.shape}/{y.shape} (uint64 expected), announced {st.n_test[n]} samples")
-            return x, y, array_to_bytes(rec["sealed-aux"])
+        def parse_share(n, ct) -> proto.ShareReply:
+            reply = proto.ShareReply.from_record(ct, node=n)
+            if reply.x.shape != (st.n_test[n], d + 1):
+                raise ValueError(f"share shapes {reply.x.shape}/{reply.y.shape}, announced {st.n_test[n]} samples "
+                                 f"of {d} features")
+            return reply
 
-        shares, _ = self._exchange(grid, contents, QUERY_SHAPLEY_SHARE, parse_share, "share", st=st)
-        st.X_P = np.vstack([shares[n][0] for n in clients])
-        st.y_P = np.concatenate([shares[n][1] for n in clients])
+        shares, _ = self._exchange(grid, contents, proto.SHARE.message_type, parse_share, "share", st=st)
+        st.X_P = np.vstack([shares[n].x for n in clients])
+        st.y_P = np.concatenate([shares[n].y for n in clients])
         st.owners = np.concatenate([np.full(st.n_test[n], i, dtype=np.int64) for i, n in enumerate(clients)])
         M = st.num_samples
         st.full_batches = [np.arange(M)[pos] for pos in plan_batches(st.owners, st.m, range(len(clients)))]
         st.full_keys = {b.tobytes() for b in st.full_batches}
-        return {n: shares[n][2] for n in clients}
+        return {n: shares[n].sealed_aux for n in clients}
 
     # -- step 4 ---------------------------------------------------------------
     def aux_setup(self, grid: Grid, st: _SecSVRun, sealed_for_aux: dict[int, bytes]) -> None:
         """Step 4: A opens and keeps its shares; it must hold as many samples as P."""
         clients, aux = st.clients, st.aux
-        aux_content = RecordDict({
-            SHAPLEY_REQUEST_KEY: ConfigRecord({"order": [str(n) for n in clients]}),
-            SHAPLEY_CONTEXT_KEY: ArrayRecord({"public": bytes_to_array(st.public_context)}),
-            SHAPLEY_AUX_SHARES_KEY: ArrayRecord({f"sealed-{n}": bytes_to_array(sealed_for_aux[n]) for n in clients}),
-            **self._signed_keys(SHAPLEY_AUX_KEYS_KEY, clients, st.hello),
-        })
-        got, _ = self._exchange(grid, {aux: aux_content}, QUERY_SHAPLEY_AUX_SETUP,
-                                lambda n, ct: int(ct[SHAPLEY_AUX_KEY]["samples"]), "aux setup", st=st)
+        aux_content = proto.AuxSetupRequest(st.public, tuple(str(n) for n in clients), st.public_context,
+                                      {str(n): sealed_for_aux[n] for n in clients},
+                                      self._signed_keys(clients, st.hello)).to_record()
+        got, _ = self._exchange(grid, {aux: aux_content}, proto.AUX_SETUP.message_type,
+                                lambda n, ct: proto.AuxSetupReply.from_record(ct, node=n).samples, "aux setup", st=st)
         if got[aux] != st.num_samples:
             raise ShapleyPhaseError("aux setup", {aux: f"holds {got[aux]} samples, P holds {st.num_samples}"})
 
     # -- step 5 ---------------------------------------------------------------
-    def encrypted_models(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> tuple[dict, ArrayRecord]:
+    def encrypted_models(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> tuple[dict, dict]:
         """Step 5: the members' encrypted local models of round ``t`` (each ciphertext checked).
 
         Returns ``({node: ciphertexts}, the packed models as received, for A)``.
@@ -654,17 +628,14 @@ class SecSVPhase(EvaluationPhase):
         d_in = st.params.n_features + 1
 
         def parse_model(n, ct):
-            packed = ct[SHAPLEY_MODEL_KEY]["cts"]
-            return packed, [st.ctx.deserialize_ciphertext(b)
-                            for b in unpack_blobs(array_to_bytes(packed), expected=d_in)]
+            packed = proto.ModelsReply.from_record(ct, node=n).cts
+            return packed, [st.ctx.deserialize_ciphertext(b) for b in unpack_blobs(packed, expected=d_in)]
 
         enc, _ = self._exchange(
-            grid,
-            {n: RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord({"round": t, "weight": st.weights[n]})})
-             for n in members},
-            QUERY_SHAPLEY_MODELS, parse_model, f"models of round {t}", st=st)
+            grid, {n: proto.ModelsRequest(st.public, t, st.weights[n]).to_record() for n in members},
+            proto.MODELS.message_type, parse_model, f"models of round {t}", st=st)
         models = {n: enc[n][1] for n in members}
-        forward = ArrayRecord({str(n): enc[n][0] for n in members})   # checked above, relayed as received
+        forward = {str(n): enc[n][0] for n in members}   # checked above, relayed as received
         return models, forward
 
     def round_utilities(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> dict:
@@ -704,7 +675,7 @@ class SecSVPhase(EvaluationPhase):
         return utilities
 
     def secure_test(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, models: dict,
-                    forward: ArrayRecord | None) -> list[np.ndarray]:
+                    forward: dict[str, bytes] | None) -> list[np.ndarray]:
         """Π_Sec (Algorithm 4) for a list of (coalition, batch) jobs: steps 6–8; correct-prediction masks."""
         st.stats["batches"] += len(jobs)
         from_aux = self.aux_products(grid, st, t, jobs, forward)
@@ -713,25 +684,20 @@ class SecSVPhase(EvaluationPhase):
         return self.aux_differences(grid, st, t, jobs, preds)
 
     # -- step 6 ---------------------------------------------------------------
-    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, forward: ArrayRecord | None) -> list:
+    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, forward: dict[str, bytes] | None) -> list:
         """Step 6 (A): its half of every product, per job (ciphertexts checked)."""
         p, ctx, aux = st.params, st.ctx, st.aux
         index = st.index
-        job_rec = {}
-        for j, (S, ids) in enumerate(jobs):
-            job_rec[f"members-{j}"] = Array(np.array([index[n] for n in sorted(S)], dtype=np.int64))
-            job_rec[f"ids-{j}"] = Array(ids.astype(np.int64))
-        content = RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord({"round": t}), SHAPLEY_JOBS_KEY: ArrayRecord(job_rec)})
-        if forward is not None:
-            content[SHAPLEY_ROUND_MODELS_KEY] = forward
+        job_rec = {j: (np.array([index[n] for n in sorted(S)], dtype=np.int64), ids.astype(np.int64))
+                   for j, (S, ids) in enumerate(jobs)}
+        content = proto.AuxEvalRequest(st.public, t, job_rec, forward).to_record()
 
         def parse_products(n, ct):
-            rec = ct[SHAPLEY_PRODUCTS_KEY]
-            return [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(array_to_bytes(rec[f"cts-{j}"]),
-                                                                        expected=p.n_limbs)]
+            products = _all_jobs(proto.AuxEvalReply.from_record(ct, node=n).products, len(jobs))
+            return [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(products[j], expected=p.n_limbs)]
                     for j in range(len(jobs))]
 
-        from_aux, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_EVAL, parse_products,
+        from_aux, _ = self._exchange(grid, {aux: content}, proto.AUX_EVAL.message_type, parse_products,
                                      f"aux products, round {t}", st=st)
         return from_aux[aux]
 
@@ -770,26 +736,23 @@ class SecSVPhase(EvaluationPhase):
                                             | {0: f"no eligible helper left for a batch owned by {sorted(owners)}"})
                 st.helper_turn += 1
                 assign.setdefault(h, []).append(j)
-            contents = {}
-            for h, js in assign.items():
-                rec = {}
-                for j in js:
-                    rec[f"cts-{j}"] = bytes_to_array(pack_blobs([st.ctx.serialize_ciphertext(c) for c in totals[j]]))
-                    rec[f"n-{j}"] = Array(np.array([len(jobs[j][1])], dtype=np.int64))
-                contents[h] = RecordDict({SHAPLEY_REQUEST_KEY: ConfigRecord({"aux-public-key": st.pk[st.aux]}),
-                                          SHAPLEY_BATCHES_KEY: ArrayRecord(rec)})
+            contents = {h: proto.HelperRequest(st.public, st.pk[st.aux], {
+                j: (pack_blobs([st.ctx.serialize_ciphertext(c) for c in totals[j]]), len(jobs[j][1])) for j in js}
+            ).to_record() for h, js in assign.items()}
 
             def parse(h, ct, assign=assign):
-                rec = ct[SHAPLEY_PRED_KEY]
+                preds = proto.HelperReply.from_record(ct, node=h).preds
+                if sorted(preds) != sorted(assign[h]):
+                    raise ValueError(f"prediction shares of jobs {sorted(preds)}, sent jobs {sorted(assign[h])}")
                 res = {}
                 for j in assign[h]:
-                    pred = rec[f"p-{j}"].numpy()
-                    if pred.dtype != np.uint64 or pred.shape != jobs[j][1].shape:
+                    pred, sealed = preds[j]
+                    if pred.shape != jobs[j][1].shape:
                         raise ValueError(f"prediction share {j}: {pred.dtype} {pred.shape}")
-                    res[j] = (pred, array_to_bytes(rec[f"a-{j}"]), h)
+                    res[j] = (pred, sealed, h)
                 return res
 
-            valid, failed = self._exchange(grid, contents, QUERY_SHAPLEY_HELPER, parse, "helper decryption",
+            valid, failed = self._exchange(grid, contents, proto.HELPER.message_type, parse, "helper decryption",
                                            allow_failures=True, st=st)
             for res in valid.values():
                 out.update(res)
@@ -805,23 +768,20 @@ class SecSVPhase(EvaluationPhase):
     def aux_differences(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, preds: list) -> list[np.ndarray]:
         """Step 8 (A): its share of Ŷ − Y; P learns the correct-prediction mask of every job."""
         k, aux = st.params.ring_bits, st.aux
-        rec, keys = {}, {}
-        for j, (S, ids) in enumerate(jobs):
-            rec[f"sealed-{j}"] = bytes_to_array(preds[j][1])
-            rec[f"ids-{j}"] = Array(ids.astype(np.int64))
-            keys[f"helper-{j}"] = st.pk[preds[j][2]]
-        content = RecordDict({SHAPLEY_PREDS_KEY: ArrayRecord(rec), SHAPLEY_HELPER_KEYS_KEY: ConfigRecord(keys)})
+        content = proto.AuxDiffRequest(st.public, {j: (preds[j][1], ids.astype(np.int64), st.pk[preds[j][2]])
+                                             for j, (S, ids) in enumerate(jobs)}).to_record()
 
         def parse_diffs(n, ct):
+            diffs = _all_jobs(proto.AuxDiffReply.from_record(ct, node=n).diffs, len(jobs))
             out = []
             for j, (S, ids) in enumerate(jobs):
-                dj = ct[SHAPLEY_DIFFS_KEY][f"d-{j}"].numpy()
-                if dj.dtype != np.uint64 or dj.shape != ids.shape:
+                dj = diffs[j]
+                if dj.shape != ids.shape:
                     raise ValueError(f"difference share {j} has {dj.dtype} {dj.shape}, expected uint64 {ids.shape}")
                 out.append(dj)
             return out
 
-        diffs, _ = self._exchange(grid, {aux: content}, QUERY_SHAPLEY_AUX_DIFF, parse_diffs,
+        diffs, _ = self._exchange(grid, {aux: content}, proto.AUX_DIFF.message_type, parse_diffs,
                                   f"aux differences, round {t}", st=st)
         return [correct_mask(masked_difference(preds[j][0], st.y_P[ids], k), diffs[aux][j], k)
                 for j, (S, ids) in enumerate(jobs)]

@@ -7,8 +7,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 from identities import IDENTITY_DIR
-from xmk_app import initial, make_app, plain_fedavg, run
 from xmk_app import flat as _flat
+from xmk_app import initial, make_app, plain_fedavg, run
 
 from flwr_fedeval import messages
 from flwr_fedeval._compat import set_serverapp_identity
@@ -218,7 +218,8 @@ def test_train_replies_are_checked_by_the_shared_exchange_with_their_codes():
     (_, exc), = strategy.aborted_attempts
     assert exc.step == "encrypted training" and set(exc.failed) == {victims["gone"], victims["silent"]}
     assert exc.failures[victims["gone"]].code == ErrorCode.NODE_UNAVAILABLE
-    assert "node offline" in exc.failed[victims["gone"]] and f"code {ErrorCode.NODE_UNAVAILABLE}" in exc.failed[victims["gone"]]
+    gone = exc.failed[victims["gone"]]
+    assert "node offline" in gone and f"code {ErrorCode.NODE_UNAVAILABLE}" in gone
     assert exc.failures[victims["silent"]].code == ReplyCode.TIMEOUT
     assert "within the train timeout" in exc.failed[victims["silent"]]
     assert np.max(np.abs(_flat(result.arrays.to_numpy_ndarrays()) - plain_fedavg(initial(), [1, 2], 1))) <= 1e-6

@@ -18,7 +18,6 @@ from flwr.common.constant import ErrorCode
 from flwr_fedeval._compat import FLWR_VERSION, Run, set_serverapp_identity
 from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.strategies.base import FailureRecordingGrid
-from flwr_fedeval.strategies.collect import POLL_INTERVAL
 
 HEARTBEAT_INTERVAL = 1.0  # seconds; Flower's default is 30 s
 TIMEOUT = 8.0  # far above the 2 s expiry, so a loaded machine's scheduling delays cannot reach it
