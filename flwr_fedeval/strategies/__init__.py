@@ -8,7 +8,7 @@
 ``SecSVPhase``                 secure Federated Shapley Values (two servers)
 =============================  ===================================================
 
-Every phase has ``run(grid, arrays)`` (SecSV: ``run(grid)``), validates its
+Every phase has ``run(grid, arrays)`` (the abstract ``EvaluationPhase.run``), validates its
 configuration at construction and logs it with ``summary()``; the shared
 machinery is in :mod:`flwr_fedeval.strategies.base`. Names are imported on
 first use.
