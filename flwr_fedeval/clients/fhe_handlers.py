@@ -91,17 +91,7 @@ from flwr_fedeval.protocol import (
     handler,
     register,
 )
-from flwr_fedeval.protocol.fhe_auc import (
-    CountsReply,
-    CountsRequest,
-    EncryptionParams,
-    KeygenReply,
-    KeygenRequest,
-    PubkeyReply,
-    PubkeyRequest,
-    ResultReport,
-    ResultRequest,
-)
+from flwr_fedeval.protocol.fhe_auc import PEERS_KEY, PROTOCOLS, REQUEST_KEY  # noqa: F401  (old names, re-exported)
 
 __all__ = [
     "CLIENT_FHE_DEFAULTS",
@@ -120,11 +110,6 @@ __all__ = [
     "serve_pubkey",
     "serve_result",
 ]
-
-# Record keys: spelled in flwr_fedeval.protocol.fhe_auc; the short names stay importable from here.
-PROTOCOLS = fhe_auc.PROTOCOLS
-REQUEST_KEY = fhe_auc.REQUEST_KEY
-PEERS_KEY = fhe_auc.PEERS_KEY
 
 STATE_KEYPAIR = "fhe-auc.keypair"
 STATE_SECRET = "fhe-auc.secret"
@@ -187,7 +172,7 @@ def _forget(context: Context) -> None:
 
 
 # --- step 1 ----------------------------------------------------------------------
-def serve_pubkey(request: PubkeyRequest, context: Context, num_test_samples: int) -> PubkeyReply:
+def serve_pubkey(request: fhe_auc.PubkeyRequest, context: Context, num_test_samples: int) -> fhe_auc.PubkeyReply:
     """Step 1: a fresh X25519 key pair for this phase; reply the public key.
 
     Reply (:class:`~flwr_fedeval.protocol.fhe_auc.PubkeyReply`): the 32-byte public key, this
@@ -207,11 +192,11 @@ def serve_pubkey(request: PubkeyRequest, context: Context, num_test_samples: int
                                                  "public": kp.public})
     bucket = 0 if num_test_samples <= 0 else 1 << (int(num_test_samples) - 1).bit_length()
     signed = fhe_auc.sign(ident, session=request.session, role=fhe_auc.CLIENT_ROLE, key=kp.public)
-    return PubkeyReply(kp.public, bucket, signed.signer, signed.signature)
+    return fhe_auc.PubkeyReply(kp.public, bucket, signed.signer, signed.signature)
 
 
 # --- step 2 ----------------------------------------------------------------------
-def serve_keygen(request: KeygenRequest, context: Context) -> KeygenReply:
+def serve_keygen(request: fhe_auc.KeygenRequest, context: Context) -> fhe_auc.KeygenReply:
     """Step 2 (key holder): CKKS keys and common seed; public context + sealed bundles.
 
     Every peer key of the request is checked against the roster first
@@ -244,11 +229,11 @@ def serve_keygen(request: KeygenRequest, context: Context) -> KeygenReply:
     log(INFO, "FHE AUC: key holder (%s) for %d other roster members %s (X25519 fingerprint %s)",
         ident.name, len(request.peers), sorted(names.values()), keyshare.fingerprint(kp.public))
     holder = fhe_auc.sign(ident, session=request.session, role=fhe_auc.HOLDER_ROLE, key=kp.public)
-    return KeygenReply(ctx.public_bytes(), bundles, holder.signer, holder.signature)
+    return fhe_auc.KeygenReply(ctx.public_bytes(), bundles, holder.signer, holder.signature)
 
 
 # --- steps 3-4 -------------------------------------------------------------------
-def serve_counts(request: CountsRequest, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> CountsReply:
+def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> fhe_auc.CountsReply:
     """Steps 3–4: open the key bundle (if any), encrypt the local threshold counts.
 
     ``y_true`` (0/1) and ``y_score`` (shape (n_test,)) are the local test split scored by the
@@ -296,7 +281,7 @@ def serve_counts(request: CountsRequest, context: Context, y_true: np.ndarray, y
         metrics_msg = client_encrypt_confusion(ctx, int(c.tp[0]), int(c.fp[0]), int(c.tn[0]), int(c.fn[0]),
                                                config=config)
     context.state[STATE_SESSION] = ConfigRecord({"session": session, "seed": seed, **params.to_config()})
-    return CountsReply(auc_msg, metrics_msg)
+    return fhe_auc.CountsReply(auc_msg, metrics_msg)
 
 
 # --- step 6 ----------------------------------------------------------------------
@@ -307,7 +292,7 @@ def _share(context: Context) -> bool:
     return value
 
 
-def serve_result(request: ResultRequest, context: Context) -> ResultReport:
+def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.ResultReport:
     """Step 6: decrypt the masked values, divide, verify (malicious); log; report if allowed.
 
     The protocol parameters, seed, party count and nonce are this client's own from step 4
@@ -329,7 +314,7 @@ def serve_result(request: ResultRequest, context: Context) -> ResultReport:
         st = context.state[STATE_SESSION]
         if "protocol" not in st:
             raise Refused("no encrypted counts for this phase (step 4 missing)")
-        params = EncryptionParams.from_config(st, STATE_SESSION)
+        params = fhe_auc.EncryptionParams.from_config(st, STATE_SESSION)
         config = params.auc_config
         if isinstance(config, MaliciousAUCConfig):
             out = client_decrypt_auc_malicious(ctx, request.auc, config=config, seed=bytes(st["seed"]),
@@ -349,9 +334,9 @@ def serve_result(request: ResultRequest, context: Context) -> ResultReport:
         log(INFO, "FHE metrics at threshold %g%s: accuracy %.6f precision %.6f recall %.6f F1 %.6f",
             params.metrics_threshold, " (unverified, not reported)" if malicious else "", *metrics)
     if not shared:
-        return ResultReport(shared=False)
+        return fhe_auc.ResultReport(shared=False)
     reported = [float(v) for v in metrics] if metrics is not None and not malicious else [None] * 4
-    return ResultReport(True, float(out.auc), float(out.resolution_bound), *reported)
+    return fhe_auc.ResultReport(True, float(out.auc), float(out.resolution_bound), *reported)
 
 
 # --- handlers --------------------------------------------------------------------

@@ -92,19 +92,6 @@ from flwr_fedeval.identity import Roster, SignedKey
 from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
 from flwr_fedeval.metrics.auc import UndefinedAUCError
 from flwr_fedeval.protocol import Step, fhe_auc
-from flwr_fedeval.protocol.fhe_auc import (
-    METRICS,
-    PROTOCOLS,
-    CountsReply,
-    CountsRequest,
-    EncryptionParams,
-    KeygenReply,
-    KeygenRequest,
-    PubkeyReply,
-    PubkeyRequest,
-    ResultReport,
-    ResultRequest,
-)
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
@@ -163,7 +150,7 @@ class FHERun:
         Step 2: the sealed bundles to relay, by recipient node ID.
     participants : tuple of int
         The clients of steps 3–6 (shrinks as clients fail at step 4).
-    counts : mapping of int to CountsReply
+    counts : mapping of int to fhe_auc.CountsReply
         Step 4: the checked encrypted counts of the participants.
     attempts : int
         Step-4 attempts so far (malicious: re-run until every party answered).
@@ -177,7 +164,7 @@ class FHERun:
     context: CKKSContext | None = None
     bundles: Mapping[int, bytes] = dataclasses.field(default_factory=dict)
     participants: tuple[int, ...] = ()
-    counts: Mapping[int, CountsReply] = dataclasses.field(default_factory=dict)
+    counts: Mapping[int, fhe_auc.CountsReply] = dataclasses.field(default_factory=dict)
     attempts: int = 0
 
     def replace(self, **changes: Any) -> FHERun:
@@ -246,8 +233,8 @@ class FHEAUCPhase(EvaluationPhase):
         roster: Roster | None = None,
     ) -> None:
         super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        if protocol not in fhe_auc.PROTOCOLS:
+            raise ValueError(f"protocol must be one of {fhe_auc.PROTOCOLS}, got {protocol!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "openfhe":  # the aggregator needs the engine too: fail before any client works
@@ -306,12 +293,12 @@ class FHEAUCPhase(EvaluationPhase):
         ``failed``); two nodes with one key, or signing as one roster member, are both left out."""
 
         def parse(node: int, content: RecordDict) -> tuple[bytes, int, SignedKey]:
-            reply = PubkeyReply.from_record(content, node=node)
+            reply = fhe_auc.PubkeyReply.from_record(content, node=node)
             if self.roster is not None:
                 fhe_auc.verify(self.roster, reply.signed_key, session=session, role=fhe_auc.CLIENT_ROLE)
             return reply.public_key, reply.test_size_bucket, reply.signed_key
 
-        request = PubkeyRequest(session).to_record()
+        request = fhe_auc.PubkeyRequest(session).to_record()
         keys = self._exchange(grid, dict.fromkeys(nodes, request), fhe_auc.PUBKEY, parse, failed, "public key")
         seen: dict[bytes, int] = {}
         names: dict[str, int] = {}
@@ -334,10 +321,10 @@ class FHEAUCPhase(EvaluationPhase):
 
         Returns ``None`` (and records the reason in ``failed``) if the key holder fails.
         """
-        request = KeygenRequest(session, self.backend, self.slots, int(max_rows), peers)
+        request = fhe_auc.KeygenRequest(session, self.backend, self.slots, int(max_rows), peers)
 
         def parse(node: int, content: RecordDict):
-            reply = KeygenReply.from_record(content, node=node)
+            reply = fhe_auc.KeygenReply.from_record(content, node=node)
             ctx = load_context(reply.public_context)
             if ctx.is_private:  # never kept: the server must not hold a secret key
                 raise ValueError("the key holder sent a context WITH the secret key; refused")
@@ -382,7 +369,7 @@ class FHEAUCPhase(EvaluationPhase):
 
     # --- steps 3-4 ------------------------------------------------------------------
     def encrypted_counts(self, grid: Grid, arrays: ArrayRecord, run: FHERun,
-                         failed: Failures) -> dict[int, CountsReply]:
+                         failed: Failures) -> dict[int, fhe_auc.CountsReply]:
         """Steps 3–4 with ``run.participants``: relay the bundles and the key holder's signed key,
         collect and check the encrypted counts (:class:`~flwr_fedeval.protocol.fhe_auc.CountsReply`).
 
@@ -399,10 +386,10 @@ class FHEAUCPhase(EvaluationPhase):
         metrics_threshold = -1.0 if self.metrics_threshold is None else self.metrics_threshold
         contents = {}
         for index, node in enumerate(run.participants):
-            params = EncryptionParams(self.protocol, int(self.thresholds.size), int(run.config.max_rows),
+            params = fhe_auc.EncryptionParams(self.protocol, int(self.thresholds.size), int(run.config.max_rows),
                                       int(self.n_splits), index, len(run.participants), nonce,
                                       float(metrics_threshold))
-            request = CountsRequest(run.session, params, run.holder_key, self.thresholds,
+            request = fhe_auc.CountsRequest(run.session, params, run.holder_key, self.thresholds,
                                     None if node == run.holder else run.bundles[node])
             content = RecordDict({self.arrayrecord_key: arrays})
             for key, record in request.to_record().items():
@@ -414,8 +401,8 @@ class FHEAUCPhase(EvaluationPhase):
                 # envelope, key set and native format; then slot count, level and scale
                 run.context.check_fresh(run.context.deserialize_ciphertext(blob))
 
-        def parse(node: int, content: RecordDict) -> CountsReply:
-            reply = CountsReply.from_record(content, node=node)
+        def parse(node: int, content: RecordDict) -> fhe_auc.CountsReply:
+            reply = fhe_auc.CountsReply.from_record(content, node=node)
             reply.checked(with_metrics=self.metrics_threshold is not None, node=node)
             check(reply.auc, per_client)
             if self.metrics_threshold is not None:
@@ -426,7 +413,7 @@ class FHEAUCPhase(EvaluationPhase):
 
     def collect_counts(self, grid: Grid, arrays: ArrayRecord, ctx: CKKSContext, participants: list[int],
                        bundles: dict[int, bytes], holder: int, holder_key: SignedKey, session: str,
-                       config: FHEAUCConfig, failed: Failures) -> tuple[dict[int, CountsReply], None]:
+                       config: FHEAUCConfig, failed: Failures) -> tuple[dict[int, fhe_auc.CountsReply], None]:
         """Steps 3–4 driven by hand (tests, deviating-server experiments): :meth:`encrypted_counts`
         of the :class:`FHERun` these values make; ``({node: counts reply}, None)``."""
         run = FHERun(session, tuple(participants), config=config, holder=holder, holder_key=holder_key,
@@ -472,13 +459,13 @@ class FHEAUCPhase(EvaluationPhase):
 
     # --- step 6 -----------------------------------------------------------------------
     def distribute_result(self, grid: Grid, run: FHERun, result: bytes,
-                          metrics: bytes | None) -> tuple[dict[int, ResultReport], Failures]:
+                          metrics: bytes | None) -> tuple[dict[int, fhe_auc.ResultReport], Failures]:
         """Step 6: send the result to ``run.participants``; ``({node: report}, {node: failure})``
         (:class:`~flwr_fedeval.protocol.fhe_auc.ResultReport`)."""
-        content = ResultRequest(run.session, result, metrics).to_record()
+        content = fhe_auc.ResultRequest(run.session, result, metrics).to_record()
         errors = Failures()
         reports = self._exchange(grid, dict.fromkeys(run.participants, content), fhe_auc.RESULT,
-                                 lambda node, reply: ResultReport.from_record(reply, node=node), errors, "report")
+                                 lambda node, reply: fhe_auc.ResultReport.from_record(reply, node=node), errors, "report")
         return reports, errors
 
     # --- the phase ------------------------------------------------------------------------
@@ -568,7 +555,7 @@ class FHEAUCPhase(EvaluationPhase):
             reports, errors = self.distribute_result(grid, run, result, metrics)
         return self._finish(run, failed, reports, errors, t_agg=t_agg, t_total=time.perf_counter() - t0)
 
-    def _finish(self, run: FHERun, failed: Failures, reports: dict[int, ResultReport], errors: Failures, *,
+    def _finish(self, run: FHERun, failed: Failures, reports: dict[int, fhe_auc.ResultReport], errors: Failures, *,
                 t_agg: float, t_total: float) -> AUCPhaseResult:
         contributors, config = run.participants, run.config
         tampering = {n: f.summary for n, f in errors.with_code(ReplyCode.TAMPERING_DETECTED).items()}
@@ -620,7 +607,8 @@ class FHEAUCPhase(EvaluationPhase):
             details["threshold_metrics_verified"] = self.protocol == "semi-honest"
             with_metrics = [r.threshold_metrics for r in shared.values() if r.threshold_metrics is not None]
             if self.share_auc_with_server and with_metrics:
-                details["threshold_metrics"] = {k: float(np.median([m[k] for m in with_metrics])) for k in METRICS}
+                details["threshold_metrics"] = {k: float(np.median([m[k] for m in with_metrics]))
+                                                for k in fhe_auc.METRICS}
 
         if details["auc_known_to"] == "clients":
             log(INFO, "FHE AUC phase (%s): %d clients; the AUC is known to the clients only "
@@ -632,7 +620,7 @@ class FHEAUCPhase(EvaluationPhase):
         if "threshold_metrics" in details:
             tm = details["threshold_metrics"]
             log(INFO, "FHE metrics at threshold %g (reported by the clients): accuracy %.6f precision %.6f "
-                "recall %.6f F1 %.6f", self.metrics_threshold, *(tm[k] for k in METRICS))
+                "recall %.6f F1 %.6f", self.metrics_threshold, *(tm[k] for k in fhe_auc.METRICS))
         return AUCPhaseResult(
             auc=auc,
             thresholds=np.asarray(self.thresholds, dtype=np.float64),

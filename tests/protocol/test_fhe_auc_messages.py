@@ -21,8 +21,13 @@ from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.fhe.auc import FHEAUCConfig
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig
 from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster, SignedKey
-from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, bytes_array
-from flwr_fedeval.protocol import fhe_auc
+from flwr_fedeval.protocol import (
+    MalformedMessage,
+    Refused,
+    ReplyCode,
+    bytes_array,
+    fhe_auc,
+)
 from flwr_fedeval.protocol.fhe_auc import (
     CountsReply,
     CountsRequest,
@@ -67,15 +72,15 @@ def refused(payload_cls, content: RecordDict, field: str) -> MalformedMessage:
 
 
 def _params(**changes) -> EncryptionParams:
-    values = dict(protocol="malicious", n_points=5, max_rows=64, n_splits=4, party_index=1, n_parties=3,
-                  nonce=bytes(range(16)), metrics_threshold=0.5)
+    values = {"protocol": "malicious", "n_points": 5, "max_rows": 64, "n_splits": 4, "party_index": 1,
+              "n_parties": 3, "nonce": bytes(range(16)), "metrics_threshold": 0.5}
     return EncryptionParams(**{**values, **changes})
 
 
 def _counts_request(**changes) -> CountsRequest:
     holder = fhe_auc.sign(ALICE, session=SESSION, role=fhe_auc.HOLDER_ROLE, key=b"h" * 32)
-    values = dict(session=SESSION, params=_params(), holder=holder, thresholds=np.linspace(1.0, 0.0, 5),
-                  sealed=b"sealed bundle")
+    values = {"session": SESSION, "params": _params(), "holder": holder, "thresholds": np.linspace(1.0, 0.0, 5),
+              "sealed": b"sealed bundle"}
     return CountsRequest(**{**values, **changes})
 
 
@@ -215,14 +220,14 @@ def test_counts_request_and_reply_round_trip_with_the_wire_layout():
 
 
 @pytest.mark.parametrize("change, field, reason", [
-    (dict(thresholds=np.linspace(1.0, 0.0, 4)), "evaluation.thresholds", "shape (4,), expected (5,)"),
-    (dict(thresholds=np.array([1.0, np.nan, 0.5, 0.2, 0.0])), "evaluation.thresholds", "NaN"),
-    (dict(params=_params(nonce=b"n" * 15)), "fhe.nonce", "15 bytes, expected 16"),
-    (dict(params=_params(party_index=3)), "fhe.party-index", "above 2"),
-    (dict(params=_params(protocol="lazy")), "fhe.protocol", "not one of"),
-    (dict(params=_params(n_splits=1)), "fhe.n-splits", "below 2"),
-    (dict(params=_params(metrics_threshold=1.5)), "fhe.metrics-threshold", "above 1.0"),
-    (dict(holder=SignedKey("node-0", b"h" * 31, b"s")), "fhe.holder-public-key", "31 bytes"),
+    ({"thresholds": np.linspace(1.0, 0.0, 4)}, "evaluation.thresholds", "shape (4,), expected (5,)"),
+    ({"thresholds": np.array([1.0, np.nan, 0.5, 0.2, 0.0])}, "evaluation.thresholds", "NaN"),
+    ({"params": _params(nonce=b"n" * 15)}, "fhe.nonce", "15 bytes, expected 16"),
+    ({"params": _params(party_index=3)}, "fhe.party-index", "above 2"),
+    ({"params": _params(protocol="lazy")}, "fhe.protocol", "not one of"),
+    ({"params": _params(n_splits=1)}, "fhe.n-splits", "below 2"),
+    ({"params": _params(metrics_threshold=1.5)}, "fhe.metrics-threshold", "above 1.0"),
+    ({"holder": SignedKey("node-0", b"h" * 31, b"s")}, "fhe.holder-public-key", "31 bytes"),
 ])
 def test_malformed_counts_request_names_the_field(change, field, reason):
     content = roundtrip(_counts_request(**change).to_record())
