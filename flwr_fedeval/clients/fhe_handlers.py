@@ -27,11 +27,13 @@ per message, so nothing lives in module globals):
 * ``fhe-auc.keypair`` (ConfigRecord): ``session``, X25519 ``private``/``public``.
 * ``fhe-auc.secret`` (ArrayRecord): ``context``, the CKKS *secret* context bytes.
 * ``fhe-auc.session`` (ConfigRecord): ``session``, ``seed`` (common seed of the
-  malicious protocol) and the public parameters this client encrypted under
-  (protocol, N, K, S, party index, number of parties, nonce). Decryption uses
+  malicious protocol).
+* ``fhe-auc.params`` (ConfigRecord): the public parameters this client encrypted
+  under at step 4 (:class:`~flwr_fedeval.protocol.fhe_auc.EncryptionParams`: protocol,
+  N, R, S, party index, number of parties, nonce, metrics threshold). Decryption uses
   these stored values, never the server's second message.
 
-All three are deleted when :func:`serve_result` returns (success or not).
+All four are deleted when :func:`serve_result` returns (success or not).
 
 Identity (issue 12, DESIGN.md §7): every X25519 key relayed through the
 server is signed with the node's roster key over (``"fhe-auc"``, session, 0,
@@ -98,6 +100,7 @@ __all__ = [
     "PROTOCOLS",
     "REQUEST_KEY",
     "STATE_KEYPAIR",
+    "STATE_PARAMS",
     "STATE_SECRET",
     "STATE_SESSION",
     "decrypt_result",
@@ -114,6 +117,7 @@ __all__ = [
 STATE_KEYPAIR = "fhe-auc.keypair"
 STATE_SECRET = "fhe-auc.secret"
 STATE_SESSION = "fhe-auc.session"
+STATE_PARAMS = "fhe-auc.params"
 
 #: The client's own FHE settings (run-config keys) and their defaults; the
 #: defaults equal ``JobConfig``'s (checked by a test).
@@ -137,6 +141,8 @@ def _keypair(context: Context, session: str) -> keyshare.KeyPair:
 def _store_secrets(context: Context, session: str, secret_context: bytes, seed: bytes) -> None:
     context.state[STATE_SECRET] = ArrayRecord({"context": bytes_array(secret_context)})
     context.state[STATE_SESSION] = ConfigRecord({"session": session, "seed": bytes(seed)})
+    if STATE_PARAMS in context.state:  # parameters of an earlier step-4 attempt are void
+        del context.state[STATE_PARAMS]
 
 
 #: Deserialised secret contexts of this process, by SHA-256 of their bytes (a few, most recent last).
@@ -166,7 +172,7 @@ def _secret_context(context: Context, session: str):
 
 
 def _forget(context: Context) -> None:
-    for key in (STATE_KEYPAIR, STATE_SECRET, STATE_SESSION):
+    for key in (STATE_KEYPAIR, STATE_SECRET, STATE_SESSION, STATE_PARAMS):
         if key in context.state:
             del context.state[key]
 
@@ -224,7 +230,8 @@ def serve_keygen(request: fhe_auc.KeygenRequest, context: Context) -> fhe_auc.Ke
     ctx = create_context(params=ckks_params_for(request.backend, request.slots, request.max_rows))
     seed = new_seed()
     secret = ctx.secret_bytes()
-    bundles = keyshare.seal_bundle(secret, seed, sender=kp, recipients={n: p.key for n, p in request.peers.items()})
+    recipients = {n: p.key for n, p in request.peers.items()}
+    bundles = keyshare.seal_bundle(secret, seed, sender=kp, recipients=recipients)
     _store_secrets(context, request.session, secret, seed)
     log(INFO, "FHE AUC: key holder (%s) for %d other roster members %s (X25519 fingerprint %s)",
         ident.name, len(request.peers), sorted(names.values()), keyshare.fingerprint(kp.public))
@@ -233,7 +240,8 @@ def serve_keygen(request: fhe_auc.KeygenRequest, context: Context) -> fhe_auc.Ke
 
 
 # --- steps 3-4 -------------------------------------------------------------------
-def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> fhe_auc.CountsReply:
+def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.ndarray,
+                 y_score: np.ndarray) -> fhe_auc.CountsReply:
     """Steps 3–4: open the key bundle (if any), encrypt the local threshold counts.
 
     ``y_true`` (0/1) and ``y_score`` (shape (n_test,)) are the local test split scored by the
@@ -280,7 +288,7 @@ def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.nd
         c = threshold_counts(y_true, y_score, [params.metrics_threshold])
         metrics_msg = client_encrypt_confusion(ctx, int(c.tp[0]), int(c.fp[0]), int(c.tn[0]), int(c.fn[0]),
                                                config=config)
-    context.state[STATE_SESSION] = ConfigRecord({"session": session, "seed": seed, **params.to_config()})
+    context.state[STATE_PARAMS] = ConfigRecord(params.to_config())
     return fhe_auc.CountsReply(auc_msg, metrics_msg)
 
 
@@ -311,13 +319,13 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
     """
     try:
         ctx = _secret_context(context, request.session)
-        st = context.state[STATE_SESSION]
-        if "protocol" not in st:
+        if STATE_PARAMS not in context.state:
             raise Refused("no encrypted counts for this phase (step 4 missing)")
-        params = fhe_auc.EncryptionParams.from_config(st, STATE_SESSION)
+        params = fhe_auc.EncryptionParams.from_config(context.state[STATE_PARAMS], STATE_PARAMS)
+        seed = bytes(context.state[STATE_SESSION]["seed"])
         config = params.auc_config
         if isinstance(config, MaliciousAUCConfig):
-            out = client_decrypt_auc_malicious(ctx, request.auc, config=config, seed=bytes(st["seed"]),
+            out = client_decrypt_auc_malicious(ctx, request.auc, config=config, seed=seed,
                                                n_parties=params.n_parties, nonce=params.nonce)
         else:
             out = client_decrypt_auc(ctx, request.auc, config=config)

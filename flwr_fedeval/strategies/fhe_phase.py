@@ -6,7 +6,11 @@ Homomorphic Encryption", §IV-C (semi-honest aggregator) and §IV-D
 (malicious aggregator); DESIGN.md §4. The protocol steps are in
 :mod:`flwr_fedeval.fhe.auc` and :mod:`flwr_fedeval.fhe.auc_malicious`, the
 key relay in :mod:`flwr_fedeval.keyshare`, the client handlers in
-:mod:`flwr_fedeval.clients.fhe_handlers`.
+:mod:`flwr_fedeval.clients.fhe_handlers`, the messages (step table, request and reply
+payloads) in :mod:`flwr_fedeval.protocol.fhe_auc`. Every reply is parsed with its payload's
+``from_record``; a :class:`~flwr_fedeval.protocol.MalformedMessage` is a malformed reply of
+that node (``ReplyCode.MALFORMED_REPLY``, named in ``AUCPhaseResult.failed``). The state of
+one run (session, key holder, public context, participants, counts) is an :class:`FHERun`.
 
 =====  ===========================  ==============================================
 step   message type                 what
@@ -465,7 +469,8 @@ class FHEAUCPhase(EvaluationPhase):
         content = fhe_auc.ResultRequest(run.session, result, metrics).to_record()
         errors = Failures()
         reports = self._exchange(grid, dict.fromkeys(run.participants, content), fhe_auc.RESULT,
-                                 lambda node, reply: fhe_auc.ResultReport.from_record(reply, node=node), errors, "report")
+                                 lambda node, reply: fhe_auc.ResultReport.from_record(reply, node=node), errors,
+                                 "report")
         return reports, errors
 
     # --- the phase ------------------------------------------------------------------------
