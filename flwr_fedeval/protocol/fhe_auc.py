@@ -1,14 +1,14 @@
 """Messages of the FHE AUC evaluation phase (Baykara, Ünal, Akgün 2025, §IV-C semi-honest and
 §IV-D malicious aggregator; DESIGN.md §4).
 
-=====  ===========================  ============  =====================  ======================
-step   message type                 replier       request                reply
-=====  ===========================  ============  =====================  ======================
-1      ``query.fhe_pubkey``         client        :class:`PubkeyRequest`  :class:`PubkeyReply`
-2      ``query.fhe_keygen``         key-holder    :class:`KeygenRequest`  :class:`KeygenReply`
-3–4    ``evaluate.fhe_counts``      client        :class:`CountsRequest`  :class:`CountsReply`
-5–6    ``query.fhe_result``         client        :class:`ResultRequest`  :class:`ResultReport`
-=====  ===========================  ============  =====================  ======================
+=====  =========================  ==========  =======================  ======================
+step   message type               replier     request                  reply
+=====  =========================  ==========  =======================  ======================
+1      ``query.fhe_pubkey``       client      :class:`PubkeyRequest`   :class:`PubkeyReply`
+2      ``query.fhe_keygen``       key-holder  :class:`KeygenRequest`   :class:`KeygenReply`
+3–4    ``evaluate.fhe_counts``    client      :class:`CountsRequest`   :class:`CountsReply`
+5–6    ``query.fhe_result``       client      :class:`ResultRequest`   :class:`ResultReport`
+=====  =========================  ==========  =======================  ======================
 
 Step 5 (aggregation) is the server's alone. Every X25519 key relayed through the server is
 signed by its node's roster key over (:data:`SIGNED_PROTOCOL`, session, round 0, role, key)
@@ -53,7 +53,14 @@ from flwr_fedeval.protocol._base import (
 )
 
 __all__ = [
+    "CLIENT_ROLE",
+    "COUNTS",
+    "HOLDER_ROLE",
+    "KEYGEN",
+    "METRICS",
     "PROTOCOLS",
+    "PUBKEY",
+    "RESULT",
     "SIGNED_PROTOCOL",
     "STEPS",
     "CountsReply",
@@ -155,8 +162,8 @@ def _session(content: RecordDict) -> tuple[ConfigRecord, str]:
 
 
 def _node_id(key: str, name: str) -> int:
-    if not name.isdigit():
-        raise MalformedMessage(f"{key}.{name}", "not a node ID")
+    if not (name.isascii() and name.isdigit()) or int(name) >= 2**64:
+        raise MalformedMessage(f"{key}.{name}", "not a node ID (an unsigned 64-bit integer)")
     return int(name)
 
 
