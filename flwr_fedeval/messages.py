@@ -69,46 +69,33 @@ def array_to_bytes(array: Array) -> bytes:
     return _array_bytes(ArrayRecord({"bytes": array}), "array", "bytes")
 
 # --- FHE AUC evaluation phase (DESIGN.md §4; strategies/fhe_phase.py) -------
+# Spelled in flwr_fedeval.protocol.fhe_auc (step table, payloads); the old names stay importable.
+from flwr_fedeval.protocol import fhe_auc as _fhe_auc
+
 #: Step 1: every client makes an X25519 key pair; the reply carries the public key.
-QUERY_FHE_PUBKEY = "query.fhe_pubkey"
+QUERY_FHE_PUBKEY = _fhe_auc.PUBKEY.message_type
 #: Step 2: the key holder makes the CKKS keys; the reply carries the public
 #: context and one sealed (secret context, seed) bundle per other client.
-QUERY_FHE_KEYGEN = "query.fhe_keygen"
+QUERY_FHE_KEYGEN = _fhe_auc.KEYGEN.message_type
 #: Steps 3-4: global model + decision points (+ sealed bundle) in, encrypted counts out.
-EVALUATE_FHE_COUNTS = "evaluate.fhe_counts"
+EVALUATE_FHE_COUNTS = _fhe_auc.COUNTS.message_type
 #: Steps 5-6: the aggregated (masked) ciphertexts in; the client decrypts.
-QUERY_FHE_RESULT = "query.fhe_result"
-
-#: The two protocols of the FHE AUC phase.
-FHE_PROTOCOLS = ("semi-honest", "malicious")
-#: ConfigRecord of every request: ``session`` (str) and the step's parameters.
-FHE_REQUEST_KEY = "fhe"
-#: Reply of step 1: ConfigRecord ``public-key`` (32 bytes), ``test-size-bucket`` (int),
-#: ``signer`` (roster name) and ``signature`` (over the key statement of the public key).
-FHE_PUBKEY_KEY = "fhe-pubkey"
-#: Request of step 2: ConfigRecord ``{str(node_id): public key}`` of the other clients.
-FHE_PEERS_KEY = "fhe-peers"
-#: Request of step 2: ConfigRecords ``{str(node_id): roster name}`` and ``{str(node_id): signature}``
-#: of the peers' keys (as each peer signed it at step 1).
-FHE_PEER_SIGNERS_KEY = "fhe-peer-signers"
-FHE_PEER_SIGNATURES_KEY = "fhe-peer-signatures"
-#: Reply of step 2: ConfigRecord ``signer``, ``signature``: the key holder's X25519 key signed
-#: for role ``"key-holder"``.
-FHE_HOLDER_KEY = "fhe-holder"
-#: ``protocol`` field of the signed key statements (:func:`flwr_fedeval.identity.key_statement`);
-#: the phase has no rounds: ``round`` is 0, the session id binds the keys to one run.
-FHE_SIGNED_PROTOCOL = "fhe-auc"
-#: Reply of step 2: ArrayRecord ``public`` (public context, uint8).
-FHE_CONTEXT_KEY = "fhe-context"
-#: Reply of step 2: ArrayRecord ``{str(node_id): sealed bundle}``; request of step 3: ``sealed``.
-FHE_BUNDLES_KEY = "fhe-bundles"
-FHE_BUNDLE_KEY = "fhe-bundle"
-#: Reply of step 3: ArrayRecord ``auc`` (+ ``metrics``), packed ciphertexts.
-FHE_COUNTS_KEY = "fhe-counts"
-#: Request of step 5: ArrayRecord ``auc`` (+ ``metrics``), the aggregated ciphertexts.
-FHE_RESULT_KEY = "fhe-result"
-#: Reply of step 6: ConfigRecord ``status``, ``shared`` and, if shared, the values.
-FHE_REPORT_KEY = "fhe-report"
+QUERY_FHE_RESULT = _fhe_auc.RESULT.message_type
+#: The two protocols, the signed-key ``protocol`` and the record keys (see the payload classes).
+FHE_PROTOCOLS = _fhe_auc.PROTOCOLS
+FHE_SIGNED_PROTOCOL = _fhe_auc.SIGNED_PROTOCOL
+FHE_REQUEST_KEY = _fhe_auc.REQUEST_KEY
+FHE_PUBKEY_KEY = _fhe_auc.PUBKEY_KEY
+FHE_PEERS_KEY = _fhe_auc.PEERS_KEY
+FHE_PEER_SIGNERS_KEY = _fhe_auc.PEER_SIGNERS_KEY
+FHE_PEER_SIGNATURES_KEY = _fhe_auc.PEER_SIGNATURES_KEY
+FHE_HOLDER_KEY = _fhe_auc.HOLDER_KEY
+FHE_CONTEXT_KEY = _fhe_auc.CONTEXT_KEY
+FHE_BUNDLES_KEY = _fhe_auc.BUNDLES_KEY
+FHE_BUNDLE_KEY = _fhe_auc.BUNDLE_KEY
+FHE_COUNTS_KEY = _fhe_auc.COUNTS_KEY
+FHE_RESULT_KEY = _fhe_auc.RESULT_KEY
+FHE_REPORT_KEY = _fhe_auc.REPORT_KEY
 
 # --- SecSV contribution phase (flwr_fedeval.protocol.secsv) -----------------------
 # The old constant names, re-exported: the message types, record keys and field names are

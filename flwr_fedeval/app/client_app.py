@@ -154,28 +154,7 @@ register_dp_handlers(app, test_scores=local_test_scores, test_labels=local_test_
 
 
 # --- FHE AUC (flwr_fedeval.clients.fhe_handlers; DESIGN.md §4) ---------------
-@app.query("fhe_pubkey")
-def query_fhe_pubkey(msg: Message, context: Context) -> Message:
-    """FHE AUC step 1: a fresh X25519 key pair; the public key goes up."""
-    return fhe_handlers.pubkey(msg, context, int(local_test_labels(context).size))
-
-
-@app.query("fhe_keygen")
-def query_fhe_keygen(msg: Message, context: Context) -> Message:
-    """FHE AUC step 2 (key holder): CKKS keys; public context and sealed bundles up."""
-    return fhe_handlers.keygen(msg, context)
-
-
-@app.evaluate("fhe_counts")
-def evaluate_fhe_counts(msg: Message, context: Context) -> Message:
-    """FHE AUC steps 3-4: open the relayed key bundle, encrypt the threshold counts."""
-    return fhe_handlers.encrypt_counts(msg, context, *local_test_scores(msg, context))
-
-
-@app.query("fhe_result")
-def query_fhe_result(msg: Message, context: Context) -> Message:
-    """FHE AUC step 6: decrypt, divide, verify; report only if configured."""
-    return fhe_handlers.decrypt_result(msg, context)
+fhe_handlers.register_fhe_handlers(app, test_scores=local_test_scores, test_labels=local_test_labels)
 
 
 # --- secure Shapley values (flwr_fedeval.clients.shapley_handlers) -----------

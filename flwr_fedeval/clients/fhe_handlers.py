@@ -1,21 +1,22 @@
 """Client side of the FHE AUC evaluation phase (Baykara, Ünal, Akgün 2025; DESIGN.md §4).
 
-Four handlers, registered in :mod:`flwr_fedeval.app.client_app`; the
-protocol steps are in :mod:`flwr_fedeval.fhe.auc` /
-:mod:`flwr_fedeval.fhe.auc_malicious`, the key relay in
-:mod:`flwr_fedeval.keyshare`. These functions only decode the request,
-keep the client's secrets in ``context.state`` and encode the reply.
+Four handlers, registered by :func:`register_fhe_handlers`; the messages are
+the payloads of :mod:`flwr_fedeval.protocol.fhe_auc`, the protocol steps are in
+:mod:`flwr_fedeval.fhe.auc` / :mod:`flwr_fedeval.fhe.auc_malicious`, the key
+relay in :mod:`flwr_fedeval.keyshare`. These functions only serve the parsed
+request, keep the client's secrets in ``context.state`` and return the reply
+payload; a request they will not serve raises :class:`~flwr_fedeval.protocol.Refused`.
 
 ===========================  ====================================================
 message type                 handler
 ===========================  ====================================================
-``query.fhe_pubkey``         :func:`pubkey`: fresh X25519 key pair; reply the public key
-``query.fhe_keygen``         :func:`keygen` (key holder only): CKKS keys + common
+``query.fhe_pubkey``         :func:`serve_pubkey`: fresh X25519 key pair; reply the public key
+``query.fhe_keygen``         :func:`serve_keygen` (key holder only): CKKS keys + common
                              seed; reply the *public* context and one sealed
                              (secret context, seed) bundle per other client
-``evaluate.fhe_counts``      :func:`encrypt_counts`: open the bundle (others),
+``evaluate.fhe_counts``      :func:`serve_counts`: open the bundle (others),
                              encrypt the threshold counts of the local test split
-``query.fhe_result``         :func:`decrypt_result`: decrypt, divide, verify
+``query.fhe_result``         :func:`serve_result`: decrypt, divide, verify
                              (malicious), log; report only if this client's own
                              ``share-auc-with-server`` says so
 ===========================  ====================================================
@@ -26,11 +27,13 @@ per message, so nothing lives in module globals):
 * ``fhe-auc.keypair`` (ConfigRecord): ``session``, X25519 ``private``/``public``.
 * ``fhe-auc.secret`` (ArrayRecord): ``context``, the CKKS *secret* context bytes.
 * ``fhe-auc.session`` (ConfigRecord): ``session``, ``seed`` (common seed of the
-  malicious protocol) and the public parameters this client encrypted under
-  (protocol, N, K, S, party index, number of parties, nonce). Decryption uses
+  malicious protocol).
+* ``fhe-auc.params`` (ConfigRecord): the public parameters this client encrypted
+  under at step 4 (:class:`~flwr_fedeval.protocol.fhe_auc.EncryptionParams`: protocol,
+  N, R, S, party index, number of parties, nonce, metrics threshold). Decryption uses
   these stored values, never the server's second message.
 
-All three are deleted when :func:`decrypt_result` returns (success or not).
+All four are deleted when :func:`serve_result` returns (success or not).
 
 Identity (issue 12, DESIGN.md §7): every X25519 key relayed through the
 server is signed with the node's roster key over (``"fhe-auc"``, session, 0,
@@ -60,19 +63,17 @@ from collections.abc import Callable
 from logging import INFO
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.common.logger import log
 
 from flwr_fedeval import keyshare
-from flwr_fedeval.clients.identity import key_set_floor, node_identity, signed_key_from_record, signed_key_record
-from flwr_fedeval.clients.replies import error_reply, serve
+from flwr_fedeval.clients.identity import key_set_floor, node_identity
 from flwr_fedeval.fhe.auc import (
-    FHEAUCConfig,
+    ckks_params_for,
     client_decrypt_auc,
     client_decrypt_threshold_metrics,
     client_encrypt_confusion,
     client_encrypt_counts,
-    ckks_params_for,
 )
 from flwr_fedeval.fhe.auc_malicious import (
     MaliciousAUCConfig,
@@ -83,36 +84,23 @@ from flwr_fedeval.fhe.auc_malicious import (
 )
 from flwr_fedeval.fhe.backend import FHEError, create_context, load_context
 from flwr_fedeval.fhe.counts import threshold_counts
-from flwr_fedeval.identity import IdentityError, SignedKey, verify_key, verify_key_set
-from flwr_fedeval.messages import (
-    EVALUATE_FHE_COUNTS,
-    EVALUATION_KEY,
-    FHE_BUNDLE_KEY,
-    FHE_BUNDLES_KEY,
-    FHE_CONTEXT_KEY,
-    FHE_COUNTS_KEY,
-    FHE_HOLDER_KEY,
-    FHE_PEER_SIGNATURES_KEY,
-    FHE_PEER_SIGNERS_KEY,
-    FHE_PEERS_KEY,
-    FHE_PROTOCOLS,
-    FHE_PUBKEY_KEY,
-    FHE_REPORT_KEY,
-    FHE_REQUEST_KEY,
-    FHE_RESULT_KEY,
-    FHE_SIGNED_PROTOCOL,
-    QUERY_FHE_KEYGEN,
-    QUERY_FHE_PUBKEY,
-    QUERY_FHE_RESULT,
-    array_to_bytes,
-    bytes_to_array,
+from flwr_fedeval.identity import IdentityError
+from flwr_fedeval.protocol import (
+    Refused,
+    array_bytes,
+    bytes_array,
+    fhe_auc,
+    handler,
+    register,
 )
+from flwr_fedeval.protocol.fhe_auc import PEERS_KEY, PROTOCOLS, REQUEST_KEY  # noqa: F401  (old names, re-exported)
 
 __all__ = [
     "CLIENT_FHE_DEFAULTS",
     "PROTOCOLS",
     "REQUEST_KEY",
     "STATE_KEYPAIR",
+    "STATE_PARAMS",
     "STATE_SECRET",
     "STATE_SESSION",
     "decrypt_result",
@@ -120,87 +108,57 @@ __all__ = [
     "keygen",
     "pubkey",
     "register_fhe_handlers",
+    "serve_counts",
+    "serve_keygen",
+    "serve_pubkey",
+    "serve_result",
 ]
-
-# Record keys: defined in flwr_fedeval.messages (shared with the server); the
-# short names stay importable from here.
-PROTOCOLS = FHE_PROTOCOLS
-REQUEST_KEY = FHE_REQUEST_KEY
-PUBKEY_KEY = FHE_PUBKEY_KEY
-PEERS_KEY = FHE_PEERS_KEY
-PEER_SIGNERS_KEY = FHE_PEER_SIGNERS_KEY
-PEER_SIGNATURES_KEY = FHE_PEER_SIGNATURES_KEY
-HOLDER_KEY = FHE_HOLDER_KEY
-SIGNED_PROTOCOL = FHE_SIGNED_PROTOCOL
-CONTEXT_KEY = FHE_CONTEXT_KEY
-BUNDLES_KEY = FHE_BUNDLES_KEY
-BUNDLE_KEY = FHE_BUNDLE_KEY
-COUNTS_KEY = FHE_COUNTS_KEY
-RESULT_KEY = FHE_RESULT_KEY
-REPORT_KEY = FHE_REPORT_KEY
 
 STATE_KEYPAIR = "fhe-auc.keypair"
 STATE_SECRET = "fhe-auc.secret"
 STATE_SESSION = "fhe-auc.session"
+STATE_PARAMS = "fhe-auc.params"
 
 #: The client's own FHE settings (run-config keys) and their defaults; the
 #: defaults equal ``JobConfig``'s (checked by a test).
 CLIENT_FHE_DEFAULTS = {"share-auc-with-server": True}
 
-_METRICS = ("accuracy", "precision", "recall", "f1")
-
-
-class _Refused(ValueError):
-    """A request this client will not serve (wrong session, missing state, bad parameters)."""
-
-
-def _error_reply(msg: Message, exc: BaseException) -> Message:
-    return error_reply(msg, exc, "FHE AUC")
-
-
-def _serve(msg: Message, step: Callable[[dict], RecordDict]) -> Message:
-    """Run ``step(request)``; protocol and validation errors become error replies.
-
-    (UndefinedAUCError, KeyShareError and SerializationError are ValueErrors.)"""
-    return serve(msg, REQUEST_KEY, step, errors=(TamperingDetectedError, FHEError, ValueError, TypeError),
-                 label="FHE AUC")
-
-
-def _session(request: dict) -> str:
-    session = request.get("session")
-    if not isinstance(session, str) or not session:
-        raise _Refused("request has no session id")
-    return session
+_LABEL = "FHE AUC"
+#: Refused as error replies besides :class:`Refused` and a malformed request (UndefinedAUCError,
+#: IdentityError, KeyShareError and SerializationError are ValueErrors).
+_ERRORS = (TamperingDetectedError, FHEError, ValueError, TypeError)
 
 
 def _keypair(context: Context, session: str) -> keyshare.KeyPair:
     if STATE_KEYPAIR not in context.state:
-        raise _Refused("no X25519 key pair for this phase (step 1 missing)")
+        raise Refused("no X25519 key pair for this phase (step 1 missing)")
     rec = context.state[STATE_KEYPAIR]
     if rec["session"] != session:
-        raise _Refused("session id does not match this client's key pair")
+        raise Refused("session id does not match this client's key pair")
     return keyshare.KeyPair(private=bytes(rec["private"]), public=bytes(rec["public"]))
 
 
 def _store_secrets(context: Context, session: str, secret_context: bytes, seed: bytes) -> None:
-    context.state[STATE_SECRET] = ArrayRecord({"context": bytes_to_array(secret_context)})
+    context.state[STATE_SECRET] = ArrayRecord({"context": bytes_array(secret_context)})
     context.state[STATE_SESSION] = ConfigRecord({"session": session, "seed": bytes(seed)})
+    if STATE_PARAMS in context.state:  # parameters of an earlier step-4 attempt are void
+        del context.state[STATE_PARAMS]
 
 
 #: Deserialised secret contexts of this process, by SHA-256 of their bytes (a few, most recent last).
 #: Loading one costs ~60 ms (TenSEAL, n = 8192); in simulation every client of a process holds the
 #: same relayed secret context, and each client needs it at two steps. The digest of the stored
 #: bytes is the key, so a node only ever gets the context its own state holds.
-_CONTEXT_CACHE: "OrderedDict[bytes, object]" = OrderedDict()
+_CONTEXT_CACHE: OrderedDict[bytes, object] = OrderedDict()
 _CONTEXT_CACHE_SIZE = 4
 
 
 def _secret_context(context: Context, session: str):
     if STATE_SECRET not in context.state or STATE_SESSION not in context.state:
-        raise _Refused("no CKKS secret context for this phase")
+        raise Refused("no CKKS secret context for this phase")
     if context.state[STATE_SESSION]["session"] != session:
-        raise _Refused("session id does not match the stored secret context")
-    data = array_to_bytes(context.state[STATE_SECRET]["context"])
+        raise Refused("session id does not match the stored secret context")
+    data = array_bytes(context.state[STATE_SECRET], STATE_SECRET, "context")
     digest = hashlib.sha256(data).digest()
     ctx = _CONTEXT_CACHE.pop(digest, None)
     if ctx is None:
@@ -209,256 +167,209 @@ def _secret_context(context: Context, session: str):
     while len(_CONTEXT_CACHE) > _CONTEXT_CACHE_SIZE:
         _CONTEXT_CACHE.popitem(last=False)
     if not ctx.is_private:
-        raise _Refused("the stored context holds no secret key")
+        raise Refused("the stored context holds no secret key")
     return ctx
 
 
 def _forget(context: Context) -> None:
-    for key in (STATE_KEYPAIR, STATE_SECRET, STATE_SESSION):
+    for key in (STATE_KEYPAIR, STATE_SECRET, STATE_SESSION, STATE_PARAMS):
         if key in context.state:
             del context.state[key]
 
 
-def _int(request: dict, key: str, low: int) -> int:
-    v = request[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise _Refused(f"request '{key}' must be an integer >= {low}, got {v!r}")
-    return int(v)
-
-
-def _protocol_config(params: dict) -> FHEAUCConfig:
-    protocol = params["protocol"]
-    if protocol not in PROTOCOLS:
-        raise _Refused(f"request 'protocol' must be one of {PROTOCOLS}, got {protocol!r}")
-    n, rows = _int(params, "n-points", 2), _int(params, "max-rows", 1)
-    if protocol == "malicious":
-        return MaliciousAUCConfig(n_points=n, max_rows=rows, n_splits=_int(params, "n-splits", 2))
-    return FHEAUCConfig(n_points=n, max_rows=rows)
-
-
 # --- step 1 ----------------------------------------------------------------------
-def pubkey(msg: Message, context: Context, num_test_samples: int) -> Message:
+def serve_pubkey(request: fhe_auc.PubkeyRequest, context: Context, num_test_samples: int) -> fhe_auc.PubkeyReply:
     """Step 1: a fresh X25519 key pair for this phase; reply the public key.
 
-    Request: ``fhe.session``. Reply: ``fhe-pubkey.public-key`` (32 bytes),
-    ``fhe-pubkey.signer`` (this node's roster name), ``fhe-pubkey.signature``
-    (over ``("fhe-auc", session, 0, "client", public key)``) and
-    ``fhe-pubkey.test-size-bucket`` (the smallest power of two ≥ the number of
-    local test samples; 0 for none); their sum is the public pooled bound
-    ``max_rows`` the count encoding is derived from.
+    Reply (:class:`~flwr_fedeval.protocol.fhe_auc.PubkeyReply`): the 32-byte public key, this
+    node's roster name and signature (role ``"client"``) and the test-size bucket (the smallest
+    power of two ≥ ``num_test_samples``; 0 for none); the buckets' sum is the public pooled
+    bound ``max_rows`` the count encoding is derived from.
 
-    Raises (as an error reply) :class:`~flwr_fedeval.identity.IdentityError`
-    if this node has no identity key and roster.
+    Raises
+    ------
+    flwr_fedeval.identity.IdentityError
+        This node has no identity key and roster (the message names the config keys).
     """
-
-    def step(request: dict) -> RecordDict:
-        session = _session(request)
-        _forget(context)  # a new phase starts from scratch
-        ident, _ = node_identity(context)
-        kp = keyshare.generate_keypair()
-        context.state[STATE_KEYPAIR] = ConfigRecord({"session": session, "private": kp.private, "public": kp.public})
-        bucket = 0 if num_test_samples <= 0 else 1 << (int(num_test_samples) - 1).bit_length()
-        signed = signed_key_record(ident, protocol=SIGNED_PROTOCOL, session=session, round=0, role="client",
-                                   key=kp.public)
-        return RecordDict({PUBKEY_KEY: ConfigRecord({"public-key": kp.public, "test-size-bucket": bucket,
-                                                     **signed})})
-
-    return _serve(msg, step)
+    _forget(context)  # a new phase starts from scratch
+    ident, _ = node_identity(context)
+    kp = keyshare.generate_keypair()
+    context.state[STATE_KEYPAIR] = ConfigRecord({"session": request.session, "private": kp.private,
+                                                 "public": kp.public})
+    bucket = 0 if num_test_samples <= 0 else 1 << (int(num_test_samples) - 1).bit_length()
+    signed = fhe_auc.sign(ident, session=request.session, role=fhe_auc.CLIENT_ROLE, key=kp.public)
+    return fhe_auc.PubkeyReply(kp.public, bucket, signed.signer, signed.signature)
 
 
 # --- step 2 ----------------------------------------------------------------------
-def keygen(msg: Message, context: Context) -> Message:
+def serve_keygen(request: fhe_auc.KeygenRequest, context: Context) -> fhe_auc.KeygenReply:
     """Step 2 (key holder): CKKS keys and common seed; public context + sealed bundles.
 
-    Request: ``fhe.session``, ``fhe.backend``, ``fhe.slots`` (slots the
-    protocol needs), ``fhe.max-rows`` (the public pooled bound; the CKKS
-    parameter set follows from it, :func:`flwr_fedeval.fhe.auc.ckks_params_for`), ``fhe-peers`` (``{str(node_id): X25519 public key}``
-    of the other clients), ``fhe-peer-signers`` and ``fhe-peer-signatures``
-    (each peer's roster name and step-1 signature). Every peer key is checked
-    against the roster first (:func:`flwr_fedeval.identity.verify_key_set`:
-    distinct members other than this node, at least the node's floor).
-    Reply: ``fhe-context.public`` (public key, relinearisation and rotation
-    keys — no secret key), ``fhe-bundles`` (``{str(node_id):
-    keyshare.seal_bundle(...)}``), opaque to the server, and ``fhe-holder``
-    (``signer``, ``signature`` of this node's key for role ``"key-holder"``).
-    The secret context and the seed stay in this client's state.
+    Every peer key of the request is checked against the roster first
+    (:func:`~flwr_fedeval.protocol.fhe_auc.verify_peers`: distinct members other than this
+    node, at least the node's floor); the CKKS parameter set follows from ``max_rows``
+    (:func:`flwr_fedeval.fhe.auc.ckks_params_for`). Reply: the public context (public key,
+    relinearisation and rotation keys, no secret key), one ``keyshare.seal_bundle`` per peer
+    (opaque to the server) and this node's key signed for role ``"key-holder"``. The secret
+    context and the seed stay in this client's state.
+
+    Raises
+    ------
+    flwr_fedeval.identity.IdentityError
+        A peer key fails the roster check, or a peer relays this node's own key.
+    Refused
+        No step-1 key pair of this session.
     """
-
-    def step(request: dict) -> RecordDict:
-        session = _session(request)
-        kp = _keypair(context, session)
-        ident, roster = node_identity(context)
-        peers = {str(k): bytes(v) for k, v in dict(msg.content[PEERS_KEY]).items()}
-        signers = dict(msg.content[PEER_SIGNERS_KEY]) if PEER_SIGNERS_KEY in msg.content else {}
-        signatures = dict(msg.content[PEER_SIGNATURES_KEY]) if PEER_SIGNATURES_KEY in msg.content else {}
-        entries = {}
-        for node, pk in peers.items():
-            if node not in signers or node not in signatures:
-                raise IdentityError(f"peer key of node {node} is not signed (unsigned keys are refused)")
-            entries[node] = SignedKey(str(signers[node]), pk, bytes(signatures[node]))
-            if pk == kp.public:
-                raise IdentityError(f"peer node {node} relays this key holder's own key")
-        names = verify_key_set(roster, entries, protocol=SIGNED_PROTOCOL, session=session, round=0, role="client",
-                               floor=key_set_floor(context), own=ident.name)
-        params = ckks_params_for(str(request["backend"]), _int(request, "slots", 1), _int(request, "max-rows", 1))
-        ctx = create_context(params=params)
-        seed = new_seed()
-        secret = ctx.secret_bytes()
-        bundles = keyshare.seal_bundle(secret, seed, sender=kp, recipients=peers)
-        _store_secrets(context, session, secret, seed)
-        log(INFO, "FHE AUC: key holder (%s) for %d other roster members %s (X25519 fingerprint %s)",
-            ident.name, len(peers), sorted(names.values()), keyshare.fingerprint(kp.public))
-        holder = signed_key_record(ident, protocol=SIGNED_PROTOCOL, session=session, round=0, role="key-holder",
-                                   key=kp.public)
-        return RecordDict(
-            {
-                CONTEXT_KEY: ArrayRecord({"public": bytes_to_array(ctx.public_bytes())}),
-                BUNDLES_KEY: ArrayRecord({node: bytes_to_array(b) for node, b in bundles.items()}),
-                HOLDER_KEY: ConfigRecord(holder),
-            }
-        )
-
-    return _serve(msg, step)
+    kp = _keypair(context, request.session)
+    ident, roster = node_identity(context)
+    for node, peer in request.peers.items():
+        if peer.key == kp.public:
+            raise IdentityError(f"peer node {node} relays this key holder's own key")
+    names = fhe_auc.verify_peers(roster, request.peers, session=request.session, floor=key_set_floor(context),
+                                 own=ident.name)
+    ctx = create_context(params=ckks_params_for(request.backend, request.slots, request.max_rows))
+    seed = new_seed()
+    secret = ctx.secret_bytes()
+    recipients = {n: p.key for n, p in request.peers.items()}
+    bundles = keyshare.seal_bundle(secret, seed, sender=kp, recipients=recipients)
+    _store_secrets(context, request.session, secret, seed)
+    log(INFO, "FHE AUC: key holder (%s) for %d other roster members %s (X25519 fingerprint %s)",
+        ident.name, len(request.peers), sorted(names.values()), keyshare.fingerprint(kp.public))
+    holder = fhe_auc.sign(ident, session=request.session, role=fhe_auc.HOLDER_ROLE, key=kp.public)
+    return fhe_auc.KeygenReply(ctx.public_bytes(), bundles, holder.signer, holder.signature)
 
 
 # --- steps 3-4 -------------------------------------------------------------------
-def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> Message:
+def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.ndarray,
+                 y_score: np.ndarray) -> fhe_auc.CountsReply:
     """Steps 3–4: open the key bundle (if any), encrypt the local threshold counts.
 
-    Request: the global model (scored by the caller into ``y_true``,
-    ``y_score``), ``evaluation.thresholds`` (N,), ``fhe.session``,
-    ``fhe.protocol``, ``fhe.n-points``, ``fhe.max-rows``, ``fhe.n-splits``,
-    ``fhe.party-index``, ``fhe.n-parties``, ``fhe.nonce``,
-    ``fhe.holder-public-key``, ``fhe.holder-signer``, ``fhe.holder-signature``
-    (the key holder's key, checked against the roster for role
-    ``"key-holder"`` before the bundle is opened), ``fhe.metrics-threshold``
-    (< 0: none) and, for every client but the key holder, ``fhe-bundle.sealed``. Reply:
-    ``fhe-counts.auc`` (3 ciphertexts semi-honest, 6 malicious) and, with a
-    threshold, ``fhe-counts.metrics`` (1 ciphertext of ``[TP, FP, TN, FN]``).
+    ``y_true`` (0/1) and ``y_score`` (shape (n_test,)) are the local test split scored by the
+    global model of the request. The key holder's key is checked against the roster (role
+    ``"key-holder"``) before the bundle is opened. Reply: 3 ciphertexts (semi-honest) or 6
+    (malicious) of the counts at the request's N decision points and, with a metrics
+    threshold, 1 ciphertext of ``[TP, FP, TN, FN]`` at it.
+
+    Raises
+    ------
+    flwr_fedeval.identity.IdentityError
+        The key holder's key does not verify, or claims this node's name with another key.
+    Refused
+        No step-1 key pair of this session, or no bundle while this node is not the key holder.
     """
-
-    def step(request: dict) -> RecordDict:
-        session = _session(request)
-        kp = _keypair(context, session)
-        ident, roster = node_identity(context)
-        holder_pk = bytes(request["holder-public-key"])
-        holder = signed_key_from_record(request, holder_pk, prefix="holder-")
-        verify_key(roster, holder.signer, holder.signature, protocol=SIGNED_PROTOCOL, session=session, round=0,
-                   role="key-holder", key=holder_pk)
-        if (holder.signer == ident.name) != (holder_pk == kp.public):
-            raise IdentityError(f"key holder {holder.signer!r} with this node's key, or this node's name with "
-                                "another key: refused")
-        if BUNDLE_KEY in msg.content:
-            bundle = keyshare.open_bundle(array_to_bytes(msg.content[BUNDLE_KEY]["sealed"]),
-                                          recipient=kp, sender_public=holder_pk)
-            _store_secrets(context, session, bundle.secret_context, bundle.seed)
-            log(INFO, "FHE AUC: key bundle opened (key holder fingerprint %s)", keyshare.fingerprint(holder_pk))
-        elif holder_pk != kp.public:
-            raise _Refused("no key bundle in the request and this client is not the key holder")
-        ctx = _secret_context(context, session)
-        config = _protocol_config(request)
-        thresholds = msg.content[EVALUATION_KEY]["thresholds"].numpy().astype(np.float64)
-        if thresholds.shape != (config.n_points,):
-            raise _Refused(f"{thresholds.size} thresholds, request says n-points = {config.n_points}")
-        # Decision points inside [0, 1]: probabilities (guarded); otherwise real-valued scores (logits).
-        probability = bool(thresholds.size) and 0.0 <= thresholds.min() and thresholds.max() <= 1.0
-        counts = threshold_counts(y_true, y_score, thresholds, score_range=(0.0, 1.0) if probability else None)
-        n_parties = _int(request, "n-parties", 1)
-        party = _int(request, "party-index", 0)
-        nonce = bytes(request["nonce"])
-        seed = bytes(context.state[STATE_SESSION]["seed"])
-        if isinstance(config, MaliciousAUCConfig):
-            auc_msg = client_encrypt_counts_malicious(ctx, counts, config=config, seed=seed, party_index=party,
-                                                      n_parties=n_parties, nonce=nonce)
-        else:
-            auc_msg = client_encrypt_counts(ctx, counts, config=config)
-        out = {"auc": bytes_to_array(auc_msg)}
-        metrics_threshold = float(request["metrics-threshold"])
-        if metrics_threshold >= 0:
-            if metrics_threshold > 1:
-                raise _Refused(f"request 'metrics-threshold' must be < 0 (none) or in [0, 1], got {metrics_threshold}")
-            c = threshold_counts(y_true, y_score, [metrics_threshold])
-            out["metrics"] = bytes_to_array(
-                client_encrypt_confusion(ctx, int(c.tp[0]), int(c.fp[0]), int(c.tn[0]), int(c.fn[0]), config=config)
-            )
-        context.state[STATE_SESSION] = ConfigRecord(
-            {
-                "session": session,
-                "seed": seed,
-                "protocol": str(request["protocol"]),
-                "n-points": config.n_points,
-                "max-rows": int(config.max_rows),
-                "n-splits": int(getattr(config, "n_splits", 0)),
-                "party-index": party,
-                "n-parties": n_parties,
-                "nonce": nonce,
-                "metrics-threshold": metrics_threshold,
-            }
-        )
-        return RecordDict({COUNTS_KEY: ArrayRecord(out)})
-
-    return _serve(msg, step)
+    session, params, holder = request.session, request.params, request.holder
+    kp = _keypair(context, session)
+    ident, roster = node_identity(context)
+    fhe_auc.verify(roster, holder, session=session, role=fhe_auc.HOLDER_ROLE)
+    if (holder.signer == ident.name) != (holder.key == kp.public):
+        raise IdentityError(f"key holder {holder.signer!r} with this node's key, or this node's name with "
+                            "another key: refused")
+    if request.sealed is not None:
+        bundle = keyshare.open_bundle(request.sealed, recipient=kp, sender_public=holder.key)
+        _store_secrets(context, session, bundle.secret_context, bundle.seed)
+        log(INFO, "FHE AUC: key bundle opened (key holder fingerprint %s)", keyshare.fingerprint(holder.key))
+    elif holder.key != kp.public:
+        raise Refused("no key bundle in the request and this client is not the key holder")
+    ctx = _secret_context(context, session)
+    config = params.auc_config
+    thresholds = request.thresholds
+    # Decision points inside [0, 1]: probabilities (guarded); otherwise real-valued scores (logits).
+    probability = bool(thresholds.size) and 0.0 <= thresholds.min() and thresholds.max() <= 1.0
+    counts = threshold_counts(y_true, y_score, thresholds, score_range=(0.0, 1.0) if probability else None)
+    seed = bytes(context.state[STATE_SESSION]["seed"])
+    if isinstance(config, MaliciousAUCConfig):
+        auc_msg = client_encrypt_counts_malicious(ctx, counts, config=config, seed=seed,
+                                                  party_index=params.party_index, n_parties=params.n_parties,
+                                                  nonce=params.nonce)
+    else:
+        auc_msg = client_encrypt_counts(ctx, counts, config=config)
+    metrics_msg = None
+    if params.metrics_threshold >= 0:
+        c = threshold_counts(y_true, y_score, [params.metrics_threshold])
+        metrics_msg = client_encrypt_confusion(ctx, int(c.tp[0]), int(c.fp[0]), int(c.tn[0]), int(c.fn[0]),
+                                               config=config)
+    context.state[STATE_PARAMS] = ConfigRecord(params.to_config())
+    return fhe_auc.CountsReply(auc_msg, metrics_msg)
 
 
 # --- step 6 ----------------------------------------------------------------------
 def _share(context: Context) -> bool:
     value = dict(context.run_config).get("share-auc-with-server", CLIENT_FHE_DEFAULTS["share-auc-with-server"])
     if not isinstance(value, bool):
-        raise _Refused(f"config 'share-auc-with-server' must be true or false, got {value!r}")
+        raise Refused(f"config 'share-auc-with-server' must be true or false, got {value!r}")
     return value
 
 
-def decrypt_result(msg: Message, context: Context) -> Message:
+def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.ResultReport:
     """Step 6: decrypt the masked values, divide, verify (malicious); log; report if allowed.
 
-    Request: ``fhe.session``, ``fhe-result.auc`` (+ ``fhe-result.metrics``).
-    The protocol parameters, seed, party count and nonce are this client's
-    own from step 4. Reply: ``fhe-report.status = "ok"``, ``fhe-report.shared``
-    and, when this client's ``share-auc-with-server`` is true, ``auc`` (and,
-    semi-honest only, ``accuracy``, ``precision``, ``recall``, ``f1``). A
-    failed verification replies ``TamperingDetectedError: ...``; a
-    single-class pooled test set ``UndefinedAUCError: ...``.
+    The protocol parameters, seed, party count and nonce are this client's own from step 4
+    (its state), never the server's. The report carries the AUC and its resolution bound (and,
+    semi-honest only, accuracy, precision, recall, F1) only when this client's
+    ``share-auc-with-server`` is true. The phase's state is deleted whatever happens.
+
+    Raises
+    ------
+    flwr_fedeval.fhe.auc_malicious.TamperingDetectedError
+        A verification of the malicious protocol failed.
+    flwr_fedeval.metrics.auc.UndefinedAUCError
+        The pooled test set has a single class.
+    Refused
+        No secret context or no step-4 parameters of this session.
     """
+    try:
+        ctx = _secret_context(context, request.session)
+        if STATE_PARAMS not in context.state:
+            raise Refused("no encrypted counts for this phase (step 4 missing)")
+        params = fhe_auc.EncryptionParams.from_config(context.state[STATE_PARAMS], STATE_PARAMS)
+        seed = bytes(context.state[STATE_SESSION]["seed"])
+        config = params.auc_config
+        if isinstance(config, MaliciousAUCConfig):
+            out = client_decrypt_auc_malicious(ctx, request.auc, config=config, seed=seed,
+                                               n_parties=params.n_parties, nonce=params.nonce)
+        else:
+            out = client_decrypt_auc(ctx, request.auc, config=config)
+        metrics = None
+        if params.metrics_threshold >= 0 and request.metrics is not None:
+            metrics = client_decrypt_threshold_metrics(ctx, request.metrics, config=config)
+        shared = _share(context)
+    finally:
+        _forget(context)
+    malicious = isinstance(config, MaliciousAUCConfig)
+    log(INFO, "FHE AUC (%s, N=%d): global AUC %.6f (resolution bound %.2g)%s", params.protocol,
+        config.n_points, out.auc, out.resolution_bound, " (verified: both runs agree)" if malicious else "")
+    if metrics is not None:
+        log(INFO, "FHE metrics at threshold %g%s: accuracy %.6f precision %.6f recall %.6f F1 %.6f",
+            params.metrics_threshold, " (unverified, not reported)" if malicious else "", *metrics)
+    if not shared:
+        return fhe_auc.ResultReport(shared=False)
+    reported = [float(v) for v in metrics] if metrics is not None and not malicious else [None] * 4
+    return fhe_auc.ResultReport(True, float(out.auc), float(out.resolution_bound), *reported)
 
-    def step(request: dict) -> RecordDict:
-        try:
-            session = _session(request)
-            ctx = _secret_context(context, session)
-            st = dict(context.state[STATE_SESSION])
-            if "protocol" not in st:
-                raise _Refused("no encrypted counts for this phase (step 4 missing)")
-            config = _protocol_config(st)
-            result = msg.content[RESULT_KEY]
-            data = array_to_bytes(result["auc"])
-            if isinstance(config, MaliciousAUCConfig):
-                out = client_decrypt_auc_malicious(ctx, data, config=config, seed=bytes(st["seed"]),
-                                                   n_parties=int(st["n-parties"]), nonce=bytes(st["nonce"]))
-            else:
-                out = client_decrypt_auc(ctx, data, config=config)
-            auc, bound = out.auc, out.resolution_bound
-            metrics = None
-            if float(st["metrics-threshold"]) >= 0 and "metrics" in result:
-                metrics = client_decrypt_threshold_metrics(ctx, array_to_bytes(result["metrics"]), config=config)
-            shared = _share(context)
-        finally:
-            _forget(context)
-        log(INFO, "FHE AUC (%s, N=%d): global AUC %.6f (resolution bound %.2g)%s", st["protocol"],
-            config.n_points, auc, bound,
-            " (verified: both runs agree)" if isinstance(config, MaliciousAUCConfig) else "")
-        verified_metrics = not isinstance(config, MaliciousAUCConfig)
-        if metrics is not None:
-            log(INFO, "FHE metrics at threshold %g%s: accuracy %.6f precision %.6f recall %.6f F1 %.6f",
-                float(st["metrics-threshold"]), "" if verified_metrics else " (unverified, not reported)",
-                *metrics)
-        report: dict = {"status": "ok", "shared": shared}
-        if shared:
-            report["auc"] = float(auc)
-            report["resolution-bound"] = float(bound)
-            if metrics is not None and verified_metrics:
-                report.update({k: float(v) for k, v in zip(_METRICS, metrics)})
-        return RecordDict({REPORT_KEY: ConfigRecord(report)})
 
-    return _serve(msg, step)
+# --- handlers --------------------------------------------------------------------
+def _handler(step, serve: Callable) -> Callable[[Message, Context], Message]:
+    return handler(step, serve, label=_LABEL, errors=_ERRORS)
+
+
+def pubkey(msg: Message, context: Context, num_test_samples: int) -> Message:
+    """The ``query.fhe_pubkey`` handler of a client with ``num_test_samples`` test rows (:func:`serve_pubkey`)."""
+    return _handler(fhe_auc.PUBKEY, lambda req, m, c: serve_pubkey(req, c, num_test_samples))(msg, context)
+
+
+def keygen(msg: Message, context: Context) -> Message:
+    """The ``query.fhe_keygen`` handler (:func:`serve_keygen`)."""
+    return _handler(fhe_auc.KEYGEN, lambda req, m, c: serve_keygen(req, c))(msg, context)
+
+
+def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> Message:
+    """The ``evaluate.fhe_counts`` handler for the scored test split (:func:`serve_counts`)."""
+    return _handler(fhe_auc.COUNTS, lambda req, m, c: serve_counts(req, c, y_true, y_score))(msg, context)
+
+
+def decrypt_result(msg: Message, context: Context) -> Message:
+    """The ``query.fhe_result`` handler (:func:`serve_result`)."""
+    return _handler(fhe_auc.RESULT, lambda req, m, c: serve_result(req, c))(msg, context)
 
 
 def register_fhe_handlers(app, *, test_scores: Callable[[Message, Context], tuple[np.ndarray, np.ndarray]],
@@ -472,7 +383,8 @@ def register_fhe_handlers(app, *, test_scores: Callable[[Message, Context], tupl
     test_scores : callable
         ``(msg, context) -> (y_true, y_score)``: labels (0/1, shape (n_test,))
         and positive-class scores (float, shape (n_test,)) of the local test
-        split under the global model in ``msg.content["arrays"]``.
+        split under the global model in ``msg.content["arrays"]``; called after
+        the request passed its checks.
     test_labels : callable
         ``context -> y_true`` (step 1 carries no model; the client reports a
         power-of-two bound of its test-set size).
@@ -480,14 +392,11 @@ def register_fhe_handlers(app, *, test_scores: Callable[[Message, Context], tupl
     Each client reports the AUC to the server only if its own run config says
     ``share-auc-with-server = true`` (default: :data:`CLIENT_FHE_DEFAULTS`).
     """
-
-    def query_fhe_pubkey(msg: Message, context: Context) -> Message:
-        return pubkey(msg, context, int(np.asarray(test_labels(context)).size))
-
-    def evaluate_fhe_counts(msg: Message, context: Context) -> Message:
-        return encrypt_counts(msg, context, *test_scores(msg, context))
-
-    app.query(QUERY_FHE_PUBKEY.split(".", 1)[1])(query_fhe_pubkey)
-    app.query(QUERY_FHE_KEYGEN.split(".", 1)[1])(keygen)
-    app.evaluate(EVALUATE_FHE_COUNTS.split(".", 1)[1])(evaluate_fhe_counts)
-    app.query(QUERY_FHE_RESULT.split(".", 1)[1])(decrypt_result)
+    register(app, fhe_auc.STEPS, {
+        fhe_auc.PUBKEY.message_type: _handler(
+            fhe_auc.PUBKEY, lambda req, msg, ctx: serve_pubkey(req, ctx, int(np.asarray(test_labels(ctx)).size))),
+        fhe_auc.KEYGEN.message_type: _handler(fhe_auc.KEYGEN, lambda req, msg, ctx: serve_keygen(req, ctx)),
+        fhe_auc.COUNTS.message_type: _handler(
+            fhe_auc.COUNTS, lambda req, msg, ctx: serve_counts(req, ctx, *test_scores(msg, ctx))),
+        fhe_auc.RESULT.message_type: _handler(fhe_auc.RESULT, lambda req, msg, ctx: serve_result(req, ctx)),
+    })

@@ -6,7 +6,11 @@ Homomorphic Encryption", §IV-C (semi-honest aggregator) and §IV-D
 (malicious aggregator); DESIGN.md §4. The protocol steps are in
 :mod:`flwr_fedeval.fhe.auc` and :mod:`flwr_fedeval.fhe.auc_malicious`, the
 key relay in :mod:`flwr_fedeval.keyshare`, the client handlers in
-:mod:`flwr_fedeval.clients.fhe_handlers`.
+:mod:`flwr_fedeval.clients.fhe_handlers`, the messages (step table, request and reply
+payloads) in :mod:`flwr_fedeval.protocol.fhe_auc`. Every reply is parsed with its payload's
+``from_record``; a :class:`~flwr_fedeval.protocol.MalformedMessage` is a malformed reply of
+that node (``ReplyCode.MALFORMED_REPLY``, named in ``AUCPhaseResult.failed``). The state of
+one run (session, key holder, public context, participants, counts) is an :class:`FHERun`.
 
 =====  ===========================  ==============================================
 step   message type                 what
@@ -56,15 +60,16 @@ it refuses.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -74,42 +79,28 @@ from flwr_fedeval.fhe.auc import (
     aggregate_threshold_metrics,
     max_pooled_rows,
 )
-from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig, aggregate_auc_malicious, required_slots
-from flwr_fedeval.fhe.backend import BACKENDS, CKKSContext, CKKSParams, load_context, unpack_blobs
-from flwr_fedeval.fhe.counts import decision_points
-from flwr_fedeval.identity import Roster, SignedKey, verify_key
-from flwr_fedeval.messages import (
-    ARRAYS_KEY,
-    ReplyCode,
-    EVALUATE_FHE_COUNTS,
-    EVALUATION_KEY,
-    FHE_BUNDLE_KEY,
-    FHE_BUNDLES_KEY,
-    FHE_CONTEXT_KEY,
-    FHE_COUNTS_KEY,
-    FHE_HOLDER_KEY,
-    FHE_PEER_SIGNATURES_KEY,
-    FHE_PEER_SIGNERS_KEY,
-    FHE_PEERS_KEY,
-    FHE_PROTOCOLS,
-    FHE_PUBKEY_KEY,
-    FHE_REPORT_KEY,
-    FHE_REQUEST_KEY,
-    FHE_RESULT_KEY,
-    FHE_SIGNED_PROTOCOL,
-    QUERY_FHE_KEYGEN,
-    QUERY_FHE_PUBKEY,
-    QUERY_FHE_RESULT,
-    array_to_bytes,
-    bytes_to_array,
+from flwr_fedeval.fhe.auc_malicious import (
+    MaliciousAUCConfig,
+    aggregate_auc_malicious,
+    required_slots,
 )
+from flwr_fedeval.fhe.backend import (
+    BACKENDS,
+    CKKSContext,
+    CKKSParams,
+    load_context,
+    unpack_blobs,
+)
+from flwr_fedeval.fhe.counts import decision_points
+from flwr_fedeval.identity import Roster, SignedKey
+from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
 from flwr_fedeval.metrics.auc import UndefinedAUCError
+from flwr_fedeval.protocol import Step, fhe_auc
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
-__all__ = ["FHEAUCPhase", "TamperingReportedError"]
+__all__ = ["FHEAUCPhase", "FHERun", "TamperingReportedError"]
 
-_METRICS = ("accuracy", "precision", "recall", "f1")
 #: Clients decrypt the same ciphertexts with the same key: their reports agree exactly;
 #: a larger spread is logged.
 _REPORT_SPREAD = 1e-6
@@ -138,6 +129,51 @@ class TamperingReportedError(RuntimeError):
             f"FHE AUC phase: {len(reports)} client(s) detected tampering with the aggregate "
             f"and accepted no AUC: {self.reports}"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class FHERun:
+    """The per-run state of :class:`FHEAUCPhase` (one session: fresh keys, one key holder), filled
+    step by step with :meth:`replace`.
+
+    Attributes
+    ----------
+    session : str
+        The session id (32 hex digits) every request carries and every signed key binds.
+    nodes : tuple of int
+        The node list at step 1 (nodes that join later are newcomers).
+    config : FHEAUCConfig or None
+        From step 1: N and the public pooled bound ``max_rows`` (malicious: ``MaliciousAUCConfig``).
+    holder : int or None
+        Step 2: the key holder's node ID.
+    holder_key : SignedKey or None
+        Step 2: its X25519 key signed for role ``"key-holder"``.
+    context : CKKSContext or None
+        Step 2: the key holder's *public* context (never a secret key).
+    bundles : mapping of int to bytes
+        Step 2: the sealed bundles to relay, by recipient node ID.
+    participants : tuple of int
+        The clients of steps 3–6 (shrinks as clients fail at step 4).
+    counts : mapping of int to fhe_auc.CountsReply
+        Step 4: the checked encrypted counts of the participants.
+    attempts : int
+        Step-4 attempts so far (malicious: re-run until every party answered).
+    """
+
+    session: str
+    nodes: tuple[int, ...]
+    config: FHEAUCConfig | None = None
+    holder: int | None = None
+    holder_key: SignedKey | None = None
+    context: CKKSContext | None = None
+    bundles: Mapping[int, bytes] = dataclasses.field(default_factory=dict)
+    participants: tuple[int, ...] = ()
+    counts: Mapping[int, fhe_auc.CountsReply] = dataclasses.field(default_factory=dict)
+    attempts: int = 0
+
+    def replace(self, **changes: Any) -> FHERun:
+        """A copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
 
 
 class FHEAUCPhase(EvaluationPhase):
@@ -201,8 +237,8 @@ class FHEAUCPhase(EvaluationPhase):
         roster: Roster | None = None,
     ) -> None:
         super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
-        if protocol not in FHE_PROTOCOLS:
-            raise ValueError(f"protocol must be one of {FHE_PROTOCOLS}, got {protocol!r}")
+        if protocol not in fhe_auc.PROTOCOLS:
+            raise ValueError(f"protocol must be one of {fhe_auc.PROTOCOLS}, got {protocol!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "openfhe":  # the aggregator needs the engine too: fail before any client works
@@ -243,43 +279,31 @@ class FHEAUCPhase(EvaluationPhase):
         return [*items, *super()._summary_items()]
 
     # --- message exchange -------------------------------------------------------
-    def _exchange(self, grid: Grid, contents: dict[int, RecordDict], message_type: str,
+    def _exchange(self, grid: Grid, contents: dict[int, RecordDict], step: Step,
                   parse: Callable[[int, RecordDict], Any], failed: Failures, what: str) -> dict[int, Any]:
-        """:meth:`EvaluationPhase.exchange` recording failures in ``failed``."""
-        return self.exchange(grid, contents, message_type, parse, step=what, what=what, failures=failed)
+        """:meth:`EvaluationPhase.exchange` of ``step`` recording failures in ``failed``."""
+        return self.exchange(grid, contents, step.message_type, parse, step=what, what=what, failures=failed)
 
-    def _require(self, nodes, failed: Failures, step: str) -> None:
+    def _require(self, nodes, step: str) -> None:
         self.require(nodes, f"({self.protocol}), {step}")
-
-    def _request(self, session: str, **values: Any) -> ConfigRecord:
-        return ConfigRecord({"session": session, **values})
 
     # --- step 1 -------------------------------------------------------------------
     def collect_public_keys(self, grid: Grid, nodes: list[int], session: str,
                             failed: Failures) -> dict[int, tuple[bytes, int, SignedKey]]:
         """Step 1: ``{node: (X25519 public key, test-size bucket, signed key)}``.
 
-        With a :attr:`roster`, a node whose signature does not verify is left
-        out (named in ``failed``); two nodes signing as one roster member are
-        both left out."""
+        Replies are parsed by :class:`~flwr_fedeval.protocol.fhe_auc.PubkeyReply`. With a
+        :attr:`roster`, a node whose signature does not verify is left out (named in
+        ``failed``); two nodes with one key, or signing as one roster member, are both left out."""
 
         def parse(node: int, content: RecordDict) -> tuple[bytes, int, SignedKey]:
-            rec = content[FHE_PUBKEY_KEY]
-            pk, bucket = rec["public-key"], rec["test-size-bucket"]
-            if not isinstance(pk, bytes) or len(pk) != 32:
-                raise ValueError("public key must be 32 bytes")
-            if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0 or bucket & (bucket - 1):
-                raise ValueError(f"test-size-bucket must be 0 or a power of two, got {bucket!r}")
-            signer, sig = rec.get("signer"), rec.get("signature")
-            if not isinstance(signer, str) or not isinstance(sig, bytes):
-                raise ValueError("public key is not signed (signer, signature missing)")
+            reply = fhe_auc.PubkeyReply.from_record(content, node=node)
             if self.roster is not None:
-                verify_key(self.roster, signer, sig, protocol=FHE_SIGNED_PROTOCOL, session=session, round=0,
-                           role="client", key=pk)
-            return pk, bucket, SignedKey(signer, pk, sig)
+                fhe_auc.verify(self.roster, reply.signed_key, session=session, role=fhe_auc.CLIENT_ROLE)
+            return reply.public_key, reply.test_size_bucket, reply.signed_key
 
-        request = RecordDict({FHE_REQUEST_KEY: self._request(session)})
-        keys = self._exchange(grid, dict.fromkeys(nodes, request), QUERY_FHE_PUBKEY, parse, failed, "public key")
+        request = fhe_auc.PubkeyRequest(session).to_record()
+        keys = self._exchange(grid, dict.fromkeys(nodes, request), fhe_auc.PUBKEY, parse, failed, "public key")
         seen: dict[bytes, int] = {}
         names: dict[str, int] = {}
         for node in sorted(keys):
@@ -301,19 +325,11 @@ class FHEAUCPhase(EvaluationPhase):
 
         Returns ``None`` (and records the reason in ``failed``) if the key holder fails.
         """
-        content = RecordDict(
-            {
-                FHE_REQUEST_KEY: self._request(session, backend=self.backend, slots=self.slots,
-                                               **{"max-rows": int(max_rows)}),
-                FHE_PEERS_KEY: ConfigRecord({str(n): p.key for n, p in peers.items()}),
-                FHE_PEER_SIGNERS_KEY: ConfigRecord({str(n): p.signer for n, p in peers.items()}),
-                FHE_PEER_SIGNATURES_KEY: ConfigRecord({str(n): p.signature for n, p in peers.items()}),
-            }
-        )
+        request = fhe_auc.KeygenRequest(session, self.backend, self.slots, int(max_rows), peers)
 
-        def parse(node: int, reply: RecordDict):
-            public = array_to_bytes(reply[FHE_CONTEXT_KEY]["public"])
-            ctx = load_context(public)
+        def parse(node: int, content: RecordDict):
+            reply = fhe_auc.KeygenReply.from_record(content, node=node)
+            ctx = load_context(reply.public_context)
             if ctx.is_private:  # never kept: the server must not hold a secret key
                 raise ValueError("the key holder sent a context WITH the secret key; refused")
             if ctx.backend != self.backend or ctx.slot_count < self.slots:
@@ -322,77 +338,117 @@ class FHEAUCPhase(EvaluationPhase):
             if max_pooled_rows(ctx.params) < max_rows:
                 raise ValueError(f"public context supports {max_pooled_rows(ctx.params):,} pooled rows, "
                                  f"the public bound is {max_rows:,}")
-            bundles = {int(k): array_to_bytes(v) for k, v in reply[FHE_BUNDLES_KEY].items()}
-            rec = reply[FHE_HOLDER_KEY]
-            signed = SignedKey(str(rec["signer"]), holder_pk, bytes(rec["signature"]))
+            signed = reply.holder_key(holder_pk)
             if self.roster is not None:
-                verify_key(self.roster, signed.signer, signed.signature, protocol=FHE_SIGNED_PROTOCOL, session=session,
-                           round=0, role="key-holder", key=signed.key)
-            return ctx, public, bundles, signed
+                fhe_auc.verify(self.roster, signed, session=session, role=fhe_auc.HOLDER_ROLE)
+            return ctx, reply.public_context, dict(reply.bundles), signed
 
-        got = self._exchange(grid, {holder: content}, QUERY_FHE_KEYGEN, parse, failed, "key setup")
+        got = self._exchange(grid, {holder: request.to_record()}, fhe_auc.KEYGEN, parse, failed, "key setup")
         return got.get(holder)
 
+    def _key_holder(self, grid: Grid, run: FHERun, keys: dict[int, tuple[bytes, int, SignedKey]],
+                    failed: Failures) -> FHERun:
+        """Step 2 with a key holder picked at random among ``keys`` (another one if it fails)."""
+        candidates = sorted(keys)
+        setup = None
+        while setup is None:
+            self._require(candidates, "step 2 (key holder)")
+            holder = secrets.choice(candidates)
+            peers = {n: keys[n][2] for n in candidates if n != holder}
+            with self.step(fhe_auc.KEYGEN.name):
+                setup = self.setup_keys(grid, holder, peers, run.session, failed, holder_pk=keys[holder][0],
+                                        max_rows=run.config.max_rows)
+            candidates.remove(holder)
+            if setup is not None:
+                candidates.append(holder)
+        ctx, self.public_context_bytes, bundles, holder_key = setup
+        participants = tuple(sorted(n for n in candidates if n == holder or n in bundles))
+        for n in candidates:
+            if n not in participants:
+                failed[n] = "the key holder sent no sealed bundle for it"
+        log(INFO, "FHE AUC phase: key holder node %d; public context %.1f MB; %d sealed bundles relayed",
+            holder, len(self.public_context_bytes) / 1e6, len(bundles))
+        return run.replace(holder=holder, holder_key=holder_key, context=ctx, bundles=bundles,
+                           participants=participants)
+
     # --- steps 3-4 ------------------------------------------------------------------
-    def collect_counts(self, grid: Grid, arrays: ArrayRecord, ctx: CKKSContext, participants: list[int],
-                       bundles: dict[int, bytes], holder: int, holder_key: SignedKey, session: str,
-                       config: FHEAUCConfig, failed: Failures) -> tuple[dict[int, tuple[bytes, bytes | None]], bytes]:
-        """Steps 3–4: relay the bundles and the key holder's signed key, collect and check the
-        encrypted counts.
+    def encrypted_counts(self, grid: Grid, arrays: ArrayRecord, run: FHERun,
+                         failed: Failures) -> dict[int, fhe_auc.CountsReply]:
+        """Steps 3–4 with ``run.participants``: relay the bundles and the key holder's signed key,
+        collect and check the encrypted counts (:class:`~flwr_fedeval.protocol.fhe_auc.CountsReply`).
 
         Every ciphertext must deserialise under the public context and have a
         fresh ciphertext's slot count, level and scale
         (:meth:`~flwr_fedeval.fhe.backend.CKKSContext.check_fresh`); a node
         sending anything else is left out and named, before aggregation.
+        A fresh 16-byte nonce is drawn per call.
 
-        Returns ``({node: (auc message, metrics message or None)}, nonce)``.
+        Returns ``{node: counts reply}`` of the nodes whose replies passed.
         """
-        nonce = secrets.token_bytes(16)
+        nonce = secrets.token_bytes(fhe_auc.NONCE_BYTES)
         per_client = 6 if self.protocol == "malicious" else 3
         metrics_threshold = -1.0 if self.metrics_threshold is None else self.metrics_threshold
         contents = {}
-        for index, node in enumerate(participants):
-            request = self._request(
-                session,
-                protocol=self.protocol,
-                **{
-                    "n-points": int(self.thresholds.size),
-                    "max-rows": int(config.max_rows),
-                    "n-splits": int(self.n_splits),
-                    "party-index": index,
-                    "n-parties": len(participants),
-                    "nonce": nonce,
-                    "holder-public-key": holder_key.key,
-                    "holder-signer": holder_key.signer,
-                    "holder-signature": holder_key.signature,
-                    "metrics-threshold": float(metrics_threshold),
-                },
-            )
-            records: dict[str, Any] = {
-                self.arrayrecord_key: arrays,
-                EVALUATION_KEY: ArrayRecord({"thresholds": Array(self.thresholds)}),
-                FHE_REQUEST_KEY: request,
-            }
-            if node != holder:
-                records[FHE_BUNDLE_KEY] = ArrayRecord({"sealed": bytes_to_array(bundles[node])})
-            contents[node] = RecordDict(records)
+        for index, node in enumerate(run.participants):
+            params = fhe_auc.EncryptionParams(self.protocol, int(self.thresholds.size), int(run.config.max_rows),
+                                      int(self.n_splits), index, len(run.participants), nonce,
+                                      float(metrics_threshold))
+            request = fhe_auc.CountsRequest(run.session, params, run.holder_key, self.thresholds,
+                                    None if node == run.holder else run.bundles[node])
+            content = RecordDict({self.arrayrecord_key: arrays})
+            for key, record in request.to_record().items():
+                content[key] = record
+            contents[node] = content
 
-        def check(data: bytes, expected: int) -> bytes:
+        def check(data: bytes, expected: int) -> None:
             for blob in unpack_blobs(data, expected=expected):
                 # envelope, key set and native format; then slot count, level and scale
-                ctx.check_fresh(ctx.deserialize_ciphertext(blob))
-            return data
+                run.context.check_fresh(run.context.deserialize_ciphertext(blob))
 
-        def parse(node: int, reply: RecordDict):
-            rec = reply[FHE_COUNTS_KEY]
-            auc_msg = check(array_to_bytes(rec["auc"]), per_client)
-            metrics_msg = None
+        def parse(node: int, content: RecordDict) -> fhe_auc.CountsReply:
+            reply = fhe_auc.CountsReply.from_record(content, node=node)
+            reply.checked(with_metrics=self.metrics_threshold is not None, node=node)
+            check(reply.auc, per_client)
             if self.metrics_threshold is not None:
-                metrics_msg = check(array_to_bytes(rec["metrics"]), 1)
-            return auc_msg, metrics_msg
+                check(reply.metrics, 1)
+            return reply
 
-        valid = self._exchange(grid, contents, EVALUATE_FHE_COUNTS, parse, failed, "encrypted counts")
-        return valid, nonce
+        return self._exchange(grid, contents, fhe_auc.COUNTS, parse, failed, "encrypted counts")
+
+    def collect_counts(self, grid: Grid, arrays: ArrayRecord, ctx: CKKSContext, participants: list[int],
+                       bundles: dict[int, bytes], holder: int, holder_key: SignedKey, session: str,
+                       config: FHEAUCConfig, failed: Failures) -> tuple[dict[int, fhe_auc.CountsReply], None]:
+        """Steps 3–4 driven by hand (tests, deviating-server experiments): :meth:`encrypted_counts`
+        of the :class:`FHERun` these values make; ``({node: counts reply}, None)``."""
+        run = FHERun(session, tuple(participants), config=config, holder=holder, holder_key=holder_key,
+                     context=ctx, bundles=bundles, participants=tuple(participants))
+        return self.encrypted_counts(grid, arrays, run, failed), None
+
+    def _counts_of_all(self, grid: Grid, arrays: ArrayRecord, run: FHERun, failed: Failures, *,
+                       can_restart: bool) -> FHERun:
+        """Steps 3–4 until the participants are settled: semi-honest once; malicious again
+        without the clients that failed, until all answer. Raises :class:`_Restart` (when
+        ``can_restart``) if a participant is lost while nodes not in ``run.nodes`` have joined."""
+        while True:
+            self._require(run.participants, "step 4 (encrypted counts)")
+            with self.step(fhe_auc.COUNTS.name):
+                valid = self.encrypted_counts(grid, arrays, run, failed)
+            run = run.replace(attempts=run.attempts + 1)
+            lost = sorted(set(run.participants) - set(valid))
+            newcomers = sorted({int(n) for n in grid.get_node_ids()} - set(run.nodes)) if lost else []
+            if lost and newcomers and can_restart:
+                raise _Restart("steps 3-4", lost, newcomers)
+            done = not lost or self.protocol == "semi-honest"
+            if not done:
+                log(WARNING, "FHE AUC phase (malicious): %d of %d parties answered; re-running step 4 without %s",
+                    len(valid), len(run.participants), lost)
+            run = run.replace(participants=tuple(sorted(valid)), counts=valid)
+            if done:
+                break
+        self._require(run.participants, "step 4 (encrypted counts)")
+        for n in run.participants:
+            failed.pop(n, None)
+        return run
 
     # --- step 5 -----------------------------------------------------------------------
     def aggregate(self, ctx: CKKSContext, messages: list[bytes], config: FHEAUCConfig) -> bytes:
@@ -406,25 +462,14 @@ class FHEAUCPhase(EvaluationPhase):
         return aggregate_threshold_metrics(ctx, messages, config=config)
 
     # --- step 6 -----------------------------------------------------------------------
-    def distribute_result(self, grid: Grid, nodes: list[int], result: bytes, metrics: bytes | None,
-                          session: str) -> tuple[dict[int, dict], Failures]:
-        """Step 6: send the result; ``({node: report}, {node: failure})``."""
-        records = {"auc": bytes_to_array(result)}
-        if metrics is not None:
-            records["metrics"] = bytes_to_array(metrics)
-        content = RecordDict({FHE_REQUEST_KEY: self._request(session), FHE_RESULT_KEY: ArrayRecord(records)})
-
-        def parse(node: int, reply: RecordDict) -> dict:
-            report = dict(reply[FHE_REPORT_KEY])
-            if report.get("status") != "ok":
-                raise ValueError(f"status {report.get('status')!r}")
-            for k in ("auc", *_METRICS):
-                if k in report and (isinstance(report[k], bool) or not isinstance(report[k], float)):
-                    raise ValueError(f"report '{k}' must be a float")
-            return report
-
+    def distribute_result(self, grid: Grid, run: FHERun, result: bytes,
+                          metrics: bytes | None) -> tuple[dict[int, fhe_auc.ResultReport], Failures]:
+        """Step 6: send the result to ``run.participants``; ``({node: report}, {node: failure})``
+        (:class:`~flwr_fedeval.protocol.fhe_auc.ResultReport`)."""
+        content = fhe_auc.ResultRequest(run.session, result, metrics).to_record()
         errors = Failures()
-        reports = self._exchange(grid, dict.fromkeys(nodes, content), QUERY_FHE_RESULT, parse, errors,
+        reports = self._exchange(grid, dict.fromkeys(run.participants, content), fhe_auc.RESULT,
+                                 lambda node, reply: fhe_auc.ResultReport.from_record(reply, node=node), errors,
                                  "report")
         return reports, errors
 
@@ -486,78 +531,38 @@ class FHEAUCPhase(EvaluationPhase):
 
         Raises :class:`_Restart` (when ``can_restart``) if a participant is lost at steps 3-4 while
         nodes that were not in ``nodes`` have joined (e.g. a restarted SuperNode under a new node ID)."""
-        session = secrets.token_hex(16)
+        run = FHERun(secrets.token_hex(16), tuple(nodes))
 
-        # 1. public keys
-        with self.step("step 1 (public keys)"):
-            keys = self.collect_public_keys(grid, nodes, session, failed)
-        self._require(keys, failed, "step 1 (public keys)")
-        total_bound = sum(v[1] for v in keys.values())
-        config_kw = {"n_points": int(self.thresholds.size), "max_rows": max(int(total_bound), 1)}
-        config: FHEAUCConfig = (MaliciousAUCConfig(n_splits=self.n_splits, **config_kw)
-                                if self.protocol == "malicious" else FHEAUCConfig(**config_kw))
+        # 1. public keys; their test-size buckets sum to the public pooled bound
+        with self.step(fhe_auc.PUBKEY.name):
+            keys = self.collect_public_keys(grid, nodes, run.session, failed)
+        self._require(keys, fhe_auc.PUBKEY.name)
+        config_kw = {"n_points": int(self.thresholds.size), "max_rows": max(sum(v[1] for v in keys.values()), 1)}
+        run = run.replace(config=MaliciousAUCConfig(n_splits=self.n_splits, **config_kw)
+                          if self.protocol == "malicious" else FHEAUCConfig(**config_kw))
 
-        # 2. key holder (another one if it fails)
-        candidates = sorted(keys)
-        setup = None
-        while setup is None:
-            self._require(candidates, failed, "step 2 (key holder)")
-            holder = secrets.choice(candidates)
-            peers = {n: keys[n][2] for n in candidates if n != holder}
-            with self.step("step 2 (key setup)"):
-                setup = self.setup_keys(grid, holder, peers, session, failed, holder_pk=keys[holder][0],
-                                        max_rows=config.max_rows)
-            candidates.remove(holder)
-            if setup is not None:
-                candidates.append(holder)
-        ctx, self.public_context_bytes, bundles, holder_key = setup
-        participants = sorted(n for n in candidates if n == holder or n in bundles)
-        for n in candidates:
-            if n not in participants:
-                failed[n] = "the key holder sent no sealed bundle for it"
-        log(INFO, "FHE AUC phase: key holder node %d; public context %.1f MB; %d sealed bundles relayed",
-            holder, len(self.public_context_bytes) / 1e6, len(bundles))
-
-        # 3-4. encrypted counts (malicious: re-run until every party of the list answered)
-        attempts = 0
-        while True:
-            self._require(participants, failed, "step 4 (encrypted counts)")
-            attempts += 1
-            with self.step("steps 3-4 (encrypted counts)"):
-                valid, _ = self.collect_counts(grid, arrays, ctx, participants, bundles, holder,
-                                               holder_key, session, config, failed)
-            lost = sorted(set(participants) - set(valid))
-            newcomers = sorted(set(int(n) for n in grid.get_node_ids()) - set(nodes)) if lost else []
-            if lost and newcomers and can_restart:
-                raise _Restart("steps 3-4", lost, newcomers)
-            if len(valid) == len(participants) or self.protocol == "semi-honest":
-                participants = sorted(valid)
-                break
-            log(WARNING, "FHE AUC phase (malicious): %d of %d parties answered; re-running step 4 without %s",
-                len(valid), len(participants), sorted(set(participants) - set(valid)))
-            participants = sorted(valid)
-        self._require(participants, failed, "step 4 (encrypted counts)")
-        for n in participants:
-            failed.pop(n, None)
+        # 2. key holder (another one if it fails); 3-4. encrypted counts
+        run = self._key_holder(grid, run, keys, failed)
+        run = self._counts_of_all(grid, arrays, run, failed, can_restart=can_restart)
 
         # 5. aggregation, public context only
         t_agg = time.perf_counter()
         with self.step("step 5 (aggregation, public context only)"):
-            result = self.aggregate(ctx, [valid[n][0] for n in participants], config)
+            result = self.aggregate(run.context, [run.counts[n].auc for n in run.participants], run.config)
             metrics = None
             if self.metrics_threshold is not None:
-                metrics = self.aggregate_metrics(ctx, [valid[n][1] for n in participants], config)
+                metrics = self.aggregate_metrics(run.context, [run.counts[n].metrics for n in run.participants],
+                                                 run.config)
         t_agg = time.perf_counter() - t_agg
 
         # 6. clients decrypt
-        with self.step("step 6 (clients decrypt)"):
-            reports, errors = self.distribute_result(grid, participants, result, metrics, session)
-        return self._finish(participants, failed, reports, errors, holder=holder, config=config,
-                            attempts=attempts, t_agg=t_agg, t_total=time.perf_counter() - t0)
+        with self.step(fhe_auc.RESULT.name):
+            reports, errors = self.distribute_result(grid, run, result, metrics)
+        return self._finish(run, failed, reports, errors, t_agg=t_agg, t_total=time.perf_counter() - t0)
 
-    def _finish(self, contributors: list[int], failed: Failures, reports: dict[int, dict],
-                errors: Failures, *, holder: int, config: FHEAUCConfig, attempts: int,
+    def _finish(self, run: FHERun, failed: Failures, reports: dict[int, fhe_auc.ResultReport], errors: Failures, *,
                 t_agg: float, t_total: float) -> AUCPhaseResult:
+        contributors, config = run.participants, run.config
         tampering = {n: f.summary for n, f in errors.with_code(ReplyCode.TAMPERING_DETECTED).items()}
         if tampering:
             for node, reason in tampering.items():
@@ -569,16 +574,16 @@ class FHEAUCPhase(EvaluationPhase):
                 raise UndefinedAUCError(f"FHE AUC phase: {next(iter(undefined.values()))}")
             raise RuntimeError(f"FHE AUC phase: no client could decrypt the result: {'; '.join(errors.lines())}")
 
-        shared = {n: r for n, r in reports.items() if r.get("shared") and "auc" in r}
+        shared = {n: r for n, r in reports.items() if r.shared and r.auc is not None}
         details: dict[str, Any] = {
             "variant": self.protocol,
             "backend": self.backend,
             "num_decision_points": int(self.thresholds.size),
             "max_rows": int(config.max_rows),
             "count_scale": float(config.count_scale),
-            "key_holder": int(holder),
+            "key_holder": int(run.holder),
             "public_context_bytes": len(self.public_context_bytes or b""),
-            "attempts_step4": attempts,
+            "attempts_step4": run.attempts,
             "aggregation_s": t_agg,
             "phase_s": t_total,
             "decrypted_by": sorted(reports),
@@ -588,13 +593,13 @@ class FHEAUCPhase(EvaluationPhase):
             details["n_splits"] = self.n_splits
         auc = bound = math.nan
         if self.share_auc_with_server and shared:
-            values = np.array([r["auc"] for r in shared.values()])
+            values = np.array([r.auc for r in shared.values()])
             auc = float(np.median(values))
-            bounds = [r["resolution-bound"] for r in shared.values() if "resolution-bound" in r]
+            bounds = [r.resolution_bound for r in shared.values() if r.resolution_bound is not None]
             bound = float(np.median(bounds)) if bounds else math.nan
             if values.max() - values.min() > _REPORT_SPREAD:
                 log(WARNING, "FHE AUC phase: client reports differ by %.3g: %s", values.max() - values.min(),
-                    {n: r["auc"] for n, r in shared.items()})
+                    {n: r.auc for n, r in shared.items()})
             details["auc_known_to"] = "clients and server"
             details["reported_by"] = sorted(shared)
         else:
@@ -605,9 +610,10 @@ class FHEAUCPhase(EvaluationPhase):
         if self.metrics_threshold is not None:
             details["metrics_threshold"] = self.metrics_threshold
             details["threshold_metrics_verified"] = self.protocol == "semi-honest"
-            with_metrics = [r for r in shared.values() if all(k in r for k in _METRICS)]
+            with_metrics = [r.threshold_metrics for r in shared.values() if r.threshold_metrics is not None]
             if self.share_auc_with_server and with_metrics:
-                details["threshold_metrics"] = {k: float(np.median([r[k] for r in with_metrics])) for k in _METRICS}
+                details["threshold_metrics"] = {k: float(np.median([m[k] for m in with_metrics]))
+                                                for k in fhe_auc.METRICS}
 
         if details["auc_known_to"] == "clients":
             log(INFO, "FHE AUC phase (%s): %d clients; the AUC is known to the clients only "
@@ -619,7 +625,7 @@ class FHEAUCPhase(EvaluationPhase):
         if "threshold_metrics" in details:
             tm = details["threshold_metrics"]
             log(INFO, "FHE metrics at threshold %g (reported by the clients): accuracy %.6f precision %.6f "
-                "recall %.6f F1 %.6f", self.metrics_threshold, *(tm[k] for k in _METRICS))
+                "recall %.6f F1 %.6f", self.metrics_threshold, *(tm[k] for k in fhe_auc.METRICS))
         return AUCPhaseResult(
             auc=auc,
             thresholds=np.asarray(self.thresholds, dtype=np.float64),
