@@ -1,17 +1,21 @@
-"""Message types and record codecs shared by our strategies and client handlers.
+"""The old flat names of message types and record keys, kept importable.
 
-Flower message types have the form ``<train|evaluate|query>[.<identifier>]``.
-Record contents are numpy arrays in ``ArrayRecord``s (never object arrays)
-and Python scalars in ``ConfigRecord``s, so every message survives the
-deployment engine's serialization.
+Every message type, record key and field name is spelled in its protocol module
+(:mod:`flwr_fedeval.protocol.xmk`, ``auc``, ``dp_auc``, ``fhe_auc``, ``secsv``), with
+the step table and one payload dataclass per request and reply; new code imports
+from there. This module only re-exports the names older code and users import,
+plus Flower's own default record keys.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord
 
-from flwr_fedeval.protocol import ReplyCode  # noqa: F401  (re-exported: the codes live in the protocol layer)
+from flwr_fedeval.protocol import ReplyCode
+from flwr_fedeval.protocol import fhe_auc as _fhe_auc
+from flwr_fedeval.protocol import secsv as _secsv
+from flwr_fedeval.protocol._base import array_bytes as _array_bytes
+from flwr_fedeval.protocol._base import bytes_array as bytes_to_array  # noqa: F401
 
 # --- plaintext and DP AUC phases: spelled in their protocol modules, re-exported here ----------
 from flwr_fedeval.protocol.auc import COUNTS_KEY, EVALUATE_THRESHOLD_COUNTS, EVALUATION_KEY  # noqa: F401
@@ -25,6 +29,15 @@ from flwr_fedeval.protocol.dp_auc import (  # noqa: F401
     NOISY_COUNTS_KEY,
     SCORES_KEY,
     STATS_KEY,
+)
+from flwr_fedeval.protocol.xmk import (  # noqa: F401
+    QUERY_XMK_KEYGEN,
+    QUERY_XMK_PDEC,
+    QUERY_XMK_REVEAL,
+    XMK_C1_KEY,
+    XMK_CIPHERTEXT_KEY,
+    XMK_CONFIG_KEY,
+    XMK_SHARE_KEY,
 )
 
 __all__ = [
@@ -45,17 +58,6 @@ METRICS_KEY = "metrics"
 # --- xMK-CKKS secure aggregation (DESIGN.md §3) -----------------------------
 # The message types and record keys are spelled in :mod:`flwr_fedeval.protocol.xmk` (with the
 # payload classes of every step); re-exported here for older imports.
-from flwr_fedeval.protocol._base import array_bytes as _array_bytes
-from flwr_fedeval.protocol._base import bytes_array as bytes_to_array  # noqa: F401
-from flwr_fedeval.protocol.xmk import (  # noqa: F401
-    QUERY_XMK_KEYGEN,
-    QUERY_XMK_PDEC,
-    QUERY_XMK_REVEAL,
-    XMK_C1_KEY,
-    XMK_CIPHERTEXT_KEY,
-    XMK_CONFIG_KEY,
-    XMK_SHARE_KEY,
-)
 
 
 def array_to_bytes(array: Array) -> bytes:
@@ -70,7 +72,6 @@ def array_to_bytes(array: Array) -> bytes:
 
 # --- FHE AUC evaluation phase (DESIGN.md §4; strategies/fhe_phase.py) -------
 # Spelled in flwr_fedeval.protocol.fhe_auc (step table, payloads); the old names stay importable.
-from flwr_fedeval.protocol import fhe_auc as _fhe_auc
 
 #: Step 1: every client makes an X25519 key pair; the reply carries the public key.
 QUERY_FHE_PUBKEY = _fhe_auc.PUBKEY.message_type
@@ -100,7 +101,6 @@ FHE_REPORT_KEY = _fhe_auc.REPORT_KEY
 # --- SecSV contribution phase (flwr_fedeval.protocol.secsv) -----------------------
 # The old constant names, re-exported: the message types, record keys and field names are
 # spelled only in flwr_fedeval.protocol.secsv (one payload dataclass per request and reply).
-from flwr_fedeval.protocol import secsv as _secsv
 
 QUERY_FEDEVAL_ROLE = _secsv.ROLE_QUERY.message_type
 QUERY_SHAPLEY_HELLO = _secsv.HELLO.message_type

@@ -88,7 +88,7 @@ def _shapley_mod(msg: Message, context: Context, call_next) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local train split."""
     cfg, data, adapter = _setup(msg, context, for_training=True)
-    config = msg.content["config"] if "config" in msg.content else {}
+    config = msg.content.get("config", {})  # RecordDict is a Mapping
     epochs = int(config.get("local-epochs", cfg.local_epochs))
     import keras
 

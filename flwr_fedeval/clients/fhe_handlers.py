@@ -274,7 +274,7 @@ def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.nd
     config = params.auc_config
     thresholds = request.thresholds
     # Decision points inside [0, 1]: probabilities (guarded); otherwise real-valued scores (logits).
-    probability = bool(thresholds.size) and 0.0 <= thresholds.min() and thresholds.max() <= 1.0
+    probability = bool(thresholds.size) and thresholds.min() >= 0.0 and thresholds.max() <= 1.0
     counts = threshold_counts(y_true, y_score, thresholds, score_range=(0.0, 1.0) if probability else None)
     seed = bytes(context.state[STATE_SESSION]["seed"])
     if isinstance(config, MaliciousAUCConfig):

@@ -280,7 +280,7 @@ def shapley_record_mod(msg: Message, context: Context, call_next) -> Message:
     reply = call_next(msg, context)
     if msg.metadata.message_type != "train" or reply.has_error():
         return reply
-    config = msg.content[CONFIG_KEY] if CONFIG_KEY in msg.content else {}
+    config = msg.content.get(CONFIG_KEY, {})  # RecordDict is a Mapping
     if "server-round" not in config or ARRAYS_KEY not in reply.content:
         return reply
     rnd = int(config["server-round"])
@@ -363,7 +363,7 @@ def hello(request: proto.HelloRequest, context: Context, role: str, *, num_test:
         This node has no identity (the message names the config keys to set).
     """
     session = request.session
-    for key in [k for k in context.state.keys() if k.startswith("shapley.") and k not in
+    for key in [k for k in context.state if k.startswith("shapley.") and k not in
                 (STATE_ROUNDS,) and not k.startswith(STATE_MODELS)]:
         del context.state[key]                       # a new phase starts from scratch
     if role not in SIGNED_ROLE:
@@ -433,7 +433,8 @@ def _secret_context(context: Context):
     return _checked_params(ctx)
 
 
-def share_data(request: proto.ShareRequest, context: Context, X_test: np.ndarray, y_test: np.ndarray) -> proto.ShareReply:
+def share_data(request: proto.ShareRequest, context: Context, X_test: np.ndarray,
+               y_test: np.ndarray) -> proto.ShareReply:
     """``query.shapley_share`` (Algorithm 3 steps 2–3): open the key bundle, share the test set.
 
     The leader's key (role ``"key-holder"``) and A's key (role ``"aux"``) are checked against
@@ -596,7 +597,7 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
     stored = context.state[STATE_AUX_MODELS]
     models = {node: [ctx.deserialize_ciphertext(b)
                      for b in unpack_blobs(proto.array_bytes(stored, STATE_AUX_MODELS, node))]
-              for node in stored.keys()}
+              for node in stored}
     plain_cache: dict[bytes, list] = {}
     agg_cache: dict[tuple, list] = {}
     out = {}

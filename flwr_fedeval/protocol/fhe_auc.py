@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from flwr_fedeval.fhe.auc import FHEAUCConfig
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig
@@ -43,7 +43,6 @@ from flwr_fedeval.protocol._base import (
     Payload,
     Step,
     array_bytes,
-    array_field,
     array_record,
     bytes_array,
     config_bytes,
@@ -51,6 +50,7 @@ from flwr_fedeval.protocol._base import (
     config_of,
     config_record,
 )
+from flwr_fedeval.protocol.auc import EVALUATION_KEY, decision_points_entry, decision_points_from
 
 __all__ = [
     "CLIENT_ROLE",
@@ -100,9 +100,6 @@ COUNTS_KEY = "fhe-counts"
 RESULT_KEY = "fhe-result"
 #: Step 6 reply: ConfigRecord ``status``, ``shared`` and, if shared, the values.
 REPORT_KEY = "fhe-report"
-#: The plaintext AUC phase's record of the public decision points (``thresholds``), reused.
-_EVALUATION_KEY = "evaluation"
-
 #: The two protocols of the phase (§IV-C, §IV-D).
 PROTOCOLS = ("semi-honest", "malicious")
 #: ``protocol`` field of the signed key statements (:func:`flwr_fedeval.identity.key_statement`);
@@ -451,8 +448,7 @@ class CountsRequest(Payload):
         fhe = {"session": self.session, **p, "holder-public-key": self.holder.key,
                "holder-signer": self.holder.signer, "holder-signature": self.holder.signature,
                "metrics-threshold": mt}
-        content = RecordDict({_EVALUATION_KEY: ArrayRecord({"thresholds": Array(np.asarray(self.thresholds))}),
-                              REQUEST_KEY: ConfigRecord(fhe)})
+        content = RecordDict({**decision_points_entry(self.thresholds), REQUEST_KEY: ConfigRecord(fhe)})
         if self.sealed is not None:
             content[BUNDLE_KEY] = _bytes_records({"sealed": self.sealed})
         return content
@@ -462,8 +458,10 @@ class CountsRequest(Payload):
         rec, session = _session(content)
         params = EncryptionParams.from_config(rec)
         pk = config_bytes(rec, REQUEST_KEY, "holder-public-key", length=PUBLIC_KEY_BYTES)
-        thresholds = array_field(array_record(content, _EVALUATION_KEY), _EVALUATION_KEY, "thresholds",
-                                 dtype=np.float64, shape=(params.n_points,), finite=True)
+        thresholds = decision_points_from(content)  # the plaintext phase's record (protocol.auc)
+        if thresholds.shape != (params.n_points,):
+            raise MalformedMessage(f"{EVALUATION_KEY}.thresholds",
+                                   f"shape {thresholds.shape}, expected ({params.n_points},)")
         sealed = array_bytes(array_record(content, BUNDLE_KEY), BUNDLE_KEY, "sealed") if BUNDLE_KEY in content else None
         return cls(session, params, _signed(rec, REQUEST_KEY, "holder-", pk), thresholds, sealed)
 

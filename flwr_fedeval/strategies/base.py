@@ -144,7 +144,8 @@ class Failure:
 
 
 def code_name(code: int) -> str:
-    """``"TIMEOUT"`` (ours, :class:`~flwr_fedeval.messages.ReplyCode`) or ``"flwr:NODE_UNAVAILABLE"`` (Flower's ``ErrorCode``)."""
+    """``"TIMEOUT"`` (ours, :class:`~flwr_fedeval.messages.ReplyCode`) or ``"flwr:NODE_UNAVAILABLE"``
+    (Flower's ``ErrorCode``)."""
     try:
         return ReplyCode(int(code)).name
     except ValueError:
@@ -239,7 +240,7 @@ class FailureRecordingGrid:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
 
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+    def get_node_ids(self) -> Iterable[int]:
         ids = self._grid.get_node_ids()
         if self.rejoin is None or not self.rejoin.replaced:
             return ids
@@ -394,7 +395,8 @@ def exchange_replies(
 
     messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
     replies = replies_by_node(messages, collect(grid, messages, timeout=timeout).replies)
-    missing: dict[int, Failure] = {n: Failure(step, int(ReplyCode.TIMEOUT), f"no reply within step-timeout {timeout:g} s")
+    missing: dict[int, Failure] = {n: Failure(step, int(ReplyCode.TIMEOUT),
+                                              f"no reply within step-timeout {timeout:g} s")
                                    for n in contents}
     valid: dict[int, Any] = {}
     for node, reply in replies.items():

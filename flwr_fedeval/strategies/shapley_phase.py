@@ -163,7 +163,7 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
                            step="roles", what="role", timeout=timeout, label=_LABEL)
     if failed and strict:
         raise ShapleyPhaseError("role discovery", failed.reasons())
-    roles = {**{n: "client" for n in failed}, **{n: r for n, (r, _, _) in got.items()}}
+    roles = {**dict.fromkeys(failed, "client"), **{n: r for n, (r, _, _) in got.items()}}
     if roster is not None:
         out = {} if refused is None else refused
         signers: dict[str, int] = {}
@@ -493,7 +493,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         public parameters (fixed point, CKKS, batch size m, output rows d_out, FedAvg weights)."""
         clients, aux = st.clients, st.aux
         hello, _ = self._exchange(grid, {n: proto.HelloRequest(st.session).to_record() for n in clients + [aux]},
-                                  proto.HELLO.message_type, lambda n, c: proto.HelloReply.from_record(c, node=n), "hello",
+                                  proto.HELLO.message_type,
+                                  lambda n, c: proto.HelloReply.from_record(c, node=n), "hello",
                                   st=st)
         self._check_roles(hello, clients, aux)
         self._check_signatures(st, hello)
@@ -502,7 +503,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         n_features = {i.n_features for i in info.values()}
         n_classes = {i.n_classes for i in info.values()}
         if len(n_features) != 1 or len(n_classes) != 1:
-            raise ValueError(f"clients disagree on the model: features {sorted(n_features)}, classes {sorted(n_classes)}")
+            raise ValueError(f"clients disagree on the model: features {sorted(n_features)}, "
+                             f"classes {sorted(n_classes)}")
         (d,), (c,) = n_features, n_classes
         st.n_test = {n: info[n].num_test for n in clients}
         if sum(st.n_test.values()) == 0:
@@ -718,9 +720,11 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return totals
 
     # -- step 7 ---------------------------------------------------------------
-    def helper_decryption(self, grid: Grid, st: _SecSVRun, jobs: list, totals: list) -> list[tuple[np.ndarray, bytes, int]]:
+    def helper_decryption(self, grid: Grid, st: _SecSVRun, jobs: list,
+                          totals: list) -> list[tuple[np.ndarray, bytes, int]]:
         """Step 7: send each batch to a helper client that owns none of it (and, when possible, is
-        outside the coalition); replace failing helpers for the rest of the phase. Returns ``(pred_P, sealed pred_A, helper)``."""
+        outside the coalition); replace failing helpers for the rest of the phase.
+        Returns ``(pred_P, sealed pred_A, helper)``."""
         failed_helpers = st.failed_helpers      # a helper that failed once is not asked again
         pending = list(range(len(jobs)))
         out: dict[int, tuple] = {}
@@ -732,8 +736,9 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                 try:
                     h, _ = pick_helper(st.clients, owners | failed_helpers, set(S), st.helper_turn)
                 except ValueError:
-                    raise ShapleyPhaseError("helper decryption", {n: "failed as helper" for n in failed_helpers}
-                                            | {0: f"no eligible helper left for a batch owned by {sorted(owners)}"})
+                    raise ShapleyPhaseError("helper decryption", dict.fromkeys(failed_helpers, "failed as helper")
+                                            | {0: f"no eligible helper left for a batch owned by {sorted(owners)}"}
+                                            ) from None
                 st.helper_turn += 1
                 assign.setdefault(h, []).append(j)
             contents = {h: proto.HelperRequest(st.public, st.pk[st.aux], {
@@ -774,7 +779,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         def parse_diffs(n, ct):
             diffs = _all_jobs(proto.AuxDiffReply.from_record(ct, node=n).diffs, len(jobs))
             out = []
-            for j, (S, ids) in enumerate(jobs):
+            for j, (_S, ids) in enumerate(jobs):
                 dj = diffs[j]
                 if dj.shape != ids.shape:
                     raise ValueError(f"difference share {j} has {dj.dtype} {dj.shape}, expected uint64 {ids.shape}")

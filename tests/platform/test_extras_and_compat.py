@@ -58,7 +58,7 @@ def test_flwr_version_is_in_the_supported_range():
     (spec,) = re.findall(r'^\s*"flwr(>=[^"]+)",', text, flags=re.M)  # the core dependency
     assert SpecifierSet(spec).contains(version("flwr")), (version("flwr"), spec)
     assert SpecifierSet(spec).contains("1.30.0") and SpecifierSet(spec).contains("1.42.0"), spec  # both CI ends
-    assert (1, 30) <= _compat.FLWR_VERSION
+    assert _compat.FLWR_VERSION >= (1, 30)
     run = _compat.Run.create_empty(run_id=7)
     assert run.run_id == 7
     _compat.set_serverapp_identity(run_id=7)  # no-op on 1.30, sets TaskIdentity on 1.41

@@ -60,7 +60,7 @@ def _literal(node: ast.AST | None) -> str | None:
 def test_record_keys_are_defined_once_across_the_protocol_modules():
     owner: dict[str, str] = {}
     for path in _modules(inside_protocol=True):
-        for name, value in _key_constants(path).items():
+        for value in _key_constants(path).values():
             if value in FLOWER_DEFAULTS:
                 continue
             assert owner.setdefault(value, path.name) == path.name, \
