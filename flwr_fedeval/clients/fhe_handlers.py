@@ -68,6 +68,7 @@ from flwr.common.logger import log
 
 from flwr_fedeval import keyshare
 from flwr_fedeval.clients.identity import key_set_floor, node_identity
+from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.fhe.auc import (
     ckks_params_for,
     client_decrypt_auc,
@@ -130,12 +131,8 @@ _ERRORS = (TamperingDetectedError, FHEError, ValueError, TypeError)
 
 
 def _keypair(context: Context, session: str) -> keyshare.KeyPair:
-    if STATE_KEYPAIR not in context.state:
-        raise Refused("no X25519 key pair for this phase (step 1 missing)")
-    rec = context.state[STATE_KEYPAIR]
-    if rec["session"] != session:
-        raise Refused("session id does not match this client's key pair")
-    return keyshare.KeyPair(private=bytes(rec["private"]), public=bytes(rec["public"]))
+    return load_session_keypair(context, STATE_KEYPAIR, session,
+                                missing="no X25519 key pair for this phase (step 1 missing)")
 
 
 def _store_secrets(context: Context, session: str, secret_context: bytes, seed: bytes) -> None:
@@ -193,9 +190,7 @@ def serve_pubkey(request: fhe_auc.PubkeyRequest, context: Context, num_test_samp
     """
     _forget(context)  # a new phase starts from scratch
     ident, _ = node_identity(context)
-    kp = keyshare.generate_keypair()
-    context.state[STATE_KEYPAIR] = ConfigRecord({"session": request.session, "private": kp.private,
-                                                 "public": kp.public})
+    kp = new_session_keypair(context, STATE_KEYPAIR, request.session)
     bucket = 0 if num_test_samples <= 0 else 1 << (int(num_test_samples) - 1).bit_length()
     signed = fhe_auc.sign(ident, session=request.session, role=fhe_auc.CLIENT_ROLE, key=kp.public)
     return fhe_auc.PubkeyReply(kp.public, bucket, signed.signer, signed.signature)

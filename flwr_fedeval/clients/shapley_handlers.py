@@ -70,6 +70,7 @@ from flwr.common.logger import log
 
 from flwr_fedeval import keyshare
 from flwr_fedeval.clients.identity import key_set_floor, node_identity
+from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.fhe.backend import (
     FHEError,
     create_context,
@@ -134,12 +135,8 @@ _ERRORS = (FHEError, ValueError, TypeError, KeyError)
 
 def _keypair(context: Context, session: str) -> keyshare.KeyPair:
     """This phase's X25519 key pair; refuses another session."""
-    if STATE_KEYPAIR not in context.state:
-        raise Refused("no key pair for this phase (query.shapley_hello missing)")
-    rec = context.state[STATE_KEYPAIR]
-    if rec["session"] != session:
-        raise Refused("session id does not match this node's phase")
-    return keyshare.KeyPair(private=bytes(rec["private"]), public=bytes(rec["public"]))
+    return load_session_keypair(context, STATE_KEYPAIR, session,
+                                missing="no key pair for this phase (query.shapley_hello missing)")
 
 
 def _layout(public: proto.PublicParams) -> tuple[int, int, int]:
@@ -369,8 +366,7 @@ def hello(request: proto.HelloRequest, context: Context, role: str, *, num_test:
     if role not in SIGNED_ROLE:
         raise Refused(f"unknown role {role!r}")
     ident, _ = node_identity(context)
-    kp = keyshare.generate_keypair()
-    context.state[STATE_KEYPAIR] = ConfigRecord({"session": session, "private": kp.private, "public": kp.public})
+    kp = new_session_keypair(context, STATE_KEYPAIR, session)
     sig = sign_key(ident, protocol=SIGNED_PROTOCOL, session=session, round=0, role=SIGNED_ROLE[role], key=kp.public)
     reply = proto.HelloReply(role, kp.public, ident.name, sig)
     if role == "client":
