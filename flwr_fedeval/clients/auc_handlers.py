@@ -36,7 +36,7 @@ from collections.abc import Callable
 import numpy as np
 from flwr.app import Context, Message
 
-from flwr_fedeval.fhe.counts import threshold_counts
+from flwr_fedeval.metrics.counts import threshold_counts
 from flwr_fedeval.protocol import auc, dp_auc, handler, register
 
 __all__ = ["TestLabels", "TestScores", "register_auc_handlers", "register_dp_handlers", "threshold_counts_reply"]

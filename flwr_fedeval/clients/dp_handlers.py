@@ -64,7 +64,7 @@ from flwr_fedeval.dp import (
     fedauc_unshuffle_ranks,
     randomize_labels,
 )
-from flwr_fedeval.fhe.counts import threshold_counts
+from flwr_fedeval.metrics.counts import threshold_counts
 from flwr_fedeval.protocol import Refused, dp_auc
 from flwr_fedeval.protocol.auc import ThresholdCounts
 

@@ -84,8 +84,8 @@ from flwr_fedeval.fhe.auc_malicious import (
     new_seed,
 )
 from flwr_fedeval.fhe.backend import FHEError, create_context, load_context
-from flwr_fedeval.fhe.counts import threshold_counts
 from flwr_fedeval.identity import IdentityError
+from flwr_fedeval.metrics.counts import threshold_counts
 from flwr_fedeval.protocol import (
     Refused,
     array_bytes,

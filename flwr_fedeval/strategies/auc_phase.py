@@ -18,9 +18,9 @@ from flwr.app import ArrayRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_fedeval.fhe.counts import ConfusionCounts, decision_points
 from flwr_fedeval.messages import ARRAYS_KEY
 from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
+from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points
 from flwr_fedeval.protocol import Payload
 from flwr_fedeval.protocol.auc import THRESHOLD_COUNTS, ThresholdCounts, ThresholdCountsRequest
 from flwr_fedeval.strategies.base import EvaluationPhase
@@ -93,7 +93,7 @@ class PlaintextAUCPhase(EvaluationPhase):
     num_decision_points : int, default=100
         N, the number of public decision points.
     spacing : {"linear", "logit"}, default="linear"
-        See :func:`flwr_fedeval.fhe.counts.decision_points`.
+        See :func:`flwr_fedeval.metrics.counts.decision_points`.
     min_nodes : int, default=2
         Fewer contributing clients than this raises ``RuntimeError``.
     arrayrecord_key : str, default="arrays"

@@ -53,7 +53,7 @@ from flwr_fedeval.dp import (
     fedauc_server_auc,
     fedauc_server_ranks,
 )
-from flwr_fedeval.fhe.counts import decision_points
+from flwr_fedeval.metrics.counts import decision_points
 from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.protocol.auc import ThresholdCounts
 from flwr_fedeval.protocol.dp_auc import (

@@ -91,10 +91,10 @@ from flwr_fedeval.fhe.backend import (
     load_context,
     unpack_blobs,
 )
-from flwr_fedeval.fhe.counts import decision_points
 from flwr_fedeval.identity import Roster, SignedKey
 from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
 from flwr_fedeval.metrics.auc import UndefinedAUCError
+from flwr_fedeval.metrics.counts import decision_points
 from flwr_fedeval.protocol import Step, fhe_auc
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
@@ -193,7 +193,7 @@ class FHEAUCPhase(EvaluationPhase):
         CKKS engine the key holder uses (OpenFHE: the ``[openfhe]`` extra,
         CPython 3.10 here; without it ``MissingExtraError``, an ``ImportError``).
     spacing : {"linear", "logit"}, default="linear"
-        See :func:`flwr_fedeval.fhe.counts.decision_points`.
+        See :func:`flwr_fedeval.metrics.counts.decision_points`.
     share_auc_with_server : bool, default=True
         Expect the clients to report the AUC (and, semi-honest, the threshold
         metrics). Each client still decides for itself (its own
