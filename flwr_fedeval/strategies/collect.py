@@ -6,8 +6,11 @@ reads the node list (a lost node is given up only if the SuperLink answers
 for it with an error reply, else at the timeout), and a SuperNode restarted
 under a new node ID is waited for under its old ID until the old one's
 heartbeat expires. :func:`send_and_collect` is the one routine every step of
-this package uses instead (through :func:`collect`). Every
-:data:`POLL_INTERVAL` seconds it
+this package uses instead (through :func:`collect`). It polls adaptively:
+first after :data:`MIN_POLL_INTERVAL` (20 ms), then each wait 1.5 times the
+last, up to :data:`POLL_INTERVAL` (1 s), so a step whose replies come back in
+tens of milliseconds is not held for a whole second, and a long step costs the
+SuperLink at most one poll a second. At each poll it
 
 1. pulls the pending replies (Flower's own error replies, e.g.
    ``NODE_UNAVAILABLE`` once the heartbeat expired, are kept as they come);
@@ -27,8 +30,8 @@ only then is our step timeout the reason.
 Timing: a node killed with ``kill -9`` leaves the SuperLink's node list when
 its heartbeat expires (``HEARTBEAT_PATIENCE`` 2 × the SuperNode's heartbeat
 interval, 30 s by default: about 60 s); it is given up within one poll
-interval after that. A restarted node proves its identity within one poll
-interval after it connects.
+interval (at most :data:`POLL_INTERVAL`) after that. A restarted node proves
+its identity within one poll interval after it connects.
 """
 
 from __future__ import annotations
@@ -44,11 +47,14 @@ from flwr.common.logger import log
 
 from flwr_fedeval.messages import ReplyCode
 
-__all__ = ["IDENTITY_TIMEOUT", "POLL_INTERVAL", "Collected", "DetectingGrid", "Rejoin", "collect",
-           "send_and_collect"]
+__all__ = ["IDENTITY_TIMEOUT", "MIN_POLL_INTERVAL", "POLL_BACKOFF", "POLL_INTERVAL", "Collected", "DetectingGrid",
+           "Rejoin", "collect", "send_and_collect"]
 
-#: Seconds between two polls (pull the replies, read the node list) of :func:`send_and_collect`.
+#: Longest wait (s) between two polls (pull the replies, read the node list) of :func:`send_and_collect`.
 POLL_INTERVAL = 1.0
+#: First wait (s) after pushing the messages; each later wait is :data:`POLL_BACKOFF` times the last.
+MIN_POLL_INTERVAL = 0.02
+POLL_BACKOFF = 1.5
 #: Seconds a new node gets to prove its identity (a :class:`Rejoin` ``prove`` exchange; capped by the step timeout).
 IDENTITY_TIMEOUT = 30.0
 
@@ -144,7 +150,8 @@ def _error_reply(msg: Message, code: int, reason: str) -> Message:
 
 
 def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float | None,
-                     poll_interval: float = POLL_INTERVAL, rejoin: Rejoin | None = None) -> Collected:
+                     poll_interval: float = POLL_INTERVAL, rejoin: Rejoin | None = None,
+                     min_poll_interval: float = MIN_POLL_INTERVAL) -> Collected:
     """Push ``messages``, then poll until every destination replied, was given up, or ``timeout`` ran out.
 
     See the module docstring for what is checked at each poll. A grid may
@@ -159,14 +166,24 @@ def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float |
     timeout : float or None
         Seconds to wait (``None``: until every node replied or was given up).
     poll_interval : float, default=:data:`POLL_INTERVAL`
+        The longest wait between two polls (s).
     rejoin : Rejoin, optional
+    min_poll_interval : float, default=:data:`MIN_POLL_INTERVAL`
+        The first wait (s); each later one is :data:`POLL_BACKOFF` times the last, up to ``poll_interval``.
 
     Returns
     -------
     Collected
+
+    Raises
+    ------
+    ValueError
+        If ``poll_interval`` or ``min_poll_interval`` is not > 0, or ``min_poll_interval > poll_interval``.
     """
-    if poll_interval <= 0:
-        raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+    if poll_interval <= 0 or min_poll_interval <= 0 or min_poll_interval > poll_interval:
+        raise ValueError(f"need 0 < min_poll_interval <= poll_interval seconds, got {min_poll_interval!r} "
+                         f"and {poll_interval!r}")
+    wait = min_poll_interval
     clock = getattr(grid, "clock", None) or time.monotonic
     sleep = getattr(grid, "sleep", None) or time.sleep
     messages = list(messages)
@@ -220,7 +237,8 @@ def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float |
                             f"after {now:.1f} s; this node ID is given up", now)
         if not pending or (timeout is not None and now >= timeout):
             break
-        sleep(poll_interval if timeout is None else max(0.0, min(poll_interval, timeout - now)))
+        sleep(wait if timeout is None else max(0.0, min(wait, timeout - now)))
+        wait = min(poll_interval, wait * POLL_BACKOFF)
     elapsed = clock() - t0
     for msg in pending.values():
         out.timed_out.append(int(msg.metadata.dst_node_id))

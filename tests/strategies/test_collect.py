@@ -171,3 +171,43 @@ def test_kill_and_restart_refuse_an_unknown_node():
         grid.kill(12345)
     with pytest.raises(ValueError, match="unknown node"):
         grid.restart(12345)
+
+
+class _SlowGrid:
+    """Replies become available ``delay`` simulated seconds after the push (the in-process grid's
+    replies are there at once); records the simulated time of every poll."""
+
+    def __init__(self, inner, delay):
+        self.inner, self.delay, self.now, self.polls = inner, delay, 0.0, []
+        self._held = {}
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+    def get_node_ids(self):
+        return self.inner.get_node_ids()
+
+    def push_messages(self, messages):
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, ids):
+        self.polls.append(self.now)
+        return list(self.inner.pull_messages(ids)) if self.now >= self.delay else []
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 4.0])
+def test_the_poll_adapts_a_fast_step_is_not_held_for_a_whole_interval(delay):
+    from flwr_fedeval.strategies.collect import MIN_POLL_INTERVAL, POLL_BACKOFF
+
+    grid = _SlowGrid(InProcessGrid(_app(), 3, {}), delay)
+    got = send_and_collect(grid, _ping(grid), timeout=STEP_TIMEOUT)
+    assert len(got.replies) == 3 and not got.timed_out
+    # collected within one (backed-off) wait of the moment the replies were there, never a fixed 1 s later
+    # (the waits so far sum to about 2x the last one: the overshoot is below half the delay + the first wait)
+    assert delay <= got.elapsed <= delay + min(POLL_INTERVAL, delay * (POLL_BACKOFF - 1) + MIN_POLL_INTERVAL) + 1e-9
+    waits = [b - a for a, b in zip(grid.polls, grid.polls[1:])]
+    assert waits[0] == pytest.approx(MIN_POLL_INTERVAL) and max(waits) <= POLL_INTERVAL + 1e-12
+    assert all(b >= a - 1e-12 for a, b in zip(waits, waits[1:]))  # backing off, never faster
