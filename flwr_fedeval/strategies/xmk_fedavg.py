@@ -20,7 +20,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
@@ -518,7 +518,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         new_flat = layout.flatten(state.arrays.to_numpy_ndarrays()) + mean_update
         if not np.isfinite(new_flat).all():
             raise RoundAborted("decoding", dict.fromkeys(nodes, "aggregate is not finite"))
-        return ArrayRecord(layout.unflatten(new_flat)), int(round(total_examples))
+        # the keys the global model came with (a PyTorch state_dict's names, a Keras list's "0", "1", ...)
+        arrays = ArrayRecord({key: Array(a) for key, a in zip(state.arrays.keys(), layout.unflatten(new_flat))})
+        return arrays, int(round(total_examples))
 
     # ------------------------------------------------------------ internals
     def _plaintext_length(self) -> int:

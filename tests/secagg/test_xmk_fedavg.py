@@ -129,3 +129,33 @@ def test_corrupted_ciphertext_aborts_cleanly_naming_the_node():
     assert str(bad["node"]) in str(exc)
     expected = _plain_fedavg(_initial(), [0, 2], 1)
     assert np.max(np.abs(_flat(result.arrays.to_numpy_ndarrays()) - expected)) <= 1e-6
+
+
+def test_named_arrays_keep_their_names_through_secure_aggregation():
+    """A PyTorch state_dict's names (``fc1.weight`` ...) survive XMKFedAvg, round after round (issue 23.1):
+    the client's train handler looks its arrays up by name, as ``load_state_dict`` does."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
+
+    names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    app = ClientApp()
+    register_xmkckks_handlers(app)
+
+    @app.train(mods=[xmkckks_mod])
+    def train(msg, context):
+        pid = int(context.node_config["partition-id"])
+        rnd = int(msg.content["config"]["server-round"])
+        got = msg.content["arrays"]
+        assert list(got.keys()) == names, list(got.keys())  # a KeyError in load_state_dict otherwise
+        new = {k: Array(got[k].numpy() + d) for k, d in zip(names, update(pid, rnd))}
+        metrics = MetricRecord({"num-examples": num_examples(pid)})
+        return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics}), reply_to=msg)
+
+    grid = InProcessGrid(app, 3, RUN_CONFIG)
+    start = ArrayRecord({k: Array(a) for k, a in zip(names, _initial())})
+    result = _strategy(3).start(grid=grid, initial_arrays=start, num_rounds=2, train_config=ConfigRecord({}))
+    assert list(result.arrays.keys()) == names
+    assert [a.shape for a in result.arrays.to_numpy_ndarrays()] == [tuple(s) for s in SHAPES]
+    assert not [t for _, t, ok in grid.log if not ok]  # no client refused or failed in either round
