@@ -314,8 +314,10 @@ class LocalDeployment:
         superlink_help = self._help("flower-superlink")  # the flags this flwr version has
         self._one_port = "--port " in superlink_help  # flwr >= 1.31
         self._no_dep_install = "--disable-runtime-dependency-installation" in superlink_help
+        # the Python of bin_dir's flwr (it bundles FABs and is probed for the registry variable)
+        self._python = self.bin / "python" if (self.bin / "python").exists() else Path(sys.executable)
         can_sign = ("--trusted-entities" in self._help("flower-supernode")
-                    and registry_url_configurable(self.bin / "python"))
+                    and registry_url_configurable(self._python))
         if sign_fabs and not can_sign:
             raise DeploymentError(f"the flwr in {self.bin} cannot deliver signed FABs to SuperNodes "
                                   "(needs flower-supernode --trusted-entities and FLWR_SUPERGRID_API_URL: flwr 1.41+)")
@@ -593,7 +595,7 @@ class LocalDeployment:
     def build(self, app: str | os.PathLike) -> BuiltFab:
         """The FAB ``flwr run <app>`` would submit (Flower's own bundling, in ``bin_dir``'s Python)."""
         try:
-            return build_fab(app, self.bin / "python")
+            return build_fab(app, self._python)
         except RuntimeError as exc:
             raise DeploymentError(str(exc)) from exc
 
