@@ -190,6 +190,25 @@ def test_registry_speaks_flower_hubs_protocol(tmp_path, app_fabs):
         registry.close()
 
 
+def test_command_line_keygen_and_sign_give_what_a_supernode_accepts(tmp_path):
+    """The operator's path (README, multi-machine section): keygen, sign; the signed FAB file and its
+    signature are what Flower's SuperNode accepts, with the trusted-entities file keygen wrote."""
+    from flwr_fedeval.testing.fab_trust import main
+
+    app = write_app(tmp_path / "fabtrust-app", "published")
+    assert main(["keygen", "--out", str(tmp_path / "publisher")]) == 0
+    assert main(["sign", "--key", str(tmp_path / "publisher" / "publisher.key"), "--app", str(app),
+                 "--out", str(tmp_path / "signed")]) == 0
+    (meta_file,) = (tmp_path / "signed").glob("*.fab.json")
+    meta = json.loads(meta_file.read_text())
+    fab = meta_file.with_suffix("").read_bytes()
+    assert (meta["app_id"], meta["version"]) == ("@fedeval-test/fabtrust-app", "1.0.0")
+    assert fab == build_fab(app).content  # what `flwr run <app>` would have uploaded
+    trusted = yaml.safe_load((tmp_path / "publisher" / "trusted-entities.yaml").read_text())
+    assert flower_accepts(fab, flower_format(meta["verifications"]), trusted)
+    assert not flower_accepts(fab + b"\0", flower_format(meta["verifications"]), trusted)
+
+
 # ---------------------------------------------------------------- on the deployment engine
 @pytest.mark.deployment
 @pytest.mark.slow
