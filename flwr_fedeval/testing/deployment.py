@@ -316,7 +316,7 @@ class LocalDeployment:
         self._no_dep_install = "--disable-runtime-dependency-installation" in superlink_help
         # the Python of bin_dir's flwr (it bundles FABs and is probed for the registry variable)
         self._python = self.bin / "python" if (self.bin / "python").exists() else Path(sys.executable)
-        can_sign = ("--trusted-entities" in self._help("flower-supernode")
+        can_sign = (sign_fabs is not False and "--trusted-entities" in self._help("flower-supernode")
                     and registry_url_configurable(self._python))
         if sign_fabs and not can_sign:
             raise DeploymentError(f"the flwr in {self.bin} cannot deliver signed FABs to SuperNodes "
