@@ -114,9 +114,9 @@ def test_compact_round_with_threshold_shares_at_q108():
     assert np.max(np.abs(got - fixed)) <= bound
 
 
-def test_dropping_more_limbs_than_compact_limbs_loses_the_sum():
-    # at q93 with M = 3 the budget keeps 2 limbs; forcing 1 leaves the rounding (2 M Q) above the noise:
-    # the result must then be worse than the compact bound (the rule is not needlessly conservative)
+def test_compact_limbs_stops_where_the_rounding_would_exceed_the_noise():
+    # at q93 with M = 3 the budget keeps 2 limbs: one limb would let the rounding (2 M Q) more than
+    # double the worst-case error (condition 6), two limbs do not
     M = 3
     k = rlwe.max_scale_bits(Q93, num_clients=M, max_abs_value=1.0)
     assert compact.compact_limbs(Q93, num_clients=M, scale_bits=k, max_abs_value=1.0) == 2
