@@ -472,7 +472,8 @@ def threshold_partial_decrypt(
     ------
     ThresholdError
         If ``active`` has duplicate or invalid points, does not contain
-        ``share.point``, or has fewer than ``share.threshold`` points.
+        ``share.point``, has fewer than ``share.threshold`` points, or more
+        than ``num_clients`` (each share adds B_smudge(M); B_total(M) counts M).
     ValueError
         On parameter-set or shape mismatch, or values >= q_l.
 
@@ -489,6 +490,11 @@ def threshold_partial_decrypt(
         raise ThresholdError(f"active set {list(pts)} does not contain this share's point {share.point}")
     if len(pts) < share.threshold:
         raise ThresholdError(f"active set has {len(pts)} points, fewer than the threshold {share.threshold}")
+    if len(pts) > num_clients:
+        raise ThresholdError(
+            f"active set has {len(pts)} points, more than num_clients = {num_clients}: the noise budget "
+            f"B_total(M) counts at most M smudged shares"
+        )
     ring = params.ring
     ring.check(c1_sum, "c1_sum")
     if c1_sum.ndim != 3:
