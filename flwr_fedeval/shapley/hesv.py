@@ -86,6 +86,8 @@ class HESV:
         An unknown ``packing``, or a ``batch_size`` that does not fit one batch
         (``> slots // d_out`` reducing, ``>`` the tile order squaring).
 
+    Notes
+    -----
     :attr:`stats` counts ct×ct products, and ``stats.extra["rotations"]`` the
     rotations (0 under reducing).
     """

@@ -283,6 +283,10 @@ def matrix_squaring(ctx: CKKSContext, enc_model: Sequence[Any], enc_data: Sequen
                     layout: SquaringLayout) -> list[Any]:
     """Steps 4–5 under HE: ``J`` ciphertexts whose slots ``[0, ℓ·d)`` hold row blocks of ``AB``.
 
+    Uses one level (ct×ct products, relinearised and rescaled) and
+    :attr:`SquaringLayout.rotations_per_batch` rotations. Decrypt each result and
+    pass the slots to :func:`unpack_product`.
+
     Parameters
     ----------
     ctx : CKKSContext
@@ -291,10 +295,8 @@ def matrix_squaring(ctx: CKKSContext, enc_model: Sequence[Any], enc_data: Sequen
         :func:`pack_model` encrypted, flattened in ``(j, k, o)`` order (``J·K·ℓ``).
     enc_data : sequence of ciphertexts
         :func:`pack_data` encrypted, flattened in ``(k, o)`` order (``K·ℓ``).
-
-    Uses one level (ct×ct products, relinearised and rescaled) and
-    :attr:`SquaringLayout.rotations_per_batch` rotations. Decrypt each result and
-    pass the slots to :func:`unpack_product`.
+    layout : SquaringLayout
+        From :func:`squaring_layout`.
 
     Raises
     ------
