@@ -20,7 +20,12 @@ Implementation choices (stated, not hidden):
   :mod:`~flwr_fedeval.shapley.matrix_squaring`): ``J·K·ℓ`` ct×ct products and
   ``J·(⌊log2(d/ℓ)⌋ + popcount(d/ℓ) − 1)`` rotations per batch of at most the
   tile order ``d ≤ ⌊√N⌋`` samples (Table 1); the evaluator's public context
-  carries the rotation keys;
+  carries the rotation keys. Step 5's extraction happens after decryption, as
+  the paper writes it: the helper ``i_{L+1}`` reads the ``ℓ × m`` scores from
+  the first ``ℓ·d`` slots, and the other slots it decrypts hold partial sums of
+  products of model and data entries (a leak Matrix Reducing does not have;
+  masking them would need a level or noise flooding that costs the scores'
+  precision, so this baseline runner — not wired into Flower — does not);
 * as in the paper, batches cannot mix data owners (each client encrypts its
   own samples), so every owner's last batch is partly empty;
 * clients encrypt ``w_i θ_i`` (model times its integer FedAvg weight) so that
