@@ -56,7 +56,7 @@ from flwr_fedeval.shapley.fsv import federated_shapley
 from flwr_fedeval.shapley.hesv import HESV
 from flwr_fedeval.shapley.matrix_reducing import max_batch
 from flwr_fedeval.shapley.matrix_squaring import squaring_layout
-from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights
+from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights, shapley_ckks_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -359,7 +359,7 @@ def main() -> None:
                     help="only the paper's Table 4 (squaring vs reducing per sample); --docs publishes it")
     args = ap.parse_args()
     if args.matmul_only:
-        ckks = SecSVParams(n_features=48).ckks
+        ckks = shapley_ckks_params()
         rows = matmul_table(ckks, [(2, 49), (1, 49), *PAPER_TABLE4_FULL])
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
