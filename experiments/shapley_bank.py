@@ -217,7 +217,7 @@ def docs_body(rows, result, args, n_features, n_test):
     by = {r["method"]: r for r in rows}
     lines = [
         f"BANK ({n_features} features, min-max), logistic regression, {args.clients} clients, Dirichlet(0.5), "
-        f"80/20 per client, {args.rounds} FedAvg rounds; FSVs over the **{cfg}**"
+        f"80/20 per client, {args.rounds} FedAvg rounds; FSVs over **{cfg}**"
         + (" (a reduced configuration: the full table does not fit the time budget on this shared machine)"
            if reduced else "") + f"; {setup['coalitions_per_round']} coalitions per round. FedAvg weights "
         f"quantised to 6 bits in every method (against exact example counts the plaintext FSVs move by ≤ "
@@ -230,6 +230,11 @@ def docs_body(rows, result, args, n_features, n_test):
         table,
         "",
     ]
+    if setup["eval_rounds"] < args.rounds:
+        lines.append(
+            f"- Every round costs each method the same work (SampleSkip aside: what it skips depends on the "
+            f"round), so the ratios without SampleSkip are those of all {args.rounds} rounds up to the share of "
+            "the one-off setup (encrypting or sharing the test set).")
     lay = setup.get("squaring_layout")
     if lay:
         lines.append(
