@@ -24,7 +24,7 @@ def _columns(ruler: str) -> list[tuple[int, int]]:
 
 def _cells(line: str, cols: list[tuple[int, int]]) -> list[str]:
     cells = []
-    for i, (start, end) in enumerate(cols):
+    for i, (start, _end) in enumerate(cols):
         stop = None if i == len(cols) - 1 else cols[i + 1][0]
         cells.append(line[start:stop].strip())
     return cells

@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 rc=0
 echo "--- ruff check"
-.venv/bin/ruff check flwr_fedeval benchmarks experiments tests || rc=1
+.venv/bin/ruff check flwr_fedeval benchmarks experiments tests examples docs || rc=1
 echo "--- mypy"
 .venv/bin/mypy || rc=1
 echo "--- mkdocs build --strict"
