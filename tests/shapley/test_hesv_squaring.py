@@ -50,3 +50,20 @@ def test_hesv_refuses_unknown_packing_and_oversized_batch(case):
         HESV(X, y, owners, n_classes=2, packing="squared")
     with pytest.raises(ValueError, match="batch_size"):
         HESV(X, y, owners, n_classes=2, packing="squaring", batch_size=65)   # tile order is 8 here
+
+
+def test_hesv_squaring_three_classes_equals_plaintext():
+    """d_out = 3: tiles of ℓ = 3 rows (order 6 for d_in = 5), one rotation per batch."""
+    r = np.random.default_rng(3)
+    d, M = 4, 36
+    X = r.uniform(0, 1, (M, d))
+    y = np.argmax(X @ r.normal(size=(d, 3)), axis=1)
+    owners = np.repeat([0, 1, 2], M // 3)
+    rounds = [{i: r.normal(scale=0.8, size=(3, d + 1)) for i in range(3)}]
+    w = quantize_weights({0: 50, 1: 80, 2: 20}, bits=6)
+    ref = federated_shapley(rounds, w, X, y, n_classes=3)
+    h = HESV(X, y, owners, n_classes=3, packing="squaring")
+    res = h.run(rounds, w)
+    assert (h.layout.rows, h.layout.order, h.layout.rotations_per_batch) == (3, 6, 1)
+    assert np.abs(res.fsv - ref.fsv).max() < 1e-3
+    assert h.stats.extra["rotations"] == h.stats.batches > 0
