@@ -62,14 +62,20 @@ import secrets
 import zipfile
 from collections.abc import Callable, Sequence
 from logging import INFO
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from flwr.common.logger import log
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency of flwr)
+    import tomli as tomllib
+
 from flwr_fedeval import keyshare
-from flwr_fedeval.clients.identity import key_set_floor, node_identity
+from flwr_fedeval.clients.identity import DIR_CONFIG, KEY_CONFIG, key_set_floor, node_identity
 from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.fhe.backend import (
     FHEError,
@@ -114,6 +120,7 @@ __all__ = [
     "role_reply",
     "shapley_record_mod",
     "share_data",
+    "trusts_principal",
 ]
 
 #: The request record (``"shapley"``), for code that edits requests (deviating-server tests).
@@ -129,6 +136,8 @@ SIGNED_PROTOCOL = proto.SIGNED_PROTOCOL  # defined in flwr_fedeval.protocol.secs
 SIGNED_ROLE = proto.SIGNED_ROLE
 ROLES = proto.ROLES                      # the roles a node can answer; importable from here
 _LABEL = "Shapley"
+#: Node config: this node accepts an honest-but-curious principal server P (the paper's model).
+TRUST_PRINCIPAL_CONFIG = "fedeval-secsv-trust-principal"
 #: Exceptions a handler turns into an error reply (besides Refused and MalformedMessage).
 _ERRORS = (FHEError, ValueError, TypeError, KeyError)
 
@@ -235,6 +244,49 @@ def _verified_client_keys(context: Context, public: proto.PublicParams) -> set[b
     if STATE_PEERS not in context.state or context.state[STATE_PEERS]["session"] != public.session:
         raise Refused("no checked client keys for this phase (aux setup missing)")
     return {bytes(v) for k, v in context.state[STATE_PEERS].items() if k != "session"}
+
+
+def _policy_file(context: Context) -> Path | None:
+    """Simulation: the node's policy file ``<identity-dir>/node-<partition-id>.policy.toml``, next to
+    its key (the way :mod:`flwr_fedeval.clients.identity` finds the key); ``None`` in deployment."""
+    node, run = dict(context.node_config), dict(context.run_config)
+    if node.get(KEY_CONFIG) or not run.get(DIR_CONFIG) or "partition-id" not in node:
+        return None
+    return Path(str(run[DIR_CONFIG])).expanduser() / f"node-{int(node['partition-id'])}.policy.toml"
+
+
+def trusts_principal(context: Context) -> bool:
+    """Whether this node's operator accepts an honest-but-curious principal server P.
+
+    Node config ``fedeval-secsv-trust-principal`` (deployment: ``flower-supernode
+    --node-config 'fedeval-secsv-trust-principal=true'``); in simulation, where the node config
+    holds only the partition, the same key in ``<identity-dir>/node-<partition-id>.policy.toml``.
+    Default ``False``. Run config cannot set it (whoever submits the run would vouch for itself).
+
+    SecSV protects the test sets against an honest-but-curious P only (Zheng et al. 2023, §3);
+    a P that deviates can still learn labels through its own half of the scores (no MACs on its
+    share computation, README "Threat model"), so every node must accept that explicitly.
+
+    Raises
+    ------
+    Refused
+        The value is not a boolean (``true``/``false``), or the policy file is malformed.
+    """
+    node = dict(context.node_config)
+    value: Any = node.get(TRUST_PRINCIPAL_CONFIG)
+    path = _policy_file(context) if value is None else None
+    if path is not None and path.is_file():
+        try:
+            value = tomllib.loads(path.read_text()).get(TRUST_PRINCIPAL_CONFIG)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise Refused(f"policy file {path}: {exc}") from None
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise Refused(f"node config '{TRUST_PRINCIPAL_CONFIG}' must be true or false, got {value!r}")
+    return value
 
 
 # --- recording the local models (training) ------------------------------------
@@ -360,6 +412,9 @@ def hello(request: proto.HelloRequest, context: Context, role: str, *, num_test:
         This node has no identity (the message names the config keys to set).
     """
     session = request.session
+    if not trusts_principal(context):
+        raise Refused(f"node config '{TRUST_PRINCIPAL_CONFIG}' is not true: SecSV protects this node's test set "
+                      "only against an honest-but-curious principal server (README, Threat model)")
     for key in [k for k in context.state if k.startswith("shapley.") and k not in
                 (STATE_ROUNDS,) and not k.startswith(STATE_MODELS)]:
         del context.state[key]                       # a new phase starts from scratch
