@@ -26,8 +26,9 @@ message type                   who                     what
 ``query.shapley_models``       clients in ``I^t``      ``⟦w_i·round(θ_i^t 2^f)⟧`` in the Matrix Reducing layout
 ``query.shapley_aux_setup``    A                       open and keep its shares of every test set
 ``query.shapley_aux_eval``     A                       its half ``⟦A_S B''_l⟧`` of every (coalition, batch)
-``query.shapley_helper``       helper clients          decrypt, predict, reply shares of the predictions
-``query.shapley_aux_diff``     A                       its share of ``Ŷ − Y`` per batch
+``query.shapley_helper``       helper clients          decrypt, predict, deal the zero test (P's part; A's
+                                                       part sealed for A)
+``query.shapley_aux_diff``     A                       its share of ``r·(Ŷ − Y)`` per batch (zero test)
 =============================  ======================  ====================================================
 
 Every request and reply is a payload dataclass of :mod:`flwr_fedeval.protocol.secsv`
@@ -41,7 +42,9 @@ and change nothing.
 No secret leaves a node: the clients' CKKS secret context travels sealed
 (X25519 + HKDF + AES-GCM, :mod:`flwr_fedeval.keyshare`) between clients, A's
 shares travel sealed for A; P sees its own shares (uniform on ``Z_{2^k}``),
-ciphertexts, and which samples each coalition model predicts correctly.
+ciphertexts, and which samples each coalition model predicts correctly: it opens
+``r·(Ŷ − Y)`` for a multiplier ``r`` it does not know (:mod:`flwr_fedeval.shapley.zero_test`),
+never ``Ŷ − Y`` (whose sign is the label of a misclassified binary sample).
 Trust model: P and A do not collude; each may deviate (issue 12). Every
 X25519 key P relays is signed with the node's roster key over (``"secsv"``,
 session, 0, role, key) and checked against the roster before use
@@ -92,14 +95,14 @@ from flwr_fedeval.shapley.parties import (
     aggregate_model,
     encrypt_model,
     helper_predict,
-    masked_difference,
     model_matrix,
     server_plaintexts,
     server_products,
     share_test_set,
 )
 from flwr_fedeval.shapley.secsv import shapley_ckks_params
-from flwr_fedeval.shapley.sharing import share
+from flwr_fedeval.shapley.sharing import LABEL_PRIME
+from flwr_fedeval.shapley.zero_test import AuxDeal, aux_share, deal
 
 __all__ = [
     "ROLES",
@@ -550,11 +553,12 @@ def encrypt_models(request: proto.ModelsRequest, context: Context) -> proto.Mode
 
 
 def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
-    """``query.shapley_helper`` (Algorithm 4 steps 7–11): decrypt scores, predict, share.
+    """``query.shapley_helper`` (Algorithm 4 steps 7–11): decrypt scores, predict, deal the zero test.
 
     ``request.aux_public_key`` must be the key this client checked against the roster at the
-    share step. Reply per job: P's share of the predicted labels (uint64) and A's share, sealed
-    for A.
+    share step. Reply per job: P's part of the zero test's deal (:func:`~flwr_fedeval.shapley.
+    zero_test.deal`: its share of ``r·Ŷ`` and its triple part, uint64 in ``F_p``) and A's part
+    (``q'', r, v, c''``), sealed for A. The predictions themselves never leave the helper.
     """
     public = request.public
     kp = _keypair(context, public.session)
@@ -566,8 +570,9 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
     for j, (packed, n) in request.batches.items():
         cts = [ctx.deserialize_ciphertext(b) for b in unpack_blobs(packed, expected=params.n_limbs)]
         pred = helper_predict(ctx, cts, n, params, m=m, d_out=d_out)
-        pred_p, pred_a = share(pred, params.ring_bits)
-        out[j] = (pred_p, keyshare.seal_for(_pack_arrays(pred=pred_a), sender=kp, recipient_public=aux_pk))
+        deal_p, deal_a = deal(pred)
+        sealed = keyshare.seal_for(_pack_arrays(**deal_a._asdict()), sender=kp, recipient_public=aux_pk)
+        out[j] = (deal_p, sealed)
     return proto.HelperReply(out)
 
 
@@ -607,6 +612,8 @@ def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetu
 
         x, y = read_raw_npz(raw, {"x": (np.uint64, x_shape),
                                   "y": (np.uint64, lambda s, rows=rows: s == (rows[0],))})
+        if y.size and int(y.max()) >= LABEL_PRIME:
+            raise Refused(f"label shares of node {node} are not elements of F_p (p = {LABEL_PRIME})")
         xs.append(x)
         ys.append(y)
     X, Y = np.vstack(xs), np.concatenate(ys)
@@ -671,24 +678,29 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
 
 
 def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffReply:
-    """``query.shapley_aux_diff`` (Algorithm 4 step 12): A's share of ``Ŷ − Y`` per batch.
+    """``query.shapley_aux_diff`` (the zero test replacing Algorithm 4 steps 12–14): A's share of
+    ``r·(Ŷ − Y)`` per batch (:func:`~flwr_fedeval.shapley.zero_test.aux_share`).
 
-    Each helper key must be one of the client keys checked at setup; each share must be a raw
-    ``.npz`` with ``pred`` uint64 of the batch's length. Reply per job: uint64 ``(n_j,)``.
+    Each helper key must be one of the client keys checked at setup; each deal must be a raw
+    ``.npz`` with ``q``, ``r``, ``v``, ``c`` uint64 of the batch's length, in ``F_p``, ``r`` non-zero.
+    Reply per job: ``f = r − v`` and ``z''``, uint64 ``(n_j,)``.
     """
     keypair = _keypair(context, request.public.session)
-    params = request.public.params
     _, Y, _ = _aux_state(context)
     clients = _verified_client_keys(context, request.public)
     out = {}
-    for j, (sealed, ids, helper_pk) in request.jobs.items():
+    for j, (sealed, ids, helper_pk, e) in request.jobs.items():
         if ids.size == 0 or ids.min() < 0 or ids.max() >= len(Y):
             raise Refused(f"job {j}: sample ids out of range")
         if helper_pk not in clients:
             raise IdentityError(f"job {j}: the helper's key is not one of the clients' keys checked at setup")
         raw = keyshare.open_from(sealed, recipient=keypair, sender_public=helper_pk)
-        (pred_a,) = read_raw_npz(raw, {"pred": (np.uint64, lambda s, n=ids.size: s == (n,))})
-        out[j] = masked_difference(pred_a, Y[ids], params.ring_bits)
+        shape_ok = {name: (np.uint64, lambda s, n=ids.size: s == (n,)) for name in AuxDeal._fields}
+        deal_a = AuxDeal(*read_raw_npz(raw, shape_ok))
+        try:
+            out[j] = aux_share(deal_a, Y[ids], e)
+        except ValueError as exc:
+            raise Refused(f"job {j}: {exc}") from None
     return proto.AuxDiffReply(out)
 
 

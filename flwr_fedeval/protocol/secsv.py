@@ -21,6 +21,10 @@ step                     request                 reply
 8 ``shapley_aux_diff``   :class:`AuxDiffRequest`   :class:`AuxDiffReply`
 =======================  ======================  ==========================================
 
+Steps 7-8 run the zero test of :mod:`flwr_fedeval.shapley.zero_test` (the helper deals, A
+answers, P opens ``r·(Ŷ − Y)``): P never sees ``Ŷ − Y``. Labels are shared over ``F_p``
+(``p = 2^31 − 1``), features over ``Z_{2^k}``.
+
 Every request after hello carries :class:`PublicParams` (session id, fixed point, ring, limbs,
 Matrix Reducing layout) in the ConfigRecord ``shapley``. Per-job fields are named
 ``<field>-<j>`` (``j`` the job index of one exchange, a (coalition, batch) pair); per-node
@@ -53,6 +57,8 @@ from flwr_fedeval.protocol._base import (
     config_record,
 )
 from flwr_fedeval.shapley.secsv import SecSVParams, shapley_ckks_params
+from flwr_fedeval.shapley.sharing import LABEL_PRIME
+from flwr_fedeval.shapley.zero_test import PDeal
 
 __all__ = [
     "AUX_DIFF", "AUX_EVAL", "AUX_SETUP", "HELLO", "HELPER", "KEYGEN", "MODELS", "ROLE_QUERY", "SHARE", "STEPS",
@@ -470,8 +476,8 @@ class ShareRequest(Payload):
 @dataclasses.dataclass(frozen=True, eq=False)
 class ShareReply(Payload):
     """``query.shapley_share`` reply ``shapley-share``: P's share of the test set, ``x`` uint64
-    ``(M, d + 1)`` and ``y`` uint64 ``(M,)`` (uniform on ``Z_{2^k}``), and ``sealed-aux`` (A's
-    share as a raw ``.npz``, sealed for A; uint8)."""
+    ``(M, d + 1)`` (uniform on ``Z_{2^k}``) and ``y`` uint64 ``(M,)`` (uniform on ``F_p``, checked
+    ``< p``), and ``sealed-aux`` (A's share as a raw ``.npz``, sealed for A; uint8)."""
 
     LABEL = "SecSV share reply"
     x: np.ndarray
@@ -486,6 +492,8 @@ class ShareReply(Payload):
     def _from_record(cls, content: RecordDict) -> ShareReply:
         rec = array_record(content, SHARE_KEY)
         y = array_field(rec, SHARE_KEY, "y", dtype=np.uint64, shape=(None,))
+        if y.size and int(y.max()) >= LABEL_PRIME:
+            raise MalformedMessage(f"{SHARE_KEY}.y", f"label shares >= p = {LABEL_PRIME}")
         return cls(array_field(rec, SHARE_KEY, "x", dtype=np.uint64, shape=(len(y), None)), y,
                    array_bytes(rec, SHARE_KEY, "sealed-aux"))
 
@@ -668,42 +676,54 @@ class HelperRequest(Payload):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class HelperReply(Payload):
-    """``query.shapley_helper`` reply ``shapley-pred``: per job, ``p-<j>`` (P's share of the
-    predicted labels Ŷ, uint64 ``(n_j,)``) and ``a-<j>`` (A's share as a raw ``.npz``, sealed
-    for A; uint8). ``preds``: ``{j: (p, a)}``."""
+    """``query.shapley_helper`` reply ``shapley-pred``: per job ``j`` the helper's deal of the zero
+    test (:mod:`flwr_fedeval.shapley.zero_test`): P's part ``q-<j>``, ``u-<j>``, ``c-<j>`` (uint64
+    ``(n_j,)``, elements of ``F_p``: P's share of ``r·Ŷ`` and its multiplication triple part) and
+    ``a-<j>`` (A's part ``q'', r, v, c''`` as a raw ``.npz``, sealed for A; uint8).
+    ``preds``: ``{j: (PDeal, sealed)}``."""
 
     LABEL = "SecSV helper reply"
-    preds: dict[int, tuple[np.ndarray, bytes]]
+    preds: dict[int, tuple[PDeal, bytes]]
 
     def _to_record(self) -> RecordDict:
         rec = {}
-        for j, (p, a) in self.preds.items():
-            rec[f"p-{j}"], rec[f"a-{j}"] = _array(p, np.uint64), bytes_array(a)
+        for j, (d, a) in self.preds.items():
+            rec[f"q-{j}"], rec[f"u-{j}"], rec[f"c-{j}"] = (_array(x, np.uint64) for x in (d.q, d.u, d.c))
+            rec[f"a-{j}"] = bytes_array(a)
         return RecordDict({PRED_KEY: ArrayRecord(rec)})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> HelperReply:
         rec = array_record(content, PRED_KEY)
-        return cls({j: (array_field(rec, PRED_KEY, f"p-{j}", dtype=np.uint64, shape=(None,)),
-                        array_bytes(rec, PRED_KEY, f"a-{j}")) for j in _jobs(rec, PRED_KEY, ("p", "a"))})
+        out = {}
+        for j in _jobs(rec, PRED_KEY, ("q", "u", "c", "a")):
+            q = array_field(rec, PRED_KEY, f"q-{j}", dtype=np.uint64, shape=(None,))
+            u, c = (array_field(rec, PRED_KEY, f"{n}-{j}", dtype=np.uint64, shape=(len(q),)) for n in ("u", "c"))
+            for name, arr in (("q", q), ("u", u), ("c", c)):
+                if arr.size and int(arr.max()) >= LABEL_PRIME:
+                    raise MalformedMessage(f"{PRED_KEY}.{name}-{j}", f"values >= p = {LABEL_PRIME}")
+            out[j] = (PDeal(q, u, c), array_bytes(rec, PRED_KEY, f"a-{j}"))
+        return cls(out)
 
 
-# ------------------------------------------------------------------ step 8: A's differences
+# ------------------------------------------------------------------ step 8: A's share of the zero test
 @dataclasses.dataclass(frozen=True, eq=False)
 class AuxDiffRequest(Payload):
-    """``query.shapley_aux_diff`` request (Algorithm 4 step 12): per job ``j``, A's sealed
-    prediction share ``sealed-<j>`` (uint8) and the batch's sample ids ``ids-<j>`` (int64,
-    ``(n_j,)``) in ``shapley-preds``, and the helper's X25519 key ``helper-<j>`` (32 bytes) in
-    ``shapley-helper-keys``. ``jobs``: ``{j: (sealed, ids, helper key)}``."""
+    """``query.shapley_aux_diff`` request (the zero test replacing Algorithm 4 steps 12-14): per job
+    ``j``, A's sealed deal ``sealed-<j>`` (uint8), the batch's sample ids ``ids-<j>`` (int64,
+    ``(n_j,)``) and P's masked label share ``e-<j> = Y' − u`` (uint64 ``(n_j,)``, in ``F_p``) in
+    ``shapley-preds``, and the helper's X25519 key ``helper-<j>`` (32 bytes) in
+    ``shapley-helper-keys``. ``jobs``: ``{j: (sealed, ids, helper key, e)}``."""
 
     LABEL = "SecSV aux differences request"
     public: PublicParams
-    jobs: dict[int, tuple[bytes, np.ndarray, bytes]]
+    jobs: dict[int, tuple[bytes, np.ndarray, bytes, np.ndarray]]
 
     def _to_record(self) -> RecordDict:
         rec, keys = {}, {}
-        for j, (sealed, ids, helper_key) in self.jobs.items():
+        for j, (sealed, ids, helper_key, e) in self.jobs.items():
             rec[f"sealed-{j}"], rec[f"ids-{j}"] = bytes_array(sealed), _array(ids, np.int64)
+            rec[f"e-{j}"] = _array(e, np.uint64)
             keys[f"helper-{j}"] = helper_key
         return RecordDict({REQUEST_KEY: ConfigRecord(self.public.fields()), PREDS_KEY: ArrayRecord(rec),
                            HELPER_KEYS_KEY: ConfigRecord(keys)})
@@ -711,31 +731,47 @@ class AuxDiffRequest(Payload):
     @classmethod
     def _from_record(cls, content: RecordDict) -> AuxDiffRequest:
         preds, keys = array_record(content, PREDS_KEY), config_record(content, HELPER_KEYS_KEY)
-        jobs = _jobs(preds, PREDS_KEY, ("sealed", "ids"))
+        jobs = _jobs(preds, PREDS_KEY, ("sealed", "ids", "e"))
         if _jobs(keys, HELPER_KEYS_KEY, ("helper",)) != jobs:
             raise MalformedMessage(HELPER_KEYS_KEY, f"helper keys do not match the jobs {jobs}")
-        return cls(PublicParams.parse(config_record(content, REQUEST_KEY), layout=False),
-                   {j: (array_bytes(preds, PREDS_KEY, f"sealed-{j}"),
-                        array_field(preds, PREDS_KEY, f"ids-{j}", dtype=np.int64, shape=(None,)),
-                        config_bytes(keys, HELPER_KEYS_KEY, f"helper-{j}", length=KEY_BYTES)) for j in jobs})
+        out = {}
+        for j in jobs:
+            ids = array_field(preds, PREDS_KEY, f"ids-{j}", dtype=np.int64, shape=(None,))
+            e = array_field(preds, PREDS_KEY, f"e-{j}", dtype=np.uint64, shape=(len(ids),))
+            if e.size and int(e.max()) >= LABEL_PRIME:
+                raise MalformedMessage(f"{PREDS_KEY}.e-{j}", f"values >= p = {LABEL_PRIME}")
+            out[j] = (array_bytes(preds, PREDS_KEY, f"sealed-{j}"), ids,
+                      config_bytes(keys, HELPER_KEYS_KEY, f"helper-{j}", length=KEY_BYTES), e)
+        return cls(PublicParams.parse(config_record(content, REQUEST_KEY), layout=False), out)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class AuxDiffReply(Payload):
-    """``query.shapley_aux_diff`` reply ``shapley-diffs``: ``d-<j>``, A's share of ``Ŷ − Y`` of job
-    ``j`` (uint64, ``(n_j,)``)."""
+    """``query.shapley_aux_diff`` reply ``shapley-diffs``: per job ``j``, ``f-<j> = r − v`` and
+    ``z-<j>``, A's share of ``r·(Ŷ − Y)`` (uint64 ``(n_j,)`` each, in ``F_p``).
+    ``diffs``: ``{j: (f, z)}``."""
 
     LABEL = "SecSV aux differences reply"
-    diffs: dict[int, np.ndarray]
+    diffs: dict[int, tuple[np.ndarray, np.ndarray]]
 
     def _to_record(self) -> RecordDict:
-        return RecordDict({DIFFS_KEY: ArrayRecord({f"d-{j}": _array(d, np.uint64) for j, d in self.diffs.items()})})
+        rec = {}
+        for j, (f, z) in self.diffs.items():
+            rec[f"f-{j}"], rec[f"z-{j}"] = _array(f, np.uint64), _array(z, np.uint64)
+        return RecordDict({DIFFS_KEY: ArrayRecord(rec)})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> AuxDiffReply:
         rec = array_record(content, DIFFS_KEY)
-        return cls({j: array_field(rec, DIFFS_KEY, f"d-{j}", dtype=np.uint64, shape=(None,))
-                    for j in _jobs(rec, DIFFS_KEY, ("d",))})
+        out = {}
+        for j in _jobs(rec, DIFFS_KEY, ("f", "z")):
+            f = array_field(rec, DIFFS_KEY, f"f-{j}", dtype=np.uint64, shape=(None,))
+            z = array_field(rec, DIFFS_KEY, f"z-{j}", dtype=np.uint64, shape=(len(f),))
+            for name, arr in (("f", f), ("z", z)):
+                if arr.size and int(arr.max()) >= LABEL_PRIME:
+                    raise MalformedMessage(f"{DIFFS_KEY}.{name}-{j}", f"values >= p = {LABEL_PRIME}")
+            out[j] = (f, z)
+        return cls(out)
 
 
 # ------------------------------------------------------------------ the step table

@@ -21,8 +21,10 @@ step   message (to)                       what
 4      ``query.shapley_aux_setup`` (A)    A opens and keeps its shares
 5      ``query.shapley_models`` (I^t)     per round: encrypted local models (Matrix Reducing)
 6      ``query.shapley_aux_eval`` (A)     per round and coalition size: A's products
-7      ``query.shapley_helper`` (C)       P adds its products; helpers decrypt and share Ŷ
-8      ``query.shapley_aux_diff`` (A)     A's share of Ŷ − Y; P learns the correct-prediction mask
+7      ``query.shapley_helper`` (C)       P adds its products; helpers decrypt, predict and deal
+                                          the zero test (:mod:`flwr_fedeval.shapley.zero_test`)
+8      ``query.shapley_aux_diff`` (A)     A's share of r·(Ŷ − Y); P opens it: 0 iff correct (the
+                                          correct-prediction mask, nothing else)
 =====  =================================  =======================================================
 
 Coalitions are evaluated by increasing size, one exchange of steps 6–8 per
@@ -61,8 +63,6 @@ from flwr_fedeval.shapley.parties import (
     add_products,
     aggregate_model,
     choose_batches,
-    correct_mask,
-    masked_difference,
     plan_batches,
     server_plaintexts,
     server_products,
@@ -73,6 +73,7 @@ from flwr_fedeval.shapley.secsv import (
     quantize_weights,
     shapley_ckks_params,
 )
+from flwr_fedeval.shapley.zero_test import mask_label_share, open_zero_test
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures, exchange_replies
 
 __all__ = ["NodeSubsetGrid", "SecSVPhase", "ShapleyPhaseError", "ShapleyPhaseResult", "discover_roles"]
@@ -724,7 +725,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                           totals: list) -> list[tuple[np.ndarray, bytes, int]]:
         """Step 7: send each batch to a helper client that owns none of it (and, when possible, is
         outside the coalition); replace failing helpers for the rest of the phase.
-        Returns ``(pred_P, sealed pred_A, helper)``."""
+        Returns ``(P's part of the zero-test deal, A's part sealed for A, helper)``."""
         failed_helpers = st.failed_helpers      # a helper that failed once is not asked again
         pending = list(range(len(jobs)))
         out: dict[int, tuple] = {}
@@ -751,10 +752,10 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                     raise ValueError(f"prediction shares of jobs {sorted(preds)}, sent jobs {sorted(assign[h])}")
                 res = {}
                 for j in assign[h]:
-                    pred, sealed = preds[j]
-                    if pred.shape != jobs[j][1].shape:
-                        raise ValueError(f"prediction share {j}: {pred.dtype} {pred.shape}")
-                    res[j] = (pred, sealed, h)
+                    deal_p, sealed = preds[j]
+                    if deal_p.q.shape != jobs[j][1].shape:
+                        raise ValueError(f"zero-test deal {j}: {deal_p.q.shape}, batch {jobs[j][1].shape}")
+                    res[j] = (deal_p, sealed, h)
                 return res
 
             valid, failed = self._exchange(grid, contents, proto.HELPER.message_type, parse, "helper decryption",
@@ -771,22 +772,32 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
 
     # -- step 8 ---------------------------------------------------------------
     def aux_differences(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, preds: list) -> list[np.ndarray]:
-        """Step 8 (A): its share of Ŷ − Y; P learns the correct-prediction mask of every job."""
-        k, aux = st.params.ring_bits, st.aux
-        content = proto.AuxDiffRequest(st.public, {j: (preds[j][1], ids.astype(np.int64), st.pk[preds[j][2]])
-                                             for j, (S, ids) in enumerate(jobs)}).to_record()
+        """Step 8 (A): the zero test (:mod:`flwr_fedeval.shapley.zero_test`). P sends ``e = Y' − u``,
+        A answers ``f`` and its share of ``r·(Ŷ − Y)``; P opens it: the correct-prediction mask of
+        every job (its only view: 0, or a uniform non-zero element, per sample)."""
+        aux = st.aux
+        assert st.y_P is not None
+        masked = [mask_label_share(st.y_P[ids], preds[j][0]) for j, (_S, ids) in enumerate(jobs)]
+        content = proto.AuxDiffRequest(st.public, {j: (preds[j][1], ids.astype(np.int64), st.pk[preds[j][2]],
+                                                       masked[j])
+                                                   for j, (S, ids) in enumerate(jobs)}).to_record()
 
         def parse_diffs(n, ct):
             diffs = _all_jobs(proto.AuxDiffReply.from_record(ct, node=n).diffs, len(jobs))
             out = []
             for j, (_S, ids) in enumerate(jobs):
-                dj = diffs[j]
-                if dj.shape != ids.shape:
-                    raise ValueError(f"difference share {j} has {dj.dtype} {dj.shape}, expected uint64 {ids.shape}")
-                out.append(dj)
+                f, z = diffs[j]
+                if f.shape != ids.shape:
+                    raise ValueError(f"zero-test share {j} has {f.dtype} {f.shape}, expected uint64 {ids.shape}")
+                out.append((f, z))
             return out
 
         diffs, _ = self._exchange(grid, {aux: content}, proto.AUX_DIFF.message_type, parse_diffs,
                                   f"aux differences, round {t}", st=st)
-        return [correct_mask(masked_difference(preds[j][0], st.y_P[ids], k), diffs[aux][j], k)
-                for j, (S, ids) in enumerate(jobs)]
+        return [self._open(t, S, ids, preds[j][0], masked[j], *diffs[aux][j]) for j, (S, ids) in enumerate(jobs)]
+
+    def _open(self, t: int, S: frozenset, ids: np.ndarray, deal_p, e: np.ndarray, f: np.ndarray,
+              z_aux: np.ndarray) -> np.ndarray:
+        """P opens ``r·(Ŷ − Y)`` of the job (round ``t``, coalition ``S``, samples ``ids``): ``True``
+        where it is 0, a correct prediction. Everything P learns from the comparison passes here."""
+        return open_zero_test(deal_p, e, f, z_aux)[0]

@@ -23,6 +23,8 @@ from flwr_fedeval.protocol import (
     secsv,
 )
 from flwr_fedeval.shapley.secsv import SecSVParams
+from flwr_fedeval.shapley.sharing import LABEL_PRIME
+from flwr_fedeval.shapley.zero_test import PDeal
 from flwr_fedeval.testing.grid import _roundtrip_message
 
 NODE = 18446744073709551557          # a node ID above the int64 range, as the deployment engine assigns
@@ -55,10 +57,12 @@ SAMPLES = {
                                        {"11": b"m11", "12": b"m12"}),
     "aux-eval-reply": secsv.AuxEvalReply({0: b"p0", 1: b"p1"}),
     "helper-request": secsv.HelperRequest(PUBLIC, AUX.key, {3: (b"c3", 3), 10: (b"c10", 1)}),
-    "helper-reply": secsv.HelperReply({3: (np.array([1, 2, 3], dtype=np.uint64), b"a3")}),
+    "helper-reply": secsv.HelperReply({3: (PDeal(*(np.array([1, 2, 3], dtype=np.uint64) + i for i in range(3))),
+                                           b"a3")}),
     "aux-diff-request": secsv.AuxDiffRequest(dataclasses.replace(PUBLIC, m=None, d_out=None, n_classes=None),
-                                       {0: (b"sealed0", IDS, PK)}),
-    "aux-diff-reply": secsv.AuxDiffReply({0: np.array([4, 5, 6], dtype=np.uint64)}),
+                                       {0: (b"sealed0", IDS, PK, np.array([7, 8, 9], dtype=np.uint64))}),
+    "aux-diff-reply": secsv.AuxDiffReply({0: (np.array([4, 5, 6], dtype=np.uint64),
+                                              np.array([0, 1, 2], dtype=np.uint64))}),
 }
 
 
@@ -170,10 +174,16 @@ MALFORMED = [
     ("helper-request", _set("shapley-batches", "n-3", Array(np.array([0]))),
      "shapley-batches.n-3"),
     ("helper-reply", _del("shapley-pred", "a-3"), "shapley-pred.a-3"),
+    ("helper-reply", _set("shapley-pred", "u-3", Array(np.array([1, 2, LABEL_PRIME], np.uint64))),
+     "shapley-pred.u-3"),
+    ("share-reply", _set("shapley-share", "y", Array(np.array([1, LABEL_PRIME], np.uint64))), "shapley-share.y"),
+    ("aux-diff-request", _set("shapley-preds", "e-0", Array(np.array([1, 2], np.uint64))), "shapley-preds.e-0"),
     ("aux-diff-request", _set("shapley-helper-keys", "helper-0", PK[:31]), "shapley-helper-keys.helper-0"),
     ("aux-diff-request", _del("shapley-helper-keys", "helper-0"), "shapley-helper-keys"),
-    ("aux-diff-reply", _set("shapley-diffs", "d-0", Array(np.zeros((3, 1), np.uint64))),
-     "shapley-diffs.d-0"),
+    ("aux-diff-reply", _set("shapley-diffs", "z-0", Array(np.zeros((3, 1), np.uint64))),
+     "shapley-diffs.z-0"),
+    ("aux-diff-reply", _set("shapley-diffs", "f-0", Array(np.array([0, 0, LABEL_PRIME + 5], np.uint64))),
+     "shapley-diffs.f-0"),
 ]
 
 
