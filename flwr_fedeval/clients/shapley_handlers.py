@@ -135,6 +135,7 @@ STATE_SECRET = "shapley.secret"
 STATE_AUX = "shapley.aux"                # A: shares (ArrayRecord)
 STATE_AUX_MODELS = "shapley.aux-models"  # A: the current round's ciphertexts
 STATE_PEERS = "shapley.peers"            # verified relayed keys: client {"aux"}, A {<node>: client key}
+STATE_AUX_NAMES = "shapley.aux-names"    # A: {<node>: roster name that signed the node's client key}
 SIGNED_PROTOCOL = proto.SIGNED_PROTOCOL  # defined in flwr_fedeval.protocol.secsv; importable from here
 SIGNED_ROLE = proto.SIGNED_ROLE
 ROLES = proto.ROLES                      # the roles a node can answer; importable from here
@@ -541,15 +542,21 @@ def _arr(a: np.ndarray) -> Array:
 def encrypt_models(request: proto.ModelsRequest, context: Context) -> proto.ModelsReply:
     """``query.shapley_models`` (Algorithm 5 steps 1–3): encrypt this client's model of round ``t``.
 
-    Reply: ``d_in`` packed ciphertexts of ``w_i · round(θ_i^t 2^f)``. Refuses a model above the
-    public ``model-bound`` (``ValueError``) or a round without a recorded model.
+    Reply: ``d_in`` packed ciphertexts of ``w_i · round(θ_i^t 2^f)``, signed with this node's roster
+    key over ``("secsv-model", session, t, "client", SHA-256 of the ciphertexts)``: A computes only
+    on models so signed (a model P made itself under the public key is refused). Refuses a model
+    above the public ``model-bound`` (``ValueError``) or a round without a recorded model.
     """
     _keypair(context, request.public.session)
     m, d_out, n_classes = _layout(request.public)
     theta = recorded_model(context, request.round)
     A = model_matrix(theta, request.weight, request.public.params, n_classes=n_classes, d_out=d_out)
     ctx = _secret_context(context)
-    return proto.ModelsReply(pack_blobs([ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)]))
+    packed = pack_blobs([ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)])
+    ident, _ = node_identity(context)
+    sig = sign_key(ident, protocol=proto.MODEL_PROTOCOL, session=request.public.session, round=request.round,
+                   role="client", key=proto.model_digest(packed))
+    return proto.ModelsReply(packed, ident.name, sig)
 
 
 def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
@@ -621,6 +628,7 @@ def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetu
                                             "context": proto.bytes_array(request.public_context)})
     context.state[STATE_AUX + ".order"] = ConfigRecord({"order": order})
     context.state[STATE_PEERS] = ConfigRecord({"session": public.session, **keys})
+    context.state[STATE_AUX_NAMES] = ConfigRecord({str(n): str(name) for n, name in names.items()})
     log(INFO, "Shapley phase: auxiliary server (%s) checked the keys of clients %s", ident.name,
         sorted(names.values()))
     log(INFO, "Shapley phase: auxiliary server holds shares of %d test samples", len(Y))
@@ -634,11 +642,36 @@ def _aux_state(context: Context):
     return st["x"].numpy(), st["y"].numpy(), load_context(proto.array_bytes(st, STATE_AUX, "context"))
 
 
+def _check_model_signatures(context: Context, request: proto.AuxEvalRequest) -> None:
+    """A: every forwarded model of the round signed by the roster member A checked for its node."""
+    if STATE_AUX_NAMES not in context.state:
+        raise Refused("no checked client names for this phase (aux setup missing)")
+    names = context.state[STATE_AUX_NAMES]
+    _, roster = node_identity(context)
+    sigs = request.model_signatures or {}
+    for node, packed in (request.round_models or {}).items():
+        if node not in names:
+            raise IdentityError(f"model of node {node}, which is not one of the clients checked at setup")
+        if node not in sigs:
+            raise IdentityError(f"model of node {node} ({names[node]!r}) is not signed (unsigned models are refused)")
+        verify_key(roster, str(names[node]), sigs[node], protocol=proto.MODEL_PROTOCOL,
+                   session=request.public.session, round=request.round, role="client",
+                   key=proto.model_digest(packed))
+
+
 def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalReply:
     """``query.shapley_aux_eval`` (Algorithm 4 step 4): A's products for every (coalition, batch).
 
     The round's model ciphertexts come with the first request of a round and are kept for the
-    following ones. Reply per job: one packed ciphertext per limb.
+    following ones; each must carry its client's signature over (``"secsv-model"``, session,
+    round, ``"client"``, SHA-256 of the ciphertexts), checked against the roster name A verified
+    for that node at setup — P cannot have A compute on a model it made. Reply per job: one
+    packed ciphertext per limb.
+
+    Raises
+    ------
+    IdentityError
+        A forwarded model without a valid signature of its node's roster member.
     """
     _keypair(context, request.public.session)
     params = request.public.params
@@ -646,6 +679,7 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
     X, _, ctx = _aux_state(context)
     order = list(context.state[STATE_AUX + ".order"]["order"])
     if request.round_models is not None:
+        _check_model_signatures(context, request)
         context.state[STATE_AUX_MODELS] = ArrayRecord({n: proto.bytes_array(b)
                                                        for n, b in request.round_models.items()})
         context.state[STATE_AUX_MODELS + ".round"] = ConfigRecord({"round": request.round})

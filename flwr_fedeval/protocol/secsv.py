@@ -35,6 +35,7 @@ fields are named by the node ID in decimal. Relayed X25519 keys (32 bytes) trave
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,7 +66,7 @@ __all__ = [
     "AuxDiffReply", "AuxDiffRequest", "AuxEvalReply", "AuxEvalRequest", "AuxSetupReply", "AuxSetupRequest",
     "HelloReply", "HelloRequest", "HelperReply", "HelperRequest", "KeySet", "KeygenReply", "KeygenRequest",
     "ModelsReply", "ModelsRequest", "PublicParams", "RoleReply", "RoleRequest", "ShareReply", "ShareRequest",
-    "session_of",
+    "model_digest", "session_of",
 ]
 
 #: The roles a node answers to the role query.
@@ -78,6 +79,9 @@ SIGNED_PROTOCOL = "secsv"
 ROLE_PROTOCOL = "fedeval-role"
 #: X25519 public keys are 32 raw bytes.
 KEY_BYTES = 32
+#: ``protocol`` of a client's signature over its encrypted model of a round (``round`` = t, role
+#: ``"client"``, ``key`` = :func:`model_digest` of the packed ciphertexts); checked by A.
+MODEL_PROTOCOL = "secsv-model"
 
 # record keys
 ROLE_KEY = "role"
@@ -93,6 +97,8 @@ AUX_SHARES_KEY = "shapley-aux-shares"
 AUX_KEYS_KEY = "shapley-aux-keys"
 AUX_KEY = "shapley-aux"
 MODEL_KEY = "shapley-model"
+MODEL_SIGNATURE_KEY = "shapley-model-signature"
+ROUND_MODEL_SIGNATURES_KEY = "shapley-round-models-signatures"
 JOBS_KEY = "shapley-jobs"
 ROUND_MODELS_KEY = "shapley-round-models"
 PRODUCTS_KEY = "shapley-products"
@@ -144,6 +150,11 @@ def _optional(content: RecordDict, key: str, kind: type) -> Any:
 
 def _array(a: np.ndarray, dtype: Any) -> Array:
     return Array(np.ascontiguousarray(a, dtype=dtype))
+
+
+def model_digest(cts: bytes) -> bytes:
+    """SHA-256 of a client's packed model ciphertexts: what it signs (:data:`MODEL_PROTOCOL`)."""
+    return hashlib.sha256(bytes(cts)).digest()
 
 
 def session_of(content: RecordDict) -> str:
@@ -574,17 +585,25 @@ class ModelsRequest(Payload):
 @dataclasses.dataclass(frozen=True)
 class ModelsReply(Payload):
     """``query.shapley_models`` reply ``shapley-model.cts``: the ``d + 1`` packed ciphertexts of
-    ``⟦w_i·round(θ_i^t 2^f)⟧`` in the Matrix Reducing layout (uint8)."""
+    ``⟦w_i·round(θ_i^t 2^f)⟧`` in the Matrix Reducing layout (uint8), and
+    ``shapley-model-signature``: the client's roster name ``signer`` and its ``signature`` over
+    ``("secsv-model", session, t, "client", SHA-256 of cts)`` (:func:`model_digest`), which A
+    checks before computing on the model."""
 
     LABEL = "SecSV models reply"
     cts: bytes
+    signer: str
+    signature: bytes
 
     def _to_record(self) -> RecordDict:
-        return RecordDict({MODEL_KEY: ArrayRecord({"cts": bytes_array(self.cts)})})
+        return RecordDict({MODEL_KEY: ArrayRecord({"cts": bytes_array(self.cts)}),
+                           MODEL_SIGNATURE_KEY: ConfigRecord({"signer": self.signer, "signature": self.signature})})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> ModelsReply:
-        return cls(array_bytes(array_record(content, MODEL_KEY), MODEL_KEY, "cts"))
+        sig, k = config_record(content, MODEL_SIGNATURE_KEY), MODEL_SIGNATURE_KEY
+        return cls(array_bytes(array_record(content, MODEL_KEY), MODEL_KEY, "cts"),
+                   config_field(sig, k, "signer", str), config_field(sig, k, "signature", bytes))
 
 
 # ------------------------------------------------------------------ step 6: A's products
@@ -595,7 +614,10 @@ class AuxEvalRequest(Payload):
     ``jobs``: ``{j: (members, ids)}``: the coalition as indices into the client order of the
     setup (int64, ``(|S|,)``) and the batch's sample ids (int64, ``(≤ m,)``) (``shapley-jobs``:
     ``members-<j>``, ``ids-<j>``). ``round_models`` (``shapley-round-models``, first request of a
-    round only): ``{node: packed model ciphertexts}`` as the clients sent them (uint8).
+    round only): ``{node: packed model ciphertexts}`` as the clients sent them (uint8), with
+    ``model_signatures`` (``shapley-round-models-signatures``: ``{node: signature}``, each client's
+    signature of :class:`ModelsReply`; A checks it against the roster name it verified for that
+    node at setup).
     """
 
     LABEL = "SecSV aux products request"
@@ -603,6 +625,7 @@ class AuxEvalRequest(Payload):
     round: int
     jobs: dict[int, tuple[np.ndarray, np.ndarray]]
     round_models: dict[str, bytes] | None = None
+    model_signatures: dict[str, bytes] | None = None
 
     def _to_record(self) -> RecordDict:
         jobs = {f"{n}-{j}": _array(a, np.int64) for j, (members, ids) in self.jobs.items()
@@ -611,6 +634,7 @@ class AuxEvalRequest(Payload):
                          JOBS_KEY: ArrayRecord(jobs)})
         if self.round_models is not None:
             rd[ROUND_MODELS_KEY] = ArrayRecord({n: bytes_array(b) for n, b in self.round_models.items()})
+            rd[ROUND_MODEL_SIGNATURES_KEY] = ConfigRecord(dict(self.model_signatures or {}))
         return rd
 
     @classmethod
@@ -618,11 +642,14 @@ class AuxEvalRequest(Payload):
         rec, jobs = config_record(content, REQUEST_KEY), array_record(content, JOBS_KEY)
         parsed = {j: tuple(array_field(jobs, JOBS_KEY, f"{n}-{j}", dtype=np.int64, shape=(None,))
                            for n in ("members", "ids")) for j in _jobs(jobs, JOBS_KEY, ("members", "ids"))}
-        models = None
+        models, sigs = None, None
         if ROUND_MODELS_KEY in content:
             mrec = array_record(content, ROUND_MODELS_KEY)
             models = {n: array_bytes(mrec, ROUND_MODELS_KEY, n) for n in _node_keys(mrec, ROUND_MODELS_KEY)}
-        return cls(PublicParams.parse(rec), config_field(rec, REQUEST_KEY, "round", int, minimum=1), parsed, models)
+            srec, sk = _optional(content, ROUND_MODEL_SIGNATURES_KEY, ConfigRecord), ROUND_MODEL_SIGNATURES_KEY
+            sigs = {n: config_field(srec, sk, n, bytes) for n in _node_keys(srec, sk)}
+        return cls(PublicParams.parse(rec), config_field(rec, REQUEST_KEY, "round", int, minimum=1), parsed, models,
+                   sigs)
 
 
 @dataclasses.dataclass(frozen=True)

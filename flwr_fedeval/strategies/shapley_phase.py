@@ -626,19 +626,20 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
     def encrypted_models(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> tuple[dict, dict]:
         """Step 5: the members' encrypted local models of round ``t`` (each ciphertext checked).
 
-        Returns ``({node: ciphertexts}, the packed models as received, for A)``.
+        Returns ``({node: ciphertexts}, (the packed models as received, their signatures), for A)``.
         """
         d_in = st.params.n_features + 1
 
         def parse_model(n, ct):
-            packed = proto.ModelsReply.from_record(ct, node=n).cts
-            return packed, [st.ctx.deserialize_ciphertext(b) for b in unpack_blobs(packed, expected=d_in)]
+            reply = proto.ModelsReply.from_record(ct, node=n)
+            return reply, [st.ctx.deserialize_ciphertext(b) for b in unpack_blobs(reply.cts, expected=d_in)]
 
         enc, _ = self._exchange(
             grid, {n: proto.ModelsRequest(st.public, t, st.weights[n]).to_record() for n in members},
             proto.MODELS.message_type, parse_model, f"models of round {t}", st=st)
         models = {n: enc[n][1] for n in members}
-        forward = {str(n): enc[n][0] for n in members}   # checked above, relayed as received
+        # checked above, relayed as received with the clients' signatures (A checks them)
+        forward = ({str(n): enc[n][0].cts for n in members}, {str(n): enc[n][0].signature for n in members})
         return models, forward
 
     def round_utilities(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> dict:
@@ -678,7 +679,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return utilities
 
     def secure_test(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, models: dict,
-                    forward: dict[str, bytes] | None) -> list[np.ndarray]:
+                    forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list[np.ndarray]:
         """Π_Sec (Algorithm 4) for a list of (coalition, batch) jobs: steps 6–8; correct-prediction masks."""
         st.stats["batches"] += len(jobs)
         from_aux = self.aux_products(grid, st, t, jobs, forward)
@@ -687,13 +688,16 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return self.aux_differences(grid, st, t, jobs, preds)
 
     # -- step 6 ---------------------------------------------------------------
-    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, forward: dict[str, bytes] | None) -> list:
-        """Step 6 (A): its half of every product, per job (ciphertexts checked)."""
+    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list,
+                     forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list:
+        """Step 6 (A): its half of every product, per job (ciphertexts checked). ``forward``: the
+        round's signed models (first exchange of a round)."""
         p, ctx, aux = st.params, st.ctx, st.aux
         index = st.index
         job_rec = {j: (np.array([index[n] for n in sorted(S)], dtype=np.int64), ids.astype(np.int64))
                    for j, (S, ids) in enumerate(jobs)}
-        content = proto.AuxEvalRequest(st.public, t, job_rec, forward).to_record()
+        models, sigs = forward if forward is not None else (None, None)
+        content = proto.AuxEvalRequest(st.public, t, job_rec, models, sigs).to_record()
 
         def parse_products(n, ct):
             products = _all_jobs(proto.AuxEvalReply.from_record(ct, node=n).products, len(jobs))

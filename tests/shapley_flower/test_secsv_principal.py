@@ -20,7 +20,7 @@ from test_secsv_phase import client_data, make_grid, plaintext_reference, train_
 
 from flwr_fedeval.shapley.sharing import LABEL_PRIME
 from flwr_fedeval.shapley.zero_test import open_zero_test
-from flwr_fedeval.strategies.shapley_phase import SecSVPhase
+from flwr_fedeval.strategies.shapley_phase import SecSVPhase, ShapleyPhaseError
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +70,69 @@ def test_label_recovery_attack_recovers_nothing(trained):
         t = t_idx + 1
         got = {S: np.mean([z == 0 for (tt, SS, _, z) in phase.view if tt == t and SS == S]) for S in u}
         assert got == pytest.approx(dict(u), abs=1e-12)
+
+
+# --- symptom 4: a deviating P (A and the clients honest) ----------------------------------------------
+class DeviatingP(SecSVPhase):
+    """P that applies ``edit(contents, st)`` to what it sends with message type ``mtype``."""
+
+    def __init__(self, mtype, edit, **kw):
+        super().__init__(**kw)
+        self.target, self.edit = mtype, edit
+        self.sent: list = []
+
+    def _exchange(self, grid, contents, mtype, parse, step, **kw):
+        if mtype == self.target:
+            self.edit(contents, kw["st"])
+            self.sent.append(contents)
+        return super()._exchange(grid, contents, mtype, parse, step, **kw)
+
+
+def _forged_model(st) -> bytes:
+    """A model P makes itself under the clients' public key: θ = 1 on the first feature only
+    (scores = that feature: the first step of reading the test features through A)."""
+    from flwr_fedeval.fhe.backend import pack_blobs
+    from flwr_fedeval.shapley.parties import encrypt_model
+
+    A = np.zeros((st.d_out, st.params.n_features + 1))
+    A[0, 0] = 2 ** st.params.model_frac_bits
+    return pack_blobs([st.ctx.serialize_ciphertext(c) for c in encrypt_model(st.ctx, A, st.m)])
+
+
+@pytest.mark.parametrize("forgery", ["own-model", "unsigned", "other-round", "other-node"])
+def test_aux_refuses_a_round_model_its_client_did_not_sign(trained, forgery):
+    grid, aux = trained
+    first_round: dict = {}
+
+    def edit(contents, st):
+        (content,) = contents.values()
+        if "shapley-round-models" not in content:
+            return
+        models, sigs = content["shapley-round-models"], content["shapley-round-models-signatures"]
+        node, other = sorted(models.keys())[:2]
+        rnd = content["shapley"]["round"]
+        if forgery == "own-model":
+            from flwr_fedeval.messages import bytes_to_array
+            models[node] = bytes_to_array(_forged_model(st))
+        elif forgery == "unsigned":
+            del sigs[node]
+        elif forgery == "other-node":       # a genuine signed model, relayed as another node's
+            models[node], sigs[node] = models[other], sigs[other]
+        elif rnd == 1:                       # other-round: keep round 1's, replay it in round 2
+            first_round.update(model=models[node], sig=sigs[node])
+        else:
+            models[node], sigs[node] = first_round["model"], first_round["sig"]
+
+    phase = DeviatingP("query.shapley_aux_eval", edit)
+    with pytest.raises(ShapleyPhaseError) as info:
+        phase.run(grid)
+    assert set(info.value.failed) == {aux} and "aux products" in info.value.step
+    why = info.value.failed[aux]
+    assert "IdentityError" in why
+    assert ("not signed" in why) if forgery == "unsigned" else ("does not verify" in why), why
+    if forgery == "other-round":
+        assert "round 2" in info.value.step
+    # A answered the forged round with an error (no products), and nothing was decrypted after it
+    aux_evals = [i for i, (n, t, _) in enumerate(grid.log) if n == aux and t == "query.shapley_aux_eval"]
+    assert grid.log[aux_evals[-1]][2] is False
+    assert not any(t == "query.shapley_helper" for _, t, _ in grid.log[aux_evals[-1]:])
