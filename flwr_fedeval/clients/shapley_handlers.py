@@ -92,6 +92,7 @@ from flwr_fedeval.messages import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
 from flwr_fedeval.protocol import Refused, error_reply, handler, register
 from flwr_fedeval.protocol import secsv as proto
 from flwr_fedeval.shapley.parties import (
+    add_products,
     aggregate_model,
     encrypt_model,
     helper_predict,
@@ -136,6 +137,7 @@ STATE_AUX = "shapley.aux"                # A: shares (ArrayRecord)
 STATE_AUX_MODELS = "shapley.aux-models"  # A: the current round's ciphertexts
 STATE_PEERS = "shapley.peers"            # verified relayed keys: client {"aux"}, A {<node>: client key}
 STATE_AUX_NAMES = "shapley.aux-names"    # A: {<node>: roster name that signed the node's client key}
+STATE_DECRYPTED = "shapley.decrypted"    # helper: {"<round>:<members>": sample ids decrypted}
 SIGNED_PROTOCOL = proto.SIGNED_PROTOCOL  # defined in flwr_fedeval.protocol.secsv; importable from here
 SIGNED_ROLE = proto.SIGNED_ROLE
 ROLES = proto.ROLES                      # the roles a node can answer; importable from here
@@ -559,13 +561,37 @@ def encrypt_models(request: proto.ModelsRequest, context: Context) -> proto.Mode
     return proto.ModelsReply(packed, ident.name, sig)
 
 
-def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
-    """``query.shapley_helper`` (Algorithm 4 steps 7–11): decrypt scores, predict, deal the zero test.
+def _decrypted(context: Context, session: str) -> ArrayRecord:
+    """The helper's record of what it decrypted in this phase: ``{"<round>:<members>": sample ids}``."""
+    if STATE_DECRYPTED not in context.state:
+        context.state[STATE_DECRYPTED] = ArrayRecord()
+        context.state[STATE_DECRYPTED + ".session"] = ConfigRecord({"session": session})
+    if context.state[STATE_DECRYPTED + ".session"]["session"] != session:
+        raise Refused("decryption record of another phase")
+    record: ArrayRecord = context.state[STATE_DECRYPTED]
+    return record
 
-    ``request.aux_public_key`` must be the key this client checked against the roster at the
-    share step. Reply per job: P's part of the zero test's deal (:func:`~flwr_fedeval.shapley.
-    zero_test.deal`: its share of ``r·Ŷ`` and its triple part, uint64 in ``F_p``) and A's part
-    (``q'', r, v, c''``), sealed for A. The predictions themselves never leave the helper.
+
+def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
+    """``query.shapley_helper`` (Algorithm 4 steps 6–11): add both halves, decrypt, predict, deal the zero test.
+
+    Only jobs bound to this phase's transcript are decrypted: A's half must carry A's signature
+    (checked against the roster name of the A key this client checked at the share step) over
+    (``"secsv-products"``, session, round, ``"aux"``, digest of the coalition, the sample ids and
+    A's ciphertexts), and each (round, coalition, sample) is decrypted at most once by this client
+    (no retries: P cannot bisect a score through repeated decryptions). The helper adds P's half
+    itself (Algorithm 4 step 6). ``request.aux_public_key`` must be the key this client checked.
+
+    Reply per job: P's part of the zero test's deal (:func:`~flwr_fedeval.shapley.zero_test.deal`:
+    its share of ``r·Ŷ`` and its triple part, uint64 in ``F_p``) and A's part (``q'', r, v, c''``),
+    sealed for A. The predictions themselves never leave the helper.
+
+    Raises
+    ------
+    IdentityError
+        A's signature of a job does not verify (a ciphertext A did not compute for this job).
+    Refused
+        A (round, coalition, sample) decrypted before, repeated or out-of-range sample ids.
     """
     public = request.public
     kp = _keypair(context, public.session)
@@ -573,13 +599,32 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
     m, d_out, _ = _layout(public)
     ctx = _secret_context(context)
     aux_pk = _verified_aux_key(context, request)
+    aux_signer = str(context.state[STATE_PEERS]["aux-signer"])
+    _, roster = node_identity(context)
+    done = _decrypted(context, public.session)
+    seen: dict[str, np.ndarray] = {}
+    for j, (_own, aux, ids, members, sig) in request.batches.items():   # check everything first
+        if ids.size > m or ids.min() < 0 or len(np.unique(ids)) != ids.size:
+            raise Refused(f"job {j}: {ids.size} sample ids, repeated, negative or more than m = {m}")
+        verify_key(roster, aux_signer, sig, protocol=proto.PRODUCTS_PROTOCOL, session=public.session,
+                   round=request.round, role="aux", key=proto.products_digest(members, ids, aux))
+        key = f"{request.round}:{','.join(sorted(members))}"
+        before = seen.get(key, done[key].numpy() if key in done else np.zeros(0, dtype=np.int64))
+        if np.intersect1d(before, ids).size:
+            raise Refused(f"job {j}: samples of round {request.round}, coalition {sorted(members)} were decrypted "
+                          "before (each is decrypted once)")
+        seen[key] = np.union1d(before, ids)
     out = {}
-    for j, (packed, n) in request.batches.items():
-        cts = [ctx.deserialize_ciphertext(b) for b in unpack_blobs(packed, expected=params.n_limbs)]
-        pred = helper_predict(ctx, cts, n, params, m=m, d_out=d_out)
+    for j, (own, aux, ids, _members, _sig) in request.batches.items():
+        halves = [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(h, expected=params.n_limbs)]
+                  for h in (own, aux)]
+        pred = helper_predict(ctx, add_products(ctx, *halves), ids.size, params, m=m, d_out=d_out)
         deal_p, deal_a = deal(pred)
         sealed = keyshare.seal_for(_pack_arrays(**deal_a._asdict()), sender=kp, recipient_public=aux_pk)
         out[j] = (deal_p, sealed)
+    for key, ids_done in seen.items():
+        done[key] = _arr(ids_done.astype(np.int64))
+    context.state[STATE_DECRYPTED] = done
     return proto.HelperReply(out)
 
 
@@ -666,7 +711,8 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
     following ones; each must carry its client's signature over (``"secsv-model"``, session,
     round, ``"client"``, SHA-256 of the ciphertexts), checked against the roster name A verified
     for that node at setup — P cannot have A compute on a model it made. Reply per job: one
-    packed ciphertext per limb.
+    packed ciphertext per limb, signed by A over (``"secsv-products"``, session, round, ``"aux"``,
+    digest of coalition, sample ids and ciphertexts) — the helper decrypts only jobs so signed.
 
     Raises
     ------
@@ -690,12 +736,15 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
     models = {node: [ctx.deserialize_ciphertext(b)
                      for b in unpack_blobs(proto.array_bytes(stored, STATE_AUX_MODELS, node))]
               for node in stored}
+    ident, _ = node_identity(context)
     plain_cache: dict[bytes, list] = {}
     agg_cache: dict[tuple, list] = {}
     out = {}
     for j, (index, ids) in request.jobs.items():
         if index.size == 0 or index.min() < 0 or index.max() >= len(order):
             raise Refused(f"job {j}: member indices {index.tolist()} outside 0..{len(order) - 1}")
+        if len(set(index.tolist())) != index.size:
+            raise Refused(f"job {j}: member indices {index.tolist()} repeat a client")
         members = tuple(order[i] for i in index)
         if any(n not in models for n in members):
             raise Refused(f"job {j}: coalition {members} has members without a model")
@@ -707,7 +756,10 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
         if key not in plain_cache:
             plain_cache[key] = server_plaintexts(ctx, X[ids], params, m=m, d_out=d_out)
         prods = server_products(ctx, agg_cache[members], plain_cache[key])
-        out[j] = pack_blobs([ctx.serialize_ciphertext(c) for c in prods])
+        packed = pack_blobs([ctx.serialize_ciphertext(c) for c in prods])
+        sig = sign_key(ident, protocol=proto.PRODUCTS_PROTOCOL, session=request.public.session, round=request.round,
+                       role="aux", key=proto.products_digest(members, ids, packed))
+        out[j] = (packed, sig)
     return proto.AuxEvalReply(out)
 
 

@@ -66,7 +66,7 @@ __all__ = [
     "AuxDiffReply", "AuxDiffRequest", "AuxEvalReply", "AuxEvalRequest", "AuxSetupReply", "AuxSetupRequest",
     "HelloReply", "HelloRequest", "HelperReply", "HelperRequest", "KeySet", "KeygenReply", "KeygenRequest",
     "ModelsReply", "ModelsRequest", "PublicParams", "RoleReply", "RoleRequest", "ShareReply", "ShareRequest",
-    "model_digest", "session_of",
+    "model_digest", "products_digest", "session_of",
 ]
 
 #: The roles a node answers to the role query.
@@ -82,6 +82,9 @@ KEY_BYTES = 32
 #: ``protocol`` of a client's signature over its encrypted model of a round (``round`` = t, role
 #: ``"client"``, ``key`` = :func:`model_digest` of the packed ciphertexts); checked by A.
 MODEL_PROTOCOL = "secsv-model"
+#: ``protocol`` of A's signature over its half of a job's products (``round`` = t, role ``"aux"``,
+#: ``key`` = :func:`products_digest`); the helper decrypts only jobs A so signed.
+PRODUCTS_PROTOCOL = "secsv-products"
 
 # record keys
 ROLE_KEY = "role"
@@ -103,6 +106,8 @@ JOBS_KEY = "shapley-jobs"
 ROUND_MODELS_KEY = "shapley-round-models"
 PRODUCTS_KEY = "shapley-products"
 BATCHES_KEY = "shapley-batches"
+PROOFS_KEY = "shapley-batch-proofs"
+PRODUCT_SIGNATURES_KEY = "shapley-products-signatures"
 PRED_KEY = "shapley-pred"
 PREDS_KEY = "shapley-preds"
 HELPER_KEYS_KEY = "shapley-helper-keys"
@@ -155,6 +160,17 @@ def _array(a: np.ndarray, dtype: Any) -> Array:
 def model_digest(cts: bytes) -> bytes:
     """SHA-256 of a client's packed model ciphertexts: what it signs (:data:`MODEL_PROTOCOL`)."""
     return hashlib.sha256(bytes(cts)).digest()
+
+
+def _lp(b: bytes) -> bytes:
+    return len(b).to_bytes(8, "big") + b
+
+
+def products_digest(members: tuple[str, ...] | list[str], ids: np.ndarray, cts: bytes) -> bytes:
+    """SHA-256 over a job's coalition (node IDs, decimal, sorted), its sample ids (int64, little
+    endian) and A's packed product ciphertexts: what A signs (:data:`PRODUCTS_PROTOCOL`)."""
+    body = _lp(",".join(sorted(members)).encode()) + _lp(np.asarray(ids, dtype="<i8").tobytes()) + _lp(bytes(cts))
+    return hashlib.sha256(body).digest()
 
 
 def session_of(content: RecordDict) -> str:
@@ -655,50 +671,75 @@ class AuxEvalRequest(Payload):
 @dataclasses.dataclass(frozen=True)
 class AuxEvalReply(Payload):
     """``query.shapley_aux_eval`` reply ``shapley-products``: ``cts-<j>``, A's half ``⟦A_S B''_l⟧``
-    of job ``j``, one packed ciphertext per limb (uint8)."""
+    of job ``j``, one packed ciphertext per limb (uint8); ``shapley-products-signatures``:
+    ``sig-<j>``, A's signature over (``"secsv-products"``, session, round, ``"aux"``,
+    :func:`products_digest` of the job's coalition, sample ids and ``cts-<j>``).
+    ``products``: ``{j: (cts, signature)}``."""
 
     LABEL = "SecSV aux products reply"
-    products: dict[int, bytes]
+    products: dict[int, tuple[bytes, bytes]]
 
     def _to_record(self) -> RecordDict:
-        return RecordDict({PRODUCTS_KEY: ArrayRecord({f"cts-{j}": bytes_array(b) for j, b in self.products.items()})})
+        return RecordDict({
+            PRODUCTS_KEY: ArrayRecord({f"cts-{j}": bytes_array(b) for j, (b, _) in self.products.items()}),
+            PRODUCT_SIGNATURES_KEY: ConfigRecord({f"sig-{j}": sig for j, (_, sig) in self.products.items()})})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> AuxEvalReply:
-        rec = array_record(content, PRODUCTS_KEY)
-        return cls({j: array_bytes(rec, PRODUCTS_KEY, f"cts-{j}") for j in _jobs(rec, PRODUCTS_KEY, ("cts",))})
+        rec, sigs = array_record(content, PRODUCTS_KEY), config_record(content, PRODUCT_SIGNATURES_KEY)
+        jobs = _jobs(rec, PRODUCTS_KEY, ("cts",))
+        if _jobs(sigs, PRODUCT_SIGNATURES_KEY, ("sig",)) != jobs:
+            raise MalformedMessage(PRODUCT_SIGNATURES_KEY, f"signatures do not match the jobs {jobs}")
+        return cls({j: (array_bytes(rec, PRODUCTS_KEY, f"cts-{j}"),
+                        config_field(sigs, PRODUCT_SIGNATURES_KEY, f"sig-{j}", bytes)) for j in jobs})
 
 
 # ------------------------------------------------------------------ step 7: helper decryption
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class HelperRequest(Payload):
-    """``query.shapley_helper`` request (Algorithm 4 steps 7-11): A's X25519 key ``aux-public-key``
-    (32 bytes; in ``shapley``) and per job ``j`` (``shapley-batches``) the packed limb
-    ciphertexts ``cts-<j>`` (uint8) and the batch's number of samples ``n-<j>`` (int64, ``(1,)``).
-    ``batches``: ``{j: (cts, n)}``."""
+    """``query.shapley_helper`` request (Algorithm 4 steps 6-11) for training ``round`` (in
+    ``shapley``, with A's X25519 key ``aux-public-key``, 32 bytes). Per job ``j``: in
+    ``shapley-batches`` P's half ``own-<j>`` and A's half ``aux-<j>`` of the products (packed limb
+    ciphertexts, uint8; the helper adds them, Algorithm 4 step 6) and the sample ids ``ids-<j>``
+    (int64, ``(n_j,)``); in ``shapley-batch-proofs`` the coalition ``members-<j>`` (node IDs,
+    decimal strings) and A's signature ``aux-signature-<j>`` of ``aux-<j>`` (:class:`AuxEvalReply`).
+    ``batches``: ``{j: (own, aux, ids, members, aux signature)}``."""
 
     LABEL = "SecSV helper request"
     public: PublicParams
     aux_public_key: bytes
-    batches: dict[int, tuple[bytes, int]]
+    round: int
+    batches: dict[int, tuple[bytes, bytes, np.ndarray, tuple[str, ...], bytes]]
 
     def _to_record(self) -> RecordDict:
-        rec = {}
-        for j, (cts, n) in self.batches.items():
-            rec[f"cts-{j}"], rec[f"n-{j}"] = bytes_array(cts), Array(np.array([n], dtype=np.int64))
-        return RecordDict({REQUEST_KEY: ConfigRecord({**self.public.fields(), "aux-public-key": self.aux_public_key}),
-                           BATCHES_KEY: ArrayRecord(rec)})
+        rec, proofs = {}, {}
+        for j, (own, aux, ids, members, sig) in self.batches.items():
+            rec[f"own-{j}"], rec[f"aux-{j}"] = bytes_array(own), bytes_array(aux)
+            rec[f"ids-{j}"] = _array(ids, np.int64)
+            proofs[f"members-{j}"], proofs[f"aux-signature-{j}"] = list(members), sig
+        return RecordDict({REQUEST_KEY: ConfigRecord({**self.public.fields(), "aux-public-key": self.aux_public_key,
+                                                      "round": self.round}),
+                           BATCHES_KEY: ArrayRecord(rec), PROOFS_KEY: ConfigRecord(proofs)})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> HelperRequest:
         rec, batches = config_record(content, REQUEST_KEY), array_record(content, BATCHES_KEY)
+        proofs = config_record(content, PROOFS_KEY)
+        jobs = _jobs(batches, BATCHES_KEY, ("own", "aux", "ids"))
+        if _jobs(proofs, PROOFS_KEY, ("members", "aux-signature")) != jobs:
+            raise MalformedMessage(PROOFS_KEY, f"proofs do not match the jobs {jobs}")
         out = {}
-        for j in _jobs(batches, BATCHES_KEY, ("cts", "n")):
-            (n,) = array_field(batches, BATCHES_KEY, f"n-{j}", dtype=np.int64, shape=(1,))
-            if n < 1:
-                raise MalformedMessage(f"{BATCHES_KEY}.n-{j}", f"{n} samples")
-            out[j] = (array_bytes(batches, BATCHES_KEY, f"cts-{j}"), int(n))
-        return cls(PublicParams.parse(rec), config_bytes(rec, REQUEST_KEY, "aux-public-key", length=KEY_BYTES), out)
+        for j in jobs:
+            ids = array_field(batches, BATCHES_KEY, f"ids-{j}", dtype=np.int64, shape=(None,))
+            if ids.size < 1:
+                raise MalformedMessage(f"{BATCHES_KEY}.ids-{j}", "no samples")
+            members = tuple(config_list(proofs, PROOFS_KEY, f"members-{j}", str))
+            if not members or any(not m.isdecimal() for m in members):
+                raise MalformedMessage(f"{PROOFS_KEY}.members-{j}", "expected node IDs (decimal strings)")
+            out[j] = (array_bytes(batches, BATCHES_KEY, f"own-{j}"), array_bytes(batches, BATCHES_KEY, f"aux-{j}"),
+                      ids, members, config_field(proofs, PROOFS_KEY, f"aux-signature-{j}", bytes))
+        return cls(PublicParams.parse(rec), config_bytes(rec, REQUEST_KEY, "aux-public-key", length=KEY_BYTES),
+                   config_field(rec, REQUEST_KEY, "round", int, minimum=1), out)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -21,7 +21,8 @@ step   message (to)                       what
 4      ``query.shapley_aux_setup`` (A)    A opens and keeps its shares
 5      ``query.shapley_models`` (I^t)     per round: encrypted local models (Matrix Reducing)
 6      ``query.shapley_aux_eval`` (A)     per round and coalition size: A's products
-7      ``query.shapley_helper`` (C)       P adds its products; helpers decrypt, predict and deal
+7      ``query.shapley_helper`` (C)       helpers check A's signature, add both halves, decrypt
+                                          (each (round, coalition, sample) once), predict and deal
                                           the zero test (:mod:`flwr_fedeval.shapley.zero_test`)
 8      ``query.shapley_aux_diff`` (A)     A's share of r·(Ŷ − Y); P opens it: 0 iff correct (the
                                           correct-prediction mask, nothing else)
@@ -60,7 +61,6 @@ from flwr_fedeval.protocol import secsv as proto
 from flwr_fedeval.shapley.fsv import coalitions, find_skippable, fsv_from_utilities
 from flwr_fedeval.shapley.matrix_reducing import max_batch
 from flwr_fedeval.shapley.parties import (
-    add_products,
     aggregate_model,
     choose_batches,
     plan_batches,
@@ -683,15 +683,16 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         """Π_Sec (Algorithm 4) for a list of (coalition, batch) jobs: steps 6–8; correct-prediction masks."""
         st.stats["batches"] += len(jobs)
         from_aux = self.aux_products(grid, st, t, jobs, forward)
-        totals = self._combine_products(st, jobs, models, from_aux)
-        preds = self.helper_decryption(grid, st, jobs, totals)
+        own = self._own_products(st, jobs, models)
+        preds = self.helper_decryption(grid, st, t, jobs, own, from_aux)
         return self.aux_differences(grid, st, t, jobs, preds)
 
     # -- step 6 ---------------------------------------------------------------
     def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list,
                      forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list:
-        """Step 6 (A): its half of every product, per job (ciphertexts checked). ``forward``: the
-        round's signed models (first exchange of a round)."""
+        """Step 6 (A): its half of every product, per job (ciphertexts checked), with A's signature
+        of each. ``forward``: the round's signed models (first exchange of a round).
+        Returns ``[(packed ciphertexts, A's signature)]`` per job, relayed as received."""
         p, ctx, aux = st.params, st.ctx, st.aux
         index = st.index
         job_rec = {j: (np.array([index[n] for n in sorted(S)], dtype=np.int64), ids.astype(np.int64))
@@ -701,34 +702,37 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
 
         def parse_products(n, ct):
             products = _all_jobs(proto.AuxEvalReply.from_record(ct, node=n).products, len(jobs))
-            return [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(products[j], expected=p.n_limbs)]
-                    for j in range(len(jobs))]
+            for j in range(len(jobs)):          # well-formed ciphertexts, or A is named now
+                [ctx.deserialize_ciphertext(b) for b in unpack_blobs(products[j][0], expected=p.n_limbs)]
+            return [products[j] for j in range(len(jobs))]
 
         from_aux, _ = self._exchange(grid, {aux: content}, proto.AUX_EVAL.message_type, parse_products,
                                      f"aux products, round {t}", st=st)
         return from_aux[aux]
 
-    def _combine_products(self, st: _SecSVRun, jobs: list, models: dict, from_aux: list) -> list:
-        """Step 7 (P): its own half of every product (aggregated model × its data shares), plus A's."""
+    def _own_products(self, st: _SecSVRun, jobs: list, models: dict) -> list[bytes]:
+        """Step 5 (P): its own half of every product (aggregated model × its data shares), packed;
+        the helper adds A's half (Algorithm 4 step 6)."""
         ctx = st.ctx
         agg: dict[frozenset, list] = {}
         layer_plain: dict[bytes, list] = {}
         totals = []
-        for j, (S, ids) in enumerate(jobs):
+        for S, ids in jobs:
             if S not in agg:
                 agg[S] = aggregate_model(ctx, [models[n] for n in sorted(S)])
             key = ids.tobytes()
             cache = st.full_plain if key in st.full_keys else layer_plain
             if key not in cache:
                 cache[key] = server_plaintexts(ctx, st.X_P[ids], st.params, m=st.m, d_out=st.d_out)
-            totals.append(add_products(ctx, server_products(ctx, agg[S], cache[key]), from_aux[j]))
+            totals.append(pack_blobs([ctx.serialize_ciphertext(c) for c in server_products(ctx, agg[S], cache[key])]))
         return totals
 
     # -- step 7 ---------------------------------------------------------------
-    def helper_decryption(self, grid: Grid, st: _SecSVRun, jobs: list,
-                          totals: list) -> list[tuple[np.ndarray, bytes, int]]:
-        """Step 7: send each batch to a helper client that owns none of it (and, when possible, is
-        outside the coalition); replace failing helpers for the rest of the phase.
+    def helper_decryption(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, own: list[bytes],
+                          from_aux: list[tuple[bytes, bytes]]) -> list[tuple[Any, bytes, int]]:
+        """Step 7: send each batch — P's half, A's signed half, sample ids, coalition — to a helper
+        client that owns none of it (and, when possible, is outside the coalition); the helper adds
+        the halves and decrypts. Failing helpers are replaced for the rest of the phase.
         Returns ``(P's part of the zero-test deal, A's part sealed for A, helper)``."""
         failed_helpers = st.failed_helpers      # a helper that failed once is not asked again
         pending = list(range(len(jobs)))
@@ -746,8 +750,9 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                                             ) from None
                 st.helper_turn += 1
                 assign.setdefault(h, []).append(j)
-            contents = {h: proto.HelperRequest(st.public, st.pk[st.aux], {
-                j: (pack_blobs([st.ctx.serialize_ciphertext(c) for c in totals[j]]), len(jobs[j][1])) for j in js}
+            contents = {h: proto.HelperRequest(st.public, st.pk[st.aux], t, {
+                j: (own[j], from_aux[j][0], jobs[j][1].astype(np.int64), tuple(str(n) for n in sorted(jobs[j][0])),
+                    from_aux[j][1]) for j in js}
             ).to_record() for h, js in assign.items()}
 
             def parse(h, ct, assign=assign):

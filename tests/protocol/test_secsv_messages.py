@@ -55,8 +55,9 @@ SAMPLES = {
     "aux-eval-request": secsv.AuxEvalRequest(PUBLIC, 1, {0: (np.array([0, 2], dtype=np.int64), IDS),
                                                    1: (np.array([1], dtype=np.int64), IDS[:1])},
                                        {"11": b"m11", "12": b"m12"}, {"11": b"s11", "12": b"s12"}),
-    "aux-eval-reply": secsv.AuxEvalReply({0: b"p0", 1: b"p1"}),
-    "helper-request": secsv.HelperRequest(PUBLIC, AUX.key, {3: (b"c3", 3), 10: (b"c10", 1)}),
+    "aux-eval-reply": secsv.AuxEvalReply({0: (b"p0", b"s0"), 1: (b"p1", b"s1")}),
+    "helper-request": secsv.HelperRequest(PUBLIC, AUX.key, 2, {3: (b"o3", b"a3", IDS, ("11", "12"), b"s3"),
+                                                               10: (b"o10", b"a10", IDS[:1], ("12",), b"s10")}),
     "helper-reply": secsv.HelperReply({3: (PDeal(*(np.array([1, 2, 3], dtype=np.uint64) + i for i in range(3))),
                                            b"a3")}),
     "aux-diff-request": secsv.AuxDiffRequest(dataclasses.replace(PUBLIC, m=None, d_out=None, n_classes=None),
@@ -130,7 +131,8 @@ def test_wire_format_is_pinned():
     assert list(jobs["shapley-jobs"].keys()) == ["members-0", "ids-0", "members-1", "ids-1"]
     assert jobs["shapley-jobs"]["ids-0"].numpy().dtype == np.int64
     helper = SAMPLES["helper-request"].to_record()["shapley-batches"]
-    assert list(helper.keys()) == ["cts-3", "n-3", "cts-10", "n-10"] and helper["n-3"].numpy().tolist() == [3]
+    assert list(helper.keys()) == ["own-3", "aux-3", "ids-3", "own-10", "aux-10", "ids-10"]
+    assert helper["ids-3"].numpy().tolist() == IDS.tolist()
     role = SAMPLES["role-reply"].to_record()["role"]
     assert dict(role) == {"role": "client", "partition-id": 1, "num-partitions": 3, "signer": "node-1",
                           "signature": b"sig"}
@@ -174,8 +176,10 @@ MALFORMED = [
     ("aux-eval-request", _set("shapley-jobs", "ids-0", Array(IDS.astype(np.int32))),
      "shapley-jobs.ids-0"),
     ("aux-eval-reply", _set("shapley-products", "extra", bytes_array(b"?")), "shapley-products.extra"),
-    ("helper-request", _set("shapley-batches", "n-3", Array(np.array([0]))),
-     "shapley-batches.n-3"),
+    ("aux-eval-reply", _del("shapley-products-signatures", "sig-1"), "shapley-products-signatures"),
+    ("helper-request", _set("shapley-batches", "ids-3", Array(np.zeros(0, np.int64))),
+     "shapley-batches.ids-3"),
+    ("helper-request", _set("shapley-batch-proofs", "members-10", ["node-12"]), "shapley-batch-proofs.members-10"),
     ("helper-reply", _del("shapley-pred", "a-3"), "shapley-pred.a-3"),
     ("helper-reply", _set("shapley-pred", "u-3", Array(np.array([1, 2, LABEL_PRIME], np.uint64))),
      "shapley-pred.u-3"),

@@ -136,3 +136,73 @@ def test_aux_refuses_a_round_model_its_client_did_not_sign(trained, forgery):
     aux_evals = [i for i, (n, t, _) in enumerate(grid.log) if n == aux and t == "query.shapley_aux_eval"]
     assert grid.log[aux_evals[-1]][2] is False
     assert not any(t == "query.shapley_helper" for _, t, _ in grid.log[aux_evals[-1]:])
+
+
+@pytest.mark.parametrize("forgery", ["client-model", "other-samples", "other-coalition", "unsigned-half"])
+def test_helper_decrypts_only_what_a_signed_for_the_job(trained, forgery):
+    """The key holders decrypt only the sum of P's half and A's signed half of one job of this
+    phase: a client's encrypted model passed off as scores, A's half re-labelled for other samples
+    or another coalition, or a half A never signed is refused before any decryption."""
+    grid, aux = trained
+    models: dict = {}
+    replies = []
+
+    def keep_models(node, msg, reply):
+        if msg.metadata.message_type == "query.shapley_models" and not reply.has_error():
+            models[node] = reply.content["shapley-model"]["cts"]
+        if msg.metadata.message_type == "query.shapley_helper":
+            replies.append(reply)
+        return reply
+
+    def edit(contents, st):
+        from flwr.app import Array
+
+        for content in contents.values():
+            batches, proofs = content["shapley-batches"], content["shapley-batch-proofs"]
+            j = sorted(k.rpartition("-")[2] for k in batches if k.startswith("aux-"))[0]
+            if forgery == "client-model":
+                batches[f"aux-{j}"] = next(iter(models.values()))
+            elif forgery == "other-samples":
+                ids = batches[f"ids-{j}"].numpy()
+                batches[f"ids-{j}"] = Array((ids + 1) % st.num_samples)
+            elif forgery == "other-coalition":
+                members = list(proofs[f"members-{j}"])
+                others = [str(n) for n in st.clients if str(n) not in members]
+                proofs[f"members-{j}"] = members[:-1] + others[:1] if others else members[:-1]
+            else:
+                from flwr_fedeval.messages import bytes_to_array
+                batches[f"aux-{j}"] = bytes_to_array(_forged_model(st))
+
+    original, grid.fault = grid.fault, keep_models
+    try:
+        phase = DeviatingP("query.shapley_helper", edit)
+        with pytest.raises(ShapleyPhaseError) as info:
+            phase.run(grid)
+    finally:
+        grid.fault = original
+    assert info.value.step == "helper decryption"
+    refusals = [r.error.reason for r in replies if r.has_error()]
+    assert refusals and all("IdentityError" in why and "secsv-products aux key" in why for why in refusals), refusals
+    assert not any(not r.has_error() for r in replies)           # nothing was decrypted for P
+
+
+def test_helper_decrypts_each_round_coalition_and_sample_once(trained):
+    """P replays a helper request (to bisect a score with another offset in its own half): the
+    helper refuses it; the honest run goes on and its values are unchanged."""
+    from flwr.app import Message
+
+    grid, aux = trained
+    ref, clients, _ = plaintext_reference(grid, aux, frac_bits=10)
+    replayed = []
+
+    class ReplayingP(SecSVPhase):
+        def _exchange(self, grid, contents, mtype, parse, step, **kw):
+            out = super()._exchange(grid, contents, mtype, parse, step, **kw)
+            if mtype == "query.shapley_helper" and not replayed:
+                msgs = [Message(content=c, dst_node_id=h, message_type=mtype) for h, c in contents.items()]
+                replayed.extend(grid.send_and_receive(msgs))
+            return out
+
+    res = ReplayingP(sample_skip=True).run(grid)
+    assert replayed and all(r.has_error() and "decrypted before" in r.error.reason for r in replayed)
+    assert np.abs(np.array([res.fsv[n] for n in clients]) - ref.fsv).max() < 1e-3
