@@ -56,6 +56,15 @@ sealing A's share, and keeps A's key for the helper step; A checks every
 client's key at setup and accepts prediction shares only from those keys.
 A accepts only raw (uncompressed) ``.npz`` arrays whose dtype and shape, read
 from the ``.npy`` header, are the expected ones (:func:`read_raw_npz`).
+
+Against a deviating P (issue 22): each client signs its encrypted model of a round
+(``"secsv-model"``) and A computes only on models so signed by the roster member it
+checked for that node; A signs its half of every job (``"secsv-products"``: session,
+round, coalition, sample ids, ciphertexts) and a helper decrypts only jobs A signed, adding
+P's half itself, and each (round, coalition, sample) once. P's own half is not checked
+(no MACs), so a deviating P can still learn labels: every node refuses the phase at
+hello unless its node config ``fedeval-secsv-trust-principal`` is true
+(:func:`trusts_principal`).
 """
 
 from __future__ import annotations
