@@ -592,8 +592,8 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
     itself (Algorithm 4 step 6). ``request.aux_public_key`` must be the key this client checked.
 
     Reply per job: P's part of the zero test's deal (:func:`~flwr_fedeval.shapley.zero_test.deal`:
-    its share of ``r·Ŷ`` and its triple part, uint64 in ``F_p``) and A's part (``q'', r, v, c''``),
-    sealed for A. The predictions themselves never leave the helper.
+    its share of ``r·Ŷ`` and its triple part, uint64 in ``F_p``) and A's part (``q'', r, v, c''``
+    and the job's sample ids), sealed for A. The predictions themselves never leave the helper.
 
     Raises
     ------
@@ -629,7 +629,8 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
                   for h in (own, aux)]
         pred = helper_predict(ctx, add_products(ctx, *halves), ids.size, params, m=m, d_out=d_out)
         deal_p, deal_a = deal(pred)
-        sealed = keyshare.seal_for(_pack_arrays(**deal_a._asdict()), sender=kp, recipient_public=aux_pk)
+        sealed = keyshare.seal_for(_pack_arrays(**deal_a._asdict(), ids=ids.astype(np.int64)), sender=kp,
+                                   recipient_public=aux_pk)
         out[j] = (deal_p, sealed)
     for key, ids_done in seen.items():
         done[key] = _arr(ids_done.astype(np.int64))
@@ -777,7 +778,9 @@ def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffRe
     ``r·(Ŷ − Y)`` per batch (:func:`~flwr_fedeval.shapley.zero_test.aux_share`).
 
     Each helper key must be one of the client keys checked at setup; each deal must be a raw
-    ``.npz`` with ``q``, ``r``, ``v``, ``c`` uint64 of the batch's length, in ``F_p``, ``r`` non-zero.
+    ``.npz`` with ``q``, ``r``, ``v``, ``c`` uint64 of the batch's length, in ``F_p``, ``r`` non-zero,
+    and the sample ``ids`` (int64) the helper dealt it for, equal to the job's (P cannot move a
+    deal to other samples).
     Reply per job: ``f = r − v`` and ``z''``, uint64 ``(n_j,)``.
     """
     keypair = _keypair(context, request.public.session)
@@ -791,7 +794,10 @@ def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffRe
             raise IdentityError(f"job {j}: the helper's key is not one of the clients' keys checked at setup")
         raw = keyshare.open_from(sealed, recipient=keypair, sender_public=helper_pk)
         shape_ok = {name: (np.uint64, lambda s, n=ids.size: s == (n,)) for name in AuxDeal._fields}
-        deal_a = AuxDeal(*read_raw_npz(raw, shape_ok))
+        *parts, dealt_ids = read_raw_npz(raw, {**shape_ok, "ids": (np.int64, lambda s, n=ids.size: s == (n,))})
+        if not np.array_equal(dealt_ids, ids):
+            raise Refused(f"job {j}: the helper dealt this zero test for other samples")
+        deal_a = AuxDeal(*parts)
         try:
             out[j] = aux_share(deal_a, Y[ids], e)
         except ValueError as exc:

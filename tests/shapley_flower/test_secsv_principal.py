@@ -206,3 +206,23 @@ def test_helper_decrypts_each_round_coalition_and_sample_once(trained):
     res = ReplayingP(sample_skip=True).run(grid)
     assert replayed and all(r.has_error() and "decrypted before" in r.error.reason for r in replayed)
     assert np.abs(np.array([res.fsv[n] for n in clients]) - ref.fsv).max() < 1e-3
+
+
+def test_aux_refuses_a_zero_test_deal_moved_to_other_samples(trained):
+    """P hands A a job's sealed deal with another job's sample ids (to compare a prediction with
+    another sample's label): A refuses, the deal names the samples it was dealt for."""
+    grid, aux = trained
+
+    def edit(contents, st):
+        from flwr.app import Array
+
+        (content,) = contents.values()
+        preds = content["shapley-preds"]
+        first = sorted(k for k in preds if k.startswith("ids-"))[0]
+        preds[first] = Array(((preds[first].numpy() + 1) % st.num_samples).astype(np.int64))
+
+    phase = DeviatingP("query.shapley_aux_diff", edit)
+    with pytest.raises(ShapleyPhaseError) as info:
+        phase.run(grid)
+    assert set(info.value.failed) == {aux} and "aux differences" in info.value.step
+    assert "dealt this zero test for other samples" in info.value.failed[aux]
