@@ -6,7 +6,7 @@ Marketing, 48 features min-max scaled, 5 clients, Dirichlet(0.5), 10 FedAvg roun
 margin layout, SampleSkip), evaluated by the all-in-one-process runner
 :class:`flwr_fedeval.shapley.secsv.SecSV`
 
-1. with the zero test (:mod:`flwr_fedeval.shapley.zero_test`: P opens ``r·(Ŷ − Y)``), and
+1. with the zero test (:mod:`flwr_fedeval.shapley.zerotest`: P opens ``r·(Ŷ − Y)``), and
 2. with the paper's opening (Algorithm 4 steps 11–14: P opens ``Ŷ − Y``),
 
 reporting wall time, the time spent in the comparison (``compare_seconds``), bytes, and the

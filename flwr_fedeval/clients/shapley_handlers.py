@@ -43,7 +43,7 @@ No secret leaves a node: the clients' CKKS secret context travels sealed
 (X25519 + HKDF + AES-GCM, :mod:`flwr_fedeval.keyshare`) between clients, A's
 shares travel sealed for A; P sees its own shares (uniform on ``Z_{2^k}``),
 ciphertexts, and which samples each coalition model predicts correctly: it opens
-``r·(Ŷ − Y)`` for a multiplier ``r`` it does not know (:mod:`flwr_fedeval.shapley.zero_test`),
+``r·(Ŷ − Y)`` for a multiplier ``r`` it does not know (:mod:`flwr_fedeval.shapley.zerotest`),
 never ``Ŷ − Y`` (whose sign is the label of a misclassified binary sample).
 Trust model: P and A do not collude; each may deviate (issue 12). Every
 X25519 key P relays is signed with the node's roster key over (``"secsv"``,
@@ -112,7 +112,7 @@ from flwr_fedeval.shapley.parties import (
 )
 from flwr_fedeval.shapley.secsv import shapley_ckks_params
 from flwr_fedeval.shapley.sharing import LABEL_PRIME
-from flwr_fedeval.shapley.zero_test import AuxDeal, aux_share, deal
+from flwr_fedeval.shapley.zerotest import AuxDeal, aux_share, deal
 
 __all__ = [
     "ROLES",
@@ -591,7 +591,7 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
     (no retries: P cannot bisect a score through repeated decryptions). The helper adds P's half
     itself (Algorithm 4 step 6). ``request.aux_public_key`` must be the key this client checked.
 
-    Reply per job: P's part of the zero test's deal (:func:`~flwr_fedeval.shapley.zero_test.deal`:
+    Reply per job: P's part of the zero test's deal (:func:`~flwr_fedeval.shapley.zerotest.deal`:
     its share of ``r·Ŷ`` and its triple part, uint64 in ``F_p``) and A's part (``q'', r, v, c''``
     and the job's sample ids), sealed for A. The predictions themselves never leave the helper.
 
@@ -775,7 +775,7 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
 
 def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffReply:
     """``query.shapley_aux_diff`` (the zero test replacing Algorithm 4 steps 12–14): A's share of
-    ``r·(Ŷ − Y)`` per batch (:func:`~flwr_fedeval.shapley.zero_test.aux_share`).
+    ``r·(Ŷ − Y)`` per batch (:func:`~flwr_fedeval.shapley.zerotest.aux_share`).
 
     Each helper key must be one of the client keys checked at setup; each deal must be a raw
     ``.npz`` with ``q``, ``r``, ``v``, ``c`` uint64 of the batch's length, in ``F_p``, ``r`` non-zero,

@@ -21,7 +21,7 @@ step                     request                 reply
 8 ``shapley_aux_diff``   :class:`AuxDiffRequest`   :class:`AuxDiffReply`
 =======================  ======================  ==========================================
 
-Steps 7-8 run the zero test of :mod:`flwr_fedeval.shapley.zero_test` (the helper deals, A
+Steps 7-8 run the zero test of :mod:`flwr_fedeval.shapley.zerotest` (the helper deals, A
 answers, P opens ``r·(Ŷ − Y)``): P never sees ``Ŷ − Y``. Labels are shared over ``F_p``
 (``p = 2^31 − 1``), features over ``Z_{2^k}``.
 
@@ -59,7 +59,7 @@ from flwr_fedeval.protocol._base import (
 )
 from flwr_fedeval.shapley.secsv import SecSVParams, shapley_ckks_params
 from flwr_fedeval.shapley.sharing import LABEL_PRIME
-from flwr_fedeval.shapley.zero_test import PDeal
+from flwr_fedeval.shapley.zerotest import PDeal
 
 __all__ = [
     "AUX_DIFF", "AUX_EVAL", "AUX_SETUP", "HELLO", "HELPER", "KEYGEN", "MODELS", "ROLE_QUERY", "SHARE", "STEPS",
@@ -745,7 +745,7 @@ class HelperRequest(Payload):
 @dataclasses.dataclass(frozen=True, eq=False)
 class HelperReply(Payload):
     """``query.shapley_helper`` reply ``shapley-pred``: per job ``j`` the helper's deal of the zero
-    test (:mod:`flwr_fedeval.shapley.zero_test`): P's part ``q-<j>``, ``u-<j>``, ``c-<j>`` (uint64
+    test (:mod:`flwr_fedeval.shapley.zerotest`): P's part ``q-<j>``, ``u-<j>``, ``c-<j>`` (uint64
     ``(n_j,)``, elements of ``F_p``: P's share of ``r·Ŷ`` and its multiplication triple part) and
     ``a-<j>`` (A's part ``q'', r, v, c''`` as a raw ``.npz``, sealed for A; uint8).
     ``preds``: ``{j: (PDeal, sealed)}``."""

@@ -3,7 +3,7 @@
 * :mod:`.fsv` — plaintext Federated Shapley Values (exact, and SampleSkip);
 * :mod:`.matrix_reducing` — Algorithm 5 (rotation-free HE matrix product);
 * :mod:`.sharing` — additive secret shares over Z_{2^k} with fixed point (labels over F_p);
-* :mod:`.zero_test` — the comparison of SecSV: P opens r·(Ŷ − Y), never Ŷ − Y;
+* :mod:`.zerotest` — the comparison of SecSV: P opens r·(Ŷ − Y), never Ŷ − Y;
 * :mod:`.secsv` — two-server SecSV (Algorithms 3, 4, 6, 7);
 * :mod:`.hesv` — one-server HESV (Algorithms 1, 2);
 * :mod:`.parties` — SecSV one function per party and step (used by the Flower phase).

@@ -14,7 +14,7 @@ server P and server A    :func:`aggregate_model` (Alg. 3 step 9),
                          :func:`server_products` (Alg. 4 steps 4–5)
 server P                 :func:`plan_batches`, :func:`add_products` (Alg. 4 step 6)
 helper client            :func:`helper_predict` (Alg. 4 steps 7–11)
-P, A and the helper      the zero test of :mod:`.zero_test` (replaces Alg. 4 steps 11–14:
+P, A and the helper      the zero test of :mod:`.zerotest` (replaces Alg. 4 steps 11–14:
                          P opens ``r·(Ŷ − Y)``, never ``Ŷ − Y``)
 =======================  ============================================================
 

@@ -13,7 +13,7 @@ boundary is serialized and deserialized, and its bytes are counted):
   rotation); ``A`` sends its encrypted result to ``P``, who adds both and sends
   the sum to a helper client (Algorithm 4, steps 4–7);
 * the helper client decrypts, reduces mod ``2^k``, takes the argmax and
-  deals the zero test of :mod:`.zero_test` (replacing steps 11–14): ``P``
+  deals the zero test of :mod:`.zerotest` (replacing steps 11–14): ``P``
   opens ``r·(Ŷ − Y)`` for a random ``r ∈ F_p^*`` it does not know, so it
   learns only which samples are predicted correctly, never ``Ŷ − Y``.
 
@@ -73,7 +73,7 @@ from flwr_fedeval.shapley.parties import (
     share_test_set,
 )
 from flwr_fedeval.shapley.sharing import LABEL_PRIME, share_field
-from flwr_fedeval.shapley.zero_test import aux_share, deal, mask_label_share, open_zero_test
+from flwr_fedeval.shapley.zerotest import aux_share, deal, mask_label_share, open_zero_test
 
 __all__ = ["SecSV", "SecSVParams", "ShapleyStats", "quantize_weights", "shapley_ckks_params"]
 
@@ -294,7 +294,7 @@ class SecSV:
         twice the samples per ciphertext. Clients then check
         ``|θ_1 − θ_0| ≤ model_bound`` instead of ``|θ| ≤ model_bound``.
     zero_test : bool, default=True
-        P opens ``r·(Ŷ − Y)`` (:mod:`.zero_test`); ``False``: the paper's steps 11–14, P opens
+        P opens ``r·(Ŷ − Y)`` (:mod:`.zerotest`); ``False``: the paper's steps 11–14, P opens
         ``Ŷ − Y`` itself (leaks the label of a misclassified binary sample; for measuring the
         zero test's cost only).
     """

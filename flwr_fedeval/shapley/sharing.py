@@ -7,7 +7,7 @@ Each share alone is uniform, whatever ``x`` is; ``s' + s'' = x (mod 2^k)``.
 Shares are ``uint64`` arrays (``k ≤ 62``).
 
 Labels are shared over the prime field ``F_p``, ``p = 2^31 − 1`` (:data:`LABEL_PRIME`,
-:func:`share_field`), for the zero test of :mod:`.zero_test`.
+:func:`share_field`), for the zero test of :mod:`.zerotest`.
 """
 
 from __future__ import annotations

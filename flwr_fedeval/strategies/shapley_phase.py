@@ -23,7 +23,7 @@ step   message (to)                       what
 6      ``query.shapley_aux_eval`` (A)     per round and coalition size: A's products
 7      ``query.shapley_helper`` (C)       helpers check A's signature, add both halves, decrypt
                                           (each (round, coalition, sample) once), predict and deal
-                                          the zero test (:mod:`flwr_fedeval.shapley.zero_test`)
+                                          the zero test (:mod:`flwr_fedeval.shapley.zerotest`)
 8      ``query.shapley_aux_diff`` (A)     A's share of r·(Ŷ − Y); P opens it: 0 iff correct (the
                                           correct-prediction mask, nothing else)
 =====  =================================  =======================================================
@@ -73,7 +73,7 @@ from flwr_fedeval.shapley.secsv import (
     quantize_weights,
     shapley_ckks_params,
 )
-from flwr_fedeval.shapley.zero_test import mask_label_share, open_zero_test
+from flwr_fedeval.shapley.zerotest import mask_label_share, open_zero_test
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures, exchange_replies
 
 __all__ = ["NodeSubsetGrid", "SecSVPhase", "ShapleyPhaseError", "ShapleyPhaseResult", "discover_roles"]
@@ -783,7 +783,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
 
     # -- step 8 ---------------------------------------------------------------
     def aux_differences(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, preds: list) -> list[np.ndarray]:
-        """Step 8 (A): the zero test (:mod:`flwr_fedeval.shapley.zero_test`). P sends ``e = Y' − u``,
+        """Step 8 (A): the zero test (:mod:`flwr_fedeval.shapley.zerotest`). P sends ``e = Y' − u``,
         A answers ``f`` and its share of ``r·(Ŷ − Y)``; P opens it: the correct-prediction mask of
         every job (its only view: 0, or a uniform non-zero element, per sample)."""
         aux = st.aux

@@ -24,7 +24,7 @@ from flwr_fedeval.protocol import (
 )
 from flwr_fedeval.shapley.secsv import SecSVParams
 from flwr_fedeval.shapley.sharing import LABEL_PRIME
-from flwr_fedeval.shapley.zero_test import PDeal
+from flwr_fedeval.shapley.zerotest import PDeal
 from flwr_fedeval.testing.grid import _roundtrip_message
 
 NODE = 18446744073709551557          # a node ID above the int64 range, as the deployment engine assigns

@@ -46,7 +46,7 @@ def test_model_matrix_checks_bound_weight_and_shape():
 
 
 def test_test_set_shares_reconstruct_features_in_the_ring_and_labels_in_the_field():
-    """Labels are shared over F_p (the zero test, flwr_fedeval.shapley.zero_test; was Z_2^k)."""
+    """Labels are shared over F_p (the zero test, flwr_fedeval.shapley.zerotest; was Z_2^k)."""
     p = SecSVParams.for_bounds(n_features=2, max_clients=2, feature_bound=1.0)
     X, y = np.array([[0.5, -0.25], [1.0, 0.0]]), np.array([1, 0])
     (X_P, y_P), (X_A, y_A) = share_test_set(X, y, p)

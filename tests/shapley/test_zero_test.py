@@ -1,10 +1,10 @@
-"""The zero test of SecSV (flwr_fedeval.shapley.zero_test): P opens r·(Ŷ − Y), never Ŷ − Y (issue 22, item 3)."""
+"""The zero test of SecSV (flwr_fedeval.shapley.zerotest): P opens r·(Ŷ − Y), never Ŷ − Y (issue 22, item 3)."""
 
 import numpy as np
 import pytest
 
 from flwr_fedeval.shapley.sharing import LABEL_PRIME, random_field, share_field
-from flwr_fedeval.shapley.zero_test import aux_share, deal, mask_label_share, open_zero_test
+from flwr_fedeval.shapley.zerotest import aux_share, deal, mask_label_share, open_zero_test
 
 P = LABEL_PRIME
 
@@ -70,3 +70,22 @@ def test_random_field_is_in_range_and_covers_it():
     assert v.dtype == np.uint64 and v.max() == 6 and v.min() == 0
     counts = np.bincount(v.astype(np.int64), minlength=7)
     assert counts.min() > 100_000 / 7 * 0.9
+
+
+def test_every_package_module_ships_in_the_fab():
+    """Flower's FAB builder drops ``*_test.py`` / ``test_*.py``: a package module so named would be
+    missing on a deployment engine (this module was ``zero_test.py`` once)."""
+    import io
+    import zipfile
+    from pathlib import Path
+
+    from flwr.cli.build import build_fab_from_files, collect_files
+
+    import flwr_fedeval
+
+    root = Path(flwr_fedeval.__file__).parents[1]
+    fab, _ = build_fab_from_files(collect_files(root))
+    shipped = set(zipfile.ZipFile(io.BytesIO(fab)).namelist())
+    modules = {p.relative_to(root).as_posix() for p in (root / "flwr_fedeval").rglob("*.py")}
+    assert "flwr_fedeval/shapley/zerotest.py" in modules
+    assert modules <= shipped, sorted(modules - shipped)

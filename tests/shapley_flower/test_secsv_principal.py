@@ -3,7 +3,7 @@ with the real client handlers and roster identities.
 
 Symptom 3 (honest-but-curious P, the paper's model): P reconstructed Ŷ − Y before testing it for
 zero; on a binary task ±1 on a misclassified sample is its label. Now P opens r·(Ŷ − Y) with a
-multiplier it does not know (flwr_fedeval.shapley.zero_test): its view per (sample, coalition)
+multiplier it does not know (flwr_fedeval.shapley.zerotest): its view per (sample, coalition)
 is the correct/incorrect bit.
 """
 
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_secsv_phase import client_data, make_grid, plaintext_reference, train_two_rounds
 
 from flwr_fedeval.shapley.sharing import LABEL_PRIME
-from flwr_fedeval.shapley.zero_test import open_zero_test
+from flwr_fedeval.shapley.zerotest import open_zero_test
 from flwr_fedeval.strategies.shapley_phase import SecSVPhase, ShapleyPhaseError
 
 

@@ -38,6 +38,9 @@ Views (P and A do not collude; the helper colludes with neither): P sees ``q', u
 the paper) and its own randomness, never ``Y``. A P that sends a wrong ``e`` opens
 ``z + δ·v`` with ``v`` uniform and unknown to it: nothing about ``Ỹ``.
 
+(Module name: Flower's FAB builder leaves out ``*_test.py`` and ``test_*.py`` files, so not
+``zero_test.py``.)
+
 Arithmetic: uint64 arrays, values in ``[0, p)``; products of two values ``< 2^31`` fit in 62 bits.
 Randomness from ``os.urandom`` (:func:`flwr_fedeval.shapley.sharing.random_field`).
 No flwr and no TensorFlow imports.
