@@ -33,7 +33,13 @@ run-deployment: setup
 run-xray: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) "dataset='chest-xray' data-dir='$(abspath $(XRAY_DIR))' local-epochs=2 decision-point-spacing='logit'" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
+# SecSV runs only where every node accepts an honest-but-curious principal server P (README, Threat
+# model): this demo writes fedeval-secsv-trust-principal = true into each simulated node's policy file.
 run-shapley: setup
+	@ROOT="$(CURDIR)" PATH="$(CURDIR)/.venv/bin:$$PATH" && . scripts/identities.sh && \
+	  ensure_identities $$(( $(NUM_CLIENTS) + 1 )) && for i in $$(seq 0 $(NUM_CLIENTS)); do \
+	    grep -qs '^fedeval-secsv-trust-principal' "$$IDS/node-$$i.policy.toml" || \
+	    echo 'fedeval-secsv-trust-principal = true' >> "$$IDS/node-$$i.policy.toml"; done
 	@scripts/run-local.sh $$(( $(NUM_CLIENTS) + 1 )) "dataset='bank-marketing' data-dir='$(abspath $(BANK_DIR))' model='logreg' partitioning='dirichlet' dirichlet-alpha=0.5 num-server-rounds=10 local-epochs=1 batch-size=64 learning-rate=0.01 shapley='secsv' shapley-feature-bound=1.0 shapley-model-bound=32.0 shapley-aux-partition-id=$(NUM_CLIENTS) min-nodes=$(NUM_CLIENTS)" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
 test: setup

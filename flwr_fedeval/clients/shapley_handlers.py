@@ -26,8 +26,9 @@ message type                   who                     what
 ``query.shapley_models``       clients in ``I^t``      ``⟦w_i·round(θ_i^t 2^f)⟧`` in the Matrix Reducing layout
 ``query.shapley_aux_setup``    A                       open and keep its shares of every test set
 ``query.shapley_aux_eval``     A                       its half ``⟦A_S B''_l⟧`` of every (coalition, batch)
-``query.shapley_helper``       helper clients          decrypt, predict, reply shares of the predictions
-``query.shapley_aux_diff``     A                       its share of ``Ŷ − Y`` per batch
+``query.shapley_helper``       helper clients          decrypt, predict, deal the zero test (P's part; A's
+                                                       part sealed for A)
+``query.shapley_aux_diff``     A                       its share of ``r·(Ŷ − Y)`` per batch (zero test)
 =============================  ======================  ====================================================
 
 Every request and reply is a payload dataclass of :mod:`flwr_fedeval.protocol.secsv`
@@ -41,7 +42,9 @@ and change nothing.
 No secret leaves a node: the clients' CKKS secret context travels sealed
 (X25519 + HKDF + AES-GCM, :mod:`flwr_fedeval.keyshare`) between clients, A's
 shares travel sealed for A; P sees its own shares (uniform on ``Z_{2^k}``),
-ciphertexts, and which samples each coalition model predicts correctly.
+ciphertexts, and which samples each coalition model predicts correctly: it opens
+``r·(Ŷ − Y)`` for a multiplier ``r`` it does not know (:mod:`flwr_fedeval.shapley.zerotest`),
+never ``Ŷ − Y`` (whose sign is the label of a misclassified binary sample).
 Trust model: P and A do not collude; each may deviate (issue 12). Every
 X25519 key P relays is signed with the node's roster key over (``"secsv"``,
 session, 0, role, key) and checked against the roster before use
@@ -53,6 +56,15 @@ sealing A's share, and keeps A's key for the helper step; A checks every
 client's key at setup and accepts prediction shares only from those keys.
 A accepts only raw (uncompressed) ``.npz`` arrays whose dtype and shape, read
 from the ``.npy`` header, are the expected ones (:func:`read_raw_npz`).
+
+Against a deviating P (issue 22): each client signs its encrypted model of a round
+(``"secsv-model"``) and A computes only on models so signed by the roster member it
+checked for that node; A signs its half of every job (``"secsv-products"``: session,
+round, coalition, sample ids, ciphertexts) and a helper decrypts only jobs A signed, adding
+P's half itself, and each (round, coalition, sample) once. P's own half is not checked
+(no MACs), so a deviating P can still learn labels: every node refuses the phase at
+hello unless its node config ``fedeval-secsv-trust-principal`` is true
+(:func:`trusts_principal`).
 """
 
 from __future__ import annotations
@@ -62,14 +74,20 @@ import secrets
 import zipfile
 from collections.abc import Callable, Sequence
 from logging import INFO
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from flwr.common.logger import log
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency of flwr)
+    import tomli as tomllib
+
 from flwr_fedeval import keyshare
-from flwr_fedeval.clients.identity import key_set_floor, node_identity
+from flwr_fedeval.clients.identity import DIR_CONFIG, KEY_CONFIG, key_set_floor, node_identity
 from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.fhe.backend import (
     FHEError,
@@ -83,17 +101,18 @@ from flwr_fedeval.messages import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
 from flwr_fedeval.protocol import Refused, error_reply, handler, register
 from flwr_fedeval.protocol import secsv as proto
 from flwr_fedeval.shapley.parties import (
+    add_products,
     aggregate_model,
     encrypt_model,
     helper_predict,
-    masked_difference,
     model_matrix,
     server_plaintexts,
     server_products,
     share_test_set,
 )
 from flwr_fedeval.shapley.secsv import shapley_ckks_params
-from flwr_fedeval.shapley.sharing import share
+from flwr_fedeval.shapley.sharing import LABEL_PRIME
+from flwr_fedeval.shapley.zerotest import AuxDeal, aux_share, deal
 
 __all__ = [
     "ROLES",
@@ -114,6 +133,7 @@ __all__ = [
     "role_reply",
     "shapley_record_mod",
     "share_data",
+    "trusts_principal",
 ]
 
 #: The request record (``"shapley"``), for code that edits requests (deviating-server tests).
@@ -125,10 +145,14 @@ STATE_SECRET = "shapley.secret"
 STATE_AUX = "shapley.aux"                # A: shares (ArrayRecord)
 STATE_AUX_MODELS = "shapley.aux-models"  # A: the current round's ciphertexts
 STATE_PEERS = "shapley.peers"            # verified relayed keys: client {"aux"}, A {<node>: client key}
+STATE_AUX_NAMES = "shapley.aux-names"    # A: {<node>: roster name that signed the node's client key}
+STATE_DECRYPTED = "shapley.decrypted"    # helper: {"<round>:<members>": sample ids decrypted}
 SIGNED_PROTOCOL = proto.SIGNED_PROTOCOL  # defined in flwr_fedeval.protocol.secsv; importable from here
 SIGNED_ROLE = proto.SIGNED_ROLE
 ROLES = proto.ROLES                      # the roles a node can answer; importable from here
 _LABEL = "Shapley"
+#: Node config: this node accepts an honest-but-curious principal server P (the paper's model).
+TRUST_PRINCIPAL_CONFIG = "fedeval-secsv-trust-principal"
 #: Exceptions a handler turns into an error reply (besides Refused and MalformedMessage).
 _ERRORS = (FHEError, ValueError, TypeError, KeyError)
 
@@ -235,6 +259,49 @@ def _verified_client_keys(context: Context, public: proto.PublicParams) -> set[b
     if STATE_PEERS not in context.state or context.state[STATE_PEERS]["session"] != public.session:
         raise Refused("no checked client keys for this phase (aux setup missing)")
     return {bytes(v) for k, v in context.state[STATE_PEERS].items() if k != "session"}
+
+
+def _policy_file(context: Context) -> Path | None:
+    """Simulation: the node's policy file ``<identity-dir>/node-<partition-id>.policy.toml``, next to
+    its key (the way :mod:`flwr_fedeval.clients.identity` finds the key); ``None`` in deployment."""
+    node, run = dict(context.node_config), dict(context.run_config)
+    if node.get(KEY_CONFIG) or not run.get(DIR_CONFIG) or "partition-id" not in node:
+        return None
+    return Path(str(run[DIR_CONFIG])).expanduser() / f"node-{int(node['partition-id'])}.policy.toml"
+
+
+def trusts_principal(context: Context) -> bool:
+    """Whether this node's operator accepts an honest-but-curious principal server P.
+
+    Node config ``fedeval-secsv-trust-principal`` (deployment: ``flower-supernode
+    --node-config 'fedeval-secsv-trust-principal=true'``); in simulation, where the node config
+    holds only the partition, the same key in ``<identity-dir>/node-<partition-id>.policy.toml``.
+    Default ``False``. Run config cannot set it (whoever submits the run would vouch for itself).
+
+    SecSV protects the test sets against an honest-but-curious P only (Zheng et al. 2023, §3);
+    a P that deviates can still learn labels through its own half of the scores (no MACs on its
+    share computation, README "Threat model"), so every node must accept that explicitly.
+
+    Raises
+    ------
+    Refused
+        The value is not a boolean (``true``/``false``), or the policy file is malformed.
+    """
+    node = dict(context.node_config)
+    value: Any = node.get(TRUST_PRINCIPAL_CONFIG)
+    path = _policy_file(context) if value is None else None
+    if path is not None and path.is_file():
+        try:
+            value = tomllib.loads(path.read_text()).get(TRUST_PRINCIPAL_CONFIG)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise Refused(f"policy file {path}: {exc}") from None
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise Refused(f"node config '{TRUST_PRINCIPAL_CONFIG}' must be true or false, got {value!r}")
+    return value
 
 
 # --- recording the local models (training) ------------------------------------
@@ -360,6 +427,9 @@ def hello(request: proto.HelloRequest, context: Context, role: str, *, num_test:
         This node has no identity (the message names the config keys to set).
     """
     session = request.session
+    if not trusts_principal(context):
+        raise Refused(f"node config '{TRUST_PRINCIPAL_CONFIG}' is not true: SecSV protects this node's test set "
+                      "only against an honest-but-curious principal server (README, Threat model)")
     for key in [k for k in context.state if k.startswith("shapley.") and k not in
                 (STATE_ROUNDS,) and not k.startswith(STATE_MODELS)]:
         del context.state[key]                       # a new phase starts from scratch
@@ -483,23 +553,54 @@ def _arr(a: np.ndarray) -> Array:
 def encrypt_models(request: proto.ModelsRequest, context: Context) -> proto.ModelsReply:
     """``query.shapley_models`` (Algorithm 5 steps 1–3): encrypt this client's model of round ``t``.
 
-    Reply: ``d_in`` packed ciphertexts of ``w_i · round(θ_i^t 2^f)``. Refuses a model above the
-    public ``model-bound`` (``ValueError``) or a round without a recorded model.
+    Reply: ``d_in`` packed ciphertexts of ``w_i · round(θ_i^t 2^f)``, signed with this node's roster
+    key over ``("secsv-model", session, t, "client", SHA-256 of the ciphertexts)``: A computes only
+    on models so signed (a model P made itself under the public key is refused). Refuses a model
+    above the public ``model-bound`` (``ValueError``) or a round without a recorded model.
     """
     _keypair(context, request.public.session)
     m, d_out, n_classes = _layout(request.public)
     theta = recorded_model(context, request.round)
     A = model_matrix(theta, request.weight, request.public.params, n_classes=n_classes, d_out=d_out)
     ctx = _secret_context(context)
-    return proto.ModelsReply(pack_blobs([ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)]))
+    packed = pack_blobs([ctx.serialize_ciphertext(c) for c in encrypt_model(ctx, A, m)])
+    ident, _ = node_identity(context)
+    sig = sign_key(ident, protocol=proto.MODEL_PROTOCOL, session=request.public.session, round=request.round,
+                   role="client", key=proto.model_digest(packed))
+    return proto.ModelsReply(packed, ident.name, sig)
+
+
+def _decrypted(context: Context, session: str) -> ArrayRecord:
+    """The helper's record of what it decrypted in this phase: ``{"<round>:<members>": sample ids}``."""
+    if STATE_DECRYPTED not in context.state:
+        context.state[STATE_DECRYPTED] = ArrayRecord()
+        context.state[STATE_DECRYPTED + ".session"] = ConfigRecord({"session": session})
+    if context.state[STATE_DECRYPTED + ".session"]["session"] != session:
+        raise Refused("decryption record of another phase")
+    record: ArrayRecord = context.state[STATE_DECRYPTED]
+    return record
 
 
 def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
-    """``query.shapley_helper`` (Algorithm 4 steps 7–11): decrypt scores, predict, share.
+    """``query.shapley_helper`` (Algorithm 4 steps 6–11): add both halves, decrypt, predict, deal the zero test.
 
-    ``request.aux_public_key`` must be the key this client checked against the roster at the
-    share step. Reply per job: P's share of the predicted labels (uint64) and A's share, sealed
-    for A.
+    Only jobs bound to this phase's transcript are decrypted: A's half must carry A's signature
+    (checked against the roster name of the A key this client checked at the share step) over
+    (``"secsv-products"``, session, round, ``"aux"``, digest of the coalition, the sample ids and
+    A's ciphertexts), and each (round, coalition, sample) is decrypted at most once by this client
+    (no retries: P cannot bisect a score through repeated decryptions). The helper adds P's half
+    itself (Algorithm 4 step 6). ``request.aux_public_key`` must be the key this client checked.
+
+    Reply per job: P's part of the zero test's deal (:func:`~flwr_fedeval.shapley.zerotest.deal`:
+    its share of ``r·Ŷ`` and its triple part, uint64 in ``F_p``) and A's part (``q'', r, v, c''``
+    and the job's sample ids), sealed for A. The predictions themselves never leave the helper.
+
+    Raises
+    ------
+    IdentityError
+        A's signature of a job does not verify (a ciphertext A did not compute for this job).
+    Refused
+        A (round, coalition, sample) decrypted before, repeated or out-of-range sample ids.
     """
     public = request.public
     kp = _keypair(context, public.session)
@@ -507,12 +608,33 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
     m, d_out, _ = _layout(public)
     ctx = _secret_context(context)
     aux_pk = _verified_aux_key(context, request)
+    aux_signer = str(context.state[STATE_PEERS]["aux-signer"])
+    _, roster = node_identity(context)
+    done = _decrypted(context, public.session)
+    seen: dict[str, np.ndarray] = {}
+    for j, (_own, aux, ids, members, sig) in request.batches.items():   # check everything first
+        if ids.size > m or ids.min() < 0 or len(np.unique(ids)) != ids.size:
+            raise Refused(f"job {j}: {ids.size} sample ids, repeated, negative or more than m = {m}")
+        verify_key(roster, aux_signer, sig, protocol=proto.PRODUCTS_PROTOCOL, session=public.session,
+                   round=request.round, role="aux", key=proto.products_digest(members, ids, aux))
+        key = f"{request.round}:{','.join(sorted(members))}"
+        before = seen.get(key, done[key].numpy() if key in done else np.zeros(0, dtype=np.int64))
+        if np.intersect1d(before, ids).size:
+            raise Refused(f"job {j}: samples of round {request.round}, coalition {sorted(members)} were decrypted "
+                          "before (each is decrypted once)")
+        seen[key] = np.union1d(before, ids)
     out = {}
-    for j, (packed, n) in request.batches.items():
-        cts = [ctx.deserialize_ciphertext(b) for b in unpack_blobs(packed, expected=params.n_limbs)]
-        pred = helper_predict(ctx, cts, n, params, m=m, d_out=d_out)
-        pred_p, pred_a = share(pred, params.ring_bits)
-        out[j] = (pred_p, keyshare.seal_for(_pack_arrays(pred=pred_a), sender=kp, recipient_public=aux_pk))
+    for j, (own, aux, ids, _members, _sig) in request.batches.items():
+        halves = [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(h, expected=params.n_limbs)]
+                  for h in (own, aux)]
+        pred = helper_predict(ctx, add_products(ctx, *halves), ids.size, params, m=m, d_out=d_out)
+        deal_p, deal_a = deal(pred)
+        sealed = keyshare.seal_for(_pack_arrays(**deal_a._asdict(), ids=ids.astype(np.int64)), sender=kp,
+                                   recipient_public=aux_pk)
+        out[j] = (deal_p, sealed)
+    for key, ids_done in seen.items():
+        done[key] = _arr(ids_done.astype(np.int64))
+    context.state[STATE_DECRYPTED] = done
     return proto.HelperReply(out)
 
 
@@ -552,6 +674,8 @@ def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetu
 
         x, y = read_raw_npz(raw, {"x": (np.uint64, x_shape),
                                   "y": (np.uint64, lambda s, rows=rows: s == (rows[0],))})
+        if y.size and int(y.max()) >= LABEL_PRIME:
+            raise Refused(f"label shares of node {node} are not elements of F_p (p = {LABEL_PRIME})")
         xs.append(x)
         ys.append(y)
     X, Y = np.vstack(xs), np.concatenate(ys)
@@ -559,6 +683,7 @@ def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetu
                                             "context": proto.bytes_array(request.public_context)})
     context.state[STATE_AUX + ".order"] = ConfigRecord({"order": order})
     context.state[STATE_PEERS] = ConfigRecord({"session": public.session, **keys})
+    context.state[STATE_AUX_NAMES] = ConfigRecord({str(n): str(name) for n, name in names.items()})
     log(INFO, "Shapley phase: auxiliary server (%s) checked the keys of clients %s", ident.name,
         sorted(names.values()))
     log(INFO, "Shapley phase: auxiliary server holds shares of %d test samples", len(Y))
@@ -572,11 +697,37 @@ def _aux_state(context: Context):
     return st["x"].numpy(), st["y"].numpy(), load_context(proto.array_bytes(st, STATE_AUX, "context"))
 
 
+def _check_model_signatures(context: Context, request: proto.AuxEvalRequest) -> None:
+    """A: every forwarded model of the round signed by the roster member A checked for its node."""
+    if STATE_AUX_NAMES not in context.state:
+        raise Refused("no checked client names for this phase (aux setup missing)")
+    names = context.state[STATE_AUX_NAMES]
+    _, roster = node_identity(context)
+    sigs = request.model_signatures or {}
+    for node, packed in (request.round_models or {}).items():
+        if node not in names:
+            raise IdentityError(f"model of node {node}, which is not one of the clients checked at setup")
+        if node not in sigs:
+            raise IdentityError(f"model of node {node} ({names[node]!r}) is not signed (unsigned models are refused)")
+        verify_key(roster, str(names[node]), sigs[node], protocol=proto.MODEL_PROTOCOL,
+                   session=request.public.session, round=request.round, role="client",
+                   key=proto.model_digest(packed))
+
+
 def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalReply:
     """``query.shapley_aux_eval`` (Algorithm 4 step 4): A's products for every (coalition, batch).
 
     The round's model ciphertexts come with the first request of a round and are kept for the
-    following ones. Reply per job: one packed ciphertext per limb.
+    following ones; each must carry its client's signature over (``"secsv-model"``, session,
+    round, ``"client"``, SHA-256 of the ciphertexts), checked against the roster name A verified
+    for that node at setup — P cannot have A compute on a model it made. Reply per job: one
+    packed ciphertext per limb, signed by A over (``"secsv-products"``, session, round, ``"aux"``,
+    digest of coalition, sample ids and ciphertexts) — the helper decrypts only jobs so signed.
+
+    Raises
+    ------
+    IdentityError
+        A forwarded model without a valid signature of its node's roster member.
     """
     _keypair(context, request.public.session)
     params = request.public.params
@@ -584,6 +735,7 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
     X, _, ctx = _aux_state(context)
     order = list(context.state[STATE_AUX + ".order"]["order"])
     if request.round_models is not None:
+        _check_model_signatures(context, request)
         context.state[STATE_AUX_MODELS] = ArrayRecord({n: proto.bytes_array(b)
                                                        for n, b in request.round_models.items()})
         context.state[STATE_AUX_MODELS + ".round"] = ConfigRecord({"round": request.round})
@@ -594,12 +746,15 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
     models = {node: [ctx.deserialize_ciphertext(b)
                      for b in unpack_blobs(proto.array_bytes(stored, STATE_AUX_MODELS, node))]
               for node in stored}
+    ident, _ = node_identity(context)
     plain_cache: dict[bytes, list] = {}
     agg_cache: dict[tuple, list] = {}
     out = {}
     for j, (index, ids) in request.jobs.items():
         if index.size == 0 or index.min() < 0 or index.max() >= len(order):
             raise Refused(f"job {j}: member indices {index.tolist()} outside 0..{len(order) - 1}")
+        if len(set(index.tolist())) != index.size:
+            raise Refused(f"job {j}: member indices {index.tolist()} repeat a client")
         members = tuple(order[i] for i in index)
         if any(n not in models for n in members):
             raise Refused(f"job {j}: coalition {members} has members without a model")
@@ -611,29 +766,42 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
         if key not in plain_cache:
             plain_cache[key] = server_plaintexts(ctx, X[ids], params, m=m, d_out=d_out)
         prods = server_products(ctx, agg_cache[members], plain_cache[key])
-        out[j] = pack_blobs([ctx.serialize_ciphertext(c) for c in prods])
+        packed = pack_blobs([ctx.serialize_ciphertext(c) for c in prods])
+        sig = sign_key(ident, protocol=proto.PRODUCTS_PROTOCOL, session=request.public.session, round=request.round,
+                       role="aux", key=proto.products_digest(members, ids, packed))
+        out[j] = (packed, sig)
     return proto.AuxEvalReply(out)
 
 
 def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffReply:
-    """``query.shapley_aux_diff`` (Algorithm 4 step 12): A's share of ``Ŷ − Y`` per batch.
+    """``query.shapley_aux_diff`` (the zero test replacing Algorithm 4 steps 12–14): A's share of
+    ``r·(Ŷ − Y)`` per batch (:func:`~flwr_fedeval.shapley.zerotest.aux_share`).
 
-    Each helper key must be one of the client keys checked at setup; each share must be a raw
-    ``.npz`` with ``pred`` uint64 of the batch's length. Reply per job: uint64 ``(n_j,)``.
+    Each helper key must be one of the client keys checked at setup; each deal must be a raw
+    ``.npz`` with ``q``, ``r``, ``v``, ``c`` uint64 of the batch's length, in ``F_p``, ``r`` non-zero,
+    and the sample ``ids`` (int64) the helper dealt it for, equal to the job's (P cannot move a
+    deal to other samples).
+    Reply per job: ``f = r − v`` and ``z''``, uint64 ``(n_j,)``.
     """
     keypair = _keypair(context, request.public.session)
-    params = request.public.params
     _, Y, _ = _aux_state(context)
     clients = _verified_client_keys(context, request.public)
     out = {}
-    for j, (sealed, ids, helper_pk) in request.jobs.items():
+    for j, (sealed, ids, helper_pk, e) in request.jobs.items():
         if ids.size == 0 or ids.min() < 0 or ids.max() >= len(Y):
             raise Refused(f"job {j}: sample ids out of range")
         if helper_pk not in clients:
             raise IdentityError(f"job {j}: the helper's key is not one of the clients' keys checked at setup")
         raw = keyshare.open_from(sealed, recipient=keypair, sender_public=helper_pk)
-        (pred_a,) = read_raw_npz(raw, {"pred": (np.uint64, lambda s, n=ids.size: s == (n,))})
-        out[j] = masked_difference(pred_a, Y[ids], params.ring_bits)
+        shape_ok = {name: (np.uint64, lambda s, n=ids.size: s == (n,)) for name in AuxDeal._fields}
+        *parts, dealt_ids = read_raw_npz(raw, {**shape_ok, "ids": (np.int64, lambda s, n=ids.size: s == (n,))})
+        if not np.array_equal(dealt_ids, ids):
+            raise Refused(f"job {j}: the helper dealt this zero test for other samples")
+        deal_a = AuxDeal(*parts)
+        try:
+            out[j] = aux_share(deal_a, Y[ids], e)
+        except ValueError as exc:
+            raise Refused(f"job {j}: {exc}") from None
     return proto.AuxDiffReply(out)
 
 

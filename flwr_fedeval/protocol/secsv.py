@@ -21,6 +21,10 @@ step                     request                 reply
 8 ``shapley_aux_diff``   :class:`AuxDiffRequest`   :class:`AuxDiffReply`
 =======================  ======================  ==========================================
 
+Steps 7-8 run the zero test of :mod:`flwr_fedeval.shapley.zerotest` (the helper deals, A
+answers, P opens ``r·(Ŷ − Y)``): P never sees ``Ŷ − Y``. Labels are shared over ``F_p``
+(``p = 2^31 − 1``), features over ``Z_{2^k}``.
+
 Every request after hello carries :class:`PublicParams` (session id, fixed point, ring, limbs,
 Matrix Reducing layout) in the ConfigRecord ``shapley``. Per-job fields are named
 ``<field>-<j>`` (``j`` the job index of one exchange, a (coalition, batch) pair); per-node
@@ -31,6 +35,7 @@ fields are named by the node ID in decimal. Relayed X25519 keys (32 bytes) trave
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,13 +58,15 @@ from flwr_fedeval.protocol._base import (
     config_record,
 )
 from flwr_fedeval.shapley.secsv import SecSVParams, shapley_ckks_params
+from flwr_fedeval.shapley.sharing import LABEL_PRIME
+from flwr_fedeval.shapley.zerotest import PDeal
 
 __all__ = [
     "AUX_DIFF", "AUX_EVAL", "AUX_SETUP", "HELLO", "HELPER", "KEYGEN", "MODELS", "ROLE_QUERY", "SHARE", "STEPS",
     "AuxDiffReply", "AuxDiffRequest", "AuxEvalReply", "AuxEvalRequest", "AuxSetupReply", "AuxSetupRequest",
     "HelloReply", "HelloRequest", "HelperReply", "HelperRequest", "KeySet", "KeygenReply", "KeygenRequest",
     "ModelsReply", "ModelsRequest", "PublicParams", "RoleReply", "RoleRequest", "ShareReply", "ShareRequest",
-    "session_of",
+    "model_digest", "products_digest", "session_of",
 ]
 
 #: The roles a node answers to the role query.
@@ -72,6 +79,12 @@ SIGNED_PROTOCOL = "secsv"
 ROLE_PROTOCOL = "fedeval-role"
 #: X25519 public keys are 32 raw bytes.
 KEY_BYTES = 32
+#: ``protocol`` of a client's signature over its encrypted model of a round (``round`` = t, role
+#: ``"client"``, ``key`` = :func:`model_digest` of the packed ciphertexts); checked by A.
+MODEL_PROTOCOL = "secsv-model"
+#: ``protocol`` of A's signature over its half of a job's products (``round`` = t, role ``"aux"``,
+#: ``key`` = :func:`products_digest`); the helper decrypts only jobs A so signed.
+PRODUCTS_PROTOCOL = "secsv-products"
 
 # record keys
 ROLE_KEY = "role"
@@ -87,10 +100,14 @@ AUX_SHARES_KEY = "shapley-aux-shares"
 AUX_KEYS_KEY = "shapley-aux-keys"
 AUX_KEY = "shapley-aux"
 MODEL_KEY = "shapley-model"
+MODEL_SIGNATURE_KEY = "shapley-model-signature"
+ROUND_MODEL_SIGNATURES_KEY = "shapley-round-models-signatures"
 JOBS_KEY = "shapley-jobs"
 ROUND_MODELS_KEY = "shapley-round-models"
 PRODUCTS_KEY = "shapley-products"
 BATCHES_KEY = "shapley-batches"
+PROOFS_KEY = "shapley-batch-proofs"
+PRODUCT_SIGNATURES_KEY = "shapley-products-signatures"
 PRED_KEY = "shapley-pred"
 PREDS_KEY = "shapley-preds"
 HELPER_KEYS_KEY = "shapley-helper-keys"
@@ -138,6 +155,22 @@ def _optional(content: RecordDict, key: str, kind: type) -> Any:
 
 def _array(a: np.ndarray, dtype: Any) -> Array:
     return Array(np.ascontiguousarray(a, dtype=dtype))
+
+
+def model_digest(cts: bytes) -> bytes:
+    """SHA-256 of a client's packed model ciphertexts: what it signs (:data:`MODEL_PROTOCOL`)."""
+    return hashlib.sha256(bytes(cts)).digest()
+
+
+def _lp(b: bytes) -> bytes:
+    return len(b).to_bytes(8, "big") + b
+
+
+def products_digest(members: tuple[str, ...] | list[str], ids: np.ndarray, cts: bytes) -> bytes:
+    """SHA-256 over a job's coalition (node IDs, decimal, sorted), its sample ids (int64, little
+    endian) and A's packed product ciphertexts: what A signs (:data:`PRODUCTS_PROTOCOL`)."""
+    body = _lp(",".join(sorted(members)).encode()) + _lp(np.asarray(ids, dtype="<i8").tobytes()) + _lp(bytes(cts))
+    return hashlib.sha256(body).digest()
 
 
 def session_of(content: RecordDict) -> str:
@@ -470,8 +503,8 @@ class ShareRequest(Payload):
 @dataclasses.dataclass(frozen=True, eq=False)
 class ShareReply(Payload):
     """``query.shapley_share`` reply ``shapley-share``: P's share of the test set, ``x`` uint64
-    ``(M, d + 1)`` and ``y`` uint64 ``(M,)`` (uniform on ``Z_{2^k}``), and ``sealed-aux`` (A's
-    share as a raw ``.npz``, sealed for A; uint8)."""
+    ``(M, d + 1)`` (uniform on ``Z_{2^k}``) and ``y`` uint64 ``(M,)`` (uniform on ``F_p``, checked
+    ``< p``), and ``sealed-aux`` (A's share as a raw ``.npz``, sealed for A; uint8)."""
 
     LABEL = "SecSV share reply"
     x: np.ndarray
@@ -486,6 +519,8 @@ class ShareReply(Payload):
     def _from_record(cls, content: RecordDict) -> ShareReply:
         rec = array_record(content, SHARE_KEY)
         y = array_field(rec, SHARE_KEY, "y", dtype=np.uint64, shape=(None,))
+        if y.size and int(y.max()) >= LABEL_PRIME:
+            raise MalformedMessage(f"{SHARE_KEY}.y", f"label shares >= p = {LABEL_PRIME}")
         return cls(array_field(rec, SHARE_KEY, "x", dtype=np.uint64, shape=(len(y), None)), y,
                    array_bytes(rec, SHARE_KEY, "sealed-aux"))
 
@@ -566,17 +601,25 @@ class ModelsRequest(Payload):
 @dataclasses.dataclass(frozen=True)
 class ModelsReply(Payload):
     """``query.shapley_models`` reply ``shapley-model.cts``: the ``d + 1`` packed ciphertexts of
-    ``⟦w_i·round(θ_i^t 2^f)⟧`` in the Matrix Reducing layout (uint8)."""
+    ``⟦w_i·round(θ_i^t 2^f)⟧`` in the Matrix Reducing layout (uint8), and
+    ``shapley-model-signature``: the client's roster name ``signer`` and its ``signature`` over
+    ``("secsv-model", session, t, "client", SHA-256 of cts)`` (:func:`model_digest`), which A
+    checks before computing on the model."""
 
     LABEL = "SecSV models reply"
     cts: bytes
+    signer: str
+    signature: bytes
 
     def _to_record(self) -> RecordDict:
-        return RecordDict({MODEL_KEY: ArrayRecord({"cts": bytes_array(self.cts)})})
+        return RecordDict({MODEL_KEY: ArrayRecord({"cts": bytes_array(self.cts)}),
+                           MODEL_SIGNATURE_KEY: ConfigRecord({"signer": self.signer, "signature": self.signature})})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> ModelsReply:
-        return cls(array_bytes(array_record(content, MODEL_KEY), MODEL_KEY, "cts"))
+        sig, k = config_record(content, MODEL_SIGNATURE_KEY), MODEL_SIGNATURE_KEY
+        return cls(array_bytes(array_record(content, MODEL_KEY), MODEL_KEY, "cts"),
+                   config_field(sig, k, "signer", str), config_field(sig, k, "signature", bytes))
 
 
 # ------------------------------------------------------------------ step 6: A's products
@@ -587,7 +630,10 @@ class AuxEvalRequest(Payload):
     ``jobs``: ``{j: (members, ids)}``: the coalition as indices into the client order of the
     setup (int64, ``(|S|,)``) and the batch's sample ids (int64, ``(≤ m,)``) (``shapley-jobs``:
     ``members-<j>``, ``ids-<j>``). ``round_models`` (``shapley-round-models``, first request of a
-    round only): ``{node: packed model ciphertexts}`` as the clients sent them (uint8).
+    round only): ``{node: packed model ciphertexts}`` as the clients sent them (uint8), with
+    ``model_signatures`` (``shapley-round-models-signatures``: ``{node: signature}``, each client's
+    signature of :class:`ModelsReply`; A checks it against the roster name it verified for that
+    node at setup).
     """
 
     LABEL = "SecSV aux products request"
@@ -595,6 +641,7 @@ class AuxEvalRequest(Payload):
     round: int
     jobs: dict[int, tuple[np.ndarray, np.ndarray]]
     round_models: dict[str, bytes] | None = None
+    model_signatures: dict[str, bytes] | None = None
 
     def _to_record(self) -> RecordDict:
         jobs = {f"{n}-{j}": _array(a, np.int64) for j, (members, ids) in self.jobs.items()
@@ -603,6 +650,7 @@ class AuxEvalRequest(Payload):
                          JOBS_KEY: ArrayRecord(jobs)})
         if self.round_models is not None:
             rd[ROUND_MODELS_KEY] = ArrayRecord({n: bytes_array(b) for n, b in self.round_models.items()})
+            rd[ROUND_MODEL_SIGNATURES_KEY] = ConfigRecord(dict(self.model_signatures or {}))
         return rd
 
     @classmethod
@@ -610,100 +658,140 @@ class AuxEvalRequest(Payload):
         rec, jobs = config_record(content, REQUEST_KEY), array_record(content, JOBS_KEY)
         parsed = {j: tuple(array_field(jobs, JOBS_KEY, f"{n}-{j}", dtype=np.int64, shape=(None,))
                            for n in ("members", "ids")) for j in _jobs(jobs, JOBS_KEY, ("members", "ids"))}
-        models = None
+        models, sigs = None, None
         if ROUND_MODELS_KEY in content:
             mrec = array_record(content, ROUND_MODELS_KEY)
             models = {n: array_bytes(mrec, ROUND_MODELS_KEY, n) for n in _node_keys(mrec, ROUND_MODELS_KEY)}
-        return cls(PublicParams.parse(rec), config_field(rec, REQUEST_KEY, "round", int, minimum=1), parsed, models)
+            srec, sk = _optional(content, ROUND_MODEL_SIGNATURES_KEY, ConfigRecord), ROUND_MODEL_SIGNATURES_KEY
+            sigs = {n: config_field(srec, sk, n, bytes) for n in _node_keys(srec, sk)}
+        return cls(PublicParams.parse(rec), config_field(rec, REQUEST_KEY, "round", int, minimum=1), parsed, models,
+                   sigs)
 
 
 @dataclasses.dataclass(frozen=True)
 class AuxEvalReply(Payload):
     """``query.shapley_aux_eval`` reply ``shapley-products``: ``cts-<j>``, A's half ``⟦A_S B''_l⟧``
-    of job ``j``, one packed ciphertext per limb (uint8)."""
+    of job ``j``, one packed ciphertext per limb (uint8); ``shapley-products-signatures``:
+    ``sig-<j>``, A's signature over (``"secsv-products"``, session, round, ``"aux"``,
+    :func:`products_digest` of the job's coalition, sample ids and ``cts-<j>``).
+    ``products``: ``{j: (cts, signature)}``."""
 
     LABEL = "SecSV aux products reply"
-    products: dict[int, bytes]
+    products: dict[int, tuple[bytes, bytes]]
 
     def _to_record(self) -> RecordDict:
-        return RecordDict({PRODUCTS_KEY: ArrayRecord({f"cts-{j}": bytes_array(b) for j, b in self.products.items()})})
+        return RecordDict({
+            PRODUCTS_KEY: ArrayRecord({f"cts-{j}": bytes_array(b) for j, (b, _) in self.products.items()}),
+            PRODUCT_SIGNATURES_KEY: ConfigRecord({f"sig-{j}": sig for j, (_, sig) in self.products.items()})})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> AuxEvalReply:
-        rec = array_record(content, PRODUCTS_KEY)
-        return cls({j: array_bytes(rec, PRODUCTS_KEY, f"cts-{j}") for j in _jobs(rec, PRODUCTS_KEY, ("cts",))})
+        rec, sigs = array_record(content, PRODUCTS_KEY), config_record(content, PRODUCT_SIGNATURES_KEY)
+        jobs = _jobs(rec, PRODUCTS_KEY, ("cts",))
+        if _jobs(sigs, PRODUCT_SIGNATURES_KEY, ("sig",)) != jobs:
+            raise MalformedMessage(PRODUCT_SIGNATURES_KEY, f"signatures do not match the jobs {jobs}")
+        return cls({j: (array_bytes(rec, PRODUCTS_KEY, f"cts-{j}"),
+                        config_field(sigs, PRODUCT_SIGNATURES_KEY, f"sig-{j}", bytes)) for j in jobs})
 
 
 # ------------------------------------------------------------------ step 7: helper decryption
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class HelperRequest(Payload):
-    """``query.shapley_helper`` request (Algorithm 4 steps 7-11): A's X25519 key ``aux-public-key``
-    (32 bytes; in ``shapley``) and per job ``j`` (``shapley-batches``) the packed limb
-    ciphertexts ``cts-<j>`` (uint8) and the batch's number of samples ``n-<j>`` (int64, ``(1,)``).
-    ``batches``: ``{j: (cts, n)}``."""
+    """``query.shapley_helper`` request (Algorithm 4 steps 6-11) for training ``round`` (in
+    ``shapley``, with A's X25519 key ``aux-public-key``, 32 bytes). Per job ``j``: in
+    ``shapley-batches`` P's half ``own-<j>`` and A's half ``aux-<j>`` of the products (packed limb
+    ciphertexts, uint8; the helper adds them, Algorithm 4 step 6) and the sample ids ``ids-<j>``
+    (int64, ``(n_j,)``); in ``shapley-batch-proofs`` the coalition ``members-<j>`` (node IDs,
+    decimal strings) and A's signature ``aux-signature-<j>`` of ``aux-<j>`` (:class:`AuxEvalReply`).
+    ``batches``: ``{j: (own, aux, ids, members, aux signature)}``."""
 
     LABEL = "SecSV helper request"
     public: PublicParams
     aux_public_key: bytes
-    batches: dict[int, tuple[bytes, int]]
+    round: int
+    batches: dict[int, tuple[bytes, bytes, np.ndarray, tuple[str, ...], bytes]]
 
     def _to_record(self) -> RecordDict:
-        rec = {}
-        for j, (cts, n) in self.batches.items():
-            rec[f"cts-{j}"], rec[f"n-{j}"] = bytes_array(cts), Array(np.array([n], dtype=np.int64))
-        return RecordDict({REQUEST_KEY: ConfigRecord({**self.public.fields(), "aux-public-key": self.aux_public_key}),
-                           BATCHES_KEY: ArrayRecord(rec)})
+        rec, proofs = {}, {}
+        for j, (own, aux, ids, members, sig) in self.batches.items():
+            rec[f"own-{j}"], rec[f"aux-{j}"] = bytes_array(own), bytes_array(aux)
+            rec[f"ids-{j}"] = _array(ids, np.int64)
+            proofs[f"members-{j}"], proofs[f"aux-signature-{j}"] = list(members), sig
+        return RecordDict({REQUEST_KEY: ConfigRecord({**self.public.fields(), "aux-public-key": self.aux_public_key,
+                                                      "round": self.round}),
+                           BATCHES_KEY: ArrayRecord(rec), PROOFS_KEY: ConfigRecord(proofs)})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> HelperRequest:
         rec, batches = config_record(content, REQUEST_KEY), array_record(content, BATCHES_KEY)
+        proofs = config_record(content, PROOFS_KEY)
+        jobs = _jobs(batches, BATCHES_KEY, ("own", "aux", "ids"))
+        if _jobs(proofs, PROOFS_KEY, ("members", "aux-signature")) != jobs:
+            raise MalformedMessage(PROOFS_KEY, f"proofs do not match the jobs {jobs}")
         out = {}
-        for j in _jobs(batches, BATCHES_KEY, ("cts", "n")):
-            (n,) = array_field(batches, BATCHES_KEY, f"n-{j}", dtype=np.int64, shape=(1,))
-            if n < 1:
-                raise MalformedMessage(f"{BATCHES_KEY}.n-{j}", f"{n} samples")
-            out[j] = (array_bytes(batches, BATCHES_KEY, f"cts-{j}"), int(n))
-        return cls(PublicParams.parse(rec), config_bytes(rec, REQUEST_KEY, "aux-public-key", length=KEY_BYTES), out)
+        for j in jobs:
+            ids = array_field(batches, BATCHES_KEY, f"ids-{j}", dtype=np.int64, shape=(None,))
+            if ids.size < 1:
+                raise MalformedMessage(f"{BATCHES_KEY}.ids-{j}", "no samples")
+            members = tuple(config_list(proofs, PROOFS_KEY, f"members-{j}", str))
+            if not members or any(not m.isdecimal() for m in members):
+                raise MalformedMessage(f"{PROOFS_KEY}.members-{j}", "expected node IDs (decimal strings)")
+            out[j] = (array_bytes(batches, BATCHES_KEY, f"own-{j}"), array_bytes(batches, BATCHES_KEY, f"aux-{j}"),
+                      ids, members, config_field(proofs, PROOFS_KEY, f"aux-signature-{j}", bytes))
+        return cls(PublicParams.parse(rec), config_bytes(rec, REQUEST_KEY, "aux-public-key", length=KEY_BYTES),
+                   config_field(rec, REQUEST_KEY, "round", int, minimum=1), out)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class HelperReply(Payload):
-    """``query.shapley_helper`` reply ``shapley-pred``: per job, ``p-<j>`` (P's share of the
-    predicted labels Ŷ, uint64 ``(n_j,)``) and ``a-<j>`` (A's share as a raw ``.npz``, sealed
-    for A; uint8). ``preds``: ``{j: (p, a)}``."""
+    """``query.shapley_helper`` reply ``shapley-pred``: per job ``j`` the helper's deal of the zero
+    test (:mod:`flwr_fedeval.shapley.zerotest`): P's part ``q-<j>``, ``u-<j>``, ``c-<j>`` (uint64
+    ``(n_j,)``, elements of ``F_p``: P's share of ``r·Ŷ`` and its multiplication triple part) and
+    ``a-<j>`` (A's part ``q'', r, v, c''`` as a raw ``.npz``, sealed for A; uint8).
+    ``preds``: ``{j: (PDeal, sealed)}``."""
 
     LABEL = "SecSV helper reply"
-    preds: dict[int, tuple[np.ndarray, bytes]]
+    preds: dict[int, tuple[PDeal, bytes]]
 
     def _to_record(self) -> RecordDict:
         rec = {}
-        for j, (p, a) in self.preds.items():
-            rec[f"p-{j}"], rec[f"a-{j}"] = _array(p, np.uint64), bytes_array(a)
+        for j, (d, a) in self.preds.items():
+            rec[f"q-{j}"], rec[f"u-{j}"], rec[f"c-{j}"] = (_array(x, np.uint64) for x in (d.q, d.u, d.c))
+            rec[f"a-{j}"] = bytes_array(a)
         return RecordDict({PRED_KEY: ArrayRecord(rec)})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> HelperReply:
         rec = array_record(content, PRED_KEY)
-        return cls({j: (array_field(rec, PRED_KEY, f"p-{j}", dtype=np.uint64, shape=(None,)),
-                        array_bytes(rec, PRED_KEY, f"a-{j}")) for j in _jobs(rec, PRED_KEY, ("p", "a"))})
+        out = {}
+        for j in _jobs(rec, PRED_KEY, ("q", "u", "c", "a")):
+            q = array_field(rec, PRED_KEY, f"q-{j}", dtype=np.uint64, shape=(None,))
+            u, c = (array_field(rec, PRED_KEY, f"{n}-{j}", dtype=np.uint64, shape=(len(q),)) for n in ("u", "c"))
+            for name, arr in (("q", q), ("u", u), ("c", c)):
+                if arr.size and int(arr.max()) >= LABEL_PRIME:
+                    raise MalformedMessage(f"{PRED_KEY}.{name}-{j}", f"values >= p = {LABEL_PRIME}")
+            out[j] = (PDeal(q, u, c), array_bytes(rec, PRED_KEY, f"a-{j}"))
+        return cls(out)
 
 
-# ------------------------------------------------------------------ step 8: A's differences
+# ------------------------------------------------------------------ step 8: A's share of the zero test
 @dataclasses.dataclass(frozen=True, eq=False)
 class AuxDiffRequest(Payload):
-    """``query.shapley_aux_diff`` request (Algorithm 4 step 12): per job ``j``, A's sealed
-    prediction share ``sealed-<j>`` (uint8) and the batch's sample ids ``ids-<j>`` (int64,
-    ``(n_j,)``) in ``shapley-preds``, and the helper's X25519 key ``helper-<j>`` (32 bytes) in
-    ``shapley-helper-keys``. ``jobs``: ``{j: (sealed, ids, helper key)}``."""
+    """``query.shapley_aux_diff`` request (the zero test replacing Algorithm 4 steps 12-14): per job
+    ``j``, A's sealed deal ``sealed-<j>`` (uint8), the batch's sample ids ``ids-<j>`` (int64,
+    ``(n_j,)``) and P's masked label share ``e-<j> = Y' − u`` (uint64 ``(n_j,)``, in ``F_p``) in
+    ``shapley-preds``, and the helper's X25519 key ``helper-<j>`` (32 bytes) in
+    ``shapley-helper-keys``. ``jobs``: ``{j: (sealed, ids, helper key, e)}``."""
 
     LABEL = "SecSV aux differences request"
     public: PublicParams
-    jobs: dict[int, tuple[bytes, np.ndarray, bytes]]
+    jobs: dict[int, tuple[bytes, np.ndarray, bytes, np.ndarray]]
 
     def _to_record(self) -> RecordDict:
         rec, keys = {}, {}
-        for j, (sealed, ids, helper_key) in self.jobs.items():
+        for j, (sealed, ids, helper_key, e) in self.jobs.items():
             rec[f"sealed-{j}"], rec[f"ids-{j}"] = bytes_array(sealed), _array(ids, np.int64)
+            rec[f"e-{j}"] = _array(e, np.uint64)
             keys[f"helper-{j}"] = helper_key
         return RecordDict({REQUEST_KEY: ConfigRecord(self.public.fields()), PREDS_KEY: ArrayRecord(rec),
                            HELPER_KEYS_KEY: ConfigRecord(keys)})
@@ -711,31 +799,47 @@ class AuxDiffRequest(Payload):
     @classmethod
     def _from_record(cls, content: RecordDict) -> AuxDiffRequest:
         preds, keys = array_record(content, PREDS_KEY), config_record(content, HELPER_KEYS_KEY)
-        jobs = _jobs(preds, PREDS_KEY, ("sealed", "ids"))
+        jobs = _jobs(preds, PREDS_KEY, ("sealed", "ids", "e"))
         if _jobs(keys, HELPER_KEYS_KEY, ("helper",)) != jobs:
             raise MalformedMessage(HELPER_KEYS_KEY, f"helper keys do not match the jobs {jobs}")
-        return cls(PublicParams.parse(config_record(content, REQUEST_KEY), layout=False),
-                   {j: (array_bytes(preds, PREDS_KEY, f"sealed-{j}"),
-                        array_field(preds, PREDS_KEY, f"ids-{j}", dtype=np.int64, shape=(None,)),
-                        config_bytes(keys, HELPER_KEYS_KEY, f"helper-{j}", length=KEY_BYTES)) for j in jobs})
+        out = {}
+        for j in jobs:
+            ids = array_field(preds, PREDS_KEY, f"ids-{j}", dtype=np.int64, shape=(None,))
+            e = array_field(preds, PREDS_KEY, f"e-{j}", dtype=np.uint64, shape=(len(ids),))
+            if e.size and int(e.max()) >= LABEL_PRIME:
+                raise MalformedMessage(f"{PREDS_KEY}.e-{j}", f"values >= p = {LABEL_PRIME}")
+            out[j] = (array_bytes(preds, PREDS_KEY, f"sealed-{j}"), ids,
+                      config_bytes(keys, HELPER_KEYS_KEY, f"helper-{j}", length=KEY_BYTES), e)
+        return cls(PublicParams.parse(config_record(content, REQUEST_KEY), layout=False), out)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class AuxDiffReply(Payload):
-    """``query.shapley_aux_diff`` reply ``shapley-diffs``: ``d-<j>``, A's share of ``Ŷ − Y`` of job
-    ``j`` (uint64, ``(n_j,)``)."""
+    """``query.shapley_aux_diff`` reply ``shapley-diffs``: per job ``j``, ``f-<j> = r − v`` and
+    ``z-<j>``, A's share of ``r·(Ŷ − Y)`` (uint64 ``(n_j,)`` each, in ``F_p``).
+    ``diffs``: ``{j: (f, z)}``."""
 
     LABEL = "SecSV aux differences reply"
-    diffs: dict[int, np.ndarray]
+    diffs: dict[int, tuple[np.ndarray, np.ndarray]]
 
     def _to_record(self) -> RecordDict:
-        return RecordDict({DIFFS_KEY: ArrayRecord({f"d-{j}": _array(d, np.uint64) for j, d in self.diffs.items()})})
+        rec = {}
+        for j, (f, z) in self.diffs.items():
+            rec[f"f-{j}"], rec[f"z-{j}"] = _array(f, np.uint64), _array(z, np.uint64)
+        return RecordDict({DIFFS_KEY: ArrayRecord(rec)})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> AuxDiffReply:
         rec = array_record(content, DIFFS_KEY)
-        return cls({j: array_field(rec, DIFFS_KEY, f"d-{j}", dtype=np.uint64, shape=(None,))
-                    for j in _jobs(rec, DIFFS_KEY, ("d",))})
+        out = {}
+        for j in _jobs(rec, DIFFS_KEY, ("f", "z")):
+            f = array_field(rec, DIFFS_KEY, f"f-{j}", dtype=np.uint64, shape=(None,))
+            z = array_field(rec, DIFFS_KEY, f"z-{j}", dtype=np.uint64, shape=(len(f),))
+            for name, arr in (("f", f), ("z", z)):
+                if arr.size and int(arr.max()) >= LABEL_PRIME:
+                    raise MalformedMessage(f"{DIFFS_KEY}.{name}-{j}", f"values >= p = {LABEL_PRIME}")
+            out[j] = (f, z)
+        return cls(out)
 
 
 # ------------------------------------------------------------------ the step table

@@ -3,7 +3,8 @@
 * :mod:`.fsv` — plaintext Federated Shapley Values (exact, and SampleSkip);
 * :mod:`.matrix_reducing` — Algorithm 5 (rotation-free HE matrix product);
 * :mod:`.matrix_squaring` — §4.2 (HESV's baseline HE matrix product, with rotations);
-* :mod:`.sharing` — additive secret shares over Z_{2^k} with fixed point;
+* :mod:`.sharing` — additive secret shares over Z_{2^k} with fixed point (labels over F_p);
+* :mod:`.zerotest` — the comparison of SecSV: P opens r·(Ŷ − Y), never Ŷ − Y;
 * :mod:`.secsv` — two-server SecSV (Algorithms 3, 4, 6, 7);
 * :mod:`.hesv` — one-server HESV (Algorithms 1, 2);
 * :mod:`.parties` — SecSV one function per party and step (used by the Flower phase).

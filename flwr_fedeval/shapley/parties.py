@@ -11,16 +11,17 @@ party                    functions
 client (model owner)     :func:`model_matrix`, :func:`encrypt_model` (Alg. 5 steps 1–3)
 client (data owner)      :func:`share_test_set` (Alg. 3 step 3)
 server P and server A    :func:`aggregate_model` (Alg. 3 step 9),
-                         :func:`server_products` (Alg. 4 steps 4–5),
-                         :func:`masked_difference` (Alg. 4 step 12)
-server P                 :func:`plan_batches`, :func:`add_products` (Alg. 4 step 6),
-                         :func:`correct_mask` (Alg. 4 steps 13–14)
+                         :func:`server_products` (Alg. 4 steps 4–5)
+server P                 :func:`plan_batches`, :func:`add_products` (Alg. 4 step 6)
 helper client            :func:`helper_predict` (Alg. 4 steps 7–11)
+P, A and the helper      the zero test of :mod:`.zerotest` (replaces Alg. 4 steps 11–14:
+                         P opens ``r·(Ŷ − Y)``, never ``Ŷ − Y``)
 =======================  ============================================================
 
 Shapes: a *share* of the test set is ``(M, d_in)`` uint64 (``d_in = d + 1``,
 the last column is the bias feature 1) plus the labels ``(M,)`` uint64, both in
-``Z_{2^k}``. A model is ``d_in`` ciphertexts (the reduced matrices
+``Z_{2^k}`` for the features, ``F_p`` (:data:`~flwr_fedeval.shapley.sharing.LABEL_PRIME`)
+for the labels. A model is ``d_in`` ciphertexts (the reduced matrices
 ``Ã^(o)``, each ``d_out·m`` slots). Products are one ciphertext per limb.
 
 No flwr and no TensorFlow imports.
@@ -36,7 +37,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_fedeval.fhe.backend import CKKSContext
 from flwr_fedeval.shapley.matrix_reducing import reduce_data, reduce_model
-from flwr_fedeval.shapley.sharing import encode_fixed, reconstruct, share, to_signed
+from flwr_fedeval.shapley.sharing import LABEL_PRIME, encode_fixed, share, share_field, to_signed
 
 if TYPE_CHECKING:  # secsv imports this module
     from flwr_fedeval.shapley.secsv import SecSVParams
@@ -50,11 +51,9 @@ __all__ = [
     "check_test_set",
     "choose_batches",
     "aggregate_model",
-    "correct_mask",
     "encrypt_model",
     "helper_predict",
     "limb_rows",
-    "masked_difference",
     "model_matrix",
     "plan_batches",
     "server_plaintexts",
@@ -134,7 +133,8 @@ def share_test_set(X: ArrayLike, y: ArrayLike, params: SecSVParams) -> tuple[_Sh
     Returns
     -------
     (X_P, y_P), (X_A, y_A) : uint64 arrays of shapes (M, d_in) and (M,)
-        The shares for the principal server P and the auxiliary server A.
+        The shares for the principal server P and the auxiliary server A: features over
+        ``Z_{2^k}``, labels over ``F_p`` (``p`` = :data:`~flwr_fedeval.shapley.sharing.LABEL_PRIME`).
 
     Raises
     ------
@@ -149,13 +149,12 @@ def share_test_set(X: ArrayLike, y: ArrayLike, params: SecSVParams) -> tuple[_Sh
         raise ValueError("test features contain NaN or infinite values")
     if X.size and np.abs(X).max() > params.feature_bound:
         raise ValueError(f"test features reach |x| = {np.abs(X).max():.3g} > feature_bound={params.feature_bound}")
-    if y.size and (y.min() < 0 or not np.issubdtype(y.dtype, np.integer)):
-        raise ValueError("labels must be non-negative integers")
+    if y.size and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= LABEL_PRIME):
+        raise ValueError(f"labels must be integers in [0, {LABEL_PRIME})")
     k = params.ring_bits
     X_ring = encode_fixed(np.hstack([X, np.ones((X.shape[0], 1))]), params.data_frac_bits, k)
-    y_ring = y.astype(np.uint64) & np.uint64((1 << k) - 1)
     X_P, X_A = share(X_ring, k)
-    y_P, y_A = share(y_ring, k)
+    y_P, y_A = share_field(y.astype(np.uint64), LABEL_PRIME)
     return (X_P, y_P), (X_A, y_A)
 
 
@@ -232,21 +231,6 @@ def helper_predict(ctx: CKKSContext, limb_cts: list[Any], n_samples: int, params
         return positive.astype(np.uint64)
     labels: NDArray[np.intp] = np.argmax(scores, axis=0)
     return labels.astype(np.uint64)
-
-
-def masked_difference(pred_share: ArrayLike, y_share: ArrayLike, k: int) -> NDArray[np.uint64]:
-    """A server's share of ``Ŷ − Y`` (Algorithm 4 step 12): ``pred' − y' mod 2^k``."""
-    pred: NDArray[np.uint64] = np.asarray(pred_share, dtype=np.uint64)
-    label: NDArray[np.uint64] = np.asarray(y_share, dtype=np.uint64)
-    if pred.shape != label.shape:
-        raise ValueError(f"prediction share {pred.shape} and label share {label.shape} differ")
-    return (pred - label) & np.uint64((1 << k) - 1)
-
-
-def correct_mask(diff_P: NDArray[np.uint64], diff_A: NDArray[np.uint64], k: int) -> NDArray[np.bool_]:
-    """P: ``(Ŷ − Y)' + (Ŷ − Y)'' = 0`` marks a correct prediction (Algorithm 4 steps 13–14)."""
-    ok: NDArray[np.bool_] = reconstruct(diff_P, diff_A, k) == 0
-    return ok
 
 
 def plan_batches(owners: NDArray[np.int64], m: int, clients: Sequence[int]) -> list[NDArray[np.intp]]:

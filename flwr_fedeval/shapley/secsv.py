@@ -13,8 +13,9 @@ boundary is serialized and deserialized, and its bytes are counted):
   rotation); ``A`` sends its encrypted result to ``P``, who adds both and sends
   the sum to a helper client (Algorithm 4, steps 4–7);
 * the helper client decrypts, reduces mod ``2^k``, takes the argmax and
-  returns *shares* of the predicted labels; ``P`` learns only which samples are
-  predicted correctly (steps 11–14).
+  deals the zero test of :mod:`.zerotest` (replacing steps 11–14): ``P``
+  opens ``r·(Ŷ − Y)`` for a random ``r ∈ F_p^*`` it does not know, so it
+  learns only which samples are predicted correctly, never ``Ŷ − Y``.
 
 Fixed point and the modular reduction
 -------------------------------------
@@ -63,17 +64,16 @@ from flwr_fedeval.shapley.parties import (
     add_products,
     check_test_set,
     choose_batches,
-    correct_mask,
     encrypt_model,
     helper_predict,
-    masked_difference,
     model_matrix,
     plan_batches,
     server_plaintexts,
     server_products,
     share_test_set,
 )
-from flwr_fedeval.shapley.sharing import share
+from flwr_fedeval.shapley.sharing import LABEL_PRIME, share_field
+from flwr_fedeval.shapley.zerotest import aux_share, deal, mask_label_share, open_zero_test
 
 __all__ = ["SecSV", "SecSVParams", "ShapleyStats", "quantize_weights", "shapley_ckks_params"]
 
@@ -243,6 +243,8 @@ class ShapleyStats:
     evaluated_samples: int = 0
     skipped_samples: int = 0
     helper_fallbacks: int = 0
+    #: Seconds in the comparison (Algorithm 4 steps 11–14: the zero test, or the paper's opening).
+    compare_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -291,11 +293,15 @@ class SecSV:
         predict 1 iff the margin is > 0, the same decision as the argmax):
         twice the samples per ciphertext. Clients then check
         ``|θ_1 − θ_0| ≤ model_bound`` instead of ``|θ| ≤ model_bound``.
+    zero_test : bool, default=True
+        P opens ``r·(Ŷ − Y)`` (:mod:`.zerotest`); ``False``: the paper's steps 11–14, P opens
+        ``Ŷ − Y`` itself (leaks the label of a misclassified binary sample; for measuring the
+        zero test's cost only).
     """
 
     def __init__(self, X: np.ndarray, y: np.ndarray, owners: np.ndarray, *, n_classes: int,
                  params: SecSVParams | None = None, batch_size: int | None = None,
-                 binary_margin: bool = False) -> None:
+                 binary_margin: bool = False, zero_test: bool = True) -> None:
         X, y, owners = check_test_set(X, y, owners)
         self.params = params or SecSVParams(n_features=X.shape[1])
         if self.params.n_features != X.shape[1]:
@@ -311,6 +317,7 @@ class SecSV:
         self.m = batch_size or max_batch(slots, self.d_out)
         if self.m * self.d_out > slots:
             raise ValueError(f"batch_size {self.m} x {self.n_classes} classes exceeds {slots} slots")
+        self.zero_test = bool(zero_test)
         self.stats = ShapleyStats()
         self._wire = _Wire(self.stats)
         self._helper_turn = 0
@@ -371,7 +378,6 @@ class SecSV:
         Batches come from :func:`~flwr_fedeval.shapley.parties.choose_batches` (the
         cached whole-test-set batches, or the samples gathered into new ones)."""
         p = self.params
-        k = p.ring_bits
         rows: NDArray[np.int64] = np.asarray(idx, dtype=np.int64)
         if not hasattr(self, "_full_batches"):
             self._full_batches = [np.arange(len(self.y))[pos]
@@ -392,10 +398,19 @@ class SecSV:
             total = [self._wire.send(self.ctx_P, self.client_ctx, ct) for ct in total]  # step 7 (helper)
             pred = helper_predict(self.client_ctx, total, len(ids), p, m=self.m, d_out=self.d_out)
             self.stats.decryptions += len(total)
-            pred_P, pred_A = share(pred, k)                                             # step 11
-            diff_A = masked_difference(pred_A, self.y_A[ids], k)                        # step 12 (A -> P)
-            by_id[ids] = correct_mask(masked_difference(pred_P, self.y_P[ids], k), diff_A, k)  # 13-14
-            self.stats.bytes_sent += 3 * len(ids) * math.ceil(k / 8)
+            t_cmp = time.perf_counter()
+            if self.zero_test:
+                deal_P, deal_A = deal(pred)                   # zero test (steps 11-14): helper deals
+                e = mask_label_share(self.y_P[ids], deal_P)   # P -> A
+                f, z_A = aux_share(deal_A, self.y_A[ids], e)  # A -> P
+                by_id[ids] = open_zero_test(deal_P, e, f, z_A)[0]
+                self.stats.bytes_sent += 10 * len(ids) * 4      # 3 + 4 (sealed) + 1 + 2 field elements
+            else:                                             # the paper's steps 11-14: P opens Ŷ − Y
+                pred_P, pred_A = share_field(pred, LABEL_PRIME)
+                diff = (pred_P + pred_A + 2 * np.uint64(LABEL_PRIME) - self.y_P[ids] - self.y_A[ids])
+                by_id[ids] = diff % np.uint64(LABEL_PRIME) == 0
+                self.stats.bytes_sent += 3 * len(ids) * 4
+            self.stats.compare_seconds += time.perf_counter() - t_cmp
         out: NDArray[np.bool_] = by_id[rows]
         return out
 

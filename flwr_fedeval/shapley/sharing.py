@@ -5,6 +5,9 @@ A value ``x`` is encoded as ``round(x·2^f) mod 2^k`` and split into
 drawn from the operating system's CSPRNG (``os.urandom`` — never ``numpy.random``).
 Each share alone is uniform, whatever ``x`` is; ``s' + s'' = x (mod 2^k)``.
 Shares are ``uint64`` arrays (``k ≤ 62``).
+
+Labels are shared over the prime field ``F_p``, ``p = 2^31 − 1`` (:data:`LABEL_PRIME`,
+:func:`share_field`), for the zero test of :mod:`.zerotest`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ import os
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["decode_fixed", "encode_fixed", "random_ring", "reconstruct", "share", "to_signed"]
+__all__ = ["LABEL_PRIME", "decode_fixed", "encode_fixed", "random_field", "random_ring", "reconstruct", "share",
+           "share_field", "to_signed"]
+
+#: The Mersenne prime ``2^31 − 1``: labels are shared over ``F_p`` (products of two elements fit in uint64).
+LABEL_PRIME = 2 ** 31 - 1
 
 
 def _check_k(k: int) -> None:
@@ -28,6 +35,30 @@ def random_ring(shape: int | tuple[int, ...], k: int) -> NDArray[np.uint64]:
     n = int(np.prod(shape, dtype=np.int64))
     raw = np.frombuffer(os.urandom(8 * n), dtype=np.uint64).copy()
     return (raw & np.uint64((1 << k) - 1)).reshape(shape)
+
+
+def random_field(shape: int | tuple[int, ...], p: int) -> NDArray[np.uint64]:
+    """Uniform integers in ``[0, p)`` (uint64), ``2 ≤ p ≤ 2^32``, from ``os.urandom`` by rejection
+    sampling (exactly uniform: no modular bias)."""
+    if not 2 <= int(p) <= 2 ** 32:
+        raise ValueError(f"p must be in [2, 2^32], got {p!r}")
+    n = int(np.prod(shape, dtype=np.int64))
+    mask = np.uint64((1 << (int(p) - 1).bit_length()) - 1)
+    out = np.empty(0, dtype=np.uint64)
+    while out.size < n:
+        need = n - out.size
+        raw = np.frombuffer(os.urandom(8 * (need + 8)), dtype=np.uint64) & mask
+        out = np.concatenate([out, raw[raw < np.uint64(p)][:need]])
+    return out.reshape(shape)
+
+
+def share_field(v: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two additive shares over ``F_p`` of the integers ``0 ≤ v < p``: ``((v − r) mod p, r)``."""
+    v = np.asarray(v, dtype=np.uint64)
+    if v.size and int(v.max()) >= p:
+        raise ValueError(f"values up to {int(v.max())} are not elements of F_{p}")
+    r = random_field(v.shape, p)
+    return (v + np.uint64(p) - r) % np.uint64(p), r
 
 
 def encode_fixed(x: np.ndarray, frac_bits: int, k: int) -> np.ndarray:

@@ -21,8 +21,11 @@ step   message (to)                       what
 4      ``query.shapley_aux_setup`` (A)    A opens and keeps its shares
 5      ``query.shapley_models`` (I^t)     per round: encrypted local models (Matrix Reducing)
 6      ``query.shapley_aux_eval`` (A)     per round and coalition size: A's products
-7      ``query.shapley_helper`` (C)       P adds its products; helpers decrypt and share Ŷ
-8      ``query.shapley_aux_diff`` (A)     A's share of Ŷ − Y; P learns the correct-prediction mask
+7      ``query.shapley_helper`` (C)       helpers check A's signature, add both halves, decrypt
+                                          (each (round, coalition, sample) once), predict and deal
+                                          the zero test (:mod:`flwr_fedeval.shapley.zerotest`)
+8      ``query.shapley_aux_diff`` (A)     A's share of r·(Ŷ − Y); P opens it: 0 iff correct (the
+                                          correct-prediction mask, nothing else)
 =====  =================================  =======================================================
 
 Coalitions are evaluated by increasing size, one exchange of steps 6–8 per
@@ -58,11 +61,8 @@ from flwr_fedeval.protocol import secsv as proto
 from flwr_fedeval.shapley.fsv import coalitions, find_skippable, fsv_from_utilities
 from flwr_fedeval.shapley.matrix_reducing import max_batch
 from flwr_fedeval.shapley.parties import (
-    add_products,
     aggregate_model,
     choose_batches,
-    correct_mask,
-    masked_difference,
     plan_batches,
     server_plaintexts,
     server_products,
@@ -73,6 +73,7 @@ from flwr_fedeval.shapley.secsv import (
     quantize_weights,
     shapley_ckks_params,
 )
+from flwr_fedeval.shapley.zerotest import mask_label_share, open_zero_test
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures, exchange_replies
 
 __all__ = ["NodeSubsetGrid", "SecSVPhase", "ShapleyPhaseError", "ShapleyPhaseResult", "discover_roles"]
@@ -627,19 +628,20 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
     def encrypted_models(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> tuple[dict, dict]:
         """Step 5: the members' encrypted local models of round ``t`` (each ciphertext checked).
 
-        Returns ``({node: ciphertexts}, the packed models as received, for A)``.
+        Returns ``({node: ciphertexts}, (the packed models as received, their signatures), for A)``.
         """
         d_in = st.params.n_features + 1
 
         def parse_model(n, ct):
-            packed = proto.ModelsReply.from_record(ct, node=n).cts
-            return packed, [st.ctx.deserialize_ciphertext(b) for b in unpack_blobs(packed, expected=d_in)]
+            reply = proto.ModelsReply.from_record(ct, node=n)
+            return reply, [st.ctx.deserialize_ciphertext(b) for b in unpack_blobs(reply.cts, expected=d_in)]
 
         enc, _ = self._exchange(
             grid, {n: proto.ModelsRequest(st.public, t, st.weights[n]).to_record() for n in members},
             proto.MODELS.message_type, parse_model, f"models of round {t}", st=st)
         models = {n: enc[n][1] for n in members}
-        forward = {str(n): enc[n][0] for n in members}   # checked above, relayed as received
+        # checked above, relayed as received with the clients' signatures (A checks them)
+        forward = ({str(n): enc[n][0].cts for n in members}, {str(n): enc[n][0].signature for n in members})
         return models, forward
 
     def round_utilities(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> dict:
@@ -679,54 +681,61 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return utilities
 
     def secure_test(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, models: dict,
-                    forward: dict[str, bytes] | None) -> list[np.ndarray]:
+                    forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list[np.ndarray]:
         """Π_Sec (Algorithm 4) for a list of (coalition, batch) jobs: steps 6–8; correct-prediction masks."""
         st.stats["batches"] += len(jobs)
         from_aux = self.aux_products(grid, st, t, jobs, forward)
-        totals = self._combine_products(st, jobs, models, from_aux)
-        preds = self.helper_decryption(grid, st, jobs, totals)
+        own = self._own_products(st, jobs, models)
+        preds = self.helper_decryption(grid, st, t, jobs, own, from_aux)
         return self.aux_differences(grid, st, t, jobs, preds)
 
     # -- step 6 ---------------------------------------------------------------
-    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, forward: dict[str, bytes] | None) -> list:
-        """Step 6 (A): its half of every product, per job (ciphertexts checked)."""
+    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list,
+                     forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list:
+        """Step 6 (A): its half of every product, per job (ciphertexts checked), with A's signature
+        of each. ``forward``: the round's signed models (first exchange of a round).
+        Returns ``[(packed ciphertexts, A's signature)]`` per job, relayed as received."""
         p, ctx, aux = st.params, st.ctx, st.aux
         index = st.index
         job_rec = {j: (np.array([index[n] for n in sorted(S)], dtype=np.int64), ids.astype(np.int64))
                    for j, (S, ids) in enumerate(jobs)}
-        content = proto.AuxEvalRequest(st.public, t, job_rec, forward).to_record()
+        models, sigs = forward if forward is not None else (None, None)
+        content = proto.AuxEvalRequest(st.public, t, job_rec, models, sigs).to_record()
 
         def parse_products(n, ct):
             products = _all_jobs(proto.AuxEvalReply.from_record(ct, node=n).products, len(jobs))
-            return [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(products[j], expected=p.n_limbs)]
-                    for j in range(len(jobs))]
+            for j in range(len(jobs)):          # well-formed ciphertexts, or A is named now
+                [ctx.deserialize_ciphertext(b) for b in unpack_blobs(products[j][0], expected=p.n_limbs)]
+            return [products[j] for j in range(len(jobs))]
 
         from_aux, _ = self._exchange(grid, {aux: content}, proto.AUX_EVAL.message_type, parse_products,
                                      f"aux products, round {t}", st=st)
         return from_aux[aux]
 
-    def _combine_products(self, st: _SecSVRun, jobs: list, models: dict, from_aux: list) -> list:
-        """Step 7 (P): its own half of every product (aggregated model × its data shares), plus A's."""
+    def _own_products(self, st: _SecSVRun, jobs: list, models: dict) -> list[bytes]:
+        """Step 5 (P): its own half of every product (aggregated model × its data shares), packed;
+        the helper adds A's half (Algorithm 4 step 6)."""
         ctx = st.ctx
         agg: dict[frozenset, list] = {}
         layer_plain: dict[bytes, list] = {}
         totals = []
-        for j, (S, ids) in enumerate(jobs):
+        for S, ids in jobs:
             if S not in agg:
                 agg[S] = aggregate_model(ctx, [models[n] for n in sorted(S)])
             key = ids.tobytes()
             cache = st.full_plain if key in st.full_keys else layer_plain
             if key not in cache:
                 cache[key] = server_plaintexts(ctx, st.X_P[ids], st.params, m=st.m, d_out=st.d_out)
-            totals.append(add_products(ctx, server_products(ctx, agg[S], cache[key]), from_aux[j]))
+            totals.append(pack_blobs([ctx.serialize_ciphertext(c) for c in server_products(ctx, agg[S], cache[key])]))
         return totals
 
     # -- step 7 ---------------------------------------------------------------
-    def helper_decryption(self, grid: Grid, st: _SecSVRun, jobs: list,
-                          totals: list) -> list[tuple[np.ndarray, bytes, int]]:
-        """Step 7: send each batch to a helper client that owns none of it (and, when possible, is
-        outside the coalition); replace failing helpers for the rest of the phase.
-        Returns ``(pred_P, sealed pred_A, helper)``."""
+    def helper_decryption(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, own: list[bytes],
+                          from_aux: list[tuple[bytes, bytes]]) -> list[tuple[Any, bytes, int]]:
+        """Step 7: send each batch — P's half, A's signed half, sample ids, coalition — to a helper
+        client that owns none of it (and, when possible, is outside the coalition); the helper adds
+        the halves and decrypts. Failing helpers are replaced for the rest of the phase.
+        Returns ``(P's part of the zero-test deal, A's part sealed for A, helper)``."""
         failed_helpers = st.failed_helpers      # a helper that failed once is not asked again
         pending = list(range(len(jobs)))
         out: dict[int, tuple] = {}
@@ -743,8 +752,9 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                                             ) from None
                 st.helper_turn += 1
                 assign.setdefault(h, []).append(j)
-            contents = {h: proto.HelperRequest(st.public, st.pk[st.aux], {
-                j: (pack_blobs([st.ctx.serialize_ciphertext(c) for c in totals[j]]), len(jobs[j][1])) for j in js}
+            contents = {h: proto.HelperRequest(st.public, st.pk[st.aux], t, {
+                j: (own[j], from_aux[j][0], jobs[j][1].astype(np.int64), tuple(str(n) for n in sorted(jobs[j][0])),
+                    from_aux[j][1]) for j in js}
             ).to_record() for h, js in assign.items()}
 
             def parse(h, ct, assign=assign):
@@ -753,10 +763,10 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                     raise ValueError(f"prediction shares of jobs {sorted(preds)}, sent jobs {sorted(assign[h])}")
                 res = {}
                 for j in assign[h]:
-                    pred, sealed = preds[j]
-                    if pred.shape != jobs[j][1].shape:
-                        raise ValueError(f"prediction share {j}: {pred.dtype} {pred.shape}")
-                    res[j] = (pred, sealed, h)
+                    deal_p, sealed = preds[j]
+                    if deal_p.q.shape != jobs[j][1].shape:
+                        raise ValueError(f"zero-test deal {j}: {deal_p.q.shape}, batch {jobs[j][1].shape}")
+                    res[j] = (deal_p, sealed, h)
                 return res
 
             valid, failed = self._exchange(grid, contents, proto.HELPER.message_type, parse, "helper decryption",
@@ -773,22 +783,32 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
 
     # -- step 8 ---------------------------------------------------------------
     def aux_differences(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, preds: list) -> list[np.ndarray]:
-        """Step 8 (A): its share of Ŷ − Y; P learns the correct-prediction mask of every job."""
-        k, aux = st.params.ring_bits, st.aux
-        content = proto.AuxDiffRequest(st.public, {j: (preds[j][1], ids.astype(np.int64), st.pk[preds[j][2]])
-                                             for j, (S, ids) in enumerate(jobs)}).to_record()
+        """Step 8 (A): the zero test (:mod:`flwr_fedeval.shapley.zerotest`). P sends ``e = Y' − u``,
+        A answers ``f`` and its share of ``r·(Ŷ − Y)``; P opens it: the correct-prediction mask of
+        every job (its only view: 0, or a uniform non-zero element, per sample)."""
+        aux = st.aux
+        assert st.y_P is not None
+        masked = [mask_label_share(st.y_P[ids], preds[j][0]) for j, (_S, ids) in enumerate(jobs)]
+        content = proto.AuxDiffRequest(st.public, {j: (preds[j][1], ids.astype(np.int64), st.pk[preds[j][2]],
+                                                       masked[j])
+                                                   for j, (S, ids) in enumerate(jobs)}).to_record()
 
         def parse_diffs(n, ct):
             diffs = _all_jobs(proto.AuxDiffReply.from_record(ct, node=n).diffs, len(jobs))
             out = []
             for j, (_S, ids) in enumerate(jobs):
-                dj = diffs[j]
-                if dj.shape != ids.shape:
-                    raise ValueError(f"difference share {j} has {dj.dtype} {dj.shape}, expected uint64 {ids.shape}")
-                out.append(dj)
+                f, z = diffs[j]
+                if f.shape != ids.shape:
+                    raise ValueError(f"zero-test share {j} has {f.dtype} {f.shape}, expected uint64 {ids.shape}")
+                out.append((f, z))
             return out
 
         diffs, _ = self._exchange(grid, {aux: content}, proto.AUX_DIFF.message_type, parse_diffs,
                                   f"aux differences, round {t}", st=st)
-        return [correct_mask(masked_difference(preds[j][0], st.y_P[ids], k), diffs[aux][j], k)
-                for j, (S, ids) in enumerate(jobs)]
+        return [self._open(t, S, ids, preds[j][0], masked[j], *diffs[aux][j]) for j, (S, ids) in enumerate(jobs)]
+
+    def _open(self, t: int, S: frozenset, ids: np.ndarray, deal_p, e: np.ndarray, f: np.ndarray,
+              z_aux: np.ndarray) -> np.ndarray:
+        """P opens ``r·(Ŷ − Y)`` of the job (round ``t``, coalition ``S``, samples ``ids``): ``True``
+        where it is 0, a correct prediction. Everything P learns from the comparison passes here."""
+        return open_zero_test(deal_p, e, f, z_aux)[0]

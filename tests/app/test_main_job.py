@@ -1,6 +1,7 @@
 """The main job end to end over the serializing in-process grid (no Ray)."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -108,14 +109,19 @@ def test_score_histogram_counts_each_class_on_both_scales():
 @pytest.mark.slow
 def test_main_job_with_secure_shapley_values(tmp_path):
     """Simulation-style roles: partition 3 of 4 is the auxiliary server A (no data, no training)."""
-    run_config = {"num-server-rounds": 2, "local-epochs": 3, "learning-rate": 0.01, "output-dir": str(tmp_path),
+    ids = tmp_path / "ids"             # the nodes' policy files accept an honest-but-curious P
+    shutil.copytree(IDENTITY_DIR, ids)
+    for i in range(4):
+        (ids / f"node-{i}.policy.toml").write_text("fedeval-secsv-trust-principal = true\n")
+    out = tmp_path / "out"
+    run_config = {"num-server-rounds": 2, "local-epochs": 3, "learning-rate": 0.01, "output-dir": str(out),
                   "model": "logreg",
-                  "shapley": "secsv", "shapley-aux-partition-id": 3, "identity-dir": IDENTITY_DIR}
+                  "shapley": "secsv", "shapley-aux-partition-id": 3, "identity-dir": str(ids)}
     grid = InProcessGrid(client_app, 4, run_config)
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     server_app.main(grid, ctx)
 
-    (folder,) = list(tmp_path.iterdir())
+    (folder,) = list(out.iterdir())
     result = json.loads((folder / "results.json").read_text())
     aux = grid.node_ids[3]
     sv = result["shapley"]

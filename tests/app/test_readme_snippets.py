@@ -201,8 +201,9 @@ def test_shapley_snippet_runs_as_written(task):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
     app = _client(blocks, "shapley", quick, train_plain=False)
-    configs = [{"partition-id": i} for i in range(NUM_CLIENTS)] + [
-        {"fedeval-role": "shapley-aux", "partition-id": NUM_CLIENTS}]      # its identity: node-3.key
+    trust = {"fedeval-secsv-trust-principal": True}    # every node accepts an honest-but-curious P
+    configs = [{"partition-id": i, **trust} for i in range(NUM_CLIENTS)] + [
+        {"fedeval-role": "shapley-aux", "partition-id": NUM_CLIENTS, **trust}]      # its identity: node-3.key
     grid = InProcessGrid(app, NUM_CLIENTS + 1, RUN_CONFIG, node_configs=configs)
     ns = _exec(blocks["shapley-server"], {"grid": grid, "initial": ArrayRecord(load_model().get_weights())})
     fsv = ns["fsv"]

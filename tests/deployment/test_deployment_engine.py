@@ -91,10 +91,11 @@ def test_shapley_on_deployment_engine_with_tls(deployment, tmp_path):
         dep.start_superlink()  # Fleet + Control + ServerAppIo APIs over TLS
         for k in range(NUM_NODES):
             dep.start_supernode(f"supernode-{k}", {
-                "partition-id": k, "num-partitions": NUM_NODES,
+                "partition-id": k, "num-partitions": NUM_NODES, "fedeval-secsv-trust-principal": True,
                 "fedeval-identity-key": f"{ids}/node-{k}.key", "fedeval-roster": str(roster)})
         aux_id = dep.start_supernode(f"supernode-{NUM_NODES}", {
-            "fedeval-role": "shapley-aux", "fedeval-identity-key": f"{ids}/aux.key", "fedeval-roster": str(roster)})
+            "fedeval-role": "shapley-aux", "fedeval-secsv-trust-principal": True,
+            "fedeval-identity-key": f"{ids}/aux.key", "fedeval-roster": str(roster)})
         dep.start_supernode(f"supernode-{NUM_NODES + 1}", {   # not in the federation's roster
             "partition-id": 0, "num-partitions": NUM_NODES,
             "fedeval-identity-key": f"{other}/intruder.key", "fedeval-roster": f"{other}/roster.json"})

@@ -23,6 +23,8 @@ from flwr_fedeval.protocol import (
     secsv,
 )
 from flwr_fedeval.shapley.secsv import SecSVParams
+from flwr_fedeval.shapley.sharing import LABEL_PRIME
+from flwr_fedeval.shapley.zerotest import PDeal
 from flwr_fedeval.testing.grid import _roundtrip_message
 
 NODE = 18446744073709551557          # a node ID above the int64 range, as the deployment engine assigns
@@ -49,16 +51,19 @@ SAMPLES = {
                                          ("11", "12"), b"ctx", {"11": b"s11", "12": b"s12"}, KEYS),
     "aux-setup-reply": secsv.AuxSetupReply(120),
     "models-request": secsv.ModelsRequest(PUBLIC, 2, 255),
-    "models-reply": secsv.ModelsReply(b"cts" * 5),
+    "models-reply": secsv.ModelsReply(b"cts" * 5, "node-1", b"sig"),
     "aux-eval-request": secsv.AuxEvalRequest(PUBLIC, 1, {0: (np.array([0, 2], dtype=np.int64), IDS),
                                                    1: (np.array([1], dtype=np.int64), IDS[:1])},
-                                       {"11": b"m11", "12": b"m12"}),
-    "aux-eval-reply": secsv.AuxEvalReply({0: b"p0", 1: b"p1"}),
-    "helper-request": secsv.HelperRequest(PUBLIC, AUX.key, {3: (b"c3", 3), 10: (b"c10", 1)}),
-    "helper-reply": secsv.HelperReply({3: (np.array([1, 2, 3], dtype=np.uint64), b"a3")}),
+                                       {"11": b"m11", "12": b"m12"}, {"11": b"s11", "12": b"s12"}),
+    "aux-eval-reply": secsv.AuxEvalReply({0: (b"p0", b"s0"), 1: (b"p1", b"s1")}),
+    "helper-request": secsv.HelperRequest(PUBLIC, AUX.key, 2, {3: (b"o3", b"a3", IDS, ("11", "12"), b"s3"),
+                                                               10: (b"o10", b"a10", IDS[:1], ("12",), b"s10")}),
+    "helper-reply": secsv.HelperReply({3: (PDeal(*(np.array([1, 2, 3], dtype=np.uint64) + i for i in range(3))),
+                                           b"a3")}),
     "aux-diff-request": secsv.AuxDiffRequest(dataclasses.replace(PUBLIC, m=None, d_out=None, n_classes=None),
-                                       {0: (b"sealed0", IDS, PK)}),
-    "aux-diff-reply": secsv.AuxDiffReply({0: np.array([4, 5, 6], dtype=np.uint64)}),
+                                       {0: (b"sealed0", IDS, PK, np.array([7, 8, 9], dtype=np.uint64))}),
+    "aux-diff-reply": secsv.AuxDiffReply({0: (np.array([4, 5, 6], dtype=np.uint64),
+                                              np.array([0, 1, 2], dtype=np.uint64))}),
 }
 
 
@@ -126,7 +131,8 @@ def test_wire_format_is_pinned():
     assert list(jobs["shapley-jobs"].keys()) == ["members-0", "ids-0", "members-1", "ids-1"]
     assert jobs["shapley-jobs"]["ids-0"].numpy().dtype == np.int64
     helper = SAMPLES["helper-request"].to_record()["shapley-batches"]
-    assert list(helper.keys()) == ["cts-3", "n-3", "cts-10", "n-10"] and helper["n-3"].numpy().tolist() == [3]
+    assert list(helper.keys()) == ["own-3", "aux-3", "ids-3", "own-10", "aux-10", "ids-10"]
+    assert helper["ids-3"].numpy().tolist() == IDS.tolist()
     role = SAMPLES["role-reply"].to_record()["role"]
     assert dict(role) == {"role": "client", "partition-id": 1, "num-partitions": 3, "signer": "node-1",
                           "signature": b"sig"}
@@ -163,17 +169,28 @@ MALFORMED = [
     ("aux-setup-reply", _set("shapley-aux", "samples", -1), "shapley-aux.samples"),
     ("models-request", _set("shapley", "weight", 0), "shapley.weight"),
     ("models-reply", _set("shapley-model", "cts", Array(np.zeros(3))), "shapley-model.cts"),
+    ("models-reply", _del("shapley-model-signature", "signature"), "shapley-model-signature.signature"),
+    ("aux-eval-request", _set("shapley-round-models-signatures", "12", "not bytes"),
+     "shapley-round-models-signatures.12"),
     ("aux-eval-request", _del("shapley-jobs", "ids-1"), "shapley-jobs.ids-1"),
     ("aux-eval-request", _set("shapley-jobs", "ids-0", Array(IDS.astype(np.int32))),
      "shapley-jobs.ids-0"),
     ("aux-eval-reply", _set("shapley-products", "extra", bytes_array(b"?")), "shapley-products.extra"),
-    ("helper-request", _set("shapley-batches", "n-3", Array(np.array([0]))),
-     "shapley-batches.n-3"),
+    ("aux-eval-reply", _del("shapley-products-signatures", "sig-1"), "shapley-products-signatures"),
+    ("helper-request", _set("shapley-batches", "ids-3", Array(np.zeros(0, np.int64))),
+     "shapley-batches.ids-3"),
+    ("helper-request", _set("shapley-batch-proofs", "members-10", ["node-12"]), "shapley-batch-proofs.members-10"),
     ("helper-reply", _del("shapley-pred", "a-3"), "shapley-pred.a-3"),
+    ("helper-reply", _set("shapley-pred", "u-3", Array(np.array([1, 2, LABEL_PRIME], np.uint64))),
+     "shapley-pred.u-3"),
+    ("share-reply", _set("shapley-share", "y", Array(np.array([1, LABEL_PRIME], np.uint64))), "shapley-share.y"),
+    ("aux-diff-request", _set("shapley-preds", "e-0", Array(np.array([1, 2], np.uint64))), "shapley-preds.e-0"),
     ("aux-diff-request", _set("shapley-helper-keys", "helper-0", PK[:31]), "shapley-helper-keys.helper-0"),
     ("aux-diff-request", _del("shapley-helper-keys", "helper-0"), "shapley-helper-keys"),
-    ("aux-diff-reply", _set("shapley-diffs", "d-0", Array(np.zeros((3, 1), np.uint64))),
-     "shapley-diffs.d-0"),
+    ("aux-diff-reply", _set("shapley-diffs", "z-0", Array(np.zeros((3, 1), np.uint64))),
+     "shapley-diffs.z-0"),
+    ("aux-diff-reply", _set("shapley-diffs", "f-0", Array(np.array([0, 0, LABEL_PRIME + 5], np.uint64))),
+     "shapley-diffs.f-0"),
 ]
 
 

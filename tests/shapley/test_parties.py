@@ -1,17 +1,15 @@
-"""SecSV party functions: batch planning, bounds checks, exact shares of Ŷ − Y."""
+"""SecSV party functions: batch planning, bounds checks, label shares over F_p."""
 
 import numpy as np
 import pytest
 
 from flwr_fedeval.shapley.parties import (
-    correct_mask,
-    masked_difference,
     model_matrix,
     plan_batches,
     share_test_set,
 )
 from flwr_fedeval.shapley.secsv import SecSVParams
-from flwr_fedeval.shapley.sharing import reconstruct, share
+from flwr_fedeval.shapley.sharing import LABEL_PRIME, reconstruct
 
 
 @pytest.mark.parametrize("m,sizes", [(7, [5, 9, 3]), (16, [4, 4, 4]), (3, [1, 10]), (50, [20, 20])])
@@ -47,11 +45,11 @@ def test_model_matrix_checks_bound_weight_and_shape():
         model_matrix(theta[:, :3], 1, p, n_classes=2, d_out=1)
 
 
-def test_difference_shares_mark_exactly_the_correct_predictions():
-    k = 40
-    y = np.array([0, 1, 1, 0, 1], dtype=np.uint64)
-    pred = np.array([0, 1, 0, 1, 1], dtype=np.uint64)
-    (yP, yA), (pP, pA) = share(y, k), share(pred, k)
-    ok = correct_mask(masked_difference(pP, yP, k), masked_difference(pA, yA, k), k)
-    np.testing.assert_array_equal(ok, pred == y)
-    np.testing.assert_array_equal(reconstruct(yP, yA, k), y)
+def test_test_set_shares_reconstruct_features_in_the_ring_and_labels_in_the_field():
+    """Labels are shared over F_p (the zero test, flwr_fedeval.shapley.zerotest; was Z_2^k)."""
+    p = SecSVParams.for_bounds(n_features=2, max_clients=2, feature_bound=1.0)
+    X, y = np.array([[0.5, -0.25], [1.0, 0.0]]), np.array([1, 0])
+    (X_P, y_P), (X_A, y_A) = share_test_set(X, y, p)
+    assert y_P.max() < LABEL_PRIME and y_A.max() < LABEL_PRIME
+    np.testing.assert_array_equal((y_P + y_A) % np.uint64(LABEL_PRIME), y)
+    np.testing.assert_array_equal(reconstruct(X_P, X_A, p.ring_bits)[:, -1], 2 ** p.data_frac_bits)

@@ -22,7 +22,7 @@ from flwr.app import ConfigRecord
 from flwr_fedeval.testing import InProcessGrid
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_secsv_phase import app, make_grid, train_two_rounds
+from test_secsv_phase import TRUST, app, make_grid, train_two_rounds
 
 from flwr_fedeval import keyshare
 from flwr_fedeval.clients import shapley_handlers
@@ -170,7 +170,8 @@ def test_aux_refuses_a_prediction_share_from_a_key_it_did_not_check(trained):
 
 
 def test_without_identities_the_phase_refuses_naming_the_config_keys(trained):
-    configs = [{"partition-id": i, "num-partitions": 3} for i in range(3)] + [{"fedeval-role": "shapley-aux"}]
+    configs = [{"partition-id": i, "num-partitions": 3, **TRUST} for i in range(3)] + [
+        {"fedeval-role": "shapley-aux", **TRUST}]
     grid = InProcessGrid(app, 4, {}, node_configs=configs)
     with pytest.raises(ShapleyPhaseError) as info:
         SecSVPhase().run(grid)

@@ -61,9 +61,12 @@ def train(msg: Message, context: Context) -> Message:
 register_shapley_handlers(app, test_set=lambda c: client_data(int(c.node_config["partition-id"]))[2:])
 
 
-def make_grid(fault=None):
-    configs = [{"partition-id": i, "num-partitions": 3} for i in range(3)] + [
-        {"fedeval-role": "shapley-aux", "partition-id": 3}]      # partition-id 3: its key node-3.key
+TRUST = {"fedeval-secsv-trust-principal": True}   # every node accepts an honest-but-curious P
+
+
+def make_grid(fault=None, trust=TRUST):
+    configs = [{"partition-id": i, "num-partitions": 3, **trust} for i in range(3)] + [
+        {"fedeval-role": "shapley-aux", "partition-id": 3, **trust}]      # partition-id 3: its key node-3.key
     return InProcessGrid(app, 4, {"identity-dir": IDENTITY_DIR}, node_configs=configs, fault=fault)
 
 
