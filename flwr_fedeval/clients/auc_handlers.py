@@ -47,13 +47,20 @@ TestScores = Callable[[Message, Context], "tuple[np.ndarray, np.ndarray]"]
 TestLabels = Callable[[Context], np.ndarray]
 
 
-def _counts(request: auc.ThresholdCountsRequest, y_true: np.ndarray, y_score: np.ndarray) -> auc.ThresholdCounts:
+def _counts(request: auc.ThresholdCountsRequest, y_true: np.ndarray, y_score: np.ndarray, *,
+            msg: Message | None = None, context: Context | None = None) -> auc.ThresholdCounts:
     """TP/FP/TN/FN of ``(y_true, y_score)`` at the request's decision points.
 
     Decision points inside [0, 1] are probabilities (scores outside [0, 1] are refused with
     ``ValueError``); otherwise the scores are real numbers in the decision points' units
-    (logits, ``decision_function`` outputs).
+    (logits, ``decision_function`` outputs). With ``msg`` and ``context``, the evaluation of the
+    request's global model is counted first (node policy ``fedeval-evaluations-per-model``,
+    :func:`flwr_fedeval.clients.policy.record_evaluation`; refused beyond it).
     """
+    if msg is not None and context is not None:
+        from flwr_fedeval.clients import policy
+
+        policy.record_evaluation(context, policy.message_model_digest(msg), "plaintext AUC")
     theta = request.thresholds
     probability = theta.min() >= 0.0 and theta.max() <= 1.0
     return auc.ThresholdCounts.of(threshold_counts(y_true, y_score, theta,
@@ -68,7 +75,8 @@ def threshold_counts_reply(msg: Message, context: Context, y_true: np.ndarray, y
     shape (N,)), the reply a :class:`~flwr_fedeval.protocol.auc.ThresholdCounts` (int64 of
     shape (N,)). A malformed request gets an error reply (``ReplyCode.REFUSED``).
     """
-    serve = handler(auc.THRESHOLD_COUNTS, lambda request, m, c: _counts(request, y_true, y_score), label="AUC")
+    serve = handler(auc.THRESHOLD_COUNTS, lambda request, m, c: _counts(request, y_true, y_score, msg=m, context=c),
+                    label="AUC")
     return serve(msg, context)
 
 
@@ -83,7 +91,7 @@ def register_auc_handlers(app, *, test_scores: TestScores) -> None:
     """
 
     def serve(request: auc.ThresholdCountsRequest, msg: Message, context: Context) -> auc.ThresholdCounts:
-        return _counts(request, *test_scores(msg, context))
+        return _counts(request, *test_scores(msg, context), msg=msg, context=context)
 
     register(app, auc.STEPS, {auc.EVALUATE_THRESHOLD_COUNTS: handler(auc.THRESHOLD_COUNTS, serve, label="AUC")})
 
@@ -91,10 +99,13 @@ def register_auc_handlers(app, *, test_scores: TestScores) -> None:
 def register_dp_handlers(app, *, test_scores: TestScores, test_labels: TestLabels) -> None:
     """Register the four DP AUC handlers (DPAUC_Lap, DPAUC_RR, FedAUC rounds 1 and 2) on ``app``.
 
-    Each client charges its own budget (run config ``dp-epsilon``,
-    ``dp-budget``, ``dp-seed``; see :mod:`flwr_fedeval.clients.dp_handlers`)
-    and refuses a request it cannot afford with a ``BUDGET_EXHAUSTED`` error reply
-    (:class:`~flwr_fedeval.protocol.dp_auc.BudgetError`).
+    Each client charges its own budget (node policy ``fedeval-dp-epsilon``,
+    ``fedeval-dp-budget``, which run config ``dp-epsilon``, ``dp-budget`` may only
+    lower; see :mod:`flwr_fedeval.clients.dp_handlers`), refuses a request it
+    cannot afford with a ``BUDGET_EXHAUSTED`` error reply
+    (:class:`~flwr_fedeval.protocol.dp_auc.BudgetError`), a looser request with a
+    ``REFUSED`` one naming the node key, and a second evaluation of one global
+    model unless ``fedeval-evaluations-per-model`` allows it.
 
     Parameters
     ----------
@@ -110,9 +121,12 @@ def register_dp_handlers(app, *, test_scores: TestScores, test_labels: TestLabel
 
     def lazy(step, data):
         def serve(request, msg: Message, context: Context):
-            from flwr_fedeval.clients import dp_handlers  # lazy: diffprivlib/sklearn cost ~2 s per process
+            from flwr_fedeval.clients import dp_handlers, policy  # lazy: diffprivlib/sklearn cost ~2 s per process
 
-            return getattr(dp_handlers, step.handler_name)(request, context, *data(msg, context))
+            serve_step = getattr(dp_handlers, step.handler_name)
+            if step is dp_auc.FEDAUC_STATS:  # carries ranks, not the model
+                return serve_step(request, context, *data(msg, context))
+            return serve_step(request, context, *data(msg, context), model=policy.message_model_digest(msg))
 
         # ValueError: a value flwr_fedeval.dp rejects (a DP parameter, ranks of another length)
         return handler(step, serve, label="DP AUC", errors=(ValueError,))
