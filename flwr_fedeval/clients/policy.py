@@ -343,21 +343,29 @@ def model_digest(arrays: ArrayRecord) -> bytes:
     return h.digest()
 
 
-def message_model_digest(msg: Message, arrayrecord_key: str = "arrays") -> bytes:
-    """:func:`model_digest` of the global model a request carries.
+def _protocol_records() -> frozenset[str]:
+    from flwr_fedeval.protocol import auc, dp_auc, fhe_auc
 
-    Raises
-    ------
-    flwr_fedeval.protocol.Refused
-        The request carries no model record.
-    """
-    if arrayrecord_key not in msg.content or not isinstance(msg.content[arrayrecord_key], ArrayRecord):
-        raise Refused(f"the request carries no global model (record {arrayrecord_key!r})")
-    return model_digest(msg.content[arrayrecord_key])
+    return frozenset(v for m in (auc, dp_auc, fhe_auc) for k, v in vars(m).items()
+                     if k.endswith("_KEY") and isinstance(v, str))
 
 
-def record_evaluation(context: Context, digest: bytes, what: str) -> int:
-    """Count one more evaluation of the model ``digest``; the number answered before this one.
+def message_model_digest(msg: Message) -> bytes | None:
+    """The digest of the global model a request carries: :func:`model_digest` of its ArrayRecord
+    that is not one of our protocol records (Flower's ``arrays``, or the phase's
+    ``arrayrecord_key``); several such records are hashed together, whatever their record keys.
+    ``None`` if there is none (a request that carries no model evaluates none)."""
+    ours = _protocol_records()
+    digests = sorted(model_digest(record) for key, record in msg.content.items()
+                     if isinstance(record, ArrayRecord) and key not in ours)
+    if not digests:
+        return None
+    return digests[0] if len(digests) == 1 else hashlib.sha256(b"".join(digests)).digest()
+
+
+def record_evaluation(context: Context, digest: bytes | None, what: str) -> int:
+    """Count one more evaluation of the model ``digest``; the number answered before this one
+    (``digest`` ``None``: no model, nothing counted, 0).
 
     Raises
     ------
@@ -365,6 +373,8 @@ def record_evaluation(context: Context, digest: bytes, what: str) -> int:
         This node already answered ``fedeval-evaluations-per-model`` evaluations of this model
         (names the key; nothing is recorded).
     """
+    if digest is None:
+        return 0
     allowed = node_policy(context).evaluations_per_model
     ledger = dict(context.state[STATE_EVALUATED]) if STATE_EVALUATED in context.state else {}
     key = bytes(digest).hex()
