@@ -230,8 +230,11 @@ class ParticipantList:
         """
         if self.signer != holder:
             raise IdentityError(f"participant list signed by {self.signer!r}, not by the key holder {holder!r}")
-        verify_key(roster, self.signer, self.signature, protocol=SIGNED_PROTOCOL, session=session, round=0,
-                   role=PARTICIPANTS_ROLE, key=self.digest(session))
+        try:
+            verify_key(roster, self.signer, self.signature, protocol=SIGNED_PROTOCOL, session=session, round=0,
+                       role=PARTICIPANTS_ROLE, key=self.digest(session))
+        except IdentityError as exc:  # shortened, reordered, replayed from another session, or forged
+            raise IdentityError(f"participant list refused: {exc}") from None
         if list(self.names) != sorted(set(self.names)) or len(self.keys) != len(self.names):
             raise IdentityError("participant list: names not sorted and distinct, or not one key per name")
         unknown = [n for n in self.names if n not in roster]
