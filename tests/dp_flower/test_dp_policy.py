@@ -120,7 +120,7 @@ def test_a_second_evaluation_of_the_same_model_is_refused(arrays, second):
 def test_system_random_state_draws_from_the_os_and_refuses_everything_else():
     rng = SystemRandomState()
     u = rng.random_sample((1000, 4))
-    assert u.shape == (1000, 4) and 0.0 <= u.min() and u.max() < 1.0 and len(np.unique(u)) == u.size
+    assert u.shape == (1000, 4) and u.min() >= 0.0 and u.max() < 1.0 and len(np.unique(u)) == u.size
     assert isinstance(rng.random(), float)
     perm = rng.permutation(50)
     assert sorted(perm.tolist()) == list(range(50)) and perm.tolist() != rng.permutation(50).tolist()

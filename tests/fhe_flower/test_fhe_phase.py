@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from client_scores import client_scores, plain_auc_of
+from client_scores import client_scores
 from flwr.app import ArrayRecord
 from identities import IDENTITY_DIR, node_configs
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
