@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tenseal as ts
 from flwr.app import ArrayRecord
+from client_scores import client_scores, plain_auc_of
 from identities import IDENTITY_DIR, ROSTER_PATH
 
 from flwr_fedeval import keyshare
@@ -152,10 +153,9 @@ def test_clients_refuse_a_substituted_key_holder(grid, arrays, how):
 
 
 def _plain_auc(grid, arrays, nodes):
-    sub = InProcessGrid.__new__(InProcessGrid)
-    sub.__dict__.update(grid.__dict__)
-    sub.node_ids = list(nodes)
-    return PlaintextAUCPhase(N).run(sub, arrays).auc
+    """The plaintext counts-AUC of ``nodes`` from their own scores (no evaluation message: the nodes
+    answer one evaluation per global model)."""
+    return plain_auc_of(client_scores(grid, arrays), nodes, PlaintextAUCPhase(N).thresholds)
 
 
 @pytest.mark.parametrize("bad", ["slots", "level", "scale"])
