@@ -216,7 +216,8 @@ def _refuse_over_budget() -> Iterator[None]:
 
 
 def _dp_request(context: Context, step: Callable[[_Settings, BudgetAccountant, Any], Any], *,
-                epsilon: float | None = None, model: bytes | None = None, what: str = "DP AUC") -> Any:
+                epsilon: float | None = None, model: bytes | None = None, what: str = "DP AUC",
+                participants: Any = False) -> Any:
     """``step(cfg, accountant, random_state)``; always persist the spends.
 
     ``epsilon`` (the request's ε) is checked against the node's ε per evaluation, and ``model``
@@ -228,6 +229,11 @@ def _dp_request(context: Context, step: Callable[[_Settings, BudgetAccountant, A
     only persist ``context`` when the handler returns).
     """
     cfg = _config(context)
+    if participants is not False:  # the requests that start an evaluation: the members' signed list
+        from flwr_fedeval.clients.auc_handlers import STATE_DP_JOINED
+        from flwr_fedeval.clients.identity import check_participants
+
+        check_participants(context, participants, STATE_DP_JOINED, what)
     if epsilon is not None:
         policy.check_epsilon(context, epsilon)
     if model is not None:
@@ -287,7 +293,8 @@ def dpauc_laplace(request: dp_auc.DPAUCRequest, context: Context, y_true: np.nda
         counts = threshold_counts(y_true, y_score, request.thresholds)
         return dp_auc.NoisyCounts(*dpauc_laplace_client(counts, params, accountant=accountant, random_state=rng))
 
-    return _dp_request(context, step, epsilon=request.epsilon, model=model, what="DPAUC_Lap")
+    return _dp_request(context, step, epsilon=request.epsilon, model=model, what="DPAUC_Lap",
+                       participants=request.participants)
 
 
 def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
@@ -304,7 +311,8 @@ def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
         flipped = _rr_labels(context, y_true, request.epsilon, accountant, rng)
         return ThresholdCounts.of(threshold_counts(flipped, y_score, request.thresholds))
 
-    return _dp_request(context, step, epsilon=request.epsilon, model=model, what="DPAUC_RR")
+    return _dp_request(context, step, epsilon=request.epsilon, model=model, what="DPAUC_RR",
+                       participants=request.participants)
 
 
 # --- FedAUC --------------------------------------------------------------------
@@ -335,7 +343,8 @@ def fedauc_scores(request: dp_auc.FedAUCScoresRequest, context: Context, y_true:
         context.state[f"{STATE_FEDAUC}.meta"] = ConfigRecord({"session": request.session})
         return dp_auc.ShuffledScores(shuffled)
 
-    return _dp_request(context, step, epsilon=request.epsilon, model=model, what="FedAUC")
+    return _dp_request(context, step, epsilon=request.epsilon, model=model, what="FedAUC",
+                       participants=request.participants)
 
 
 def _pop_permutation(context: Context, session: str) -> np.ndarray:

@@ -13,8 +13,8 @@ import secrets
 import numpy as np
 import pytest
 import tenseal as ts
-from flwr.app import ArrayRecord
 from client_scores import client_scores, plain_auc_of
+from flwr.app import ArrayRecord
 from identities import IDENTITY_DIR, ROSTER_PATH
 
 from flwr_fedeval import keyshare
