@@ -422,6 +422,8 @@ def register_fhe_handlers(app, *, test_scores: Callable[[Message, Context], tupl
         ``context -> y_true`` (step 1 carries no model; the client reports a
         power-of-two bound of its test-set size).
 
+    Notes
+    -----
     Each client reports the AUC to the server only if its node policy says
     ``fedeval-share-auc = true`` (default false; :mod:`flwr_fedeval.clients.policy`) and the run
     config does not turn it off; it answers one evaluation per global model unless node config

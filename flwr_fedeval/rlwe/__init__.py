@@ -17,8 +17,32 @@ Typical use (one round, M clients)::
     C = rlwe.add_ciphertexts(cts)                                    # server
     D = [rlwe.partial_decrypt(P, sk_i, C.c1, num_clients=M) ...]     # clients
     total = rlwe.combine_and_decode(P, C.c0, D, len(x), scale_bits=k)  # server
+
+Threshold decryption (a member lost after its upload is recovered in the
+round, :mod:`~flwr_fedeval.rlwe.threshold`): each member Shamir-shares s_i
+(``split_secret``), aggregates what it receives (``aggregate_shares``), and
+any t > N/2 members decrypt with ``threshold_partial_decrypt``; self-masks
+(:mod:`~flwr_fedeval.rlwe.selfmask`) and ``split_bytes``/``combine_bytes``
+recover the SecAgg masks.
+
+Compact uploads (:mod:`~flwr_fedeval.rlwe.compact`): ``compact_limbs`` picks
+how many RNS limbs c0 and the decryption shares keep; ``compress_ciphertext``
+/ ``compress_decryption_share`` switch them, ``compact_combine_and_decode``
+decodes the sum.
 """
 
+from .compact import (
+    CompactCiphertext,
+    add_compact_ciphertexts,
+    compact_combine_and_decode,
+    compact_limbs,
+    compact_noise_bound,
+    compress_ciphertext,
+    compress_decryption_share,
+    dropped_modulus,
+    level_parameter_set,
+    switch_modulus,
+)
 from .encoding import EncodingRangeError, decode, encode, num_polys
 from .params import (
     DEFAULT_PARAMETER_SET,
@@ -39,6 +63,19 @@ from .params import (
 )
 from .ring import Ring, find_ntt_primes, get_ring, schoolbook_negacyclic
 from .sampling import RandomStream, new_public_seed
+from .selfmask import SELF_MASK_SEED_BYTES, new_self_mask_seed, self_mask
+from .threshold import (
+    SecretShare,
+    ThresholdError,
+    aggregate_shares,
+    combine_bytes,
+    lagrange_at_zero,
+    member_points,
+    min_threshold,
+    split_bytes,
+    split_secret,
+    threshold_partial_decrypt,
+)
 from .xmkckks import (
     Ciphertext,
     DecryptionShare,
@@ -59,6 +96,7 @@ from .xmkckks import (
 
 __all__ = [
     "Ciphertext",
+    "CompactCiphertext",
     "DEFAULT_PARAMETER_SET",
     "DecryptionShare",
     "EncodingRangeError",
@@ -71,13 +109,25 @@ __all__ = [
     "PublicKey",
     "RandomStream",
     "Ring",
+    "SELF_MASK_SEED_BYTES",
     "SecretKey",
+    "SecretShare",
+    "ThresholdError",
     "add_ciphertexts",
+    "add_compact_ciphertexts",
     "aggregate_public_keys",
+    "aggregate_shares",
     "check_noise_budget",
     "combine",
     "combine_and_decode",
+    "combine_bytes",
+    "compact_combine_and_decode",
+    "compact_limbs",
+    "compact_noise_bound",
+    "compress_ciphertext",
+    "compress_decryption_share",
     "decode",
+    "dropped_modulus",
     "encode",
     "encrypt",
     "encrypt_vector",
@@ -87,15 +137,25 @@ __all__ = [
     "get_parameter_set",
     "get_ring",
     "keygen",
+    "lagrange_at_zero",
+    "level_parameter_set",
     "max_plaintext_int",
     "max_scale_bits",
+    "member_points",
+    "min_threshold",
     "new_public_seed",
+    "new_self_mask_seed",
     "num_polys",
     "partial_decrypt",
     "polys_from_bytes",
     "polys_to_bytes",
     "schoolbook_negacyclic",
+    "self_mask",
     "smudging_bound",
+    "split_bytes",
+    "split_secret",
+    "switch_modulus",
+    "threshold_partial_decrypt",
     "total_noise_bound",
     "validate_security",
 ]
