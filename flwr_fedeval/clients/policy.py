@@ -4,24 +4,24 @@ Whoever submits a run sets its run config, so a node never lets the run config
 decide what it reveals. The node's operator decides, with node config keys
 (``flower-supernode --node-config "fedeval-share-auc=false ..."``):
 
-================================  =========  ====================================================
-node config key                   default    meaning
-================================  =========  ====================================================
-``fedeval-share-auc``             false      report the AUC this node decrypted (FHE AUC) to the
-                                             server; off, only the clients learn it, as in
-                                             Baykara et al. (2025)
-``fedeval-dp-epsilon``            1.0        the largest ε this node spends on one DP evaluation
-                                             (``inf``: no noise, i.e. no privacy)
-``fedeval-dp-budget``             0.0        the node's total ε over a run (0: ``fedeval-dp-epsilon``,
-                                             one DP evaluation)
-``fedeval-min-clients``           2          the floor on the parties of any evaluation or key set
-                                             this node joins (:func:`~flwr_fedeval.clients.identity.key_set_floor`)
-``fedeval-evaluations-per-model``  1         how many evaluations of one global model (the same
-                                             SHA-256 of its arrays) this node answers; a second one,
-                                             over another subset, is a difference of two evaluations
-``fedeval-dp-seed``               0          > 0 seeds the DP noise (reproducible runs) and **gives
-                                             up the privacy** of the noise; 0: a CSPRNG
-================================  =========  ====================================================
+=================================  =======  ====================================================
+node config key                    default  meaning
+=================================  =======  ====================================================
+``fedeval-share-auc``              false    report the AUC this node decrypted (FHE AUC) to the
+                                            server; off, only the clients learn it, as in
+                                            Baykara et al. (2025)
+``fedeval-dp-epsilon``             1.0      the largest ε this node spends on one DP evaluation
+                                            (``inf``: no noise, i.e. no privacy)
+``fedeval-dp-budget``              0.0      the node's total ε over a run (0: ``fedeval-dp-epsilon``,
+                                            one DP evaluation)
+``fedeval-min-clients``            2        the floor on the parties of any evaluation or key set
+                                            this node joins
+``fedeval-evaluations-per-model``  1        how many evaluations of one global model (the same
+                                            SHA-256 of its arrays) this node answers; a second
+                                            one, over another subset, gives a difference
+``fedeval-dp-seed``                0        > 0 seeds the DP noise (reproducible runs) and
+                                            **gives up the privacy** of the noise; 0: a CSPRNG
+=================================  =======  ====================================================
 
 Where the policy comes from, later entries overriding earlier ones:
 
