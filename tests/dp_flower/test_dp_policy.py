@@ -129,3 +129,19 @@ def test_system_random_state_draws_from_the_os_and_refuses_everything_else():
             getattr(rng, name)()
     a, b = SystemRandomState(), SystemRandomState()
     assert not np.array_equal(a.random_sample(8), b.random_sample(8))
+
+
+def test_csprng_noise_has_the_mechanisms_distribution():
+    """DPAUC outputs in distribution as before: Laplace(b) noise and ε-RR flips drawn from
+    SystemRandomState have the same law as with numpy's generator (Kolmogorov–Smirnov; flip rate)."""
+    from scipy import stats
+
+    from flwr_fedeval.dp.mechanisms import flip_probability, laplace_mechanism, laplace_randomise, randomized_response
+
+    rng = SystemRandomState()
+    b = 4.0
+    noise = laplace_randomise(np.zeros(20000), laplace_mechanism(0.25, 1.0, rng), rng)
+    assert stats.kstest(noise, "laplace", args=(0.0, b)).pvalue > 1e-4
+    flips = randomized_response(np.zeros(20000, dtype=np.int64), 1.0, rng)
+    rho = flip_probability(1.0)
+    assert abs(flips.mean() - rho) < 5 * math.sqrt(rho * (1 - rho) / flips.size)
