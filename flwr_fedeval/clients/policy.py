@@ -320,8 +320,10 @@ def check_epsilon(context: Context, epsilon: float) -> None:
 
 
 def min_clients(context: Context) -> int:
-    """The floor on the parties of an evaluation: node policy ``fedeval-min-clients`` (or, unset,
-    :func:`~flwr_fedeval.clients.identity.key_set_floor`), raised by run config ``min-nodes``."""
+    """The floor on the parties of an evaluation or key set this node joins: the largest of its
+    policy's ``fedeval-min-clients`` (node config or policy file),
+    :func:`~flwr_fedeval.clients.identity.key_set_floor` and run config ``min-nodes`` (which can
+    only raise it); never below 2."""
     from flwr_fedeval.clients.identity import key_set_floor
 
     policy = node_policy(context)
