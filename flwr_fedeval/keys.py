@@ -9,7 +9,11 @@ Writes, into ``DIR`` (created with mode 0700 if missing):
 * ``<name>.pub`` — its OpenSSH public key line (for ``flwr supernode
   register`` / the SuperLink's list of authorised SuperNodes);
 * ``roster.json`` — the federation's roster (:class:`flwr_fedeval.identity.Roster`),
-  mode 0644, to be given to every node (node config ``fedeval-roster``).
+  mode 0644, to be given to every node (node config ``fedeval-roster``);
+* ``<name>.policy.toml`` — the node's policy (what leaves the node:
+  :mod:`flwr_fedeval.clients.policy`), the documented defaults (AUC sharing off,
+  ε = 1 per evaluation, one evaluation per global model) unless ``--policy
+  KEY=VALUE`` sets a key for every node; node config ``fedeval-*`` keys override it.
 
 Names default to ``node-0 … node-{N-1}`` (simulation: partition id i loads
 ``node-i.key``). Existing files are never overwritten. Prints the roster
@@ -26,20 +30,28 @@ import hashlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster
 
 __all__ = ["create", "main"]
 
 
-def create(out: str | os.PathLike, names: list[str]) -> Roster:
-    """Generate one key per name into ``out`` and write ``roster.json``; returns the roster.
+def create(out: str | os.PathLike, names: list[str], *, policy: dict[str, Any] | None = None) -> Roster:
+    """Generate one key per name into ``out``, write ``roster.json`` and one policy file per node
+    (:data:`~flwr_fedeval.clients.policy.POLICY_DEFAULTS` updated by ``policy``); returns the roster.
 
     Raises
     ------
     IdentityError
-        Duplicate or invalid names, or a file that already exists.
+        Duplicate or invalid names, a file that already exists, or a ``policy`` key that is not a
+        node policy key.
     """
+    from flwr_fedeval.clients.policy import POLICY_DEFAULTS, POLICY_SUFFIX, write_policy_file
+
+    unknown = sorted(set(policy or {}) - set(POLICY_DEFAULTS))
+    if unknown:
+        raise IdentityError(f"not node policy keys: {unknown}; known: {sorted(POLICY_DEFAULTS)}")
     if not names:
         raise IdentityError("at least one node name is needed")
     if len(set(names)) != len(names):
@@ -47,7 +59,7 @@ def create(out: str | os.PathLike, names: list[str]) -> Roster:
     out = Path(out)
     if not out.exists():
         out.mkdir(parents=True, mode=0o700)
-    targets = [out / "roster.json"] + [out / f"{n}.{ext}" for n in names for ext in ("key", "pub")]
+    targets = [out / "roster.json"] + [out / f"{n}{ext}" for n in names for ext in (".key", ".pub", POLICY_SUFFIX)]
     existing = [str(p) for p in targets if p.exists()]
     if existing:
         raise IdentityError(f"refusing to overwrite {existing}")
@@ -56,8 +68,20 @@ def create(out: str | os.PathLike, names: list[str]) -> Roster:
     for ident in identities:
         ident.save(out / f"{ident.name}.key")
         (out / f"{ident.name}.pub").write_bytes(ident.public_key_bytes() + b"\n")
+        write_policy_file(out / f"{ident.name}{POLICY_SUFFIX}", policy)
     roster.save(out / "roster.json")
     return roster
+
+
+def _toml_value(text: str) -> Any:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"not a TOML value ({exc})") from None
 
 
 def _show(roster: Roster) -> None:
@@ -74,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", required=True, help="output directory")
     c.add_argument("--nodes", type=int, help="number of nodes (names node-0 .. node-{N-1})")
     c.add_argument("--names", nargs="+", help="node names (instead of, or as many as, --nodes)")
+    w = sub.add_parser("policy", help="write the missing <name>.policy.toml files of existing keys")
+    w.add_argument("--out", required=True, help="the keys' directory")
+    w.add_argument("--nodes", type=int, help="number of nodes (names node-0 .. node-{N-1})")
+    w.add_argument("--names", nargs="+", help="node names")
+    for p in (c, w):
+        p.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                       help="a node policy value for every node's <name>.policy.toml (TOML value, e.g. "
+                            "fedeval-share-auc=true); repeat for several")
     s = sub.add_parser("show", help="print the names and fingerprints of a roster")
     s.add_argument("roster")
     args = parser.parse_args(argv)
@@ -86,8 +118,26 @@ def main(argv: list[str] | None = None) -> int:
         if not args.names and (args.nodes is None or args.nodes < 1):
             parser.error("give --nodes N (>= 1) or --names")
         names = args.names or [f"node-{i}" for i in range(args.nodes)]
-        roster = create(args.out, names)
-    except IdentityError as exc:
+        policy = {}
+        for item in args.policy:
+            key, sep, value = item.partition("=")
+            if not sep:
+                parser.error(f"--policy {item!r}: expected KEY=VALUE")
+            try:
+                policy[key.strip()] = _toml_value(value.strip())
+            except ValueError as exc:
+                parser.error(f"--policy {item!r}: {exc}")
+        if args.command == "policy":
+            from flwr_fedeval.clients.policy import POLICY_SUFFIX, write_policy_file
+
+            missing = [Path(args.out) / f"{n}{POLICY_SUFFIX}" for n in names]
+            missing = [p for p in missing if not p.exists()]
+            for path in missing:
+                write_policy_file(path, policy)
+            print(f"wrote {len(missing)} policy file(s) to {args.out}")
+            return 0
+        roster = create(args.out, names, policy=policy)
+    except (IdentityError, ValueError) as exc:  # ValueError: protocol.Refused, a bad policy value
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {len(names)} private keys and roster.json to {args.out}")

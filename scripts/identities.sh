@@ -1,15 +1,23 @@
 # Sourced by run-local.sh and run-deployment.sh (needs ROOT and the venv's python on PATH).
-# ensure_identities N: one signing key per node (node-0 .. node-{N-1}) and the roster, made once
-# per node count in .fedeval-ids/N (issue 12: the FHE AUC and SecSV phases refuse to run
-# without them); made aside, then renamed, so concurrent runs keep one set. Sets IDS.
+# ensure_identities N: one signing key per node (node-0 .. node-{N-1}), the roster and one node policy
+# file per node (node-<i>.policy.toml, flwr_fedeval.clients.policy), made once per node count in
+# .fedeval-ids/N (issue 12: the FHE AUC and SecSV phases refuse to run without them); made aside,
+# then renamed, so concurrent runs keep one set. Sets IDS.
+# The demo's policy (issue 22): the documented defaults, except fedeval-share-auc = true so that the
+# FINAL line of `make run` keeps a number; FEDEVAL_POLICY (space-separated KEY=VALUE) replaces it.
+FEDEVAL_POLICY=${FEDEVAL_POLICY-"fedeval-share-auc=true"}
 ensure_identities() {
   IDS="$ROOT/.fedeval-ids/$1"
+  local policy_args=() kv
+  for kv in $FEDEVAL_POLICY; do policy_args+=(--policy "$kv"); done
   if [ ! -f "$IDS/roster.json" ]; then
     mkdir -p -m 700 "$ROOT/.fedeval-ids"
     local tmp_ids
     tmp_ids=$(mktemp -d "$ROOT/.fedeval-ids/.new.XXXXXX")
-    python -m flwr_fedeval.keys create --out "$tmp_ids/ids" --nodes "$1" >/dev/null
+    python -m flwr_fedeval.keys create --out "$tmp_ids/ids" --nodes "$1" "${policy_args[@]}" >/dev/null
     mv -T "$tmp_ids/ids" "$IDS" 2>/dev/null || true
     rm -rf "$tmp_ids"
   fi
+  # a set made before node policies existed: add the policy files (never overwrites one)
+  python -m flwr_fedeval.keys policy --out "$IDS" --nodes "$1" "${policy_args[@]}" >/dev/null
 }

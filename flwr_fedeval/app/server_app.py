@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
 from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid, ReadableFedAvg
 from flwr_fedeval.strategies.collect import IDENTITY_TIMEOUT, Rejoin
+from flwr_fedeval.strategies.fhe_phase import FHEPhaseFailedError
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
@@ -120,6 +121,30 @@ def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result)
     for node, reason in auc_result.failed.items():
         if not failures.has(node, None):
             failures.add(node, f"{auc_result.method} AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
+
+
+def _write_failed_phase(cfg: JobConfig, fed: Any, strategy: FedAvg, folder, exc: FHEPhaseFailedError,
+                        train_hist: dict, eval_hist: dict, t_train: float, wall: float) -> None:
+    """``results.json`` of a run whose FHE AUC phase failed (issue 22: a listed participant lost at
+    steps 3-4, no re-run over another subset): ``auc_phase_error``, no AUC, every failure."""
+    for node, reason in exc.failed.items():
+        if not fed.failures.has(node, None):
+            fed.failures.add(node, "fhe AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
+    write_results(cfg, {
+        "config": cfg.as_dict(),
+        "auc_method": cfg.auc_method,
+        "auc_phase_error": str(exc),
+        "federated_auc": None,
+        "lost_participants": [str(n) for n in exc.lost],
+        "failed_nodes": {str(n): r for n, r in exc.failed.items()},
+        "failures": fed.failures.to_json(),
+        **({"refused_nodes": {str(k): v for k, v in fed.refused.items()}} if fed.refused else {}),
+        "train_metrics": train_hist,
+        "evaluate_metrics": eval_hist,
+        **({"xmk_key_sets": strategy.key_sets} if hasattr(strategy, "key_sets") else {}),
+        "wall_time_s": {"training": t_train, "total": wall},
+    }, folder=folder)
+    log(ERROR, "FHE AUC phase failed; results (without an AUC) written to %s", folder)
 
 
 def warn_resolution(bound: float) -> bool:
@@ -284,7 +309,12 @@ def main(grid: Grid, context: Context) -> None:
     log_rounds(train_hist, eval_hist)
     t_train = time.perf_counter() - t_start
 
-    auc_result = auc_phase.run(grid, result.arrays)
+    try:
+        auc_result = auc_phase.run(grid, result.arrays)
+    except FHEPhaseFailedError as exc:  # a listed participant lost at steps 3-4: no re-run (issue 22)
+        _write_failed_phase(cfg, fed, strategy, folder, exc, train_hist, eval_hist, t_train,
+                            time.perf_counter() - t_start)
+        raise
     shapley, t_sv = None, 0.0
     if fed.aux_node is not None:
         t_sv = time.perf_counter()

@@ -131,7 +131,6 @@ class JobConfig:
     decision_point_spacing: str = "linear"
     dp_epsilon: float = 1.0
     dp_budget: float = 0.0
-    dp_seed: int = 0
     dpauc_clipping: str = "clip-sort"
     fedauc_sensitivity: str = "local"
     fedauc_allocation: str = "orthogonal"
@@ -250,7 +249,6 @@ class JobConfig:
               "config 'dp-budget' must be >= 0 (0 = dp-epsilon: one DP evaluation per run)", "dp_budget")
         check(lambda: not 0 < self.dp_budget < self.dp_epsilon, "config 'dp-budget' must be 0 or >= 'dp-epsilon'",
               "dp_budget", "dp_epsilon")
-        check(lambda: self.dp_seed >= 0, "config 'dp-seed' must be >= 0 (0 = seeded from secrets)", "dp_seed")
         check(lambda: 0.0 < self.fedauc_alpha < 1.0, "config 'fedauc-alpha' must be in (0, 1)", "fedauc_alpha")
         check(lambda: self.fedauc_beta == "adaptive" or (
             not isinstance(self.fedauc_beta, (bool, str)) and 0.0 < self.fedauc_beta <= 1.0),

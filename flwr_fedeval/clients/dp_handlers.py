@@ -6,12 +6,14 @@ parsed and checked; :func:`~flwr_fedeval.clients.auc_handlers.register_dp_handle
 wraps them (``protocol.handler``) and registers them. The DP math is in
 :mod:`flwr_fedeval.dp` (these functions only keep the client's state).
 
-Privacy budget
-    Every client holds a diffprivlib ``BudgetAccountant`` whose total is the
-    client's own configuration (``dp-budget``, or ``dp-epsilon`` when
-    ``dp-budget = 0``), *not* a value the server sends. The server's request
-    names the ε of one evaluation; the :mod:`flwr_fedeval.dp` client step
-    charges it before any noise is drawn. The spends are kept in
+Privacy budget (the node's policy, :mod:`flwr_fedeval.clients.policy`)
+    Every client holds a diffprivlib ``BudgetAccountant`` whose total is its
+    node policy's (``fedeval-dp-budget``, or ``fedeval-dp-epsilon`` when it is
+    0), which run config ``dp-budget`` / ``dp-epsilon`` may only lower; a run
+    config asking more is refused naming the node key. The server's request
+    names the ε of one evaluation: above the node's ``fedeval-dp-epsilon`` it
+    is refused; otherwise the :mod:`flwr_fedeval.dp` client step charges it
+    before any noise is drawn. The spends are kept in
     ``context.state["dp-accountant"]`` (a ConfigRecord of floats), so repeated
     evaluations in one run accumulate. A request the accountant cannot afford
     is refused (:class:`flwr_fedeval.protocol.dp_auc.BudgetError`, code
@@ -23,10 +25,19 @@ Randomized response
     ``context.state["dp-rr-labels"]``; later RR evaluations at the same ε reuse
     them for free (post-processing), DPAUC_RR and FedAUC_RR alike.
 
+Evaluations per model
+    DPAUC_Lap, DPAUC_RR and FedAUC round 1 (the requests that carry the global
+    model) count one evaluation of that model
+    (:func:`~flwr_fedeval.clients.policy.record_evaluation`); beyond node config
+    ``fedeval-evaluations-per-model`` (default 1) the request is refused.
+
 Randomness
-    ``dp-seed = 0``: every draw is seeded from :mod:`secrets`. ``dp-seed > 0``:
-    one ``RandomState`` per request seeded from ``(dp-seed, partition-id,
-    request counter)`` — reproducible runs, but never the same noise twice.
+    Every draw comes from the operating system's CSPRNG (:class:`SystemRandomState`,
+    ``os.urandom``); no run-config key seeds it (a server-set seed would let the
+    server remove the noise: issue 22). Only the node's own ``fedeval-dp-seed > 0``
+    seeds it, one ``RandomState`` per request from ``(fedeval-dp-seed,
+    partition-id, request counter)``: reproducible runs, **no privacy** against
+    anyone who knows the seed.
 
 FedAUC round trips
     1. :func:`fedauc_scores`: shuffle the scores, keep the permutation (secret)
@@ -42,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -50,6 +62,7 @@ import numpy as np
 from diffprivlib import BudgetAccountant
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
+from flwr_fedeval.clients import policy
 from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # also importable from here
 from flwr_fedeval.dp import (
     BudgetError,
@@ -73,6 +86,7 @@ __all__ = [
     "STATE_ACCOUNTANT",
     "STATE_FEDAUC",
     "STATE_RR_LABELS",
+    "SystemRandomState",
     "dpauc_laplace",
     "dpauc_rr",
     "fedauc_scores",
@@ -92,35 +106,68 @@ STATE_FEDAUC = "fedauc-shuffle"
 _STATE_RNG = "dp-rng"
 
 
-#: The client's own DP settings (run-config keys) and their defaults; the
+#: The run-config keys a client reads (tightening its node policy only) and their defaults; the
 #: defaults equal ``JobConfig``'s (validated there, checked by a test).
-CLIENT_DP_DEFAULTS = {"dp-epsilon": 1.0, "dp-budget": 0.0, "dp-seed": 0}
+CLIENT_DP_DEFAULTS = {"dp-epsilon": 1.0, "dp-budget": 0.0}
+
+
+class SystemRandomState(np.random.RandomState):
+    """The numpy ``RandomState`` interface the DP layer draws from, fed by ``os.urandom`` (a CSPRNG).
+
+    ``random_sample``/``random`` (floats in [0, 1) with 53 random bits), ``permutation``
+    (sorting 128-bit random keys; a tie has probability < n²/2¹²⁹) and diffprivlib's ``random()``
+    are the draws :mod:`flwr_fedeval.dp` makes; every other method is refused, so no draw ever
+    falls back to the Mersenne Twister underneath.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(np.random.MT19937(0))  # never drawn from (see the methods below)
+
+    def random_sample(self, size=None):
+        n = 1 if size is None else int(np.prod(size))
+        words = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+        out = words.astype(np.float64) * (1.0 / (1 << 53))
+        return float(out[0]) if size is None else out.reshape(size)
+
+    random = random_sample
+
+    def permutation(self, x):
+        arr = np.arange(int(x)) if np.ndim(x) == 0 else np.array(x)
+        keys = np.frombuffer(os.urandom(16 * len(arr)), dtype=np.uint64).reshape(-1, 2)
+        return arr[np.lexsort((keys[:, 1], keys[:, 0]))]
+
+    def __getattribute__(self, name: str):
+        if name in ("random_sample", "random", "permutation") or name.startswith("__") or name == "_refused":
+            return object.__getattribute__(self, name)
+        if callable(getattr(np.random.RandomState, name, None)):
+            return object.__getattribute__(self, "_refused")(name)
+        return object.__getattribute__(self, name)
+
+    @staticmethod
+    def _refused(name: str):
+        def refuse(*args, **kwargs):
+            raise TypeError(f"SystemRandomState.{name}: not a CSPRNG draw the DP layer makes")
+        return refuse
 
 
 class _Settings:
-    """``dp-epsilon``, ``dp-budget``, ``dp-seed`` from the client's run config."""
+    """The ε per evaluation, the total ε and the seed this node allows (:func:`policy.dp_limits`)."""
 
-    def __init__(self, run_config) -> None:
-        get = lambda k: run_config.get(k, CLIENT_DP_DEFAULTS[k])
-        self.dp_epsilon = float(get("dp-epsilon"))
-        self.dp_budget = float(get("dp-budget"))
-        self.dp_seed = int(get("dp-seed"))
-        if not self.dp_epsilon > 0 or not self.dp_budget >= 0 or self.dp_seed < 0:
-            raise Refused("run config 'dp-epsilon' must be > 0, 'dp-budget' >= 0 and 'dp-seed' >= 0")
+    def __init__(self, context: Context) -> None:
+        self.dp_epsilon, self.dp_total, self.dp_seed = policy.dp_limits(context)
 
 
 # --- budget and randomness ---------------------------------------------------
 def _config(context: Context) -> _Settings:
-    return _Settings(dict(context.run_config))
+    return _Settings(context)
 
 
 def _accountant(context: Context, cfg: _Settings) -> BudgetAccountant:
     """This client's accountant, rebuilt from ``context.state`` (raises BudgetError if overspent)."""
-    total = cfg.dp_budget if cfg.dp_budget > 0 else cfg.dp_epsilon
     spent: list[float] = []
     if STATE_ACCOUNTANT in context.state:
         spent = [float(e) for e in context.state[STATE_ACCOUNTANT]["epsilon-spent"]]
-    return BudgetAccountant(epsilon=total, delta=0.0, spent_budget=[(e, 0.0) for e in spent])
+    return BudgetAccountant(epsilon=cfg.dp_total, delta=0.0, spent_budget=[(e, 0.0) for e in spent])
 
 
 def _save_accountant(context: Context, accountant: BudgetAccountant) -> None:
@@ -147,12 +194,13 @@ def _can_afford(accountant: BudgetAccountant, epsilon: float) -> None:
     charge(trial, epsilon)
 
 
-def _random_state(context: Context, cfg: _Settings):
-    """``None`` (secrets-seeded) or a fresh per-request ``RandomState`` (``dp-seed > 0``)."""
+def _random_state(context: Context, cfg: _Settings) -> np.random.RandomState:
+    """:class:`SystemRandomState` (CSPRNG), or, with the node's own ``fedeval-dp-seed > 0``, a
+    fresh per-request ``RandomState`` (reproducible, no privacy)."""
     counter = int(context.state[_STATE_RNG]["requests"]) if _STATE_RNG in context.state else 0
     context.state[_STATE_RNG] = ConfigRecord({"requests": counter + 1})
     if cfg.dp_seed == 0:
-        return None
+        return SystemRandomState()
     pid = int(context.node_config.get("partition-id", context.node_id))
     seq = np.random.SeedSequence([cfg.dp_seed, pid, counter])
     return np.random.RandomState(np.random.MT19937(seq))
@@ -167,14 +215,29 @@ def _refuse_over_budget() -> Iterator[None]:
         raise dp_auc.BudgetError(str(exc)) from exc
 
 
-def _dp_request(context: Context, step: Callable[[_Settings, BudgetAccountant, Any], Any]) -> Any:
+def _dp_request(context: Context, step: Callable[[_Settings, BudgetAccountant, Any], Any], *,
+                epsilon: float | None = None, model: bytes | None = None, what: str = "DP AUC",
+                participants: Any = False) -> Any:
     """``step(cfg, accountant, random_state)``; always persist the spends.
 
-    A refused budget (raised as :class:`~flwr_fedeval.protocol.dp_auc.BudgetError`) or an
-    invalid request becomes an error reply in ``protocol.handler``; the state, including any
-    spend already charged, is kept (the engines only persist ``context`` when the handler returns).
+    ``epsilon`` (the request's ε) is checked against the node's ε per evaluation, and ``model``
+    (the digest of the evaluated global model; ``None``: not counted) against
+    ``fedeval-evaluations-per-model``, before anything is drawn. A refused budget (raised as
+    :class:`~flwr_fedeval.protocol.dp_auc.BudgetError`), a refused policy
+    (:class:`~flwr_fedeval.protocol.Refused`) or an invalid request becomes an error reply in
+    ``protocol.handler``; the state, including any spend already charged, is kept (the engines
+    only persist ``context`` when the handler returns).
     """
     cfg = _config(context)
+    if participants is not False:  # the requests that start an evaluation: the members' signed list
+        from flwr_fedeval.clients.auc_handlers import STATE_DP_JOINED
+        from flwr_fedeval.clients.identity import check_participants
+
+        check_participants(context, participants, STATE_DP_JOINED, what)
+    if epsilon is not None:
+        policy.check_epsilon(context, epsilon)
+    if model is not None:
+        policy.record_evaluation(context, model, what)
     with _refuse_over_budget():
         accountant = _accountant(context, cfg)
     try:
@@ -214,7 +277,7 @@ def _rr_labels(context: Context, y_true, epsilon: float, accountant, rng) -> np.
 
 # --- DPAUC ---------------------------------------------------------------------
 def dpauc_laplace(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
-                  y_score: np.ndarray) -> dp_auc.NoisyCounts:
+                  y_score: np.ndarray, *, model: bytes | None = None) -> dp_auc.NoisyCounts:
     """DPAUC_Lap client: Laplace-noised TP/FP/TN/FN at the server's decision points.
 
     ``request.epsilon`` (ε of this evaluation) is split equally over the 4N counts.
@@ -230,11 +293,12 @@ def dpauc_laplace(request: dp_auc.DPAUCRequest, context: Context, y_true: np.nda
         counts = threshold_counts(y_true, y_score, request.thresholds)
         return dp_auc.NoisyCounts(*dpauc_laplace_client(counts, params, accountant=accountant, random_state=rng))
 
-    return _dp_request(context, step)
+    return _dp_request(context, step, epsilon=request.epsilon, model=model, what="DPAUC_Lap",
+                       participants=request.participants)
 
 
 def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
-             y_score: np.ndarray) -> ThresholdCounts:
+             y_score: np.ndarray, *, model: bytes | None = None) -> ThresholdCounts:
     """DPAUC_RR client: exact counts (int64, as the plaintext phase) of the randomized-response labels.
 
     Raises
@@ -247,7 +311,8 @@ def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
         flipped = _rr_labels(context, y_true, request.epsilon, accountant, rng)
         return ThresholdCounts.of(threshold_counts(flipped, y_score, request.thresholds))
 
-    return _dp_request(context, step)
+    return _dp_request(context, step, epsilon=request.epsilon, model=model, what="DPAUC_RR",
+                       participants=request.participants)
 
 
 # --- FedAUC --------------------------------------------------------------------
@@ -260,7 +325,7 @@ def _fedauc_cost(request: dp_auc.FedAUCScoresRequest, context: Context, y_true) 
 
 
 def fedauc_scores(request: dp_auc.FedAUCScoresRequest, context: Context, y_true: np.ndarray,
-                  y_score: np.ndarray) -> dp_auc.ShuffledScores:
+                  y_score: np.ndarray, *, model: bytes | None = None) -> dp_auc.ShuffledScores:
     """FedAUC round 1: the scores in a secret random order (float64, shape (n_k,)).
 
     Checks, without spending, that round 2 is affordable.
@@ -278,7 +343,8 @@ def fedauc_scores(request: dp_auc.FedAUCScoresRequest, context: Context, y_true:
         context.state[f"{STATE_FEDAUC}.meta"] = ConfigRecord({"session": request.session})
         return dp_auc.ShuffledScores(shuffled)
 
-    return _dp_request(context, step)
+    return _dp_request(context, step, epsilon=request.epsilon, model=model, what="FedAUC",
+                       participants=request.participants)
 
 
 def _pop_permutation(context: Context, session: str) -> np.ndarray:
@@ -318,4 +384,4 @@ def fedauc_stats(request: dp_auc.FedAUCStatsRequest, context: Context, y_true: n
         return dp_auc.LocalStatsReply(*fedauc_laplace_client(ranks, y_true, params, max_rank=request.max_rank,
                                                       accountant=accountant, random_state=rng))
 
-    return _dp_request(context, step)
+    return _dp_request(context, step, epsilon=request.epsilon)

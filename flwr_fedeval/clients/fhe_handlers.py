@@ -17,8 +17,8 @@ message type                 handler
 ``evaluate.fhe_counts``      :func:`serve_counts`: open the bundle (others),
                              encrypt the threshold counts of the local test split
 ``query.fhe_result``         :func:`serve_result`: decrypt, divide, verify
-                             (malicious), log; report only if this client's own
-                             ``share-auc-with-server`` says so
+                             (malicious), log; report only if the node's policy
+                             (``fedeval-share-auc``) allows it
 ===========================  ====================================================
 
 State (``context.state``, per phase; the deployment engine starts a process
@@ -30,7 +30,8 @@ per message, so nothing lives in module globals):
   malicious protocol).
 * ``fhe-auc.params`` (ConfigRecord): the public parameters this client encrypted
   under at step 4 (:class:`~flwr_fedeval.protocol.fhe_auc.EncryptionParams`: protocol,
-  N, R, S, party index, number of parties, nonce, metrics threshold). Decryption uses
+  N, R, S, nonce, metrics threshold) and what it derived from the signed participant
+  list (``party-index``, ``n-parties``, ``participants-digest``). Decryption uses
   these stored values, never the server's second message.
 
 All four are deleted when :func:`serve_result` returns (success or not).
@@ -44,10 +45,23 @@ included) before sealing the secret context, and every client checks the key
 holder's key (role ``"key-holder"``) before opening its bundle. A node without
 a key and roster refuses every step (the error names the config keys).
 
+Participants (issue 22): the key holder signs the ordered list of (roster name,
+X25519 key) it sealed to, itself included
+(:class:`~flwr_fedeval.protocol.fhe_auc.ParticipantList`); at step 4 every client
+checks it (▲ signed by the key holder it checked, ▲ roster members, ▲ itself listed
+with its own step-1 key, ▲ at least its floor,
+:func:`~flwr_fedeval.clients.policy.min_clients`), takes its party index and the
+party count from it and binds its digest into the malicious protocol's common
+randomness. Before encrypting, the client records the evaluation of the global
+model (:func:`~flwr_fedeval.clients.policy.record_evaluation`): a second
+evaluation of the same model is refused unless node config
+``fedeval-evaluations-per-model`` allows it.
+
 What a client reveals: its X25519 public key and a power-of-two upper bound
 on its test-set size (for the public count scale ``K``; the main job's FedAvg
-evaluation already reports the exact size). What it reports, when
-``share-auc-with-server = true``: the AUC and, in the semi-honest protocol,
+evaluation already reports the exact size). What it reports, when its node
+policy ``fedeval-share-auc`` is true (default false) and the run config does not
+set ``share-auc-with-server = false``: the AUC and, in the semi-honest protocol,
 accuracy/precision/recall/F1 at ``fhe-metrics-threshold``. In the malicious
 protocol the threshold metrics are computed with the semi-honest aggregation
 (no double execution protects them), so the client logs them marked
@@ -67,7 +81,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.common.logger import log
 
 from flwr_fedeval import keyshare
-from flwr_fedeval.clients.identity import key_set_floor, node_identity
+from flwr_fedeval.clients import policy
+from flwr_fedeval.clients.identity import node_identity
 from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.fhe.auc import (
     ckks_params_for,
@@ -120,8 +135,9 @@ STATE_SECRET = "fhe-auc.secret"
 STATE_SESSION = "fhe-auc.session"
 STATE_PARAMS = "fhe-auc.params"
 
-#: The client's own FHE settings (run-config keys) and their defaults; the
-#: defaults equal ``JobConfig``'s (checked by a test).
+#: The run-config key a client reads (tightening only: ``false`` withholds the AUC whatever the
+#: node policy) and its default, equal to ``JobConfig``'s (checked by a test). Whether the AUC
+#: leaves the node is the node policy's ``fedeval-share-auc`` (:mod:`flwr_fedeval.clients.policy`).
 CLIENT_FHE_DEFAULTS = {"share-auc-with-server": True}
 
 _LABEL = "FHE AUC"
@@ -202,7 +218,9 @@ def serve_keygen(request: fhe_auc.KeygenRequest, context: Context) -> fhe_auc.Ke
 
     Every peer key of the request is checked against the roster first
     (:func:`~flwr_fedeval.protocol.fhe_auc.verify_peers`: distinct members other than this
-    node, at least the node's floor); the CKKS parameter set follows from ``max_rows``
+    node, at least the node's floor, :func:`~flwr_fedeval.clients.policy.min_clients`); the
+    peers and this node, in roster-name order, are the participant list it signs
+    (:class:`~flwr_fedeval.protocol.fhe_auc.ParticipantList`); the CKKS parameter set follows from ``max_rows``
     (:func:`flwr_fedeval.fhe.auc.ckks_params_for`). Reply: the public context (public key,
     relinearisation and rotation keys, no secret key), one ``keyshare.seal_bundle`` per peer
     (opaque to the server) and this node's key signed for role ``"key-holder"``. The secret
@@ -220,8 +238,11 @@ def serve_keygen(request: fhe_auc.KeygenRequest, context: Context) -> fhe_auc.Ke
     for node, peer in request.peers.items():
         if peer.key == kp.public:
             raise IdentityError(f"peer node {node} relays this key holder's own key")
-    names = fhe_auc.verify_peers(roster, request.peers, session=request.session, floor=key_set_floor(context),
+    names = fhe_auc.verify_peers(roster, request.peers, session=request.session, floor=policy.min_clients(context),
                                  own=ident.name)
+    members = {names[n]: p.key for n, p in request.peers.items()}
+    members[ident.name] = kp.public
+    participants = fhe_auc.ParticipantList.sign(ident, session=request.session, members=members)
     ctx = create_context(params=ckks_params_for(request.backend, request.slots, request.max_rows))
     seed = new_seed()
     secret = ctx.secret_bytes()
@@ -231,26 +252,32 @@ def serve_keygen(request: fhe_auc.KeygenRequest, context: Context) -> fhe_auc.Ke
     log(INFO, "FHE AUC: key holder (%s) for %d other roster members %s (X25519 fingerprint %s)",
         ident.name, len(request.peers), sorted(names.values()), keyshare.fingerprint(kp.public))
     holder = fhe_auc.sign(ident, session=request.session, role=fhe_auc.HOLDER_ROLE, key=kp.public)
-    return fhe_auc.KeygenReply(ctx.public_bytes(), bundles, holder.signer, holder.signature)
+    return fhe_auc.KeygenReply(ctx.public_bytes(), bundles, holder.signer, holder.signature, participants)
 
 
 # --- steps 3-4 -------------------------------------------------------------------
 def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.ndarray,
-                 y_score: np.ndarray) -> fhe_auc.CountsReply:
-    """Steps 3–4: open the key bundle (if any), encrypt the local threshold counts.
+                 y_score: np.ndarray, *, model: bytes | None = None) -> fhe_auc.CountsReply:
+    """Steps 3–4: check the participant list, open the key bundle (if any), encrypt the local
+    threshold counts.
 
     ``y_true`` (0/1) and ``y_score`` (shape (n_test,)) are the local test split scored by the
-    global model of the request. The key holder's key is checked against the roster (role
-    ``"key-holder"``) before the bundle is opened. Reply: 3 ciphertexts (semi-honest) or 6
-    (malicious) of the counts at the request's N decision points and, with a metrics
-    threshold, 1 ciphertext of ``[TP, FP, TN, FN]`` at it.
+    global model of the request; ``model`` is that model's digest
+    (:func:`~flwr_fedeval.clients.policy.model_digest`; ``None``: not counted). The key holder's
+    key is checked against the roster (role ``"key-holder"``) before the bundle is opened, then
+    the participant list (:meth:`~flwr_fedeval.protocol.fhe_auc.ParticipantList.verify`): the
+    party index is this node's position in it, the party count its length. Reply: 3 ciphertexts
+    (semi-honest) or 6 (malicious) of the counts at the request's N decision points and, with a
+    metrics threshold, 1 ciphertext of ``[TP, FP, TN, FN]`` at it.
 
     Raises
     ------
     flwr_fedeval.identity.IdentityError
-        The key holder's key does not verify, or claims this node's name with another key.
+        The key holder's key or the participant list does not verify, the list does not hold this
+        node with its step-1 key, or has fewer parties than the node's floor.
     Refused
-        No step-1 key pair of this session, or no bundle while this node is not the key holder.
+        No step-1 key pair of this session, no bundle while this node is not the key holder, or a
+        second evaluation of ``model`` beyond ``fedeval-evaluations-per-model``.
     """
     session, params, holder = request.session, request.params, request.holder
     kp = _keypair(context, session)
@@ -259,6 +286,12 @@ def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.nd
     if (holder.signer == ident.name) != (holder.key == kp.public):
         raise IdentityError(f"key holder {holder.signer!r} with this node's key, or this node's name with "
                             "another key: refused")
+    listed = request.participants
+    party_index = listed.verify(roster, session=session, holder=holder.signer, own=ident.name, own_key=kp.public,
+                                floor=policy.min_clients(context))
+    if listed.keys[listed.names.index(holder.signer)] != holder.key:
+        raise IdentityError("the participant list holds another key for the key holder than the one relayed")
+    transcript = listed.digest(session)
     if request.sealed is not None:
         bundle = keyshare.open_bundle(request.sealed, recipient=kp, sender_public=holder.key)
         _store_secrets(context, session, bundle.secret_context, bundle.seed)
@@ -266,6 +299,8 @@ def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.nd
     elif holder.key != kp.public:
         raise Refused("no key bundle in the request and this client is not the key holder")
     ctx = _secret_context(context, session)
+    if model is not None:  # nothing computed from the test data has left the node yet
+        policy.record_evaluation(context, model, "FHE AUC")
     config = params.auc_config
     thresholds = request.thresholds
     # Decision points inside [0, 1]: probabilities (guarded); otherwise real-valued scores (logits).
@@ -274,8 +309,8 @@ def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.nd
     seed = bytes(context.state[STATE_SESSION]["seed"])
     if isinstance(config, MaliciousAUCConfig):
         auc_msg = client_encrypt_counts_malicious(ctx, counts, config=config, seed=seed,
-                                                  party_index=params.party_index, n_parties=params.n_parties,
-                                                  nonce=params.nonce)
+                                                  party_index=party_index, n_parties=len(listed.names),
+                                                  nonce=params.nonce, transcript=transcript)
     else:
         auc_msg = client_encrypt_counts(ctx, counts, config=config)
     metrics_msg = None
@@ -283,25 +318,23 @@ def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.nd
         c = threshold_counts(y_true, y_score, [params.metrics_threshold])
         metrics_msg = client_encrypt_confusion(ctx, int(c.tp[0]), int(c.fp[0]), int(c.tn[0]), int(c.fn[0]),
                                                config=config)
-    context.state[STATE_PARAMS] = ConfigRecord(params.to_config())
+    context.state[STATE_PARAMS] = ConfigRecord({**params.to_config(), "party-index": party_index,
+                                                "n-parties": len(listed.names), "participants-digest": transcript})
+    log(INFO, "FHE AUC: party %d of %d (%s), participant list signed by key holder %s", party_index,
+        len(listed.names), ", ".join(listed.names), holder.signer)
     return fhe_auc.CountsReply(auc_msg, metrics_msg)
 
 
 # --- step 6 ----------------------------------------------------------------------
-def _share(context: Context) -> bool:
-    value = dict(context.run_config).get("share-auc-with-server", CLIENT_FHE_DEFAULTS["share-auc-with-server"])
-    if not isinstance(value, bool):
-        raise Refused(f"config 'share-auc-with-server' must be true or false, got {value!r}")
-    return value
-
-
 def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.ResultReport:
     """Step 6: decrypt the masked values, divide, verify (malicious); log; report if allowed.
 
-    The protocol parameters, seed, party count and nonce are this client's own from step 4
-    (its state), never the server's. The report carries the AUC and its resolution bound (and,
-    semi-honest only, accuracy, precision, recall, F1) only when this client's
-    ``share-auc-with-server`` is true. The phase's state is deleted whatever happens.
+    The protocol parameters, seed, party count, nonce and participant-list digest are this
+    client's own from step 4 (its state), never the server's. The report carries the AUC and its
+    resolution bound (and, semi-honest only, accuracy, precision, recall, F1) only when the node
+    policy allows it (:func:`~flwr_fedeval.clients.policy.share_auc`: node ``fedeval-share-auc``,
+    default false; run config ``share-auc-with-server`` can only turn it off). The phase's state
+    is deleted whatever happens.
 
     Raises
     ------
@@ -316,18 +349,20 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
         ctx = _secret_context(context, request.session)
         if STATE_PARAMS not in context.state:
             raise Refused("no encrypted counts for this phase (step 4 missing)")
-        params = fhe_auc.EncryptionParams.from_config(context.state[STATE_PARAMS], STATE_PARAMS)
+        stored = context.state[STATE_PARAMS]
+        params = fhe_auc.EncryptionParams.from_config(stored, STATE_PARAMS)
         seed = bytes(context.state[STATE_SESSION]["seed"])
         config = params.auc_config
         if isinstance(config, MaliciousAUCConfig):
             out = client_decrypt_auc_malicious(ctx, request.auc, config=config, seed=seed,
-                                               n_parties=params.n_parties, nonce=params.nonce)
+                                               n_parties=int(stored["n-parties"]), nonce=params.nonce,
+                                               transcript=bytes(stored["participants-digest"]))
         else:
             out = client_decrypt_auc(ctx, request.auc, config=config)
         metrics = None
         if params.metrics_threshold >= 0 and request.metrics is not None:
             metrics = client_decrypt_threshold_metrics(ctx, request.metrics, config=config)
-        shared = _share(context)
+        shared = policy.share_auc(context)
     finally:
         _forget(context)
     malicious = isinstance(config, MaliciousAUCConfig)
@@ -337,6 +372,8 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
         log(INFO, "FHE metrics at threshold %g%s: accuracy %.6f precision %.6f recall %.6f F1 %.6f",
             params.metrics_threshold, " (unverified, not reported)" if malicious else "", *metrics)
     if not shared:
+        log(INFO, "FHE AUC: the AUC stays on this node (node policy 'fedeval-share-auc' is false, or run config "
+            "'share-auc-with-server' is false)")
         return fhe_auc.ResultReport(shared=False)
     reported = [float(v) for v in metrics] if metrics is not None and not malicious else [None] * 4
     return fhe_auc.ResultReport(True, float(out.auc), float(out.resolution_bound), *reported)
@@ -359,7 +396,8 @@ def keygen(msg: Message, context: Context) -> Message:
 
 def encrypt_counts(msg: Message, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> Message:
     """The ``evaluate.fhe_counts`` handler for the scored test split (:func:`serve_counts`)."""
-    return _handler(fhe_auc.COUNTS, lambda req, m, c: serve_counts(req, c, y_true, y_score))(msg, context)
+    return _handler(fhe_auc.COUNTS, lambda req, m, c: serve_counts(
+        req, c, y_true, y_score, model=policy.message_model_digest(m)))(msg, context)
 
 
 def decrypt_result(msg: Message, context: Context) -> Message:
@@ -386,14 +424,17 @@ def register_fhe_handlers(app, *, test_scores: Callable[[Message, Context], tupl
 
     Notes
     -----
-    Each client reports the AUC to the server only if its own run config says
-    ``share-auc-with-server = true`` (default: :data:`CLIENT_FHE_DEFAULTS`).
+    Each client reports the AUC to the server only if its node policy says
+    ``fedeval-share-auc = true`` (default false; :mod:`flwr_fedeval.clients.policy`) and the run
+    config does not turn it off; it answers one evaluation per global model unless node config
+    ``fedeval-evaluations-per-model`` allows more.
     """
     register(app, fhe_auc.STEPS, {
         fhe_auc.PUBKEY.message_type: _handler(
             fhe_auc.PUBKEY, lambda req, msg, ctx: serve_pubkey(req, ctx, int(np.asarray(test_labels(ctx)).size))),
         fhe_auc.KEYGEN.message_type: _handler(fhe_auc.KEYGEN, lambda req, msg, ctx: serve_keygen(req, ctx)),
         fhe_auc.COUNTS.message_type: _handler(
-            fhe_auc.COUNTS, lambda req, msg, ctx: serve_counts(req, ctx, *test_scores(msg, ctx))),
+            fhe_auc.COUNTS, lambda req, msg, ctx: serve_counts(req, ctx, *test_scores(msg, ctx),
+                                                               model=policy.message_model_digest(msg))),
         fhe_auc.RESULT.message_type: _handler(fhe_auc.RESULT, lambda req, msg, ctx: serve_result(req, ctx)),
     })

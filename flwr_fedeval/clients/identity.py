@@ -30,6 +30,9 @@ from flwr_fedeval.rlwe.masking import DEFAULT_MASK_DEGREE
 
 __all__ = [
     "CONFIG_HELP",
+    "check_participants",
+    "has_identity",
+    "serve_join",
     "key_set_floor",
     "mask_degree_floor",
     "node_identity",
@@ -173,3 +176,66 @@ def signed_key_from_record(record: Any, key: bytes, *, prefix: str = "") -> Sign
     if not isinstance(signer, str) or not isinstance(sig, bytes):
         raise IdentityError("relayed key: signer must be a string and signature bytes")
     return SignedKey(signer, bytes(key), sig)
+
+
+# --- who takes part in a plaintext or DP evaluation (issue 22) ------------------------------------
+def has_identity(context: Context) -> bool:
+    """Whether this node is configured with a roster identity (node config ``fedeval-identity-key``
+    or ``fedeval-roster``, or, in simulation, run config ``identity-dir``)."""
+    node, run = dict(context.node_config), dict(context.run_config)
+    return bool(node.get(KEY_CONFIG) or node.get(ROSTER_CONFIG) or run.get(DIR_CONFIG))
+
+
+def serve_join(request: Any, context: Context, state_key: str) -> Any:
+    """The join step of the plaintext and DP phases: sign this node's joining of ``request.session``
+    (:func:`flwr_fedeval.protocol.auc.sign_join`) and remember the session under ``state_key``; a
+    node without a roster identity replies unsigned.
+
+    Raises
+    ------
+    IdentityError
+        An identity is configured but cannot be loaded.
+    """
+    from flwr.app import ConfigRecord
+
+    from flwr_fedeval.protocol import auc
+
+    if not has_identity(context):
+        return auc.JoinReply()
+    ident, _ = node_identity(context)
+    context.state[state_key] = ConfigRecord({"session": request.session})
+    return auc.sign_join(ident, request.session)
+
+
+def check_participants(context: Context, listed: Any, state_key: str, what: str) -> int | None:
+    """Check the signed participant list of an evaluation request; this node's index in it.
+
+    ▲ the list is present (a node with a roster identity refuses an evaluation whose members did
+    not sign); ▲ its session is the one this node joined (used once); ▲ every member's join
+    signature verifies against the roster, this node is listed, and the list has at least the
+    node's floor (:func:`flwr_fedeval.clients.policy.min_clients`). A node without an identity
+    has nothing to check against: ``None``.
+
+    Raises
+    ------
+    flwr_fedeval.protocol.Refused
+        Naming the failed check.
+    """
+    from flwr_fedeval.clients.policy import min_clients
+    from flwr_fedeval.protocol import Refused
+
+    if not has_identity(context):
+        return None
+    ident, roster = node_identity(context)
+    if listed is None:
+        raise Refused(f"{what}: the request carries no signed participant list; this node (roster member "
+                      f"{ident.name!r}) answers only evaluations whose members signed their joining")
+    joined = context.state[state_key]["session"] if state_key in context.state else None
+    if joined != listed.session:
+        raise Refused(f"{what}: the participant list is for session {listed.session!r}, not the one this node "
+                      "joined (or it was used already)")
+    del context.state[state_key]
+    try:
+        return listed.verify(roster, own=ident.name, floor=min_clients(context))
+    except IdentityError as exc:
+        raise Refused(f"{what}: {exc}") from None

@@ -182,14 +182,15 @@ def new_seed() -> bytes:
 
 
 class _XOF:
-    """Deterministic stream from (seed, nonce, run, label) — SHAKE-256."""
+    """Deterministic stream from (seed, nonce, participant-list digest, run, label) — SHAKE-256."""
 
-    def __init__(self, seed: bytes, nonce: bytes, run: int, label: str) -> None:
+    def __init__(self, seed: bytes, nonce: bytes, run: int, label: str, transcript: bytes = b"") -> None:
         if not isinstance(seed, (bytes, bytearray)) or len(seed) < 32:
             raise ValueError("seed must be at least 32 bytes (use new_seed())")
-        nonce = bytes(nonce)
-        self._key = (b"flwr-fedeval fhe-auc-malicious v2" + struct.pack(">I", len(seed)) + bytes(seed)
-                     + struct.pack(">I", len(nonce)) + nonce + struct.pack(">B", run) + label.encode())
+        nonce, transcript = bytes(nonce), bytes(transcript)
+        self._key = (b"flwr-fedeval fhe-auc-malicious v3" + struct.pack(">I", len(seed)) + bytes(seed)
+                     + struct.pack(">I", len(nonce)) + nonce + struct.pack(">I", len(transcript)) + transcript
+                     + struct.pack(">B", run) + label.encode())
 
     def uint64(self, count: int) -> NDArray[np.uint64]:
         words: NDArray[np.uint64] = np.frombuffer(hashlib.shake_256(self._key).digest(8 * count), dtype=">u8")
@@ -213,8 +214,14 @@ class RunRandomness(NamedTuple):
 
 
 def common_randomness(seed: bytes, *, config: MaliciousAUCConfig, n_parties: int, run: int,
-                      nonce: bytes = b"") -> RunRandomness:
-    """The common randomness of run ``run`` (§IV-D1), derived from the shared seed."""
+                      nonce: bytes = b"", transcript: bytes = b"") -> RunRandomness:
+    """The common randomness of run ``run`` (§IV-D1), derived from the shared seed.
+
+    The XOF key is (seed, ``nonce``, ``transcript``, run, label): ``transcript`` is the digest of
+    the signed participant list the offsets are drawn for
+    (:meth:`flwr_fedeval.protocol.fhe_auc.ParticipantList.digest`), so parties that were shown
+    different lists draw unrelated randomness and the double execution disagrees.
+    """
     if isinstance(n_parties, bool) or not isinstance(n_parties, (int, np.integer)) or n_parties < 1:
         raise ValueError(f"n_parties must be an integer >= 1, got {n_parties!r}")
     if run not in (0, 1):
@@ -222,19 +229,19 @@ def common_randomness(seed: bytes, *, config: MaliciousAUCConfig, n_parties: int
     n, s = config.n_points, config.n_splits
     lo, hi = (math.log(v) for v in config.r_range)
     r = np.empty(11)
-    r[3:11] = np.exp(lo + _XOF(seed, nonce, run, "r").uniform(8) * (hi - lo))
+    r[3:11] = np.exp(lo + _XOF(seed, nonce, run, "r", transcript).uniform(8) * (hi - lo))
     r[0], r[1], r[2] = r[3] * r[4], r[5] * r[6], r[7] * r[8]
     offsets = []
     for label, width in (("tr", n + 3), ("fr", n + 3), ("pr", n + 2)):
-        u = _XOF(seed, nonce, run, label).uniform(n_parties * width).reshape(n_parties, width)
+        u = _XOF(seed, nonce, run, label, transcript).uniform(n_parties * width).reshape(n_parties, width)
         o = (2.0 * u - 1.0) * config.offset_range
         o[-1] = 0.0
         o[-1] = -o[:-1].sum(axis=0)
         offsets.append(o)
-    bits = (_XOF(seed, nonce, run, "b").uint64(n + 2) & np.uint64(1)).astype(np.int8)
+    bits = (_XOF(seed, nonce, run, "b", transcript).uint64(n + 2) & np.uint64(1)).astype(np.int8)
     # Fisher–Yates; 64-bit draws reduced mod i+1 (bias <= S(N+2)/2^64).
     size = s * (n + 2)
-    draws = _XOF(seed, nonce, run, "pi").uint64(size)
+    draws = _XOF(seed, nonce, run, "pi", transcript).uint64(size)
     perm = np.arange(size)
     for i in range(size - 1, 0, -1):
         j = int(draws[i] % np.uint64(i + 1))
@@ -309,7 +316,7 @@ def _check_party(party_index: int, n_parties: int) -> None:
 
 def client_encrypt_counts_malicious(ctx: CKKSContext, counts: ConfusionCounts, *, config: MaliciousAUCConfig,
                                     seed: bytes, party_index: int, n_parties: int, nonce: bytes = b"",
-                                    declared_rows: int | None = None) -> bytes:
+                                    declared_rows: int | None = None, transcript: bytes = b"") -> bytes:
     """Steps 1–8 for both runs: the client's message to the aggregator (6 ciphertexts).
 
     Parameters
@@ -318,13 +325,15 @@ def client_encrypt_counts_malicious(ctx: CKKSContext, counts: ConfusionCounts, *
         Common secret seed (≥ 32 bytes) shared by the clients only.
     party_index, n_parties : int
         This client's position ``m`` in the ordered list of ``M`` participants
-        of this evaluation (set by the server; a lie breaks the zero sums and
-        is detected).
+        of this evaluation, derived by the client from the signed participant list
+        (never a server field).
     nonce : bytes
         Public, unique per evaluation (e.g. the server round); keeps runs of
         different evaluations independent under one seed.
     declared_rows : int, optional
         The bound this client declared on its test rows; counts beyond it are refused.
+    transcript : bytes, optional
+        Digest of the signed participant list, bound into the XOF key (:func:`common_randomness`).
 
     Raises
     ------
@@ -337,7 +346,8 @@ def client_encrypt_counts_malicious(ctx: CKKSContext, counts: ConfusionCounts, *
     check_supported(config, ctx.params)
     blobs = []
     for run in range(N_RUNS):
-        rnd = common_randomness(seed, config=config, n_parties=n_parties, run=run, nonce=nonce)
+        rnd = common_randomness(seed, config=config, n_parties=n_parties, run=run, nonce=nonce,
+                                transcript=transcript)
         vecs = client_vectors_malicious(counts, rnd, config=config, party_index=party_index,
                                         slot_count=ctx.slot_count, declared_rows=declared_rows)
         blobs += [ctx.serialize_ciphertext(ctx.encrypt(v)) for v in vecs]
@@ -387,8 +397,9 @@ class MaliciousAUCResult(NamedTuple):
 
 
 def client_decrypt_auc_malicious(ctx: CKKSContext, result: bytes, *, config: MaliciousAUCConfig,
-                                 seed: bytes, n_parties: int, nonce: bytes = b"") -> MaliciousAUCResult:
-    """Step 12 and verification (§IV-D3).
+                                 seed: bytes, n_parties: int, nonce: bytes = b"",
+                                 transcript: bytes = b"") -> MaliciousAUCResult:
+    """Step 12 and verification (§IV-D3); ``n_parties``, ``nonce`` and ``transcript`` as at encryption.
 
     Raises
     ------
@@ -414,7 +425,8 @@ def client_decrypt_auc_malicious(ctx: CKKSContext, result: bytes, *, config: Mal
     aucs, bounds, errs, zero_runs = [], [], [], 0
     for run in range(N_RUNS):
         x, y, w = vals[3 * run: 3 * run + 3]
-        r = common_randomness(seed, config=config, n_parties=n_parties, run=run, nonce=nonce).r
+        r = common_randomness(seed, config=config, n_parties=n_parties, run=run, nonce=nonce,
+                              transcript=transcript).r
         if not all(math.isfinite(v) for v in (x, y, w)):
             raise TamperingDetectedError(f"run {run}: non-finite decryption")
         if abs(y) < floor:

@@ -4,7 +4,10 @@
 * DPAUC_RR, ``evaluate.dpauc_rr``: :class:`DPAUCRequest` in,
   :class:`~flwr_fedeval.protocol.auc.ThresholdCounts` (of the flipped labels) out;
 * FedAUC round 1, ``evaluate.fedauc_scores``: :class:`FedAUCScoresRequest` in, :class:`ShuffledScores` out;
-* FedAUC round 2, ``evaluate.fedauc_stats``: :class:`FedAUCStatsRequest` in, :class:`LocalStatsReply` out.
+* FedAUC round 2, ``evaluate.fedauc_stats``: :class:`FedAUCStatsRequest` in, :class:`LocalStatsReply` out;
+* join, ``query.dp_join``: :class:`~flwr_fedeval.protocol.auc.JoinRequest` in,
+  :class:`~flwr_fedeval.protocol.auc.JoinReply` out (issue 22): the DPAUC and FedAUC round-1
+  requests then carry the members' :class:`~flwr_fedeval.protocol.auc.SignedParticipants`.
 
 Every request carries a ConfigRecord ``dp`` (ε of this evaluation; FedAUC: also the
 session and the mechanism); the DPAUC and FedAUC round-1 requests also carry Flower's
@@ -40,13 +43,22 @@ from flwr_fedeval.protocol._base import (
     config_of,
     config_record,
 )
-from flwr_fedeval.protocol.auc import PointCounts, ThresholdCounts, decision_points_entry, decision_points_from
+from flwr_fedeval.protocol.auc import (
+    JoinReply,
+    JoinRequest,
+    PointCounts,
+    SignedParticipants,
+    ThresholdCounts,
+    decision_points_entry,
+    decision_points_from,
+)
 
 __all__ = [
     "BudgetError",
     "DPAUCRequest",
     "DPAUC_LAPLACE",
     "DPAUC_RR",
+    "DP_JOIN",
     "DP_KEY",
     "EVALUATE_DPAUC_LAPLACE",
     "EVALUATE_DPAUC_RR",
@@ -76,6 +88,8 @@ EVALUATE_FEDAUC_SCORES = "evaluate.fedauc_scores"
 #: FedAUC round 2: global ranks of those scores + DP parameters in, (localSum, localP, localN) out.
 EVALUATE_FEDAUC_STATS = "evaluate.fedauc_stats"
 
+#: The DP phases' join step (the plaintext phase's payloads, :mod:`flwr_fedeval.protocol.auc`).
+QUERY_DP_JOIN = "query.dp_join"
 #: Request record (ConfigRecord) of every DP step: ``epsilon`` (+ FedAUC's ``session``, ``mechanism``, ...).
 DP_KEY = "dp"
 #: DPAUC_Lap reply record (ArrayRecord): ``tp``/``fp``/``tn``/``fn``, float64, noisy.
@@ -144,19 +158,24 @@ class DPAUCRequest(Payload):
     epsilon : float
         ε > 0 charged to the client for this evaluation (``inf``: no noise). DPAUC_Lap splits it over
         the 4N counts (Laplace(4N/ε) each); DPAUC_RR flips the labels with probability 1/(1+e^ε).
+    participants : SignedParticipants or None
+        ``evaluation-participants``, the members' signed list of the join step.
     """
 
     LABEL = "DPAUC request"
     thresholds: np.ndarray
     epsilon: float
+    participants: SignedParticipants | None = None
 
     def _to_record(self) -> RecordDict:
         return RecordDict({**decision_points_entry(self.thresholds),
-                           DP_KEY: ConfigRecord({"epsilon": float(self.epsilon)})})
+                           DP_KEY: ConfigRecord({"epsilon": float(self.epsilon)}),
+                           **(self.participants.entry() if self.participants is not None else {})})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> DPAUCRequest:
-        return cls(decision_points_from(content), _epsilon(config_record(content, DP_KEY)))
+        return cls(decision_points_from(content), _epsilon(config_record(content, DP_KEY)),
+                   SignedParticipants.from_content(content))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,20 +211,24 @@ class FedAUCScoresRequest(Payload):
         Round 2's mechanism, so the client can check now that its budget pays for it.
     epsilon : float
         ε > 0 of round 2 (``inf``: no noise).
+    participants : SignedParticipants or None
+        ``evaluation-participants``, the members' signed list of the join step.
     """
 
     LABEL = "FedAUC scores request"
     session: str
     mechanism: str
     epsilon: float
+    participants: SignedParticipants | None = None
 
     def _to_record(self) -> RecordDict:
         return RecordDict({DP_KEY: ConfigRecord({"session": self.session, "mechanism": self.mechanism,
-                                                 "epsilon": float(self.epsilon)})})
+                                                 "epsilon": float(self.epsilon)}),
+                           **(self.participants.entry() if self.participants is not None else {})})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> FedAUCScoresRequest:
-        return cls(*_session(config_record(content, DP_KEY)))
+        return cls(*_session(config_record(content, DP_KEY)), SignedParticipants.from_content(content))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,4 +375,5 @@ FEDAUC_SCORES = Step("FedAUC round 1 (shuffled scores)", EVALUATE_FEDAUC_SCORES,
 FEDAUC_STATS = Step("FedAUC round 2 (local statistics)", EVALUATE_FEDAUC_STATS, "client", FedAUCStatsRequest,
                     LocalStatsReply)
 #: The DP AUC baselines' step table.
-STEPS = (DPAUC_LAPLACE, DPAUC_RR, FEDAUC_SCORES, FEDAUC_STATS)
+DP_JOIN = Step("join (signed participation)", QUERY_DP_JOIN, "client", JoinRequest, JoinReply)
+STEPS = (DPAUC_LAPLACE, DPAUC_RR, FEDAUC_SCORES, FEDAUC_STATS, DP_JOIN)

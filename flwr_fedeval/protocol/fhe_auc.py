@@ -14,6 +14,14 @@ Step 5 (aggregation) is the server's alone. Every X25519 key relayed through the
 signed by its node's roster key over (:data:`SIGNED_PROTOCOL`, session, round 0, role, key)
 (:func:`sign`, :func:`verify`, :func:`verify_peers`; :mod:`flwr_fedeval.identity`).
 
+Who takes part (issue 22) is in the same transcript: at step 2 the key holder signs, with role
+:data:`PARTICIPANTS_ROLE`, the digest of the ordered list of (roster name, X25519 key) it sealed
+the secret context to, itself included (:class:`ParticipantList`). The list travels with the
+step-2 reply and every step-3–4 request; every client checks it against the roster and derives
+its party index and the party count from it (never from a server field), refuses a list without
+itself (with its own step-1 key) or below its floor, and binds the list's digest into the
+malicious protocol's common randomness, next to the nonce.
+
 The request of steps 3–4 also carries the global model under the phase's ``arrayrecord_key``
 (Flower's model record, not ours: the server adds it next to :meth:`CountsRequest.to_record`).
 """
@@ -21,6 +29,8 @@ The request of steps 3–4 also carries the global model under the phase's ``arr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +41,7 @@ from flwr_fedeval.fhe.auc import FHEAUCConfig
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig
 from flwr_fedeval.fhe.backend import BACKENDS
 from flwr_fedeval.identity import (
+    IdentityError,
     NodeIdentity,
     Roster,
     SignedKey,
@@ -47,6 +58,7 @@ from flwr_fedeval.protocol._base import (
     bytes_array,
     config_bytes,
     config_field,
+    config_list,
     config_of,
     config_record,
 )
@@ -59,6 +71,7 @@ __all__ = [
     "KEYGEN",
     "METRICS",
     "PROTOCOLS",
+    "PARTICIPANTS_ROLE",
     "PUBKEY",
     "RESULT",
     "SIGNED_PROTOCOL",
@@ -68,6 +81,7 @@ __all__ = [
     "EncryptionParams",
     "KeygenReply",
     "KeygenRequest",
+    "ParticipantList",
     "PubkeyReply",
     "PubkeyRequest",
     "ResultReport",
@@ -89,6 +103,9 @@ PEER_SIGNERS_KEY = "fhe-peer-signers"
 PEER_SIGNATURES_KEY = "fhe-peer-signatures"
 #: Step 2 reply: ``signer``, ``signature`` of the key holder's X25519 key (role ``"key-holder"``).
 HOLDER_KEY = "fhe-holder"
+#: Step 2 reply and steps 3–4 request: the signed participant list (ConfigRecord ``names``,
+#: ``keys``, ``signer``, ``signature``; :class:`ParticipantList`).
+PARTICIPANTS_KEY = "fhe-participants"
 #: Step 2 reply: ArrayRecord ``public`` (the public CKKS context, uint8).
 CONTEXT_KEY = "fhe-context"
 #: Step 2 reply: ArrayRecord ``{str(node_id): sealed bundle}``; step 3 request: ``sealed``.
@@ -107,6 +124,9 @@ PROTOCOLS = ("semi-honest", "malicious")
 SIGNED_PROTOCOL = "fhe-auc"
 #: Signing roles: every client's step-1 key, the key holder's key relayed at step 3.
 CLIENT_ROLE, HOLDER_ROLE = "client", "key-holder"
+#: Signing role of the participant list's digest (the key holder's, at step 2).
+PARTICIPANTS_ROLE = "participants"
+_PARTICIPANTS_DOMAIN = b"flwr-fedeval/fhe-auc/participants/v1"
 #: X25519 public keys are 32 raw bytes (RFC 7748); the step-4 nonce is 16 bytes.
 PUBLIC_KEY_BYTES, NONCE_BYTES = 32, 16
 #: An upper bound on a DER ECDSA signature (P-521: at most 139 bytes).
@@ -147,6 +167,120 @@ def verify_peers(roster: Roster, peers: Mapping[int, SignedKey], *, session: str
     """
     return verify_key_set(roster, dict(peers), protocol=SIGNED_PROTOCOL, session=session, round=0,
                           role=CLIENT_ROLE, floor=floor, own=own)
+
+
+# --- the signed participant list -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ParticipantList:
+    """The ordered list of the parties of one FHE AUC session, signed by the key holder (issue 22).
+
+    Attributes
+    ----------
+    names : tuple of str
+        Roster names, sorted and distinct (the canonical order: party ``i`` is ``names[i]``).
+    keys : tuple of bytes
+        The step-1 X25519 key (32 bytes) of each name: the keys the key holder sealed the secret
+        context to (its own included).
+    signer, signature : str, bytes
+        The key holder (one of ``names``) and its signature over :meth:`digest` (role
+        :data:`PARTICIPANTS_ROLE`, :func:`flwr_fedeval.identity.key_statement`).
+
+    The digest is SHA-256 of ``DOMAIN ‖ lp(session) ‖ M (4 bytes) ‖ lp(name_0) ‖ key_0 ‖ …``; a
+    client's party index is its position in ``names``, the party count ``M = len(names)``.
+    """
+
+    names: tuple[str, ...]
+    keys: tuple[bytes, ...]
+    signer: str
+    signature: bytes
+
+    @staticmethod
+    def _digest(session: str, names: tuple[str, ...], keys: tuple[bytes, ...]) -> bytes:
+        h = hashlib.sha256(_PARTICIPANTS_DOMAIN + _lp(session.encode()) + struct.pack(">I", len(names)))
+        for name, key in zip(names, keys):
+            h.update(_lp(name.encode()) + _lp(bytes(key)))
+        return h.digest()
+
+    def digest(self, session: str) -> bytes:
+        """The 32-byte digest the key holder signed (bound into the common randomness)."""
+        return self._digest(session, self.names, self.keys)
+
+    @classmethod
+    def sign(cls, identity: NodeIdentity, *, session: str, members: Mapping[str, bytes]) -> ParticipantList:
+        """The list of ``members`` (roster name → X25519 key, ``identity`` among them) in name order,
+        signed by ``identity`` (the key holder)."""
+        names = tuple(sorted(members))
+        keys = tuple(bytes(members[n]) for n in names)
+        signature = sign_key(identity, protocol=SIGNED_PROTOCOL, session=session, round=0, role=PARTICIPANTS_ROLE,
+                             key=cls._digest(session, names, keys))
+        return cls(names, keys, identity.name, signature)
+
+    def verify(self, roster: Roster, *, session: str, holder: str, own: str | None = None,
+               own_key: bytes | None = None, floor: int = 2) -> int | None:
+        """Check the list; the party index of ``own`` (``None`` when ``own`` is not given).
+
+        ▲ signed by ``holder`` (the key holder whose key the client checked) for this session;
+        ▲ names sorted, distinct, roster members, the holder among them, one 32-byte key each;
+        ▲ ``own`` listed with ``own_key`` (its step-1 key); ▲ at least ``floor`` parties.
+
+        Raises
+        ------
+        flwr_fedeval.identity.IdentityError
+            Naming the failed check.
+        """
+        if self.signer != holder:
+            raise IdentityError(f"participant list signed by {self.signer!r}, not by the key holder {holder!r}")
+        try:
+            verify_key(roster, self.signer, self.signature, protocol=SIGNED_PROTOCOL, session=session, round=0,
+                       role=PARTICIPANTS_ROLE, key=self.digest(session))
+        except IdentityError as exc:  # shortened, reordered, replayed from another session, or forged
+            raise IdentityError(f"participant list refused: {exc}") from None
+        if list(self.names) != sorted(set(self.names)) or len(self.keys) != len(self.names):
+            raise IdentityError("participant list: names not sorted and distinct, or not one key per name")
+        unknown = [n for n in self.names if n not in roster]
+        if unknown:
+            raise IdentityError(f"participant list names {unknown}, not in the roster")
+        if holder not in self.names:
+            raise IdentityError(f"participant list without its key holder {holder!r}")
+        if len(set(self.keys)) != len(self.keys) or any(len(k) != PUBLIC_KEY_BYTES for k in self.keys):
+            raise IdentityError("participant list: keys not distinct 32-byte X25519 keys")
+        if len(self.names) < floor:
+            raise IdentityError(f"participant list of session {session} has {len(self.names)} parties, "
+                                f"this node requires at least {floor}")
+        if own is None:
+            return None
+        if own not in self.names:
+            raise IdentityError(f"participant list of session {session} does not list this node ({own!r})")
+        index = self.names.index(own)
+        if own_key is not None and self.keys[index] != bytes(own_key):
+            raise IdentityError(f"participant list lists {own!r} with another X25519 key than this node's")
+        return index
+
+    def to_config(self) -> ConfigRecord:
+        """The ConfigRecord under :data:`PARTICIPANTS_KEY`."""
+        return ConfigRecord({"names": list(self.names), "keys": list(self.keys), "signer": self.signer,
+                             "signature": self.signature})
+
+    @classmethod
+    def from_config(cls, rec: ConfigRecord) -> ParticipantList:
+        """Parse the record of :meth:`to_config`.
+
+        Raises
+        ------
+        MalformedMessage
+            A field missing, of another type, or keys of another length.
+        """
+        names = config_list(rec, PARTICIPANTS_KEY, "names", str)
+        keys = config_list(rec, PARTICIPANTS_KEY, "keys", bytes, length=len(names), item_length=PUBLIC_KEY_BYTES)
+        if not names:
+            raise MalformedMessage(f"{PARTICIPANTS_KEY}.names", "empty")
+        return cls(tuple(names), tuple(bytes(k) for k in keys),
+                   config_field(rec, PARTICIPANTS_KEY, "signer", str),
+                   config_bytes(rec, PARTICIPANTS_KEY, "signature", max_length=MAX_SIGNATURE_BYTES))
+
+
+def _lp(b: bytes) -> bytes:
+    return struct.pack(">I", len(b)) + b
 
 
 # --- small field helpers of this module -------------------------------------------------------
@@ -325,6 +459,8 @@ class KeygenReply(Payload):
     signer, signature : str, bytes
         ``fhe-holder.signer``, ``fhe-holder.signature``: the key holder's X25519 key (sent at
         step 1) signed for role ``"key-holder"``.
+    participants : ParticipantList
+        ``fhe-participants``: the parties the key holder sealed to, itself included, signed.
     """
 
     LABEL = "FHE key-generation reply"
@@ -332,6 +468,7 @@ class KeygenReply(Payload):
     bundles: Mapping[int, bytes]
     signer: str
     signature: bytes
+    participants: ParticipantList
 
     def holder_key(self, public_key: bytes) -> SignedKey:
         """The key holder's ``public_key`` (from its step-1 reply) with this reply's signature."""
@@ -342,6 +479,7 @@ class KeygenReply(Payload):
             CONTEXT_KEY: _bytes_records({"public": self.public_context}),
             BUNDLES_KEY: _bytes_records({str(n): b for n, b in self.bundles.items()}),
             HOLDER_KEY: ConfigRecord({"signer": self.signer, "signature": self.signature}),
+            PARTICIPANTS_KEY: self.participants.to_config(),
         })
 
     @classmethod
@@ -350,7 +488,8 @@ class KeygenReply(Payload):
         rec = array_record(content, BUNDLES_KEY)
         bundles = {_node_id(BUNDLES_KEY, name): array_bytes(rec, BUNDLES_KEY, name) for name in rec}
         signed = _signed(config_record(content, HOLDER_KEY), HOLDER_KEY, "", b"")
-        return cls(public, bundles, signed.signer, signed.signature)
+        participants = ParticipantList.from_config(config_record(content, PARTICIPANTS_KEY))
+        return cls(public, bundles, signed.signer, signed.signature, participants)
 
 
 # --- steps 3-4 --------------------------------------------------------------------------------
@@ -368,8 +507,6 @@ class EncryptionParams:
         R ≥ 1, the public pooled bound (count scale ``K``).
     n_splits : int
         S, additive shares per value (≥ 2 in the malicious protocol, §IV-D).
-    party_index, n_parties : int
-        This client's index ``0 ≤ i < M`` in the ordered list of the M parties (zero-sum offsets).
     nonce : bytes
         16 bytes, fresh per step-4 attempt.
     metrics_threshold : float
@@ -380,8 +517,6 @@ class EncryptionParams:
     n_points: int
     max_rows: int
     n_splits: int
-    party_index: int
-    n_parties: int
     nonce: bytes
     metrics_threshold: float
 
@@ -395,8 +530,7 @@ class EncryptionParams:
     def to_config(self) -> dict[str, Any]:
         """The ``fhe`` fields (without ``session`` and the key holder's)."""
         return {"protocol": self.protocol, "n-points": self.n_points, "max-rows": self.max_rows,
-                "n-splits": self.n_splits, "party-index": self.party_index, "n-parties": self.n_parties,
-                "nonce": self.nonce, "metrics-threshold": self.metrics_threshold}
+                "n-splits": self.n_splits, "nonce": self.nonce, "metrics-threshold": self.metrics_threshold}
 
     @classmethod
     def from_config(cls, rec: ConfigRecord, key: str = REQUEST_KEY) -> EncryptionParams:
@@ -408,11 +542,9 @@ class EncryptionParams:
             A field missing, of another type, or out of its range (see the attributes).
         """
         protocol = config_field(rec, key, "protocol", str, choices=PROTOCOLS)
-        n_parties = config_field(rec, key, "n-parties", int, minimum=1)
         return cls(protocol, config_field(rec, key, "n-points", int, minimum=2),
                    config_field(rec, key, "max-rows", int, minimum=1),
                    config_field(rec, key, "n-splits", int, minimum=2 if protocol == "malicious" else 0),
-                   config_field(rec, key, "party-index", int, minimum=0, maximum=n_parties - 1), n_parties,
                    config_bytes(rec, key, "nonce", length=NONCE_BYTES),
                    config_field(rec, key, "metrics-threshold", float, maximum=1.0))
 
@@ -427,12 +559,15 @@ class CountsRequest(Payload):
         ``fhe.session``.
     params : EncryptionParams
         ``fhe.protocol``, ``fhe.n-points``, ``fhe.max-rows``, ``fhe.n-splits``,
-        ``fhe.party-index``, ``fhe.n-parties``, ``fhe.nonce``, ``fhe.metrics-threshold``.
+        ``fhe.nonce``, ``fhe.metrics-threshold`` (no party index or count: each client derives
+        them from ``participants``).
     holder : SignedKey
         ``fhe.holder-public-key`` (32 bytes), ``fhe.holder-signer``, ``fhe.holder-signature``:
         the key holder's key, signed for role ``"key-holder"``.
     thresholds : ndarray of shape (N,), float64
         ``evaluation.thresholds``, the public decision points (finite; N = ``params.n_points``).
+    participants : ParticipantList
+        ``fhe-participants``: the key holder's signed participant list of step 2.
     sealed : bytes or None
         ``fhe-bundle.sealed``, this client's sealed bundle (uint8); ``None`` for the key holder.
     """
@@ -442,6 +577,7 @@ class CountsRequest(Payload):
     params: EncryptionParams
     holder: SignedKey
     thresholds: np.ndarray
+    participants: ParticipantList
     sealed: bytes | None = None
 
     def _to_record(self) -> RecordDict:
@@ -450,7 +586,8 @@ class CountsRequest(Payload):
         fhe = {"session": self.session, **p, "holder-public-key": self.holder.key,
                "holder-signer": self.holder.signer, "holder-signature": self.holder.signature,
                "metrics-threshold": mt}
-        content = RecordDict({**decision_points_entry(self.thresholds), REQUEST_KEY: ConfigRecord(fhe)})
+        content = RecordDict({**decision_points_entry(self.thresholds), REQUEST_KEY: ConfigRecord(fhe),
+                              PARTICIPANTS_KEY: self.participants.to_config()})
         if self.sealed is not None:
             content[BUNDLE_KEY] = _bytes_records({"sealed": self.sealed})
         return content
@@ -465,7 +602,8 @@ class CountsRequest(Payload):
             raise MalformedMessage(f"{EVALUATION_KEY}.thresholds",
                                    f"shape {thresholds.shape}, expected ({params.n_points},)")
         sealed = array_bytes(array_record(content, BUNDLE_KEY), BUNDLE_KEY, "sealed") if BUNDLE_KEY in content else None
-        return cls(session, params, _signed(rec, REQUEST_KEY, "holder-", pk), thresholds, sealed)
+        participants = ParticipantList.from_config(config_record(content, PARTICIPANTS_KEY))
+        return cls(session, params, _signed(rec, REQUEST_KEY, "holder-", pk), thresholds, participants, sealed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -536,7 +674,8 @@ class ResultReport(Payload):
     Attributes
     ----------
     shared : bool
-        ``shared``: the client's own ``share-auc-with-server``; without it nothing else is sent.
+        ``shared``: whether the client's node policy (``fedeval-share-auc``, tightened by run
+        config ``share-auc-with-server``) lets the AUC leave the node; without it nothing else is sent.
     auc : float or None
         ``auc`` in [0, 1] (certified, :func:`flwr_fedeval.fhe.auc.certify`).
     resolution_bound : float or None

@@ -4,12 +4,15 @@ The plaintext phase (this module) is the reference protocol: every client
 computes TP/FP/TN/FN of its own test split at N public decision points; the
 server sums them and computes the trapezoid AUC (Baykara et al. 2025,
 Eqs. 2-3). It reveals every client's counts to the server; the FHE and DP
-phases replace exactly this step.
+phases replace exactly this step. A join step comes first (issue 22,
+:func:`join_participants`): the members sign their joining, and each client
+checks the signed list before it answers.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass, field
 from logging import INFO
 
@@ -21,11 +24,53 @@ from flwr.serverapp import Grid
 from flwr_fedeval.messages import ARRAYS_KEY
 from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
 from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points
-from flwr_fedeval.protocol import Payload
-from flwr_fedeval.protocol.auc import THRESHOLD_COUNTS, ThresholdCounts, ThresholdCountsRequest
+from flwr_fedeval.protocol import Payload, Step
+from flwr_fedeval.protocol.auc import (
+    JOIN,
+    THRESHOLD_COUNTS,
+    JoinReply,
+    JoinRequest,
+    SignedParticipants,
+    ThresholdCounts,
+    ThresholdCountsRequest,
+)
 from flwr_fedeval.strategies.base import EvaluationPhase
 
-__all__ = ["AUCPhaseResult", "PlaintextAUCPhase", "with_model"]
+__all__ = ["AUCPhaseResult", "PlaintextAUCPhase", "join_participants", "with_model"]
+
+
+def join_participants(phase: EvaluationPhase, grid: Grid, nodes: list[int],
+                      step: Step) -> tuple[SignedParticipants | None, list[int]]:
+    """The join step of the plaintext and DP phases (issue 22): ``(signed list, participants)``.
+
+    Every node signs its joining of a fresh session; the list of the signers (roster-name order,
+    each with its signature) goes with the evaluation request, and each client checks it
+    (:func:`flwr_fedeval.clients.identity.check_participants`). Nodes configured without a roster
+    identity reply unsigned: if none signed, there is no list (``None``) and every node that
+    replied takes part; otherwise only the signers do, and the others are named in the phase's
+    failures. Two nodes signing as one roster member are both left out.
+    """
+    session = secrets.token_hex(16)
+    replies = phase.exchange(grid, dict.fromkeys(nodes, JoinRequest(session).to_record()), step.message_type,
+                             lambda node, content: JoinReply.from_record(content, node=node), step="join",
+                             what="join")
+    signed = {n: r for n, r in replies.items() if r.signed}
+    if not signed:
+        return None, sorted(replies)
+    by_name: dict[str, list[int]] = {}
+    for node, reply in signed.items():
+        by_name.setdefault(str(reply.signer), []).append(node)
+    for node in replies:
+        if node not in signed:
+            phase.failures[node] = "no roster identity: not in the members' signed participant list"
+    for name, members in by_name.items():
+        if len(members) > 1:
+            for node in members:
+                phase.failures[node] = f"two nodes sign as roster member {name!r}"
+    kept = sorted(ms[0] for ms in by_name.values() if len(ms) == 1)
+    listed = SignedParticipants.of(session, [signed[n] for n in kept])
+    log(INFO, "%s: signed participant list of %d: %s", phase.label, len(listed.names), ", ".join(listed.names))
+    return listed, kept
 
 
 def with_model(arrays: ArrayRecord, arrayrecord_key: str, request: Payload) -> RecordDict:
@@ -126,9 +171,11 @@ class PlaintextAUCPhase(EvaluationPhase):
         return [("Decision points", f"N={self.thresholds.size} ({self.spacing})"),
                 ("AUC known to", "the server (it sees every client's counts)"), *super()._summary_items()]
 
-    def collect_counts(self, grid: Grid, arrays: ArrayRecord, nodes: list[int]) -> dict[int, ConfusionCounts]:
-        """The step: global model and decision points to ``nodes``; their checked counts."""
-        content = with_model(arrays, self.arrayrecord_key, ThresholdCountsRequest(self.thresholds))
+    def collect_counts(self, grid: Grid, arrays: ArrayRecord, nodes: list[int],
+                       participants: SignedParticipants | None = None) -> dict[int, ConfusionCounts]:
+        """The step: global model, decision points and the signed participant list to ``nodes``;
+        their checked counts."""
+        content = with_model(arrays, self.arrayrecord_key, ThresholdCountsRequest(self.thresholds, participants))
         return self.exchange(
             grid,
             dict.fromkeys(nodes, content),
@@ -150,8 +197,11 @@ class PlaintextAUCPhase(EvaluationPhase):
         """
         self._start_run()
         self.summary()
+        with self.step("join"):
+            listed, nodes = join_participants(self, grid, sorted(grid.get_node_ids()), JOIN)
+        self.require(nodes, "(join)")
         with self.step("threshold counts"):
-            valid = self.collect_counts(grid, arrays, sorted(grid.get_node_ids()))
+            valid = self.collect_counts(grid, arrays, nodes, listed)
         contributors = sorted(valid)
         self.require(contributors, "(threshold counts)")
         total: ConfusionCounts = valid[contributors[0]]

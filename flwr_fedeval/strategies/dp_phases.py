@@ -13,7 +13,10 @@ the client handlers in :mod:`flwr_fedeval.clients.dp_handlers`.
 ``fedauc-laplace``  :class:`FedAUCLaplacePhase` (FedAUC_Lap)    same two
 ==================  ==========================================  =============================
 
-Each phase sends to every node, splits the replies into valid and failed
+Each phase starts with a join step (issue 22,
+:func:`~flwr_fedeval.strategies.auc_phase.join_participants`: the members sign
+their joining; each client checks the signed list before it answers), sends to
+the participants, splits the replies into valid and failed
 (no reply, error reply — e.g. ``BudgetError`` — or a malformed reply; each
 logged with the node ID), raises ``RuntimeError`` when fewer than
 ``min_nodes`` clients contribute, and returns an
@@ -57,6 +60,7 @@ from flwr_fedeval.metrics.counts import decision_points
 from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.protocol.auc import ThresholdCounts
 from flwr_fedeval.protocol.dp_auc import (
+    DP_JOIN,
     DPAUC_LAPLACE,
     DPAUC_RR,
     FEDAUC_SCORES,
@@ -68,7 +72,7 @@ from flwr_fedeval.protocol.dp_auc import (
     NoisyCounts,
     ShuffledScores,
 )
-from flwr_fedeval.strategies.auc_phase import AUCPhaseResult, with_model
+from flwr_fedeval.strategies.auc_phase import AUCPhaseResult, join_participants, with_model
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
 __all__ = ["DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCLaplacePhase", "FedAUCRRPhase"]
@@ -125,8 +129,10 @@ class _ThresholdDPPhase(_DPPhase):
         """The one step: global model, decision points and ε to every node; their checked ``reply``."""
         self._start_run()
         self.summary()
-        content = with_model(arrays, self.arrayrecord_key, DPAUCRequest(self.thresholds, epsilon))
-        nodes = sorted(grid.get_node_ids())
+        with self.step("join"):
+            listed, nodes = join_participants(self, grid, sorted(grid.get_node_ids()), DP_JOIN)
+        self.require(nodes, "(join)")
+        content = with_model(arrays, self.arrayrecord_key, DPAUCRequest(self.thresholds, epsilon, listed))
         n = self.thresholds.size
         with self.step(what):
             valid = self.exchange(grid, dict.fromkeys(nodes, content), self.message_type,
@@ -291,9 +297,13 @@ class _FedAUCPhase(_DPPhase):
         return self._finish(estimate, [], order, ties=self.ties, num_scores=int(num_scores))
 
     def collect_scores(self, grid: Grid, arrays: ArrayRecord, session: str) -> dict[int, np.ndarray]:
-        """Round 1: the global model to every node; each node's shuffled scores (checked)."""
-        nodes = sorted(grid.get_node_ids())
-        request = with_model(arrays, self.arrayrecord_key, FedAUCScoresRequest(session, self.mechanism, self.epsilon))
+        """Round 1 after the join step: the global model and the signed participant list to the
+        participants; each node's shuffled scores (checked)."""
+        with self.step("join"):
+            listed, nodes = join_participants(self, grid, sorted(grid.get_node_ids()), DP_JOIN)
+        self.require(nodes, "(join)")
+        request = with_model(arrays, self.arrayrecord_key,
+                             FedAUCScoresRequest(session, self.mechanism, self.epsilon, listed))
         return self.exchange(grid, dict.fromkeys(nodes, request), FEDAUC_SCORES.message_type,
                              lambda node, c: ShuffledScores.from_record(c, node=node).scores,
                              step="round 1", what="scores")

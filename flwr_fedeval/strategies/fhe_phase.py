@@ -33,21 +33,27 @@ is checked before use (public keys, context, every ciphertext deserialised
 under the public context); failing nodes are named in the log and in
 ``AUCPhaseResult.failed``.
 
-Dropouts: in the semi-honest protocol a client that fails at step 4 is simply
-left out. In the malicious protocol the zero-sum offsets are drawn for an
-ordered list of M parties, so step 4 is re-run (fresh nonce, new indices)
-with the clients that answered, until all of them answer or fewer than
-``min_nodes`` remain. If a participant is lost at step 4 while new nodes
-have joined since step 1 (a restarted SuperNode comes back under a new node
-ID), the whole phase runs again from step 1 with the current node list
-(fresh session, keys and key holder; at most ``max_restarts`` times), so the
-restarted node contributes; its identity is checked at step 1 like
-everyone's.
+Participants (issue 22): who takes part is not the server's word. At step 2 the
+key holder signs the ordered list of the roster members it sealed the secret
+context to, itself included (:class:`~flwr_fedeval.protocol.fhe_auc.ParticipantList`);
+the server relays that list with every step-3–4 request and each client derives
+its party index and the party count from it (and binds its digest into the
+malicious protocol's randomness). The participants of steps 3–6 are exactly the
+listed nodes.
+
+Dropouts: a node lost before step 2 is left out (nothing of its test data was
+used). A participant lost at steps 3–4 makes the phase fail
+(:class:`FHEPhaseFailedError`, the failures recorded): there is no re-run over
+another subset, since two evaluations of one model over different subsets give
+their difference (and a deviating server could fake the loss); the clients
+refuse a second evaluation of the same model anyway (node config
+``fedeval-evaluations-per-model``, default 1).
 
 Who learns the AUC: the clients. With ``share_auc_with_server`` the server
-expects the clients to report it (each client decides with its *own*
-``share-auc-with-server`` configuration); otherwise ``AUCPhaseResult.auc`` is
-``nan`` and ``details["auc_known_to"] == "clients"``. A client whose
+expects the clients to report it; each client decides with its node policy
+(``fedeval-share-auc``, default false; :mod:`flwr_fedeval.clients.policy`);
+otherwise ``AUCPhaseResult.auc`` is ``nan`` and
+``details["auc_known_to"] == "clients"``. A client whose
 verification fails (malicious protocol) replies ``TamperingDetectedError``;
 the phase then raises :class:`TamperingReportedError` naming those clients.
 
@@ -99,19 +105,30 @@ from flwr_fedeval.protocol import Step, fhe_auc
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
-__all__ = ["FHEAUCPhase", "FHERun", "TamperingReportedError"]
+__all__ = ["FHEAUCPhase", "FHEPhaseFailedError", "FHERun", "TamperingReportedError"]
 
 #: Clients decrypt the same ciphertexts with the same key: their reports agree exactly;
 #: a larger spread is logged.
 _REPORT_SPREAD = 1e-6
 
 
-class _Restart(Exception):
-    """A participant was lost while new nodes joined: run the phase again from step 1."""
+class FHEPhaseFailedError(RuntimeError):
+    """A participant of the signed list was lost at steps 3–4: the phase fails (no re-run).
 
-    def __init__(self, step: str, lost: list[int], newcomers: list[int]) -> None:
-        super().__init__(step)
-        self.step, self.lost, self.newcomers = step, lost, newcomers
+    Attributes
+    ----------
+    failed : dict of int to str
+        Node ID → reason, every node left out or lost in the phase.
+    lost : list of int
+        The listed participants whose encrypted counts did not arrive.
+    """
+
+    def __init__(self, lost: list[int], failed: dict[int, str]) -> None:
+        self.lost, self.failed = list(lost), dict(failed)
+        reasons = "; ".join(f"node {n}: {failed.get(n, 'no reply')}" for n in lost)
+        super().__init__(
+            f"FHE AUC phase failed: {len(lost)} participant(s) of the signed list lost at steps 3-4 ({reasons}); "
+            "no re-run over another subset (the clients answer one evaluation per global model)")
 
 
 class TamperingReportedError(RuntimeError):
@@ -152,12 +169,12 @@ class FHERun:
         Step 2: the key holder's *public* context (never a secret key).
     bundles : mapping of int to bytes
         Step 2: the sealed bundles to relay, by recipient node ID.
+    participant_list : fhe_auc.ParticipantList or None
+        Step 2: the key holder's signed participant list (relayed with every step-3–4 request).
     participants : tuple of int
-        The clients of steps 3–6 (shrinks as clients fail at step 4).
+        The node IDs of the listed participants: the clients of steps 3–6.
     counts : mapping of int to fhe_auc.CountsReply
         Step 4: the checked encrypted counts of the participants.
-    attempts : int
-        Step-4 attempts so far (malicious: re-run until every party answered).
     """
 
     session: str
@@ -167,9 +184,9 @@ class FHERun:
     holder_key: SignedKey | None = None
     context: CKKSContext | None = None
     bundles: Mapping[int, bytes] = dataclasses.field(default_factory=dict)
+    participant_list: fhe_auc.ParticipantList | None = None
     participants: tuple[int, ...] = ()
     counts: Mapping[int, fhe_auc.CountsReply] = dataclasses.field(default_factory=dict)
-    attempts: int = 0
 
     def replace(self, **changes: Any) -> FHERun:
         """A copy with ``changes``."""
@@ -196,10 +213,9 @@ class FHEAUCPhase(EvaluationPhase):
         See :func:`flwr_fedeval.metrics.counts.decision_points`.
     share_auc_with_server : bool, default=True
         Expect the clients to report the AUC (and, semi-honest, the threshold
-        metrics). Each client still decides for itself (its own
-        ``share-auc-with-server``, default true like this one, so that the
-        App's FINAL line has a number). Off, as in the paper, the server
-        learns nothing.
+        metrics). Each client still decides for itself: its node policy
+        ``fedeval-share-auc`` (default false, as in the paper;
+        :mod:`flwr_fedeval.clients.policy`); off, the server learns nothing.
     metrics_threshold : float or None, default=None
         Also compute accuracy, precision, recall and F1 at this threshold
         (predicted positive iff score ≥ threshold) through the same phase.
@@ -217,9 +233,6 @@ class FHEAUCPhase(EvaluationPhase):
 
     method = "fhe"
     label = "FHE AUC phase"
-    #: Re-runs of the whole phase (fresh session, keys and key holder) when a participant is lost at
-    #: steps 3-4 while new nodes have joined (a restarted SuperNode comes back under a new node ID).
-    max_restarts = 2
 
     def __init__(
         self,
@@ -319,9 +332,10 @@ class FHEAUCPhase(EvaluationPhase):
     # --- step 2 -------------------------------------------------------------------
     def setup_keys(self, grid: Grid, holder: int, peers: dict[int, SignedKey], session: str,
                    failed: Failures, *, holder_pk: bytes,
-                   max_rows: int = 1) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey] | None:
-        """Step 2: the key holder's public context (loaded, checked), sealed bundles and
-        its signed key (role ``"key-holder"``).
+                   max_rows: int = 1) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey,
+                                               fhe_auc.ParticipantList] | None:
+        """Step 2: the key holder's public context (loaded, checked), sealed bundles, its signed
+        key (role ``"key-holder"``) and its signed participant list.
 
         Returns ``None`` (and records the reason in ``failed``) if the key holder fails.
         """
@@ -341,14 +355,16 @@ class FHEAUCPhase(EvaluationPhase):
             signed = reply.holder_key(holder_pk)
             if self.roster is not None:
                 fhe_auc.verify(self.roster, signed, session=session, role=fhe_auc.HOLDER_ROLE)
-            return ctx, reply.public_context, dict(reply.bundles), signed
+                reply.participants.verify(self.roster, session=session, holder=signed.signer, floor=1)
+            return ctx, reply.public_context, dict(reply.bundles), signed, reply.participants
 
         got = self._exchange(grid, {holder: request.to_record()}, fhe_auc.KEYGEN, parse, failed, "key setup")
         return got.get(holder)
 
     def _key_holder(self, grid: Grid, run: FHERun, keys: dict[int, tuple[bytes, int, SignedKey]],
                     failed: Failures) -> FHERun:
-        """Step 2 with a key holder picked at random among ``keys`` (another one if it fails)."""
+        """Step 2 with a key holder picked at random among ``keys`` (another one if it fails; no
+        test data has been used yet). The participants are the nodes of the signed list."""
         candidates = sorted(keys)
         setup = None
         while setup is None:
@@ -361,26 +377,35 @@ class FHEAUCPhase(EvaluationPhase):
             candidates.remove(holder)
             if setup is not None:
                 candidates.append(holder)
-        ctx, self.public_context_bytes, bundles, holder_key = setup
-        participants = tuple(sorted(n for n in candidates if n == holder or n in bundles))
+        ctx, self.public_context_bytes, bundles, holder_key, listed = setup
+        by_key = {keys[n][2].signer: (n, keys[n][0]) for n in candidates}
+        participants = []
+        for name, key in zip(listed.names, listed.keys):
+            node, step1_key = by_key.get(name, (None, None))
+            if node is None or step1_key != key or (node != holder and node not in bundles):
+                raise RuntimeError(f"FHE AUC phase: the key holder's participant list names {name!r}, which "
+                                   "is not a step-1 node with that key and a sealed bundle")
+            participants.append(node)
         for n in candidates:
             if n not in participants:
-                failed[n] = "the key holder sent no sealed bundle for it"
-        log(INFO, "FHE AUC phase: key holder node %d; public context %.1f MB; %d sealed bundles relayed",
-            holder, len(self.public_context_bytes) / 1e6, len(bundles))
+                failed[n] = "not in the key holder's signed participant list"
+        log(INFO, "FHE AUC phase: key holder node %d; public context %.1f MB; %d sealed bundles relayed; "
+            "signed participant list of %d: %s", holder, len(self.public_context_bytes) / 1e6, len(bundles),
+            len(listed.names), ", ".join(listed.names))
         return run.replace(holder=holder, holder_key=holder_key, context=ctx, bundles=bundles,
-                           participants=participants)
+                           participant_list=listed, participants=tuple(sorted(participants)))
 
     # --- steps 3-4 ------------------------------------------------------------------
     def encrypted_counts(self, grid: Grid, arrays: ArrayRecord, run: FHERun,
                          failed: Failures) -> dict[int, fhe_auc.CountsReply]:
-        """Steps 3–4 with ``run.participants``: relay the bundles and the key holder's signed key,
-        collect and check the encrypted counts (:class:`~flwr_fedeval.protocol.fhe_auc.CountsReply`).
+        """Steps 3–4 with ``run.participants``: relay the bundles, the key holder's signed key and
+        its signed participant list, collect and check the encrypted counts
+        (:class:`~flwr_fedeval.protocol.fhe_auc.CountsReply`).
 
         Every ciphertext must deserialise under the public context and have a
         fresh ciphertext's slot count, level and scale
         (:meth:`~flwr_fedeval.fhe.backend.CKKSContext.check_fresh`); a node
-        sending anything else is left out and named, before aggregation.
+        sending anything else is named in ``failed``, before aggregation.
         A fresh 16-byte nonce is drawn per call.
 
         Returns ``{node: counts reply}`` of the nodes whose replies passed.
@@ -388,13 +413,12 @@ class FHEAUCPhase(EvaluationPhase):
         nonce = secrets.token_bytes(fhe_auc.NONCE_BYTES)
         per_client = 6 if self.protocol == "malicious" else 3
         metrics_threshold = -1.0 if self.metrics_threshold is None else self.metrics_threshold
+        params = fhe_auc.EncryptionParams(self.protocol, int(self.thresholds.size), int(run.config.max_rows),
+                                          int(self.n_splits), nonce, float(metrics_threshold))
         contents = {}
-        for index, node in enumerate(run.participants):
-            params = fhe_auc.EncryptionParams(self.protocol, int(self.thresholds.size), int(run.config.max_rows),
-                                      int(self.n_splits), index, len(run.participants), nonce,
-                                      float(metrics_threshold))
+        for node in run.participants:
             request = fhe_auc.CountsRequest(run.session, params, run.holder_key, self.thresholds,
-                                    None if node == run.holder else run.bundles[node])
+                                            run.participant_list, None if node == run.holder else run.bundles[node])
             content = RecordDict({self.arrayrecord_key: arrays})
             for key, record in request.to_record().items():
                 content[key] = record
@@ -417,38 +441,31 @@ class FHEAUCPhase(EvaluationPhase):
 
     def collect_counts(self, grid: Grid, arrays: ArrayRecord, ctx: CKKSContext, participants: list[int],
                        bundles: dict[int, bytes], holder: int, holder_key: SignedKey, session: str,
-                       config: FHEAUCConfig, failed: Failures) -> tuple[dict[int, fhe_auc.CountsReply], None]:
+                       config: FHEAUCConfig, failed: Failures, *,
+                       participant_list: fhe_auc.ParticipantList) -> tuple[dict[int, fhe_auc.CountsReply], None]:
         """Steps 3–4 driven by hand (tests, deviating-server experiments): :meth:`encrypted_counts`
         of the :class:`FHERun` these values make; ``({node: counts reply}, None)``."""
         run = FHERun(session, tuple(participants), config=config, holder=holder, holder_key=holder_key,
-                     context=ctx, bundles=bundles, participants=tuple(participants))
+                     context=ctx, bundles=bundles, participant_list=participant_list,
+                     participants=tuple(participants))
         return self.encrypted_counts(grid, arrays, run, failed), None
 
-    def _counts_of_all(self, grid: Grid, arrays: ArrayRecord, run: FHERun, failed: Failures, *,
-                       can_restart: bool) -> FHERun:
-        """Steps 3–4 until the participants are settled: semi-honest once; malicious again
-        without the clients that failed, until all answer. Raises :class:`_Restart` (when
-        ``can_restart``) if a participant is lost while nodes not in ``run.nodes`` have joined."""
-        while True:
-            self._require(run.participants, "step 4 (encrypted counts)")
-            with self.step(fhe_auc.COUNTS.name):
-                valid = self.encrypted_counts(grid, arrays, run, failed)
-            run = run.replace(attempts=run.attempts + 1)
-            lost = sorted(set(run.participants) - set(valid))
-            newcomers = sorted({int(n) for n in grid.get_node_ids()} - set(run.nodes)) if lost else []
-            if lost and newcomers and can_restart:
-                raise _Restart("steps 3-4", lost, newcomers)
-            done = not lost or self.protocol == "semi-honest"
-            if not done:
-                log(WARNING, "FHE AUC phase (malicious): %d of %d parties answered; re-running step 4 without %s",
-                    len(valid), len(run.participants), lost)
-            run = run.replace(participants=tuple(sorted(valid)), counts=valid)
-            if done:
-                break
-        self._require(run.participants, "step 4 (encrypted counts)")
-        for n in run.participants:
-            failed.pop(n, None)
-        return run
+    def _counts_of_all(self, grid: Grid, arrays: ArrayRecord, run: FHERun, failed: Failures) -> FHERun:
+        """Steps 3–4, once: every listed participant must answer.
+
+        Raises
+        ------
+        FHEPhaseFailedError
+            A participant's counts did not arrive or failed the checks (no re-run over another subset).
+        """
+        with self.step(fhe_auc.COUNTS.name):
+            valid = self.encrypted_counts(grid, arrays, run, failed)
+        lost = sorted(set(run.participants) - set(valid))
+        if lost:
+            error = FHEPhaseFailedError(lost, failed.reasons())
+            log(ERROR, "%s", error)
+            raise error
+        return run.replace(counts=valid)
 
     # --- step 5 -----------------------------------------------------------------------
     def aggregate(self, ctx: CKKSContext, messages: list[bytes], config: FHEAUCConfig) -> bytes:
@@ -493,7 +510,7 @@ class FHEAUCPhase(EvaluationPhase):
             sees counts); ``contributors``: the node IDs whose encrypted counts
             are in the result; ``failed``: node ID → reason for every node
             left out; ``details``: protocol, backend, N, count scale, key
-            holder, public-context size, step-4 attempts, aggregation and
+            holder, public-context size, participant list (roster names), aggregation and
             phase seconds, who decrypted and who reported, and the threshold
             metrics when enabled and reported.
 
@@ -502,6 +519,9 @@ class FHEAUCPhase(EvaluationPhase):
         RuntimeError
             If fewer than ``min_nodes`` clients contribute at any step, or no
             client could decrypt the result.
+        FHEPhaseFailedError
+            If a participant of the signed list is lost at steps 3–4 (a ``RuntimeError``;
+            no re-run over another subset).
         TamperingReportedError
             If a client's verification failed (malicious protocol).
         flwr_fedeval.metrics.auc.UndefinedAUCError
@@ -510,40 +530,20 @@ class FHEAUCPhase(EvaluationPhase):
         self.summary()
         t0 = time.perf_counter()
         failed = self._start_run()
-        restarts = 0
-        while True:
-            nodes = sorted(grid.get_node_ids())
-            try:
-                result = self._run_once(grid, arrays, nodes, failed, t0,
-                                        can_restart=restarts < self.max_restarts)
-            except _Restart as exc:
-                restarts += 1
-                log(WARNING, "FHE AUC phase: node(s) %s lost at %s and node(s) %s joined since step 1: "
-                    "re-running the phase from step 1 (restart %d of at most %d)", exc.lost, exc.step,
-                    exc.newcomers, restarts, self.max_restarts)
-                continue
-            result.details["restarts"] = restarts
-            return result
-
-    def _run_once(self, grid: Grid, arrays: ArrayRecord, nodes: list[int], failed: Failures, t0: float, *,
-                  can_restart: bool) -> AUCPhaseResult:
-        """Steps 1-6 with ``nodes`` (a fresh session: new keys, new key holder).
-
-        Raises :class:`_Restart` (when ``can_restart``) if a participant is lost at steps 3-4 while
-        nodes that were not in ``nodes`` have joined (e.g. a restarted SuperNode under a new node ID)."""
-        run = FHERun(secrets.token_hex(16), tuple(nodes))
+        run = FHERun(secrets.token_hex(16), tuple(sorted(grid.get_node_ids())))
 
         # 1. public keys; their test-size buckets sum to the public pooled bound
         with self.step(fhe_auc.PUBKEY.name):
-            keys = self.collect_public_keys(grid, nodes, run.session, failed)
+            keys = self.collect_public_keys(grid, list(run.nodes), run.session, failed)
         self._require(keys, fhe_auc.PUBKEY.name)
         config_kw = {"n_points": int(self.thresholds.size), "max_rows": max(sum(v[1] for v in keys.values()), 1)}
         run = run.replace(config=MaliciousAUCConfig(n_splits=self.n_splits, **config_kw)
                           if self.protocol == "malicious" else FHEAUCConfig(**config_kw))
 
-        # 2. key holder (another one if it fails); 3-4. encrypted counts
+        # 2. key holder (another one if it fails) and its signed participant list; 3-4. encrypted counts
         run = self._key_holder(grid, run, keys, failed)
-        run = self._counts_of_all(grid, arrays, run, failed, can_restart=can_restart)
+        self._require(run.participants, "step 2 (signed participant list)")
+        run = self._counts_of_all(grid, arrays, run, failed)
 
         # 5. aggregation, public context only
         t_agg = time.perf_counter()
@@ -583,7 +583,7 @@ class FHEAUCPhase(EvaluationPhase):
             "count_scale": float(config.count_scale),
             "key_holder": int(run.holder),
             "public_context_bytes": len(self.public_context_bytes or b""),
-            "attempts_step4": run.attempts,
+            "participants": list(run.participant_list.names) if run.participant_list is not None else [],
             "aggregation_s": t_agg,
             "phase_s": t_total,
             "decrypted_by": sorted(reports),
@@ -605,7 +605,7 @@ class FHEAUCPhase(EvaluationPhase):
         else:
             if self.share_auc_with_server:
                 log(WARNING, "FHE AUC phase: share_auc_with_server is set but no client reported the AUC "
-                             "(their own 'share-auc-with-server' is false)")
+                             "(their node policy 'fedeval-share-auc' is false)")
             details["auc_known_to"] = "clients"
         if self.metrics_threshold is not None:
             details["metrics_threshold"] = self.metrics_threshold

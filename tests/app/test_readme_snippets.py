@@ -20,7 +20,7 @@ import pytest
 from flwr.app import ArrayRecord, Context, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
-from identities import IDENTITY_DIR
+from identities import IDENTITY_DIR, node_configs
 from sklearn.metrics import roc_auc_score
 
 from flwr_fedeval.metrics.auc import auc_from_counts
@@ -129,7 +129,9 @@ def test_quickstart_adds_xmkckks_fhe_and_dp_in_at_most_15_lines(task, capsys, mo
                         lambda self, grid, arrays: evaluated.append(arrays) or run(self, grid, arrays))
     client = _exec(blocks["quickstart-client"])
     server = _exec(blocks["quickstart-server"])
-    grid = InProcessGrid(client["app"], NUM_CLIENTS, RUN_CONFIG)
+    # two phases evaluate the final model: the nodes' policy allows it (README, under the snippet)
+    grid = InProcessGrid(client["app"], NUM_CLIENTS, RUN_CONFIG,
+                         node_configs=node_configs(NUM_CLIENTS, fedeval_evaluations_per_model=2))
     with flwr_records() as records:
         server["main"](grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
     fhe_auc, dp_auc = map(float, re.search(r"FHE AUC ([\d.]+), DPAUC_Lap AUC ([\d.-]+)",
@@ -170,7 +172,9 @@ def _trained(grid, rounds=1):
 def test_each_auc_phase_snippet_runs_as_written(task, name):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
-    grid = InProcessGrid(_client(blocks, name, quick), NUM_CLIENTS, {**RUN_CONFIG, "dp-budget": 2.0})
+    policy = node_configs(NUM_CLIENTS, fedeval_evaluations_per_model=2, fedeval_dp_budget=2.0)  # two DP phases
+    grid = InProcessGrid(_client(blocks, name, quick), NUM_CLIENTS, {**RUN_CONFIG, "dp-budget": 2.0},
+                         node_configs=policy)
     result = _trained(grid)
     ns = _exec(blocks[f"{name}-server"], {"grid": grid, "result": result})
     y, s = _pooled(result.arrays)

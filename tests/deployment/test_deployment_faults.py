@@ -8,13 +8,15 @@ while the xMK-CKKS round trains and restarted 5 s later (same identity key
 and partition; Flower gives it a new node ID); another is killed, for good,
 while the FHE AUC phase computes its encrypted counts. Checked:
 
-* the run completes (``finished:completed``); the restarted node is
-  recognised by its signed roster identity, so the round is re-keyed at once
-  with all four partitions (no wait for the old node ID's heartbeat), and the
-  FHE step is re-run without the second victim;
-* the FHE AUC equals the plaintext counts-AUC (the same decision points) over
-  exactly the contributors' test data, within 1e-6; the contributors are the
-  three nodes alive at the end (the restarted one under its new ID);
+* the restarted node is recognised by its signed roster identity, so the
+  round is re-keyed at once with all four partitions (no wait for the old
+  node ID's heartbeat);
+* the FHE AUC phase **fails cleanly** (issue 22): a participant of the key
+  holder's signed list lost at the counts step is not re-run around (two
+  evaluations of one model over different subsets give their difference):
+  the run ends ``finished:failed`` and ``results.json`` still exists, with
+  ``auc_phase_error``, no AUC, and the second victim in
+  ``lost_participants``;
 * ``results.json["failures"]`` lists both victims with a true reason (not our
   ``step-timeout``: ``NODE_REJOINED`` for the restarted node, Flower's
   heartbeat for the other) and the seconds it took to notice them;
@@ -27,7 +29,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from deployment_support import BUDGET_S
 
@@ -43,23 +44,6 @@ RUN_CONFIG = (
 )
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
-
-
-def _counts_auc(result: dict, run_folder: Path) -> float:
-    """The plaintext counts-AUC of the final model over the contributors' test splits."""
-    from flwr_fedeval.app.harness import pooled_reference_auc
-    from flwr_fedeval.app.task import JobConfig
-    from flwr_fedeval.metrics.auc import auc_from_counts
-    from flwr_fedeval.metrics.counts import decision_points, threshold_counts
-
-    cfg = JobConfig.from_run_config(result["config"])
-    state = json.loads((run_folder / "checkpoint" / "state.json").read_text())
-    with np.load(run_folder / "checkpoint" / state["model_file"], allow_pickle=False) as npz:
-        weights = [npz[str(i)] for i in range(len(npz.files))]
-    pids = sorted(result["contributors"].values())
-    _, y_true, y_score = pooled_reference_auc(cfg, weights, NUM_NODES, pids)
-    thresholds = decision_points(cfg.num_decision_points, spacing=cfg.decision_point_spacing)
-    return auc_from_counts(threshold_counts(y_true, y_score, thresholds))
 
 
 def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
@@ -108,7 +92,7 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
     except DeploymentError as exc:
         pytest.fail(str(exc))
     t_done = time.monotonic()
-    assert status == "finished:completed", f"{status}\n{dep.output('flwr-run')[-4000:]}\n{dep.tails()}"
+    assert status == "finished:failed", f"{status}\n{dep.output('flwr-run')[-4000:]}\n{dep.tails()}"
     assert new_id != node_ids["node-1"]
 
     (run_folder,) = [p.parent for p in out_dir.glob("*/results.json")]
@@ -120,13 +104,13 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
     assert sorted(key_sets[-1]["nodes"]) == sorted([*[node_ids[n] for n in node_ids if n != "node-1"], new_id]), \
         (key_sets, node_ids, new_id)
     assert result["train_metrics"]["1"]["num-clients"] == NUM_NODES, result["train_metrics"]
-    survivors = {str(alive[n]): int(n[-1]) for n in alive if n != victim}
-    assert result["contributors"] == survivors, (result["contributors"], survivors)
+    # the FHE phase failed cleanly: no AUC, the lost participant named, no re-run over the survivors
     assert result["config"]["secure-aggregation"] == "xmkckks" and result["auc_method"] == "fhe"
+    assert result["federated_auc"] is None and "FHE AUC phase failed" in result["auc_phase_error"], result
+    assert result["lost_participants"] == [str(alive[victim])], (result["lost_participants"], alive, victim)
+    assert str(alive[victim]) in result["failed_nodes"]
     (refused,) = result["refused_nodes"].values()
     assert "unknown signer 'intruder'" in refused, result["refused_nodes"]
-    counts_auc = _counts_auc(result, run_folder)
-    assert abs(result["federated_auc"] - counts_auc) <= 1e-6, (result["federated_auc"], counts_auc)
 
     detect = {}
     for name, _t_kill in (("node-1", t_kill_1), (victim, t_kill_2)):
@@ -145,5 +129,4 @@ def test_node_crashes_during_xmk_round_and_fhe_phase(deployment, tmp_path):
     print(f"deployment faults: run {run_id}: {NUM_NODES} nodes up and the run took {t_done - t0:.1f} s; "
           f"node-1 killed in training and restarted 5 s later as {new_id}, {victim} killed in the FHE phase; "
           f"detection (s, step, code): {detect}; "
-          f"FHE AUC {result['federated_auc']:.6f} = counts-AUC {counts_auc:.6f} over partitions "
-          f"{sorted(survivors.values())}")
+          f"FHE AUC phase failed cleanly: {result['auc_phase_error'][:120]}")

@@ -24,6 +24,8 @@ from flwr_fedeval.testing.deployment import DeploymentError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch"
 NUM_NODES = 3
+#: The node policy the example's README asks its nodes for (``--policy`` of ``flwr_fedeval.keys create``).
+EXAMPLE_POLICY = {"fedeval-share-auc": True, "fedeval-dp-epsilon": 8.0, "fedeval-evaluations-per-model": 2}
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
@@ -39,7 +41,9 @@ def test_quickstart_pytorch_on_deployment_engine(deployment, tmp_path):
     from flwr_fedeval.keys import create
 
     ids = tmp_path / "ids"
-    create(ids, [f"node-{k}" for k in range(NUM_NODES)])
+    # the nodes' policy (issue 22; the example's README): report the FHE AUC, answer both phases of
+    # the one global model, at the example's ε = 8
+    create(ids, [f"node-{k}" for k in range(NUM_NODES)], policy=EXAMPLE_POLICY)
     deadline = time.monotonic() + BUDGET_S
     dep = deployment
     try:

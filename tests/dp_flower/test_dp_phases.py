@@ -1,7 +1,9 @@
 """DP AUC phases over the serializing in-process grid (issue 6, Flower wiring).
 
 The model is the untrained MLP of the main job on the embedded breast-cancer
-data: its scores are continuous, which is all the protocols need.
+data: its scores are continuous, which is all the protocols need. The nodes'
+policy (issue 22: ε, budget, evaluations per model) is node config here
+(:func:`_grid`); the run config may only tighten it.
 """
 
 import math
@@ -9,6 +11,7 @@ import math
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from identities import node_configs
 
 from flwr_fedeval.app.client_app import app as client_app
 from flwr_fedeval.app.client_app import local_test_scores
@@ -28,6 +31,15 @@ N = 50
 INF = math.inf
 
 
+def _grid(num_nodes, run_config, *, fault=None, evaluations=50, seed=0):
+    """Nodes whose policy allows the run config's ε and budget (and ``evaluations`` per model)."""
+    eps = run_config.get("dp-epsilon", 1.0)
+    budget = run_config.get("dp-budget", 0.0)
+    configs = node_configs(num_nodes, fedeval_dp_epsilon=eps, fedeval_dp_budget=budget,
+                           fedeval_evaluations_per_model=evaluations, fedeval_dp_seed=seed)
+    return InProcessGrid(client_app, num_nodes, run_config, node_configs=configs, fault=fault)
+
+
 @pytest.fixture(scope="module")
 def arrays():
     return ArrayRecord(build_model(JobConfig()).get_weights())
@@ -36,7 +48,7 @@ def arrays():
 @pytest.fixture(scope="module")
 def inf_grid():
     """4 clients whose own budget is infinite (so noise can be switched off)."""
-    return InProcessGrid(client_app, 4, {"dp-epsilon": INF})
+    return _grid(4, {"dp-epsilon": INF})
 
 
 def _client_scores(grid, arrays):
@@ -69,7 +81,7 @@ def plaintext(inf_grid, arrays):
 
 
 def _budget_grid(num_nodes=3, **run_config):
-    return InProcessGrid(client_app, num_nodes, {"dp-seed": 7, **run_config})
+    return _grid(num_nodes, run_config, seed=7)
 
 
 def _exhaust(grid, node, total):
@@ -115,11 +127,12 @@ def test_rank_protocol_equals_pooled_roc_auc_score(inf_grid, arrays, plaintext):
 
 
 # --- noisy runs, budget ---------------------------------------------------------
-def test_noisy_dpauc_laplace_is_reproducible_with_dp_seed_and_differs_per_request(arrays):
+def test_noisy_dpauc_laplace_is_reproducible_with_node_dp_seed_and_differs_per_request(arrays):
+    """The node's own fedeval-dp-seed (documented as giving up privacy) makes runs reproducible."""
     config = {"dp-epsilon": 8.0, "dp-budget": 16.0}
     phase = DPAUCLaplacePhase(N, epsilon=8.0, clipping="no-clip")
     first = [phase.run(_budget_grid(**config), arrays).auc for _ in range(2)]
-    # same dp-seed, same partitions: same noise (the server sums in node-id order, hence approx)
+    # same fedeval-dp-seed, same partitions: same noise (the server sums in node-id order, hence approx)
     assert first[0] == pytest.approx(first[1], rel=1e-9)
     grid = _budget_grid(**config)
     a, b = phase.run(grid, arrays).auc, phase.run(grid, arrays).auc
@@ -144,7 +157,7 @@ def test_repeated_evaluations_accumulate_and_over_budget_request_is_refused(arra
 
 def test_server_cannot_switch_noise_off_against_a_finite_client_budget(arrays):
     grid = _budget_grid(**{"dp-epsilon": 1.0, "dp-budget": 100.0})
-    with pytest.raises(RuntimeError, match="BudgetError"):
+    with pytest.raises(RuntimeError, match="fedeval-dp-epsilon"):  # ε per evaluation: the node's (issue 22)
         DPAUCLaplacePhase(N, epsilon=INF).run(grid, arrays)
 
 
@@ -165,7 +178,7 @@ def test_exhausted_client_gets_error_reply_and_is_reported(phase, arrays):
     assert math.isfinite(result.auc)
     assert dp_handlers.spent_epsilon(grid.contexts[bad]) == 1.0  # unchanged
     assert all(dp_handlers.spent_epsilon(grid.contexts[n]) == 1.0 for n in result.contributors)
-    bad_log = [(t, ok) for n, t, ok in grid.log if n == bad]
+    bad_log = [(t, ok) for n, t, ok in grid.log if n == bad and t != "query.dp_join"]  # it joined (issue 22)
     assert all(not ok for _, ok in bad_log)
     assert "evaluate.fedauc_stats" not in [t for t, _ in bad_log]  # never ranked, never asked
 
@@ -216,7 +229,7 @@ def _set_array(record_name, key, transform):
 )
 def test_malformed_reply_is_rejected_naming_the_node(phase, message_type, edit, match, arrays):
     victim = {}
-    grid = InProcessGrid(client_app, 3, {"dp-epsilon": INF}, fault=_corrupt(message_type, victim, edit))
+    grid = _grid(3, {"dp-epsilon": INF}, fault=_corrupt(message_type, victim, edit))
     victim["node"] = grid.node_ids[0]
     result = phase.run(grid, arrays)
     assert set(result.failed) == {victim["node"]}
@@ -230,15 +243,14 @@ def test_fedauc_stats_inconsistent_with_round_one_abort_the_phase_naming_the_nod
     def edit(content):
         content["stats"]["local-p"] = content["stats"]["local-p"] + 5.0
 
-    grid = InProcessGrid(client_app, 3, {"dp-epsilon": INF},
-                         fault=_corrupt("evaluate.fedauc_stats", victim, edit))
+    grid = _grid(3, {"dp-epsilon": INF}, fault=_corrupt("evaluate.fedauc_stats", victim, edit))
     victim["node"] = grid.node_ids[1]
     with pytest.raises(RuntimeError, match=rf"\[{victim['node']}\].*local-p \+ local-n"):
         FedAUCLaplacePhase(epsilon=INF).run(grid, arrays)
 
 
 def test_stats_request_without_pending_round_one_is_refused(arrays):
-    grid = InProcessGrid(client_app, 1, {"dp-epsilon": INF})
+    grid = _grid(1, {"dp-epsilon": INF})
     node = grid.node_ids[0]
     content = RecordDict({
         "fedauc": ArrayRecord({"ranks": Array(np.zeros(3))}),

@@ -13,6 +13,7 @@ import secrets
 import numpy as np
 import pytest
 import tenseal as ts
+from client_scores import client_scores, plain_auc_of
 from flwr.app import ArrayRecord
 from identities import IDENTITY_DIR, ROSTER_PATH
 
@@ -25,8 +26,9 @@ from flwr_fedeval.fhe.backend import CKKSParams, create_context, load_context, p
 from flwr_fedeval.identity import NodeIdentity, Roster, SignedKey, sign_key
 from flwr_fedeval.keys import create
 from flwr_fedeval.messages import EVALUATE_FHE_COUNTS, array_to_bytes, bytes_to_array
+from flwr_fedeval.protocol.fhe_auc import ParticipantList
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
-from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
+from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, FHEPhaseFailedError
 from flwr_fedeval.testing import InProcessGrid
 
 N = 20
@@ -140,24 +142,27 @@ def test_clients_refuse_a_substituted_key_holder(grid, arrays, how):
         holder_key = keys[nodes[0]][2]
     failed: dict[int, str] = {}
     config = FHEAUCConfig(n_points=N, max_rows=1024)
+    forged = ParticipantList.sign(NodeIdentity.generate(holder_key.signer), session=session,
+                                  members={keys[n][2].signer: keys[n][0] for n in nodes})
     valid, _ = phase.collect_counts(grid, arrays, load_context(ckks.public_bytes()), nodes, bundles, holder=0,
-                                    holder_key=holder_key, session=session, config=config, failed=failed)
+                                    holder_key=holder_key, session=session, config=config, failed=failed,
+                                    participant_list=forged)
     assert valid == {}                                   # no client encrypted anything under the server's key
     assert set(failed) == set(nodes)
     assert all("IdentityError" in r and "key-holder" in r for r in failed.values()), failed
 
 
 def _plain_auc(grid, arrays, nodes):
-    sub = InProcessGrid.__new__(InProcessGrid)
-    sub.__dict__.update(grid.__dict__)
-    sub.node_ids = list(nodes)
-    return PlaintextAUCPhase(N).run(sub, arrays).auc
+    """The plaintext counts-AUC of ``nodes`` from their own scores (no evaluation message: the nodes
+    answer one evaluation per global model)."""
+    return plain_auc_of(client_scores(grid, arrays), nodes, PlaintextAUCPhase(N).thresholds)
 
 
 @pytest.mark.parametrize("bad", ["slots", "level", "scale"])
-def test_mismatched_ciphertext_leaves_that_node_out_named(arrays, bad):
+def test_mismatched_ciphertext_fails_the_phase_naming_that_node(arrays, bad):
     """A client (or a relay) sends a ciphertext with another slot count, level or scale: the server
-    names that node and aggregates the others; the phase does not crash."""
+    names that node; the phase does not crash, and (issue 22) it fails instead of aggregating the
+    others: the result is over the signed participant list or nothing."""
     victim: dict = {}
 
     def craft(node, msg, reply):
@@ -178,12 +183,12 @@ def test_mismatched_ciphertext_leaves_that_node_out_named(arrays, bad):
 
     grid = InProcessGrid(client_app, 3, {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR}, fault=craft)
     victim["node"] = grid.node_ids[2]
-    result = FHEAUCPhase(N, share_auc_with_server=True).run(grid, arrays)
-    others = [n for n in grid.node_ids if n != victim["node"]]
-    assert result.contributors == sorted(others)
+    with pytest.raises(FHEPhaseFailedError) as info:
+        FHEAUCPhase(N, share_auc_with_server=True).run(grid, arrays)
+    assert info.value.lost == [victim["node"]]
     word = {"slots": "slot count", "level": "level", "scale": "scale"}[bad]
-    assert word in result.failed[victim["node"]]
-    assert abs(result.auc - _plain_auc(grid, arrays, others)) <= 1e-6
+    assert word in info.value.failed[victim["node"]]
+    assert "query.fhe_result" not in [t for _, t, _ in grid.log]  # nothing aggregated, nothing decrypted
 
 
 def test_without_a_roster_the_phase_refuses_naming_the_config_keys(arrays):

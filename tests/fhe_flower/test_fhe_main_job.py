@@ -45,3 +45,29 @@ def test_main_job_semi_honest_reports_private_threshold_metrics(tmp_path):
     ref = result["reference_threshold_metrics"]
     for k, v in details["threshold_metrics"].items():
         assert abs(v - ref[k]) <= 1e-6 or (math.isnan(v) and math.isnan(ref[k])), k
+
+
+@pytest.mark.slow
+def test_a_participant_lost_at_the_counts_step_fails_the_run_and_results_json_says_so(tmp_path):
+    """Issue 22: a listed participant killed while it encrypts its counts (Flower drops it at the
+    heartbeat, simulated time): the FHE phase fails instead of re-running over the others; the
+    ServerApp raises (Flower ends the run ``finished:failed``) after writing results.json with the
+    error, no AUC and the failures."""
+    from flwr_fedeval.strategies.fhe_phase import FHEPhaseFailedError
+
+    run_config = {"num-server-rounds": 1, "local-epochs": 1, "output-dir": str(tmp_path), "model": "logreg",
+                  "auc-method": "fhe", "fhe-backend": default_backend(), "identity-dir": IDENTITY_DIR,
+                  "num-decision-points": 20}
+    grid = InProcessGrid(client_app, 3, run_config)
+    victim = grid.node_ids[2]
+    grid.fault = lambda n, m, r: (grid.kill(n, gone_after=60.0), r)[1] if (
+        n == victim and m.metadata.message_type == "evaluate.fhe_counts") else r
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    with pytest.raises(FHEPhaseFailedError):
+        server_app.main(grid, ctx)
+    (folder,) = list(tmp_path.iterdir())
+    result = json.loads((folder / "results.json").read_text())
+    assert result["federated_auc"] is None and "FHE AUC phase failed" in result["auc_phase_error"]
+    assert result["lost_participants"] == [str(victim)] and str(victim) in result["failed_nodes"]
+    assert any(f["node"] == victim and f["step"] == "evaluate.fhe_counts" for f in result["failures"])
+    assert [t for _, t, _ in grid.log].count("query.fhe_pubkey") == 3  # no re-run from step 1

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 import pytest
-from client_scores import client_scores, plain_auc_of
+from client_scores import client_scores
 from flwr.app import ArrayRecord
-from identities import IDENTITY_DIR
+from identities import IDENTITY_DIR, node_configs
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
 from flwr_fedeval import keyshare
@@ -23,7 +23,7 @@ from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.fhe.backend import NoSecretKeyError, default_backend, load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.messages import array_to_bytes
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
-from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, TamperingReportedError
+from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, FHEPhaseFailedError, TamperingReportedError
 from flwr_fedeval.testing import InProcessGrid
 
 N = 30
@@ -38,7 +38,9 @@ def arrays():
 
 @pytest.fixture(scope="module")
 def grid():
-    return InProcessGrid(client_app, 3, {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR})
+    # several phases evaluate the same global model on these nodes: their policy allows it
+    return InProcessGrid(client_app, 3, {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR},
+                         node_configs=node_configs(3, fedeval_evaluations_per_model=20))
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,8 @@ def test_malicious_auc_equals_plaintext_and_metrics_are_not_reported(grid, array
     result = phase.run(grid, arrays)
     assert abs(result.auc - plain_auc) <= 1e-6
     assert result.label == f"fhe[malicious, {BACKEND}]"
-    assert result.details["n_splits"] == 4 and result.details["attempts_step4"] == 1
+    assert result.details["n_splits"] == 4
+    assert result.details["participants"] == ["node-0", "node-1", "node-2"]  # the signed list
     # semi-honest aggregation only: clients keep them (logged as unverified)
     assert result.details["threshold_metrics_verified"] is False
     assert "threshold_metrics" not in result.details
@@ -149,7 +152,9 @@ def test_tampering_aggregator_is_detected_by_every_client(grid, arrays, how):
     _assert_no_fhe_state(grid)
 
 
-def test_failing_client_is_named_and_malicious_step_reruns_without_it(arrays):
+def test_failing_client_is_named_and_the_phase_fails_without_a_rerun(arrays):
+    """A participant whose counts fail the checks at step 4: the phase fails (issue 22: no re-run over
+    another subset, which gave the difference of two evaluations), naming the node and its reason."""
     bad = {}
 
     def corrupt(node, msg, reply):
@@ -163,16 +168,16 @@ def test_failing_client_is_named_and_malicious_step_reruns_without_it(arrays):
         return reply
 
     grid = InProcessGrid(client_app, 3, {"identity-dir": IDENTITY_DIR}, fault=corrupt)
-    own = client_scores(grid, arrays)
     bad["node"] = grid.node_ids[1]
-    result = FHEAUCPhase(N, backend=BACKEND, protocol="malicious", share_auc_with_server=True).run(grid, arrays)
-    good = [n for n in grid.node_ids if n != bad["node"]]
-    assert result.contributors == sorted(good)
-    assert "corrupted ciphertext" in result.failed[bad["node"]]
-    assert result.details["attempts_step4"] == 2
-    assert abs(result.auc - plain_auc_of(own, good, PlaintextAUCPhase(N).thresholds)) <= 1e-6
+    with pytest.raises(FHEPhaseFailedError) as info:
+        FHEAUCPhase(N, backend=BACKEND, protocol="malicious", share_auc_with_server=True).run(grid, arrays)
+    assert info.value.lost == [bad["node"]]
+    assert "corrupted ciphertext" in info.value.failed[bad["node"]]
+    sent = [t for _, t, _ in grid.log]
+    assert sent.count("evaluate.fhe_counts") == 3 and "query.fhe_result" not in sent  # once; nothing decrypted
     with pytest.raises(RuntimeError, match="at least 3"):
-        FHEAUCPhase(N, backend=BACKEND, protocol="semi-honest", min_nodes=3).run(grid, arrays)
+        FHEAUCPhase(N, backend=BACKEND, protocol="semi-honest", min_nodes=3).run(
+            InProcessGrid(client_app, 2, {"identity-dir": IDENTITY_DIR}), arrays)
 
 
 def test_without_sharing_only_the_clients_learn_the_auc(arrays):

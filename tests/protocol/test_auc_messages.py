@@ -164,10 +164,12 @@ def test_malformed_field_names_the_field_and_the_node(payload, kwargs, edit, fie
 # --- step tables and the one registration idiom ------------------------------------------------
 def test_step_tables():
     assert [(s.message_type, s.request, s.reply) for s in auc.STEPS] == [
+        ("query.auc_join", auc.JoinRequest, auc.JoinReply),  # issue 22: the members sign who takes part
         ("evaluate.threshold_counts", auc.ThresholdCountsRequest, auc.ThresholdCounts)]
     assert [(s.message_type, s.reply) for s in dp_auc.STEPS] == [
         ("evaluate.dpauc_laplace", dp_auc.NoisyCounts), ("evaluate.dpauc_rr", auc.ThresholdCounts),
-        ("evaluate.fedauc_scores", dp_auc.ShuffledScores), ("evaluate.fedauc_stats", dp_auc.LocalStatsReply)]
+        ("evaluate.fedauc_scores", dp_auc.ShuffledScores), ("evaluate.fedauc_stats", dp_auc.LocalStatsReply),
+        ("query.dp_join", auc.JoinReply)]
     refusal = dp_auc.BudgetError("epsilon 2 exceeds the budget")
     assert isinstance(refusal, Refused) and refusal.code == ReplyCode.BUDGET_EXHAUSTED
 
@@ -181,15 +183,19 @@ class _App:
     def evaluate(self, name):
         return lambda fn: self.handlers.setdefault(f"evaluate.{name}", fn)
 
+    def query(self, name):
+        return lambda fn: self.handlers.setdefault(f"query.{name}", fn)
 
-def _context(**run_config) -> Context:
-    return Context(run_id=1, node_id=5, node_config={"partition-id": 0}, state=RecordDict(), run_config=run_config)
+
+def _context(node_policy=None, **run_config) -> Context:
+    node_config = {"partition-id": 0, **(node_policy or {})}
+    return Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(), run_config=run_config)
 
 
 def test_plain_handler_replies_counts_and_refuses_a_malformed_request():
     app = _App()
     register_auc_handlers(app, test_scores=lambda msg, ctx: (Y, S))
-    assert list(app.handlers) == ["evaluate.threshold_counts"]
+    assert list(app.handlers) == ["query.auc_join", "evaluate.threshold_counts"]
     serve = app.handlers["evaluate.threshold_counts"]
     reply = serve(_message(auc.ThresholdCountsRequest(THETA).to_record()), _context())
     counts = auc.ThresholdCounts.from_record(roundtrip(reply.content), node=5, num_points=THETA.size).counts()
@@ -206,7 +212,7 @@ def test_dp_handlers_budget_refusal_and_malformed_request():
     register_dp_handlers(app, test_scores=lambda msg, ctx: (Y, S), test_labels=lambda ctx: Y)
     assert list(app.handlers) == [s.message_type for s in dp_auc.STEPS]
     serve = app.handlers["evaluate.dpauc_laplace"]
-    ctx = _context(**{"dp-epsilon": 1.0, "dp-seed": 3})
+    ctx = _context(**{"dp-epsilon": 1.0})
     reply = serve(_message(dp_auc.DPAUCRequest(THETA, 1.0).to_record()), ctx)
     noisy = dp_auc.NoisyCounts.from_record(roundtrip(reply.content), node=5, num_points=THETA.size)
     assert all(np.isfinite(a).all() for a in noisy.values())
@@ -224,7 +230,7 @@ def test_dp_handlers_budget_refusal_and_malformed_request():
 def test_fedauc_handlers_round_trip_and_session_check():
     app = _App()
     register_dp_handlers(app, test_scores=lambda msg, ctx: (Y, S), test_labels=lambda ctx: Y)
-    ctx = _context(**{"dp-epsilon": math.inf})
+    ctx = _context({"fedeval-dp-epsilon": math.inf}, **{"dp-epsilon": math.inf})
     reply = app.handlers["evaluate.fedauc_scores"](_message(dp_auc.FedAUCScoresRequest("s1", "rr", math.inf)
                                                             .to_record()), ctx)
     shuffled = dp_auc.ShuffledScores.from_record(roundtrip(reply.content), node=5).scores

@@ -34,6 +34,7 @@ from flwr_fedeval.protocol.fhe_auc import (
     EncryptionParams,
     KeygenReply,
     KeygenRequest,
+    ParticipantList,
     PubkeyReply,
     PubkeyRequest,
     ResultReport,
@@ -49,6 +50,8 @@ SESSION = "ab" * 16
 ALICE = NodeIdentity.generate("node-0")
 BOB = NodeIdentity.generate("node-1")
 ROSTER = Roster({i.name: i.public_key_bytes() for i in (ALICE, BOB)})
+#: The key holder node-0 (key h…) and node-1 (key p…), signed by node-0.
+LIST = ParticipantList.sign(ALICE, session=SESSION, members={"node-1": b"p" * 32, "node-0": b"h" * 32})
 
 
 def roundtrip(content: RecordDict) -> RecordDict:
@@ -72,15 +75,15 @@ def refused(payload_cls, content: RecordDict, field: str) -> MalformedMessage:
 
 
 def _params(**changes) -> EncryptionParams:
-    values = {"protocol": "malicious", "n_points": 5, "max_rows": 64, "n_splits": 4, "party_index": 1,
-              "n_parties": 3, "nonce": bytes(range(16)), "metrics_threshold": 0.5}
+    values = {"protocol": "malicious", "n_points": 5, "max_rows": 64, "n_splits": 4,
+              "nonce": bytes(range(16)), "metrics_threshold": 0.5}
     return EncryptionParams(**{**values, **changes})
 
 
 def _counts_request(**changes) -> CountsRequest:
     holder = fhe_auc.sign(ALICE, session=SESSION, role=fhe_auc.HOLDER_ROLE, key=b"h" * 32)
     values = {"session": SESSION, "params": _params(), "holder": holder, "thresholds": np.linspace(1.0, 0.0, 5),
-              "sealed": b"sealed bundle"}
+              "participants": LIST, "sealed": b"sealed bundle"}
     return CountsRequest(**{**values, **changes})
 
 
@@ -155,10 +158,11 @@ def test_keygen_request_and_reply_round_trip_with_the_wire_layout():
     assert fhe_auc.verify_peers(ROSTER, {NODE: back.peers[NODE]}, session=SESSION, floor=2, own="node-0") == {
         NODE: "node-1"}
 
-    reply = KeygenReply(b"public context", {NODE: b"sealed-1", 7: b"sealed-2"}, "node-0", b"s" * 71)
+    reply = KeygenReply(b"public context", {NODE: b"sealed-1", 7: b"sealed-2"}, "node-0", b"s" * 71, LIST)
     content = roundtrip(reply.to_record())
     assert fields(content) == {"fhe-context": ["public"], "fhe-bundles": [str(NODE), "7"],
-                               "fhe-holder": ["signer", "signature"]}
+                               "fhe-holder": ["signer", "signature"],
+                               "fhe-participants": ["names", "keys", "signer", "signature"]}
     assert content["fhe-bundles"][str(NODE)].numpy().dtype == np.uint8
     back = KeygenReply.from_record(content, node=NODE)
     assert back == reply
@@ -184,10 +188,10 @@ def test_unsigned_or_malformed_keygen_request_is_refused_naming_the_field():
 
 
 def test_malformed_keygen_reply_names_the_field_and_the_node():
-    content = KeygenReply(b"ctx", {7: b"sealed"}, "node-0", b"s").to_record()
+    content = KeygenReply(b"ctx", {7: b"sealed"}, "node-0", b"s", LIST).to_record()
     content["fhe-bundles"]["7"] = Array(np.zeros(3, dtype=np.float32))
     assert "dtype float32" in refused(KeygenReply, roundtrip(content), "fhe-bundles.7").reason
-    content = KeygenReply(b"ctx", {7: b"sealed"}, "node-0", b"s").to_record()
+    content = KeygenReply(b"ctx", {7: b"sealed"}, "node-0", b"s", LIST).to_record()
     del content["fhe-context"]
     refused(KeygenReply, content, "fhe-context")
 
@@ -198,12 +202,15 @@ def test_counts_request_and_reply_round_trip_with_the_wire_layout():
     content = roundtrip(request.to_record())
     assert fields(content) == {
         "evaluation": ["thresholds"],
-        "fhe": ["session", "protocol", "n-points", "max-rows", "n-splits", "party-index", "n-parties", "nonce",
+        "fhe": ["session", "protocol", "n-points", "max-rows", "n-splits", "nonce",
                 "holder-public-key", "holder-signer", "holder-signature", "metrics-threshold"],
-        "fhe-bundle": ["sealed"]}
+        "fhe-participants": ["names", "keys", "signer", "signature"],
+        "fhe-bundle": ["sealed"]}  # no party index or count: the clients derive them from the signed list
     back = CountsRequest.from_record(content, node=NODE)
     assert (back.session, back.params, back.holder, back.sealed) == (SESSION, request.params, request.holder,
                                                                     b"sealed bundle")
+    assert back.participants == LIST
+    assert LIST.verify(ROSTER, session=SESSION, holder="node-0", own="node-1", own_key=b"p" * 32) == 1
     assert back.thresholds.dtype == np.float64 and back.thresholds.tolist() == request.thresholds.tolist()
     assert back.params.auc_config == MaliciousAUCConfig(n_points=5, max_rows=64, n_splits=4)
     fhe_auc.verify(ROSTER, back.holder, session=SESSION, role="key-holder")
@@ -223,7 +230,8 @@ def test_counts_request_and_reply_round_trip_with_the_wire_layout():
     ({"thresholds": np.linspace(1.0, 0.0, 4)}, "evaluation.thresholds", "shape (4,), expected (5,)"),
     ({"thresholds": np.array([1.0, np.nan, 0.5, 0.2, 0.0])}, "evaluation.thresholds", "NaN"),
     ({"params": _params(nonce=b"n" * 15)}, "fhe.nonce", "15 bytes, expected 16"),
-    ({"params": _params(party_index=3)}, "fhe.party-index", "above 2"),
+    ({"participants": LIST.__class__(LIST.names, (b"h" * 32, b"p" * 31), LIST.signer, LIST.signature)},
+     "fhe-participants.keys", "32 long"),
     ({"params": _params(protocol="lazy")}, "fhe.protocol", "not one of"),
     ({"params": _params(n_splits=1)}, "fhe.n-splits", "below 2"),
     ({"params": _params(metrics_threshold=1.5)}, "fhe.metrics-threshold", "above 1.0"),
@@ -327,3 +335,27 @@ def test_server_records_a_malformed_reply_as_that_nodes_failure():
     failure = failed[victim["node"]]
     assert failure.code == ReplyCode.MALFORMED_REPLY
     assert f"node {victim['node']}: field 'fhe-pubkey.test-size-bucket'" in failure.reason
+
+
+# --- the signed participant list (issue 22) -----------------------------------------------------
+def test_participant_list_is_canonical_and_every_check_refuses():
+    """Sorted roster names with the keys sealed to; party index = position; the digest binds the session."""
+    assert LIST.names == ("node-0", "node-1") and LIST.keys == (b"h" * 32, b"p" * 32)
+    assert LIST.verify(ROSTER, session=SESSION, holder="node-0", own="node-0", own_key=b"h" * 32) == 0
+    assert LIST.digest(SESSION) != LIST.digest("cd" * 16) and len(LIST.digest(SESSION)) == 32
+    checks = [
+        (dict(session="cd" * 16), "does not verify"),                              # replayed into another session
+        (dict(holder="node-1"), "not by the key holder"),                         # signed by someone else
+        (dict(own="node-2"), "does not list this node"),                          # without this node
+        (dict(own="node-1", own_key=b"x" * 32), "another X25519 key"),            # this node with another key
+        (dict(floor=3), "at least 3"),                                            # below the node's floor
+    ]
+    for change, match in checks:
+        kwargs = {"session": SESSION, "holder": "node-0", "own": "node-1", "own_key": b"p" * 32, **change}
+        with pytest.raises(IdentityError, match=match):
+            LIST.verify(ROSTER, **kwargs)
+    # a list the server shortened or reordered no longer verifies
+    for names, keys in ((("node-1",), (b"p" * 32,)), (("node-1", "node-0"), (b"p" * 32, b"h" * 32))):
+        with pytest.raises(IdentityError):
+            ParticipantList(names, keys, LIST.signer, LIST.signature).verify(ROSTER, session=SESSION, holder="node-0",
+                                                                               floor=1)
