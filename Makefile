@@ -38,7 +38,8 @@ run-xray: setup
 run-shapley: setup
 	@ROOT="$(CURDIR)" PATH="$(CURDIR)/.venv/bin:$$PATH" && . scripts/identities.sh && \
 	  ensure_identities $$(( $(NUM_CLIENTS) + 1 )) && for i in $$(seq 0 $(NUM_CLIENTS)); do \
-	    grep -qs '^fedeval-secsv-trust-principal' "$$IDS/node-$$i.policy.toml" || \
+	    sed -i 's/^fedeval-secsv-trust-principal = .*/fedeval-secsv-trust-principal = true/' "$$IDS/node-$$i.policy.toml"; \
+	    grep -qs '^fedeval-secsv-trust-principal = true' "$$IDS/node-$$i.policy.toml" || \
 	    echo 'fedeval-secsv-trust-principal = true' >> "$$IDS/node-$$i.policy.toml"; done
 	@scripts/run-local.sh $$(( $(NUM_CLIENTS) + 1 )) "dataset='bank-marketing' data-dir='$(abspath $(BANK_DIR))' model='logreg' partitioning='dirichlet' dirichlet-alpha=0.5 num-server-rounds=10 local-epochs=1 batch-size=64 learning-rate=0.01 shapley='secsv' shapley-feature-bound=1.0 shapley-model-bound=32.0 shapley-aux-partition-id=$(NUM_CLIENTS) min-nodes=$(NUM_CLIENTS)" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 

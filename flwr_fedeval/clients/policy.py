@@ -21,6 +21,8 @@ node config key                    default  meaning
                                             one, over another subset, gives a difference
 ``fedeval-dp-seed``                0        > 0 seeds the DP noise (reproducible runs) and
                                             **gives up the privacy** of the noise; 0: a CSPRNG
+``fedeval-secsv-trust-principal``  false    take part in SecSV, which protects the test set against
+                                            an honest-but-curious principal server P only
 =================================  =======  ====================================================
 
 Where the policy comes from, later entries overriding earlier ones:
@@ -82,6 +84,7 @@ DP_BUDGET = "fedeval-dp-budget"
 MIN_CLIENTS = "fedeval-min-clients"
 EVALUATIONS = "fedeval-evaluations-per-model"
 DP_SEED = "fedeval-dp-seed"
+SECSV_TRUST_PRINCIPAL = "fedeval-secsv-trust-principal"
 
 #: The node policy's keys and defaults (the module docstring's table).
 POLICY_DEFAULTS: dict[str, Any] = {
@@ -91,6 +94,7 @@ POLICY_DEFAULTS: dict[str, Any] = {
     MIN_CLIENTS: 2,
     EVALUATIONS: 1,
     DP_SEED: 0,
+    SECSV_TRUST_PRINCIPAL: False,
 }
 #: Suffix of the policy file next to a node's identity key (``node-3.key`` → ``node-3.policy.toml``).
 POLICY_SUFFIX = ".policy.toml"
@@ -118,6 +122,9 @@ class NodePolicy:
         ≥ 1.
     dp_seed : int
         ≥ 0 (0: CSPRNG).
+    secsv_trust_principal : bool
+        Whether this node accepts an honest-but-curious SecSV principal server P
+        (:func:`flwr_fedeval.clients.shapley_handlers.trusts_principal`).
     source : str
         Where the values come from (defaults, the file, node config), for error messages.
     """
@@ -128,6 +135,7 @@ class NodePolicy:
     min_clients: int = POLICY_DEFAULTS[MIN_CLIENTS]
     evaluations_per_model: int = POLICY_DEFAULTS[EVALUATIONS]
     dp_seed: int = POLICY_DEFAULTS[DP_SEED]
+    secsv_trust_principal: bool = POLICY_DEFAULTS[SECSV_TRUST_PRINCIPAL]
     source: str = "defaults"
 
     @property
@@ -149,8 +157,11 @@ class NodePolicy:
         def bad(key: str, want: str) -> Refused:
             return Refused(f"node policy '{key}' ({source}) must be {want}, got {v[key]!r}")
 
-        if not isinstance(v[SHARE_AUC], bool):
-            raise bad(SHARE_AUC, "true or false")
+        for key in (SHARE_AUC, SECSV_TRUST_PRINCIPAL):
+            if isinstance(v[key], str) and v[key].lower() in ("true", "false"):  # --node-config "k='true'"
+                v[key] = v[key].lower() == "true"
+            if not isinstance(v[key], bool):
+                raise bad(key, "true or false")
         for key in (DP_EPSILON, DP_BUDGET):
             if isinstance(v[key], bool) or not isinstance(v[key], (int, float)) or math.isnan(v[key]):
                 raise bad(key, "a number")
@@ -163,7 +174,7 @@ class NodePolicy:
                     or v[key] < low:
                 raise bad(key, f"an integer >= {low}")
         return cls(bool(v[SHARE_AUC]), float(v[DP_EPSILON]), float(v[DP_BUDGET]), int(v[MIN_CLIENTS]),
-                   int(v[EVALUATIONS]), int(v[DP_SEED]), source)
+                   int(v[EVALUATIONS]), int(v[DP_SEED]), bool(v[SECSV_TRUST_PRINCIPAL]), source)
 
 
 def policy_file(context: Context) -> Path | None:

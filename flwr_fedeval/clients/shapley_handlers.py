@@ -74,20 +74,15 @@ import secrets
 import zipfile
 from collections.abc import Callable, Sequence
 from logging import INFO
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from flwr.common.logger import log
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency of flwr)
-    import tomli as tomllib
-
 from flwr_fedeval import keyshare
-from flwr_fedeval.clients.identity import DIR_CONFIG, KEY_CONFIG, key_set_floor, node_identity
+from flwr_fedeval.clients.identity import key_set_floor, node_identity
+from flwr_fedeval.clients.policy import SECSV_TRUST_PRINCIPAL, node_policy
 from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.fhe.backend import (
     FHEError,
@@ -152,7 +147,7 @@ SIGNED_ROLE = proto.SIGNED_ROLE
 ROLES = proto.ROLES                      # the roles a node can answer; importable from here
 _LABEL = "Shapley"
 #: Node config: this node accepts an honest-but-curious principal server P (the paper's model).
-TRUST_PRINCIPAL_CONFIG = "fedeval-secsv-trust-principal"
+TRUST_PRINCIPAL_CONFIG = SECSV_TRUST_PRINCIPAL
 #: Exceptions a handler turns into an error reply (besides Refused and MalformedMessage).
 _ERRORS = (FHEError, ValueError, TypeError, KeyError)
 
@@ -261,15 +256,6 @@ def _verified_client_keys(context: Context, public: proto.PublicParams) -> set[b
     return {bytes(v) for k, v in context.state[STATE_PEERS].items() if k != "session"}
 
 
-def _policy_file(context: Context) -> Path | None:
-    """Simulation: the node's policy file ``<identity-dir>/node-<partition-id>.policy.toml``, next to
-    its key (the way :mod:`flwr_fedeval.clients.identity` finds the key); ``None`` in deployment."""
-    node, run = dict(context.node_config), dict(context.run_config)
-    if node.get(KEY_CONFIG) or not run.get(DIR_CONFIG) or "partition-id" not in node:
-        return None
-    return Path(str(run[DIR_CONFIG])).expanduser() / f"node-{int(node['partition-id'])}.policy.toml"
-
-
 def trusts_principal(context: Context) -> bool:
     """Whether this node's operator accepts an honest-but-curious principal server P.
 
@@ -287,21 +273,7 @@ def trusts_principal(context: Context) -> bool:
     Refused
         The value is not a boolean (``true``/``false``), or the policy file is malformed.
     """
-    node = dict(context.node_config)
-    value: Any = node.get(TRUST_PRINCIPAL_CONFIG)
-    path = _policy_file(context) if value is None else None
-    if path is not None and path.is_file():
-        try:
-            value = tomllib.loads(path.read_text()).get(TRUST_PRINCIPAL_CONFIG)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise Refused(f"policy file {path}: {exc}") from None
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        value = value.lower() == "true"
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise Refused(f"node config '{TRUST_PRINCIPAL_CONFIG}' must be true or false, got {value!r}")
-    return value
+    return node_policy(context).secsv_trust_principal
 
 
 # --- recording the local models (training) ------------------------------------
