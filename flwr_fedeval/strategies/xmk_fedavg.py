@@ -38,7 +38,7 @@ from flwr_fedeval.strategies.base import (
     log_failures,
     replies_by_node,
 )
-from flwr_fedeval.strategies.collect import Collected, collect
+from flwr_fedeval.strategies.collect import Collected, DetectingGrid, OnReply, collect
 from flwr_fedeval.weights import WeightLayout
 
 __all__ = ["RoundAborted", "XMKFedAvg"]
@@ -106,6 +106,8 @@ class _RoundState:
     sent: list[Message] = field(default_factory=list)  # the step-2 requests (replies matched by message id)
     known: set[int] = field(default_factory=set)  # the node list when the round started
     tried: set[int] = field(default_factory=set)  # every node of an attempt of this round
+    running: _RunningSum | None = None  # Σ c_j of the attempt in progress, folded as the replies arrive
+    train_results: dict[int, Any] = field(default_factory=dict)  # node -> its reply's metrics, or the error
 
     @property
     def keys(self) -> _KeySet:
@@ -133,13 +135,92 @@ class _Received:
     def __init__(self, by_node: dict[int, Message]) -> None:
         self.by_node = by_node
 
-    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
+                        on_reply: OnReply | None = None) -> Collected:
         out = Collected()
         for msg in messages:
             reply = self.by_node.get(int(msg.metadata.dst_node_id))
             if reply is not None:
-                out.replies.append(Message(reply.error if reply.has_error() else reply.content, reply_to=msg))
+                reply = Message(reply.error if reply.has_error() else reply.content, reply_to=msg)
+                out.replies.append(reply if on_reply is None else on_reply(reply))
         return out
+
+
+class _OnReplyGrid:
+    """A grid view whose exchanges pass ``on_reply`` to :func:`~flwr_fedeval.strategies.collect.collect`:
+    each reply is parsed (and its bulk folded into a running sum) as it arrives, then dropped."""
+
+    def __init__(self, grid: Any, on_reply: OnReply) -> None:
+        self._grid = grid
+        self._on_reply = on_reply
+
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:
+        return collect(self._grid, messages, timeout=timeout, on_reply=self._on_reply)
+
+
+class _FoldingGrid:
+    """The grid :meth:`XMKFedAvg.start` hands to Flower's loop: the ``train`` step's replies (step 2) are
+    folded into the round's running sum as they arrive (:meth:`XMKFedAvg.fold_train_reply`) and only their
+    metrics are kept, so the server never holds more than a few ciphertexts at once; everything else is
+    delegated."""
+
+    def __init__(self, grid: Any, strategy: Any) -> None:
+        self._grid = grid
+        self._strategy = strategy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self._grid.get_node_ids()
+
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
+                        on_reply: OnReply | None = None) -> Collected:
+        return collect(self._grid, messages, timeout=timeout, on_reply=on_reply)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        state = self._strategy._round
+        train = state is not None and any(m is s for m in messages for s in state.sent)
+        on_reply = self._strategy.fold_train_reply if train else None
+        return self.collect_replies(messages, timeout=timeout, on_reply=on_reply).replies
+
+
+class _RunningSum:
+    """Σ c_j of step 2 (Eq. 3), folded one ciphertext at a time (uint64 residues < 2^31: no reduction is
+    needed before 2^33 terms); ``folded`` maps each node to what its reply carried besides the ciphertext."""
+
+    def __init__(self, params: rlwe.ParameterSet) -> None:
+        self.params = params
+        self.c0: np.ndarray | None = None
+        self.c1: np.ndarray | None = None
+        self.folded: dict[int, Any] = {}
+
+    def add(self, node: int, ct: rlwe.Ciphertext, extra: Any = None) -> None:
+        if node in self.folded:
+            raise ValueError(f"node {node}: a second ciphertext in one round")
+        if self.c0 is None or self.c1 is None:
+            self.c0, self.c1 = ct.c0, ct.c1  # fresh arrays of the parsed reply: taken, not copied
+        else:
+            np.add(self.c0, ct.c0, out=self.c0)
+            np.add(self.c1, ct.c1, out=self.c1)
+        self.folded[node] = extra
+
+    def total(self, nodes: Iterable[int]) -> rlwe.Ciphertext:
+        """C = Σ_{j ∈ nodes} c_j, reduced mod q.
+
+        Raises
+        ------
+        ValueError
+            If ``nodes`` are not exactly the folded nodes.
+        """
+        nodes = set(nodes)
+        if self.c0 is None or self.c1 is None or nodes != set(self.folded):
+            raise ValueError(f"the running sum holds nodes {sorted(self.folded)}, not {sorted(nodes)}")
+        q = self.params.ring.q_col
+        np.remainder(self.c0, q, out=self.c0)
+        np.remainder(self.c1, q, out=self.c1)
+        return rlwe.Ciphertext(self.params, self.c0, self.c1, len(nodes))
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
@@ -284,6 +365,15 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         self.key_sets: list[dict] = []
 
     # ------------------------------------------------------------------ info
+    def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
+        """Flower's ``Strategy.start`` over a grid that folds each ``train`` reply into the round's running
+        sum as it arrives (:meth:`fold_train_reply`): the server holds one model-sized sum and the
+        replies in flight, not M ciphertexts (issue 21 item 3)."""
+        if not callable(getattr(grid, "collect_replies", None)):
+            grid = DetectingGrid(grid)
+        # not super(): the checkpointing loop calls this with a view of the strategy as ``self``
+        return ReadableFailuresMixin.start(self, _FoldingGrid(grid, self), *args, **kwargs)
+
     def summary(self) -> None:
         """Log the configuration, including the parameter set and its security."""
         super().summary()
@@ -352,7 +442,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                     self._record_abort(exc2)
                     return None, None
                 with self.timer.step("step 2 (encrypted training, re-run)"):
-                    replies = collect(state.grid, messages, timeout=self.step_timeout).replies
+                    replies = collect(state.grid, messages, timeout=self.step_timeout,
+                                      on_reply=self.fold_train_reply).replies
         return None, None
 
     # ------------------------------------------------------- protocol steps
@@ -441,10 +532,50 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         content.update(keys.to_record())
         return [Message(content=content, dst_node_id=n, message_type=xmk.TRAIN.message_type) for n in key_set.nodes]
 
+    def fold_train_reply(self, reply: Message) -> Message:
+        """Step 2, per reply as it arrives (``on_reply`` of the train exchange): check the ciphertext,
+        add it into the round's running sum (Eq. 3) and drop it; the reply is kept without its bulk.
+
+        A reply to no request of this attempt, or an error reply, is kept as it is; a malformed one
+        is kept stripped, its error stored for :meth:`sum_ciphertexts` (which names the node).
+        """
+        state = self._current()
+        sent = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in state.sent}
+        node = sent.get(reply.metadata.reply_to_message_id)
+        if reply.has_error() or node is None:
+            return reply
+        try:
+            state.train_results[node] = self._fold_ciphertext(node, xmk.TrainReply.from_record(reply.content,
+                                                                                              node=node))
+        except (KeyError, ValueError, TypeError) as exc:
+            state.train_results[node] = exc
+        reply.content = RecordDict()
+        return reply
+
+    def _fold_ciphertext(self, node: int, reply: xmk.TrainReply) -> MetricRecord | None:
+        """Parse and check one step-2 ciphertext, add it into the running sum; return the reply's metrics.
+
+        Raises
+        ------
+        ValueError
+            The ciphertext is malformed, not fresh, of another size, or the node's second.
+        """
+        state = self._current()
+        if state.running is None:
+            state.running = _RunningSum(self.params)
+        expected_polys = -(-self._plaintext_length() // self.params.n)
+        ct = rlwe.Ciphertext.from_bytes(reply.ciphertext, self.params)
+        if ct.num_polys != expected_polys or ct.num_summed != 1:
+            raise ValueError(f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh")
+        state.running.add(node, ct, reply.metrics)
+        return reply.metrics
+
     def sum_ciphertexts(self, replies: list[Message]) -> tuple[rlwe.Ciphertext, list[MetricRecord]]:
         """Step 2 (replies) and Eq. 3: one well-formed fresh ciphertext from every key holder, summed.
 
-        Returns ``(C = Σ c_i, the clients' metric records)``.
+        The ciphertexts were folded into a running sum as they arrived (:meth:`fold_train_reply`, in
+        :meth:`start`'s loop); a reply that was not (``aggregate_train`` called with the replies
+        themselves) is folded here, one at a time. Returns ``(C = Σ c_i, the clients' metric records)``.
 
         Raises
         ------
@@ -453,26 +584,27 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         """
         state = self._current()
         nodes = state.keys.nodes
-        expected_polys = -(-self._plaintext_length() // self.params.n)
 
-        def check(node: int, reply: xmk.TrainReply) -> tuple[rlwe.Ciphertext, MetricRecord | None]:
-            ct = rlwe.Ciphertext.from_bytes(reply.ciphertext, self.params)
-            if ct.num_polys != expected_polys or ct.num_summed != 1:
-                raise ValueError(
-                    f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh"
-                )
-            return ct, reply.metrics
+        def check(node: int, reply: xmk.TrainReply) -> MetricRecord | None:
+            return self._fold_ciphertext(node, reply)
 
         received = _Received(replies_by_node(state.sent, replies))
-        parsed = self._exchange("encrypted training", "ciphertext", nodes, xmk.TRAIN, None, check, grid=received)
-        total = rlwe.add_ciphertexts([ct for ct, _ in parsed])
-        return total, [m for _, m in parsed if m is not None]
+        metrics = self._exchange("encrypted training", "ciphertext", nodes, xmk.TRAIN, None, check, grid=received,
+                                 parsed=state.train_results)
+        assert state.running is not None  # every node folded one ciphertext (else the exchange raised)
+        return state.running.total(nodes), [m for m in metrics if m is not None]
 
-    def partial_decryptions(self, total: rlwe.Ciphertext) -> list[rlwe.DecryptionShare]:
-        """Step 3: ``query.xmk_pdec`` with C1 and the contributor list; D_i from every contributor (Eq. 7).
+    def partial_decryptions(self, total: rlwe.Ciphertext) -> np.ndarray:
+        """Step 3: ``query.xmk_pdec`` with C1 and the contributor list; D_i from every contributor (Eq. 7),
+        folded into C0 + Σ D_i (Eq. 5) as each arrives.
 
         Each client decrypts at most once per key set and round, and only for
         the contributor list of its whole key set: a failed step cannot be retried.
+
+        Returns
+        -------
+        ndarray of shape (k, L, n), uint64
+            C0 + Σ D_i mod q: the plaintext sum plus bounded noise.
 
         Raises
         ------
@@ -484,17 +616,25 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         nodes = key_set.nodes
         request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, key_set.names, len(nodes),
                                   rlwe.polys_to_bytes(self.params, total.c1))
+        ring = self.params.ring
+        acc = total.c0.copy()
+        folded: list[int] = []
 
-        def check(node: int, reply: xmk.PdecReply) -> rlwe.DecryptionShare:
+        def check(node: int, reply: xmk.PdecReply) -> None:
             share = rlwe.DecryptionShare.from_bytes(reply.share, self.params)
             if share.d.shape != total.c1.shape:
                 raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
-            return share
+            np.add(acc, share.d, out=acc)  # residues < 2^31: reduced every 4 terms (Eq. 5)
+            folded.append(node)
+            if len(folded) % 4 == 0:
+                np.remainder(acc, ring.q_col, out=acc)
 
-        return self._exchange("partial decryption", "decryption share", nodes, xmk.PDEC, request, check)
+        self._exchange("partial decryption", "decryption share", nodes, xmk.PDEC, request, check)
+        np.remainder(acc, ring.q_col, out=acc)
+        return acc
 
-    def decode(self, total: rlwe.Ciphertext, shares: list[rlwe.DecryptionShare]) -> tuple[ArrayRecord, int]:
-        """Step 4: Σ m = C0 + Σ D_i (Eq. 5), decode, ``w ← w + Σ n_i·Δw_i / Σ n_i``.
+    def decode(self, plaintext: np.ndarray) -> tuple[ArrayRecord, int]:
+        """Step 4: decode Σ m = C0 + Σ D_i (Eq. 5, :meth:`partial_decryptions`), ``w ← w + Σ n_i·Δw_i / Σ n_i``.
 
         Returns ``(new global model, Σ n_i)``.
 
@@ -507,8 +647,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         nodes = state.keys.nodes
         layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
         scale_bits = self.scale_bits_for(len(nodes))
-        decoded = rlwe.combine_and_decode(self.params, total.c0, shares, self._plaintext_length(),
-                                          scale_bits=scale_bits)
+        decoded = rlwe.decode(self.params, plaintext, scale_bits=scale_bits, length=self._plaintext_length())
         total_examples = decoded[-1]
         if not (np.isfinite(total_examples) and total_examples >= len(nodes) - 0.5
                 and abs(total_examples - round(total_examples)) < 1e-3):
@@ -549,22 +688,45 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         return self._round
 
     def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
-                  request: Payload | None, check: Callable[[int, Payload], Any], *, grid: Any = None) -> list:
+                  request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
+                  parsed: dict[int, Any] | None = None) -> list:
         """Send ``request`` to every node (over ``grid``, default the round's), parse every reply with
         ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return the
         results in node order, or raise :class:`RoundAborted` naming each node that timed out, replied
         with an error, or sent a malformed ``what`` (a :class:`~flwr_fedeval.protocol.MalformedMessage`
         or a failed check: ``MALFORMED_REPLY``), through the shared
-        :func:`~flwr_fedeval.strategies.base.exchange_replies`."""
+        :func:`~flwr_fedeval.strategies.base.exchange_replies`.
+
+        Each reply is parsed and checked as it arrives and its content dropped (``on_reply``), so a
+        ``check`` that folds the reply into a running sum keeps no more than one reply at a time;
+        ``parsed`` holds results (or errors) of replies already parsed so (step 2's, in Flower's loop)."""
         state = self._current()
         nodes = list(nodes)
         content = request.to_record() if request is not None else RecordDict()
         failures = Failures()
+        results: dict[int, Any] = {} if parsed is None else parsed
 
-        def parse(node: int, reply: RecordDict):
-            return check(node, protocol_step.reply.from_record(reply, node=node))
+        def run_check(node: int, reply: RecordDict) -> Any:
+            try:
+                return check(node, protocol_step.reply.from_record(reply, node=node))
+            except (KeyError, ValueError, TypeError) as exc:
+                return exc
 
-        valid = exchange_replies(state.grid if grid is None else grid, dict.fromkeys(nodes, content),
+        def on_reply(reply: Message) -> Message:
+            node = int(reply.metadata.src_node_id)
+            if not reply.has_error() and node in nodes and node not in results:
+                results[node] = run_check(node, reply.content)
+                reply.content = RecordDict()
+            return reply
+
+        def parse(node: int, reply: RecordDict) -> Any:
+            result = results.pop(node) if node in results else run_check(node, reply)
+            if isinstance(result, Exception):
+                raise result
+            return result
+
+        valid = exchange_replies(_OnReplyGrid(state.grid if grid is None else grid, on_reply),
+                                 dict.fromkeys(nodes, content),
                                  protocol_step.message_type, parse, failures, step=step, what=what,
                                  timeout=self.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
         if failures:
@@ -600,6 +762,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         self.key_sets.append({"round": int(state.server_round), "key_set": str(key_set.key_id),
                               "nodes": [int(n) for n in key_set.nodes]})
         log(INFO, "configure_train: key set %s of %d clients ready", key_set.key_id, len(key_set.nodes))
+        state.running, state.train_results = None, {}
         state.sent = self.train_messages(key_set)
         return state.sent
 
@@ -610,9 +773,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         with self.timer.step("step 2 (sum of the encrypted updates)"):
             total, metrics = self.sum_ciphertexts(replies)
         with self.timer.step("step 3 (partial decryption)"):
-            shares = self.partial_decryptions(total)
+            plaintext = self.partial_decryptions(total)
+        del total
+        state.running = None
         with self.timer.step("step 4 (decoding)"):
-            arrays, total_examples = self.decode(total, shares)
+            arrays, total_examples = self.decode(plaintext)
         log(INFO, "aggregate_train: %d encrypted updates summed and decrypted (Σ n_i = %d)",
             len(nodes), total_examples)
         agg_metrics = self._mean_metrics(metrics)
