@@ -17,6 +17,13 @@ Typical use (one round, M clients)::
     C = rlwe.add_ciphertexts(cts)                                    # server
     D = [rlwe.partial_decrypt(P, sk_i, C.c1, num_clients=M) ...]     # clients
     total = rlwe.combine_and_decode(P, C.c0, D, len(x), scale_bits=k)  # server
+
+Threshold decryption (a member lost after its upload is recovered in the
+round, :mod:`~flwr_fedeval.rlwe.threshold`): each member Shamir-shares s_i
+(``split_secret``), aggregates what it receives (``aggregate_shares``), and
+any t > N/2 members decrypt with ``threshold_partial_decrypt``; self-masks
+(:mod:`~flwr_fedeval.rlwe.selfmask`) and ``split_bytes``/``combine_bytes``
+recover the SecAgg masks.
 """
 
 from .encoding import EncodingRangeError, decode, encode, num_polys
@@ -39,6 +46,19 @@ from .params import (
 )
 from .ring import Ring, find_ntt_primes, get_ring, schoolbook_negacyclic
 from .sampling import RandomStream, new_public_seed
+from .selfmask import SELF_MASK_SEED_BYTES, new_self_mask_seed, self_mask
+from .threshold import (
+    SecretShare,
+    ThresholdError,
+    aggregate_shares,
+    combine_bytes,
+    lagrange_at_zero,
+    member_points,
+    min_threshold,
+    split_bytes,
+    split_secret,
+    threshold_partial_decrypt,
+)
 from .xmkckks import (
     Ciphertext,
     DecryptionShare,
@@ -71,12 +91,17 @@ __all__ = [
     "PublicKey",
     "RandomStream",
     "Ring",
+    "SELF_MASK_SEED_BYTES",
     "SecretKey",
+    "SecretShare",
+    "ThresholdError",
     "add_ciphertexts",
     "aggregate_public_keys",
+    "aggregate_shares",
     "check_noise_budget",
     "combine",
     "combine_and_decode",
+    "combine_bytes",
     "decode",
     "encode",
     "encrypt",
@@ -87,15 +112,23 @@ __all__ = [
     "get_parameter_set",
     "get_ring",
     "keygen",
+    "lagrange_at_zero",
     "max_plaintext_int",
     "max_scale_bits",
+    "member_points",
+    "min_threshold",
     "new_public_seed",
+    "new_self_mask_seed",
     "num_polys",
     "partial_decrypt",
     "polys_from_bytes",
     "polys_to_bytes",
     "schoolbook_negacyclic",
+    "self_mask",
     "smudging_bound",
+    "split_bytes",
+    "split_secret",
+    "threshold_partial_decrypt",
     "total_noise_bound",
     "validate_security",
 ]

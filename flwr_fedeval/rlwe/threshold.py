@@ -1,0 +1,631 @@
+"""t-out-of-N threshold decryption for xMK-CKKS and Shamir sharing of 32-byte secrets.
+
+Why (DESIGN.md §3, issue 21): a member of the key set lost after its upload
+must not force a second round on the same global model (a deviating server
+would fake dropouts and difference the sums). Instead every member
+Shamir-shares its RLWE secret s_i among the N members of the signed key set
+once, at key setup, and any t > N/2 of them decrypt the aggregate inside the
+round. This is the threshold variant of Mouchet et al. 2021, "Multiparty
+Homomorphic Encryption from Ring-Learning-with-Errors" (PETS 2021, §4 and
+the "Thresholdizer"/"Combiner" of Lattigo's ``multiparty`` package), with the
+additive N-out-of-N secret s = sum_i s_i of xMK-CKKS (Walskaar et al. 2023,
+Eq. 1).
+
+Protocol (★ sent, • awaited, ▲ checked, aborting otherwise; the checks on
+the *set* of members -- who is in the key set, who is active -- belong to
+the caller, which holds the signed transcript):
+
+Key setup, member i with point x_i = i + 1 of the ordered key set
+(:func:`member_points`), t = :func:`min_threshold` (N) or larger:
+
+1. ``shares = split_secret(params, sk_i, threshold=t, points=points)``:
+   f_i(X) = s_i + a_{i,1} X + ... + a_{i,t-1} X^{t-1} over R_q, every
+   a_{i,k} uniform in R_q (CSPRNG), share f_i(x_j) for member j.
+2. ★ (privately, e.g. :mod:`flwr_fedeval.keyshare` sealed to j) f_i(x_j) to
+   every member j != i; keep f_i(x_i).
+3. • the N - 1 shares addressed to this member; ▲ each parses
+   (:meth:`SecretShare.from_bytes`: parameter set, point = own point,
+   threshold = t, reduced residues).
+4. ``sk_share = aggregate_shares(params, received)``: F(x_j) = sum_i f_i(x_j),
+   a Shamir share of s = sum_i s_i at x_j (▲ same point, same t, same set).
+
+Decryption of an aggregate C = (C0, C1), active set A (|A| >= t, signed):
+
+5. ▲ own point in A, no duplicate points, |A| >= t;
+   ★ D_j = threshold_partial_decrypt(...) = lambda_j F(x_j) C1 + e*_j with
+   lambda_j = prod_{k in A, k != j} x_k / (x_k - x_j) (:func:`lagrange_at_zero`)
+   and e*_j the smudging noise of :func:`~flwr_fedeval.rlwe.xmkckks.partial_decrypt`.
+6. server: sum_{j in A} D_j = (sum_j lambda_j F(x_j)) C1 + sum_j e*_j
+   = s C1 + sum_j e*_j, since sum_j lambda_j F(x_j) = F(0) = s exactly in
+   R_q (Lagrange interpolation at 0, coefficient-wise mod every q_l). So
+   :func:`~flwr_fedeval.rlwe.xmkckks.combine_and_decode` (C0, [D_j]) decodes
+   exactly as the N-out-of-N protocol, with |A| smudging terms instead of N.
+
+Why the points must be nonzero and distinct mod every RNS prime q_l: the
+interpolation happens in each field F_{q_l} separately; points 1..N with
+N < min_l q_l are. Any t - 1 shares F(x_j) are jointly uniform in R_q^{t-1}
+(Shamir), so t - 1 members learn nothing about s.
+
+Noise: the decryption noise is B_fresh(M) + |A| B_smudge(M) <= B_total(M)
+for |A| <= M (:func:`~flwr_fedeval.rlwe.params.total_noise_bound`); the
+smudging hides B_fresh(M) as in the N-out-of-N case. Give at most one
+decryption share per key set and round: the Lagrange coefficient depends on
+A, so two shares of one C1 for two active sets are two different linear
+combinations of the same secret share.
+
+32-byte secrets (X25519 mask private keys, self-mask seeds: the SecAgg
+recovery of Bonawitz et al. 2017, §4) are shared over the prime field
+F_p, p = 2^521 - 1 (a Mersenne prime > 2^256, so a secret is one field
+element): :func:`split_bytes`, :func:`combine_bytes`, each share a
+fixed-length 66-byte big-endian field element.
+
+Imports neither flwr nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import serialization as ser
+from .params import PARAMETER_SETS, ParameterSet, get_parameter_set, smudging_bound
+from .sampling import RandomStream, uniform_mod_q, uniform_smudging
+from .xmkckks import DecryptionShare, SecretKey
+
+__all__ = [
+    "BYTES_FIELD_PRIME",
+    "BYTES_SHARE_SIZE",
+    "SECRET_BYTES",
+    "SecretShare",
+    "ThresholdError",
+    "aggregate_shares",
+    "combine_bytes",
+    "lagrange_at_zero",
+    "member_points",
+    "min_threshold",
+    "split_bytes",
+    "split_secret",
+    "threshold_partial_decrypt",
+]
+
+
+class ThresholdError(ValueError):
+    """Bad threshold input: too few shares, duplicate or invalid points, malformed share."""
+
+
+# --------------------------------------------------------------------------- points
+def _min_prime(params: ParameterSet | None) -> int:
+    if params is not None:
+        return min(params.primes)
+    return min(min(p.primes) for p in PARAMETER_SETS.values())
+
+
+def member_points(num_members: int, *, params: ParameterSet | None = None) -> tuple[int, ...]:
+    """Shamir evaluation points of an ordered key set: member i gets point i + 1.
+
+    Parameters
+    ----------
+    num_members : int
+        N, the size of the signed, ordered key set.
+    params : ParameterSet, optional
+        Bound the points by this set's smallest prime; by default the
+        smallest prime of every known set (:data:`~flwr_fedeval.rlwe.params.PARAMETER_SETS`).
+
+    Returns
+    -------
+    tuple of int
+        (1, 2, ..., N).
+
+    Raises
+    ------
+    ThresholdError
+        If N is not an integer, N < 1, or N >= min_l q_l (the points would not
+        be distinct and nonzero modulo every RNS prime).
+    """
+    N = _check_int(num_members, "num_members")
+    limit = _min_prime(params)
+    if not 1 <= N < limit:
+        raise ThresholdError(f"num_members must be in [1, {limit - 1}], got {N}")
+    return tuple(range(1, N + 1))
+
+
+def min_threshold(num_members: int) -> int:
+    """floor(N / 2) + 1: the smallest t with t > N / 2 (a strict majority of the key set).
+
+    Raises
+    ------
+    ThresholdError
+        If N is not an integer >= 1.
+    """
+    N = _check_int(num_members, "num_members")
+    if N < 1:
+        raise ThresholdError(f"num_members must be >= 1, got {N}")
+    return N // 2 + 1
+
+
+def _check_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ThresholdError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _check_points(points: Sequence[int], limit: int, what: str = "points") -> tuple[int, ...]:
+    """Integers in [1, limit), distinct, non-empty."""
+    if isinstance(points, (str, bytes)) or not isinstance(points, Sequence) or not points:
+        raise ThresholdError(f"{what} must be a non-empty sequence of integers")
+    out = tuple(_check_int(x, what) for x in points)
+    for x in out:
+        if not 1 <= x < limit:
+            raise ThresholdError(f"{what} contains {x}: points must be in [1, {limit - 1}]")
+    if len(set(out)) != len(out):
+        dup = sorted({x for x in out if out.count(x) > 1})
+        raise ThresholdError(f"{what} has duplicate points {dup}")
+    return out
+
+
+def _check_threshold(threshold: int, count: int) -> int:
+    t = _check_int(threshold, "threshold")
+    if not 1 <= t <= count:
+        raise ThresholdError(f"threshold must be in [1, {count}] (the number of points), got {t}")
+    return t
+
+
+# --------------------------------------------------------------------------- ring shares
+_SHARE_MAGIC = b"FXSS"
+_SHARE_VERSION = 1
+# magic, version, reserved (0), limbs, n, point, threshold, params_id: the 52 bytes of
+# serialization.HEADER_SIZE, so that serialization.unpack_polys reads the payload after it.
+_SHARE_HEADER = struct.Struct("<4sBBHIII32s")
+
+
+@dataclass(frozen=True, eq=False)
+class SecretShare:
+    """A Shamir share of an RLWE secret: F(point), a ring element of R_q.
+
+    Attributes
+    ----------
+    params : ParameterSet
+    point : int
+        The member's evaluation point x_j (1..N, :func:`member_points`).
+    value : ndarray of shape (L, n), uint64
+        F(x_j) in RNS form, uniform in R_q (not small: keep it in the
+        member's state only).
+    threshold : int
+        t, the number of shares that reconstruct (degree t - 1).
+
+    Notes
+    -----
+    Byte format (:meth:`to_bytes`), little-endian, 52-byte header::
+
+        magic b"FXSS" | version u8 (1) | reserved u8 (0) | limbs u16 | n u32
+        | point u32 | threshold u32 | params_id 32s (ASCII, NUL-padded)
+
+    then the L limbs of ``value`` packed at bit_length(q_l) bits each, as
+    :func:`~flwr_fedeval.rlwe.serialization.pack_polys`. Parsing is strict:
+    one encoding per share.
+    """
+
+    params: ParameterSet
+    point: int
+    value: NDArray[np.uint64]
+    threshold: int
+
+    def __post_init__(self) -> None:
+        limit = _min_prime(self.params)
+        (point,) = _check_points([self.point], limit, "point")
+        object.__setattr__(self, "point", point)
+        t = _check_int(self.threshold, "threshold")
+        if t < 1:
+            raise ThresholdError(f"threshold must be >= 1, got {t}")
+        object.__setattr__(self, "threshold", t)
+        self.params.ring.check(self.value, "value")
+        if self.value.shape != (self.params.limbs, self.params.n):
+            raise ThresholdError(
+                f"value has shape {self.value.shape}, expected {(self.params.limbs, self.params.n)}"
+            )
+
+    def __repr__(self) -> str:  # never print the share
+        return f"SecretShare(params={self.params.name!r}, point={self.point}, threshold={self.threshold})"
+
+    def to_bytes(self) -> bytes:
+        """Header + bit-packed residues (see the class Notes)."""
+        header = _SHARE_HEADER.pack(
+            _SHARE_MAGIC,
+            _SHARE_VERSION,
+            0,
+            self.params.limbs,
+            self.params.n,
+            self.point,
+            self.threshold,
+            self.params.name.encode("ascii"),
+        )
+        return header + ser.pack_polys(self.params, [self.value[None]])
+
+    @classmethod
+    def from_bytes(cls, data: bytes, params: ParameterSet | None = None) -> SecretShare:
+        """Load a share, accepting only the canonical encoding.
+
+        Parameters
+        ----------
+        data : bytes
+        params : ParameterSet, optional
+            Expected parameter set (``None``: looked up by its id).
+
+        Raises
+        ------
+        ThresholdError
+            Naming the bad field: data (type, length), magic, version,
+            reserved, params_id, n, limbs, point, threshold, payload length,
+            or a residue >= q_l.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ThresholdError(f"data must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) < _SHARE_HEADER.size:
+            raise ThresholdError(f"data too short for the header: {len(data)} < {_SHARE_HEADER.size} bytes")
+        magic, version, reserved, limbs, n, point, threshold, pid = _SHARE_HEADER.unpack_from(data)
+        if magic != _SHARE_MAGIC:
+            raise ThresholdError(f"magic is {magic!r}, expected {_SHARE_MAGIC!r}")
+        if version != _SHARE_VERSION:
+            raise ThresholdError(f"version is {version}, expected {_SHARE_VERSION}")
+        if reserved != 0:
+            raise ThresholdError(f"reserved byte is {reserved}, expected 0")
+        name = pid.rstrip(b"\0")
+        if b"\0" in name or not name.isascii():
+            raise ThresholdError("params_id is not NUL-padded ASCII")
+        try:
+            got = get_parameter_set(name.decode("ascii")) if params is None else params
+        except ValueError as exc:
+            raise ThresholdError(f"params_id: {exc}") from None
+        if name.decode("ascii") != got.name:
+            raise ThresholdError(f"params_id is {name.decode('ascii')!r}, expected {got.name!r}")
+        if n != got.n:
+            raise ThresholdError(f"n is {n}, expected {got.n} for {got.name}")
+        if limbs != got.limbs:
+            raise ThresholdError(f"limbs is {limbs}, expected {got.limbs} for {got.name}")
+        try:
+            (value,) = ser.unpack_polys(got, data, 1, ("value",))
+        except ValueError as exc:
+            raise ThresholdError(str(exc)) from None
+        return cls(got, point, value[0], threshold)
+
+
+def _eval_poly_rns(
+    coeffs: NDArray[np.uint64], x: int, q_col: NDArray[np.uint64]
+) -> NDArray[np.uint64]:
+    """Horner: sum_k coeffs[k] x^k mod q_l; coeffs (t, L, n) reduced, 0 <= x < min q_l < 2^31."""
+    acc: NDArray[np.uint64] = coeffs[-1].copy()
+    xs = np.uint64(x)
+    for c in coeffs[-2::-1]:
+        acc *= xs  # < 2^31 * 2^31 = 2^62: no overflow
+        acc += c
+        acc %= q_col
+    return acc
+
+
+def split_secret(
+    params: ParameterSet,
+    secret: SecretKey,
+    *,
+    threshold: int,
+    points: Sequence[int],
+    rng: RandomStream | None = None,
+) -> dict[int, SecretShare]:
+    """Shamir-share an RLWE secret over R_q (Mouchet et al. 2021, §4; Lattigo ``Thresholdizer``).
+
+    f(X) = s + a_1 X + ... + a_{t-1} X^{t-1}, with every a_k uniform in R_q,
+    evaluated coefficient-wise in every RNS limb.
+
+    Parameters
+    ----------
+    params : ParameterSet
+    secret : SecretKey
+        s_i, ternary, shape (n,).
+    threshold : int
+        t, 1 <= t <= len(points).
+    points : sequence of int
+        Distinct points in [1, min_l q_l) (:func:`member_points`).
+    rng : RandomStream, optional
+        Source of a_1..a_{t-1}; a fresh OS-keyed ChaCha20 stream by default.
+
+    Returns
+    -------
+    dict of int to SecretShare
+        {x_j: f(x_j)}, values of shape (L, n) uint64.
+
+    Raises
+    ------
+    ThresholdError
+        On invalid ``threshold`` or ``points``.
+    ValueError
+        If ``secret`` belongs to another parameter set.
+    """
+    if secret.params != params:
+        raise ValueError(f"secret uses parameter set {secret.params.name!r}, expected {params.name!r}")
+    pts = _check_points(points, min(params.primes))
+    t = _check_threshold(threshold, len(pts))
+    ring = params.ring
+    coeffs = np.empty((t, params.limbs, params.n), dtype=np.uint64)
+    coeffs[0] = ring.from_signed(secret.s)
+    if t > 1:
+        coeffs[1:] = uniform_mod_q(params.primes, params.n, (t - 1,), RandomStream() if rng is None else rng)
+    return {x: SecretShare(params, x, _eval_poly_rns(coeffs, x, ring.q_col), t) for x in pts}
+
+
+def aggregate_shares(params: ParameterSet, shares: Sequence[SecretShare]) -> SecretShare:
+    """Member j's share of s = sum_i s_i: F(x_j) = sum_i f_i(x_j) (Lattigo ``AggregateShares``).
+
+    Parameters
+    ----------
+    params : ParameterSet
+    shares : sequence of SecretShare
+        The shares f_i(x_j) this member received from every member i (its own
+        included), all at its point x_j and with the same threshold.
+
+    Returns
+    -------
+    SecretShare at x_j, value of shape (L, n) uint64.
+
+    Raises
+    ------
+    ThresholdError
+        If ``shares`` is empty or mixes points or thresholds.
+    ValueError
+        If a share belongs to another parameter set.
+    """
+    if not shares:
+        raise ThresholdError("shares must not be empty")
+    point, t = shares[0].point, shares[0].threshold
+    for j, sh in enumerate(shares):
+        if not isinstance(sh, SecretShare):
+            raise ThresholdError(f"shares[{j}] is a {type(sh).__name__}, expected SecretShare")
+        if sh.params != params:
+            raise ValueError(f"shares[{j}] uses parameter set {sh.params.name!r}, expected {params.name!r}")
+        if sh.point != point:
+            raise ThresholdError(f"shares[{j}] is at point {sh.point}, expected {point} (mixed points)")
+        if sh.threshold != t:
+            raise ThresholdError(f"shares[{j}] has threshold {sh.threshold}, expected {t}")
+    total = params.ring.sum(np.stack([sh.value for sh in shares]))
+    return SecretShare(params, point, total, t)
+
+
+def lagrange_at_zero(params: ParameterSet, active: Sequence[int]) -> dict[int, NDArray[np.uint64]]:
+    """Lagrange coefficients at 0 for the active points, modulo every RNS prime.
+
+    lambda_j = prod_{k in A, k != j} x_k / (x_k - x_j)  (mod q_l), so that
+    sum_{j in A} lambda_j F(x_j) = F(0) for every F of degree < |A|.
+
+    Parameters
+    ----------
+    params : ParameterSet
+    active : sequence of int
+        The active points A, distinct, in [1, min_l q_l).
+
+    Returns
+    -------
+    dict of int to ndarray of shape (L,), uint64
+        {x_j: (lambda_j mod q_0, ..., lambda_j mod q_{L-1})}.
+
+    Raises
+    ------
+    ThresholdError
+        If ``active`` is empty, has duplicates or a point outside [1, min_l q_l).
+    """
+    pts = _check_points(active, min(params.primes), "active")
+    out: dict[int, NDArray[np.uint64]] = {}
+    for xj in pts:
+        lam = []
+        for q in params.primes:
+            num, den = 1, 1
+            for xk in pts:
+                if xk != xj:
+                    num = num * xk % q
+                    den = den * (xk - xj) % q
+            lam.append(num * pow(den, -1, q) % q)
+        out[xj] = np.array(lam, dtype=np.uint64)
+    return out
+
+
+def threshold_partial_decrypt(
+    params: ParameterSet,
+    share: SecretShare,
+    active: Sequence[int],
+    c1_sum: NDArray[np.uint64],
+    *,
+    num_clients: int,
+    rng: RandomStream | None = None,
+) -> DecryptionShare:
+    """Threshold partial decryption D_j = lambda_j F(x_j) C1 + e*_j (Mouchet et al. 2021, §4).
+
+    The t-out-of-N counterpart of :func:`~flwr_fedeval.rlwe.xmkckks.partial_decrypt`
+    (Walskaar et al. 2023, Eq. 7 with s_j replaced by lambda_j F(x_j)): the
+    shares of the active set sum to s C1 + sum_j e*_j, so
+    :func:`~flwr_fedeval.rlwe.xmkckks.combine_and_decode` decodes them unchanged.
+
+    Parameters
+    ----------
+    params : ParameterSet
+    share : SecretShare
+        This member's aggregated share F(x_j) (:func:`aggregate_shares`).
+    active : sequence of int
+        Points of the members whose shares will be combined (signed by them);
+        must contain ``share.point`` and at least ``share.threshold`` points.
+    c1_sum : ndarray of shape (k, L, n), uint64
+        The summed C1 of the aggregate ciphertext.
+    num_clients : int
+        M of the noise budget; sets the smudging half-width B_smudge(M) exactly
+        as :func:`~flwr_fedeval.rlwe.xmkckks.partial_decrypt` does
+        (:func:`~flwr_fedeval.rlwe.params.smudging_bound`).
+    rng : RandomStream, optional
+        Source of the smudging noise; a fresh OS-keyed ChaCha20 stream by default.
+
+    Returns
+    -------
+    DecryptionShare of shape (k, L, n)
+
+    Raises
+    ------
+    ThresholdError
+        If ``active`` has duplicate or invalid points, does not contain
+        ``share.point``, or has fewer than ``share.threshold`` points.
+    ValueError
+        On parameter-set or shape mismatch, or values >= q_l.
+
+    Notes
+    -----
+    The product uses the NTT (:meth:`~flwr_fedeval.rlwe.ring.Ring.mul`): a
+    Shamir share is uniform in R_q, not small. The caller checks the
+    protocol rules (A signed by its members, one share per key set and round).
+    """
+    if share.params != params:
+        raise ValueError(f"share uses parameter set {share.params.name!r}, expected {params.name!r}")
+    pts = _check_points(active, min(params.primes), "active")
+    if share.point not in pts:
+        raise ThresholdError(f"active set {list(pts)} does not contain this share's point {share.point}")
+    if len(pts) < share.threshold:
+        raise ThresholdError(f"active set has {len(pts)} points, fewer than the threshold {share.threshold}")
+    ring = params.ring
+    ring.check(c1_sum, "c1_sum")
+    if c1_sum.ndim != 3:
+        raise ValueError(f"c1_sum must have shape (k, L, n), got {c1_sum.shape}")
+    lam = lagrange_at_zero(params, pts)[share.point]
+    scaled = share.value * lam[:, None]  # < 2^62
+    scaled %= ring.q_col
+    d = ring.mul(c1_sum, scaled[None])
+    d = ring.add(d, _smudging_noise(params, int(c1_sum.shape[0]), num_clients, rng))
+    return DecryptionShare(params, d)
+
+
+def _smudging_noise(
+    params: ParameterSet, num_polys: int, num_clients: int, rng: RandomStream | None
+) -> NDArray[np.uint64]:
+    """e*_j uniform in [-B_smudge(M), B_smudge(M)), shape (k, L, n): the noise of Eq. 7."""
+    bits = smudging_bound(params, num_clients).bit_length() - 1
+    noise: NDArray[np.uint64] = uniform_smudging(params.primes, params.n, bits, (num_polys,), rng)
+    return noise
+
+
+# --------------------------------------------------------------------------- byte secrets
+#: The field of :func:`split_bytes`: the Mersenne prime 2^521 - 1 (> 2^256).
+BYTES_FIELD_PRIME = 2**521 - 1
+#: Length of one byte-secret share: a big-endian field element, ceil(521 / 8) bytes.
+BYTES_SHARE_SIZE = (BYTES_FIELD_PRIME.bit_length() + 7) // 8
+#: Length of the secrets :func:`split_bytes` shares (X25519 private keys, seeds).
+SECRET_BYTES = 32
+
+
+def _check_secret(secret: bytes) -> bytes:
+    if not isinstance(secret, (bytes, bytearray)) or len(secret) != SECRET_BYTES:
+        raise ThresholdError(f"secret must be {SECRET_BYTES} bytes")
+    return bytes(secret)
+
+
+def split_bytes(secret: bytes, *, threshold: int, points: Sequence[int]) -> dict[int, bytes]:
+    """Shamir-share a 32-byte secret over F_p, p = 2^521 - 1 (Shamir 1979; Bonawitz et al. 2017, §4).
+
+    f(X) = S + a_1 X + ... + a_{t-1} X^{t-1} with S the secret as a
+    big-endian integer (< 2^256 < p) and a_k uniform in F_p (``secrets``).
+
+    Parameters
+    ----------
+    secret : bytes of length 32
+    threshold : int
+        t, 1 <= t <= len(points).
+    points : sequence of int
+        Distinct points in [1, p).
+
+    Returns
+    -------
+    dict of int to bytes
+        {x_j: f(x_j)}, each a 66-byte big-endian field element.
+
+    Raises
+    ------
+    ThresholdError
+        If the secret is not 32 bytes, or on invalid ``threshold``/``points``.
+    """
+    s = int.from_bytes(_check_secret(secret), "big")
+    pts = _check_points(points, BYTES_FIELD_PRIME)
+    t = _check_threshold(threshold, len(pts))
+    p = BYTES_FIELD_PRIME
+    coeffs = [s] + [secrets.randbelow(p) for _ in range(t - 1)]
+    return {x: _poly_at(coeffs, x).to_bytes(BYTES_SHARE_SIZE, "big") for x in pts}
+
+
+def _poly_at(coeffs: Sequence[int], x: int) -> int:
+    acc = 0
+    for c in reversed(coeffs):
+        acc = (acc * x + c) % BYTES_FIELD_PRIME
+    return acc
+
+
+def _interpolate(points: Sequence[tuple[int, int]], x: int) -> int:
+    """Value at x of the polynomial of degree < len(points) through (x_j, y_j), over F_p."""
+    p = BYTES_FIELD_PRIME
+    total = 0
+    for xj, yj in points:
+        num, den = 1, 1
+        for xk, _ in points:
+            if xk != xj:
+                num = num * (x - xk) % p
+                den = den * (xj - xk) % p
+        total = (total + yj * num * pow(den, -1, p)) % p
+    return total
+
+
+def combine_bytes(shares: Mapping[int, bytes], *, threshold: int) -> bytes:
+    """Reconstruct a 32-byte secret from at least t shares of :func:`split_bytes`.
+
+    Interpolates f(0) through the t smallest points; every further share must
+    lie on the same polynomial (a share that does not is detected, never
+    silently used).
+
+    Parameters
+    ----------
+    shares : mapping of int to bytes
+        {x_j: 66-byte share}, at least ``threshold`` of them.
+    threshold : int
+        t used at :func:`split_bytes`.
+
+    Returns
+    -------
+    bytes of length 32
+
+    Raises
+    ------
+    ThresholdError
+        Fewer than t shares; a point outside [1, p); a share that is not
+        66 bytes or not a canonical field element (>= p); shares that are
+        inconsistent (more than t given, not on one polynomial of degree < t);
+        or a reconstructed value >= 2^256 (not a 32-byte secret: wrong shares).
+    """
+    if not isinstance(shares, Mapping):
+        raise ThresholdError("shares must be a mapping {point: share bytes}")
+    t = _check_int(threshold, "threshold")
+    if t < 1:
+        raise ThresholdError(f"threshold must be >= 1, got {t}")
+    if len(shares) < t:
+        raise ThresholdError(f"{len(shares)} shares given, the threshold is {t}")
+    pts = _check_points(sorted(shares), BYTES_FIELD_PRIME)
+    values = []
+    for x in pts:
+        raw = shares[x]
+        if not isinstance(raw, (bytes, bytearray)) or len(raw) != BYTES_SHARE_SIZE:
+            raise ThresholdError(f"share at point {x} must be {BYTES_SHARE_SIZE} bytes")
+        y = int.from_bytes(raw, "big")
+        if y >= BYTES_FIELD_PRIME:
+            raise ThresholdError(f"share at point {x} is not a canonical field element (>= 2^521 - 1)")
+        values.append((x, y))
+    base = values[:t]
+    for x, y in values[t:]:
+        if _interpolate(base, x) != y:
+            raise ThresholdError(f"share at point {x} is inconsistent with the others")
+    s = _interpolate(base, 0)
+    if s >= 1 << (8 * SECRET_BYTES):
+        raise ThresholdError("the shares do not reconstruct a 32-byte secret")
+    return s.to_bytes(SECRET_BYTES, "big")
