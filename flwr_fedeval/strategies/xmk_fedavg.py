@@ -28,7 +28,8 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import Payload, ReplyCode, Step, xmk
-from flwr_fedeval.rlwe import keyset, masking
+from flwr_fedeval.rlwe import keyset, masking, selfmask
+from flwr_fedeval.rlwe import threshold as shamir
 from flwr_fedeval.strategies.base import (
     Failures,
     ReadableFailuresMixin,
@@ -90,6 +91,15 @@ class _KeySet:
     shares: tuple[bytes, ...]  # every b_i, sent so that clients check and sum them
     mask_keys: tuple[bytes, ...]  # every X25519 mask key
     transcript_signatures: tuple[bytes, ...]  # every member's signature over the key-set digest
+    transcript: bytes = b""  # T, as the members computed it (the mask graph is derived from it)
+    threshold: int = 0  # t of the t-out-of-N decryption (signed in T)
+    scale_bits: int = 0  # log2 Δ (signed in T)
+
+    def name_of(self, node: int) -> str:
+        return self.names[self.nodes.index(node)]
+
+    def node_of(self, name: str) -> int:
+        return self.nodes[self.names.index(name)]
 
 
 @dataclass
@@ -107,6 +117,7 @@ class _RoundState:
     known: set[int] = field(default_factory=set)  # the node list when the round started
     tried: set[int] = field(default_factory=set)  # every node of an attempt of this round
     running: _RunningSum | None = None  # Σ c_j of the attempt in progress, folded as the replies arrive
+    inboxes: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # step 1c: name -> (sender, box)
     train_results: dict[int, Any] = field(default_factory=dict)  # node -> its reply's metrics, or the error
 
     @property
@@ -333,6 +344,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         step_timeout: float = 600.0,
         max_attempts: int = 3,
         mask_degree: int = masking.DEFAULT_MASK_DEGREE,
+        threshold: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -355,6 +367,13 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         if isinstance(mask_degree, bool) or not isinstance(mask_degree, (int, np.integer)) or mask_degree < 0:
             raise ValueError(f"mask_degree must be an integer >= 0 (0 = complete graph), got {mask_degree!r}")
         self.mask_degree = int(mask_degree)
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 2):
+            raise ValueError(f"threshold must be an integer >= 2 or None (floor(N/2) + 1), got {threshold!r}")
+        self.threshold = threshold
+        #: Members left out of a round's contributor set: (round, {node: reason}); no retry was run.
+        self.left_out: list[tuple[int, dict[int, str]]] = []
+        #: Contributors lost after their upload (no signature of C): (round, {node: reason}); they cost nothing.
+        self.lost_after_upload: list[tuple[int, dict[int, str]]] = []
         self._round: _RoundState | None = None
         #: ``timer.timings``: (step, seconds) of every protocol step run so far.
         self.timer = StepTimer("XMKFedAvg")
@@ -417,34 +436,24 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Steps 2-4 (:meth:`sum_ciphertexts`, :meth:`partial_decryptions`, :meth:`decode`);
-        on failure re-key with the remaining clients and re-run the round."""
+        """Steps 2-4 (:meth:`sum_ciphertexts`, :meth:`sign_contributors`, :meth:`partial_decryptions`,
+        :meth:`decode`), **without retries**: a member lost before its upload is left out of the signed
+        contributor set C; one lost after its upload costs nothing (t-out-of-N decryption). The round
+        fails (global model unchanged, no retry: the clients refuse this model again) only when fewer
+        than t members upload, sign C, or answer the partial decryption."""
         state = self._round
         if state is None or state.key_set is None:
             log(WARNING, "aggregate_train: round %d has no key set; global model unchanged", server_round)
             return None, None
-        replies = list(replies)
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                return self._finish_attempt(replies)
-            except RoundAborted as exc:
-                self._record_abort(exc)
-                remaining = [n for n in state.keys.nodes if n not in exc.failed]
-                remaining = sorted(remaining + self._newcomers(remaining, len(exc.failed)))
-                if attempt == self.max_attempts or len(remaining) < self.min_train_nodes:
-                    log(WARNING, "Round %d: giving up after %d attempt(s) (%d clients left, %d needed); "
-                        "global model unchanged", server_round, attempt, len(remaining), self.min_train_nodes)
-                    return None, None
-                log(INFO, "Round %d: re-keying with %d remaining clients and re-running", server_round, len(remaining))
-                try:
-                    messages = self._start_attempt(remaining)
-                except RoundAborted as exc2:
-                    self._record_abort(exc2)
-                    return None, None
-                with self.timer.step("step 2 (encrypted training, re-run)"):
-                    replies = collect(state.grid, messages, timeout=self.step_timeout,
-                                      on_reply=self.fold_train_reply).replies
-        return None, None
+        try:
+            return self._finish_attempt(list(replies))
+        except RoundAborted as exc:
+            self._record_abort(exc)
+            log(WARNING, "Round %d: secure aggregation failed at %s; global model unchanged (no retry: a client "
+                "gives one update per global model)", server_round, exc.step)
+            return None, None
+        finally:
+            state.running = None
 
     # ------------------------------------------------------- protocol steps
     def keygen(self, nodes: list[int]) -> _KeySet:
@@ -503,8 +512,10 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             A node refused, timed out, or opened keys that do not match its commitment.
         """
         nodes = committed.nodes
+        t = self.threshold_for(len(nodes))
+        scale_bits = self.scale_bits_for(len(nodes))
         request = xmk.RevealRequest(committed.key_id, committed.round, committed.names, committed.commitments,
-                                    committed.signatures, self.mask_degree)
+                                    committed.signatures, self.mask_degree, scale_bits, self.max_abs_value, t)
         expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
 
         def check(node: int, reply: xmk.RevealReply) -> xmk.RevealReply:
@@ -519,18 +530,65 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         parsed = self._exchange("key reveal", "opening", nodes, xmk.REVEAL, request, check)
         return _KeySet(committed.key_id, committed.seed_a, committed.round, nodes, committed.names,
                        tuple(r.public_share for r in parsed), tuple(r.mask_key for r in parsed),
-                       tuple(r.transcript_signature for r in parsed))
+                       tuple(r.transcript_signature for r in parsed), parsed[0].transcript, t, scale_bits)
+
+    def threshold_for(self, num_clients: int) -> int:
+        """t of a key set of ``num_clients`` members: ``threshold`` if set, else floor(N/2) + 1.
+
+        Raises
+        ------
+        ValueError
+            ``threshold`` is set and not in [floor(N/2) + 1, N].
+        """
+        low = shamir.min_threshold(num_clients)
+        if self.threshold is None:
+            return low
+        if not low <= self.threshold <= num_clients:
+            raise ValueError(f"threshold {self.threshold} is not in [{low}, {num_clients}] for {num_clients} members")
+        return self.threshold
+
+    def share_keys(self, key_set: _KeySet) -> dict[str, list[tuple[str, bytes]]]:
+        """Step 1c (``query.xmk_shares``): every member Shamir-splits s_i, x_i and a fresh self-mask seed and
+        seals each share to its member; returns each member's inbox ``{name: [(sender, box), ...]}``.
+
+        Raises
+        ------
+        RoundAborted
+            A node refused, timed out, or replied for another member or set of recipients.
+        """
+        state = self._current()
+        request = xmk.SharesRequest(self.params.name, key_set.key_id, state.server_round, key_set.names,
+                                    key_set.shares, key_set.mask_keys, key_set.transcript_signatures)
+
+        def check(node: int, reply: xmk.SharesReply) -> xmk.SharesReply:
+            name = key_set.name_of(node)
+            if reply.key_id != key_set.key_id or reply.signer != name or reply.round != state.server_round:
+                raise ValueError("reply is for another key set, member or round")
+            if sorted(reply.recipients) != sorted(set(key_set.names) - {name}):
+                raise ValueError("the boxes are not one per other member")
+            return reply
+
+        parsed = self._exchange("key shares", "sealed shares", key_set.nodes, xmk.SHARES, request, check)
+        inboxes: dict[str, list[tuple[str, bytes]]] = {name: [] for name in key_set.names}
+        for reply in parsed:
+            for recipient, box in zip(reply.recipients, reply.sealed_shares):
+                inboxes[recipient].append((reply.signer, box))
+        return inboxes
 
     def train_messages(self, key_set: _KeySet) -> list[Message]:
         """Step 2 (request): global model, train config and the key set to every key holder."""
         state = self._current()
         m = len(key_set.nodes)
-        keys = xmk.TrainRequest(self.params.name, key_set.key_id, state.server_round, key_set.names, key_set.shares,
-                                key_set.mask_keys, key_set.transcript_signatures, self.scale_bits_for(m), m,
-                                self.max_abs_value)
-        content = RecordDict({self.arrayrecord_key: state.arrays, self.configrecord_key: state.config})
-        content.update(keys.to_record())
-        return [Message(content=content, dst_node_id=n, message_type=xmk.TRAIN.message_type) for n in key_set.nodes]
+        out = []
+        for node, name in zip(key_set.nodes, key_set.names):
+            inbox = state.inboxes.get(name, [])
+            keys = xmk.TrainRequest(self.params.name, key_set.key_id, state.server_round, key_set.names,
+                                    key_set.shares, key_set.mask_keys, key_set.transcript_signatures, m,
+                                    tuple(s for s, _ in inbox), tuple(b for _, b in inbox))
+            content = RecordDict({self.arrayrecord_key: state.arrays, self.configrecord_key: state.config})
+            content.update(keys.to_record())
+            out.append(Message(content=content, dst_node_id=node, message_type=xmk.TRAIN.message_type))
+        return out
 
     def fold_train_reply(self, reply: Message) -> Message:
         """Step 2, per reply as it arrives (``on_reply`` of the train exchange): check the ciphertext,
@@ -570,86 +628,166 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         state.running.add(node, ct, reply.metrics)
         return reply.metrics
 
-    def sum_ciphertexts(self, replies: list[Message]) -> tuple[rlwe.Ciphertext, list[MetricRecord]]:
-        """Step 2 (replies) and Eq. 3: one well-formed fresh ciphertext from every key holder, summed.
+    def sum_ciphertexts(self, replies: list[Message]) -> tuple[rlwe.Ciphertext, list[MetricRecord], list[int]]:
+        """Step 2 (replies) and Eq. 3: the sum of the well-formed fresh ciphertexts, one per contributor.
 
         The ciphertexts were folded into a running sum as they arrived (:meth:`fold_train_reply`, in
         :meth:`start`'s loop); a reply that was not (``aggregate_train`` called with the replies
-        themselves) is folded here, one at a time. Returns ``(C = Σ c_i, the clients' metric records)``.
+        themselves) is folded here, one at a time. A member that failed, timed out or sent a
+        malformed ciphertext is left out of the contributor set (recorded in ``left_out``), not retried.
+
+        Returns
+        -------
+        (Ciphertext, list of MetricRecord, list of int)
+            C = Σ_{j∈C} c_j, the contributors' metric records, the contributors' node IDs (key-set order).
 
         Raises
         ------
         RoundAborted
-            A key holder failed, timed out or sent a malformed ciphertext.
+            Fewer than t members contributed.
         """
         state = self._current()
-        nodes = state.keys.nodes
+        key_set = state.keys
 
         def check(node: int, reply: xmk.TrainReply) -> MetricRecord | None:
             return self._fold_ciphertext(node, reply)
 
         received = _Received(replies_by_node(state.sent, replies))
-        metrics = self._exchange("encrypted training", "ciphertext", nodes, xmk.TRAIN, None, check, grid=received,
-                                 parsed=state.train_results)
-        assert state.running is not None  # every node folded one ciphertext (else the exchange raised)
-        return state.running.total(nodes), [m for m in metrics if m is not None]
+        valid, failed = self._exchange_some("encrypted training", "ciphertext", key_set.nodes, xmk.TRAIN, None, check,
+                                            grid=received, parsed=state.train_results)
+        contributors = [n for n in key_set.nodes if n in valid]
+        if failed:
+            self.left_out.append((state.server_round, failed))
+            log(WARNING, "Round %d: %d member(s) left out of the contributor set (no ciphertext): %s",
+                state.server_round, len(failed), sorted(failed))
+        if len(contributors) < max(key_set.threshold, 1):
+            raise RoundAborted("encrypted training", failed or dict.fromkeys(key_set.nodes, "no contributor"))
+        assert state.running is not None  # at least one ciphertext was folded
+        return state.running.total(contributors), [valid[n] for n in contributors if valid[n] is not None], \
+            contributors
 
-    def partial_decryptions(self, total: rlwe.Ciphertext) -> np.ndarray:
-        """Step 3: ``query.xmk_pdec`` with C1 and the contributor list; D_i from every contributor (Eq. 7),
-        folded into C0 + Σ D_i (Eq. 5) as each arrives.
-
-        Each client decrypts at most once per key set and round, and only for
-        the contributor list of its whole key set: a failed step cannot be retried.
-
-        Returns
-        -------
-        ndarray of shape (k, L, n), uint64
-            C0 + Σ D_i mod q: the plaintext sum plus bounded noise.
+    def sign_contributors(self, contributors: list[int]) -> dict[str, bytes]:
+        """Step 2b (``query.xmk_contributors``): every contributor still listed signs (key set, round, model
+        hash, C) once; returns ``{name: signature}`` of the members that signed (at least t). A contributor
+        lost now is recorded in ``lost_after_upload`` and costs nothing.
 
         Raises
         ------
         RoundAborted
-            A contributor failed, timed out or sent a malformed share.
+            Fewer than t members signed.
         """
         state = self._current()
         key_set = state.keys
-        nodes = key_set.nodes
-        request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, key_set.names, len(nodes),
-                                  rlwe.polys_to_bytes(self.params, total.c1))
+        names = tuple(key_set.name_of(n) for n in contributors)
+        request = xmk.ContributorsRequest(key_set.key_id, state.server_round, xmk.model_hash(state.arrays), names)
+        listed = {int(n) for n in state.grid.get_node_ids()}
+        asked = [n for n in contributors if n in listed]  # the members known alive after their upload
+
+        def check(node: int, reply: xmk.ContributorsReply) -> bytes:
+            if reply.key_id != key_set.key_id or reply.signer != key_set.name_of(node):
+                raise ValueError("reply is for another key set or member")
+            return reply.signature
+
+        valid, failed = self._exchange_some("contributor set", "signature", asked, xmk.CONTRIBUTORS, request, check)
+        failed.update({n: "left the SuperLink's node list after its upload" for n in contributors if n not in asked})
+        if failed:
+            self.lost_after_upload.append((state.server_round, dict(failed)))
+        if len(valid) < key_set.threshold:
+            raise RoundAborted("contributor set", failed or dict.fromkeys(key_set.nodes, "too few signatures"))
+        return {key_set.name_of(n): sig for n, sig in valid.items()}
+
+    def partial_decryptions(self, total: rlwe.Ciphertext, contributors: list[int],
+                            signatures: dict[str, bytes]) -> np.ndarray:
+        """Step 3: ``query.xmk_pdec`` to the active decryptors A (the signers of C); each replies
+        D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7) and its shares of the self-mask seeds of C and the
+        mask keys of K∖C. Shares are folded into C0 + Σ D_j (Eq. 5) as they arrive; then the seeds
+        and mask keys are reconstructed (t shares each) and the masks removed.
+
+        Returns
+        -------
+        ndarray of shape (k, L, n), uint64
+            Σ_{j∈C} m_j mod q plus bounded noise.
+
+        Raises
+        ------
+        RoundAborted
+            A decryptor failed (the round fails: its Lagrange coefficient is in every other share),
+            or a seed or mask key does not reconstruct.
+        """
+        state = self._current()
+        key_set = state.keys
+        t = key_set.threshold
+        order = sorted(key_set.names)  # the members' points: 1..N in name order
+        points = dict(zip(order, shamir.member_points(len(order), params=self.params)))
+        c_names = tuple(key_set.name_of(n) for n in contributors)
+        dropped = tuple(name for name in order if name not in c_names)
+        active = tuple(sorted(signatures)[:t])  # t decryptors: a loss outside A costs nothing
+        request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names, len(key_set.nodes),
+                                  rlwe.polys_to_bytes(self.params, total.c1), xmk.model_hash(state.arrays),
+                                  active, tuple(signatures[n] for n in active), active)
         ring = self.params.ring
         acc = total.c0.copy()
         folded: list[int] = []
+        seed_shares: dict[str, dict[int, bytes]] = {name: {} for name in c_names}
+        key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
 
         def check(node: int, reply: xmk.PdecReply) -> None:
             share = rlwe.DecryptionShare.from_bytes(reply.share, self.params)
             if share.d.shape != total.c1.shape:
                 raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
+            if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
+                raise ValueError("recovery shares are not one per contributor and one per dropped member")
+            x = points[key_set.name_of(node)]
+            for name, part in zip(c_names, reply.seed_shares):
+                seed_shares[name][x] = part
+            for name, part in zip(dropped, reply.mask_shares):
+                key_shares[name][x] = part
             np.add(acc, share.d, out=acc)  # residues < 2^31: reduced every 4 terms (Eq. 5)
             folded.append(node)
             if len(folded) % 4 == 0:
                 np.remainder(acc, ring.q_col, out=acc)
 
-        self._exchange("partial decryption", "decryption share", nodes, xmk.PDEC, request, check)
+        self._exchange("partial decryption", "decryption share", [key_set.node_of(n) for n in active], xmk.PDEC,
+                       request, check)
         np.remainder(acc, ring.q_col, out=acc)
+        try:
+            for name in c_names:  # remove u_i = PRG(seed_i) of every contributor
+                seed = shamir.combine_bytes(seed_shares[name], threshold=t)
+                acc = ring.sub(acc, selfmask.self_mask(self.params, seed, acc.shape[0]))
+            if dropped:  # remove the pairwise masks between C and the members left out of it
+                mask_keys = dict(zip(key_set.names, key_set.mask_keys))
+                graph = masking.mask_neighbours(order, self.mask_degree, key_set.transcript)
+                context = masking.mask_context(key_set.transcript, state.server_round)
+                for name in dropped:
+                    peers = {j: mask_keys[j] for j in graph[name] if j in c_names}
+                    if not peers:
+                        continue
+                    private = shamir.combine_bytes(key_shares[name], threshold=t)
+                    acc = masking.mask_plaintext(self.params, acc, own_name=name, own_private=private, peers=peers,
+                                                 context=context)
+        except (ValueError, shamir.ThresholdError) as exc:
+            raise RoundAborted("mask recovery", dict.fromkeys(key_set.nodes, f"{type(exc).__name__}: {exc}")) from None
         return acc
 
-    def decode(self, plaintext: np.ndarray) -> tuple[ArrayRecord, int]:
-        """Step 4: decode Σ m = C0 + Σ D_i (Eq. 5, :meth:`partial_decryptions`), ``w ← w + Σ n_i·Δw_i / Σ n_i``.
+    def decode(self, plaintext: np.ndarray, num_contributors: int | None = None) -> tuple[ArrayRecord, int]:
+        """Step 4: decode Σ m = C0 + Σ D_j minus the masks (:meth:`partial_decryptions`),
+        ``w ← w + Σ n_j·Δw_j / Σ n_j`` over the contributors.
 
-        Returns ``(new global model, Σ n_i)``.
+        Returns ``(new global model, Σ n_j)``.
 
         Raises
         ------
         RoundAborted
-            The decoded Σ n_i is not a valid count or the aggregate is not finite.
+            The decoded Σ n_j is not a valid count (< |C|, or not an integer) or the aggregate is not finite.
         """
         state = self._current()
         nodes = state.keys.nodes
+        count = len(nodes) if num_contributors is None else num_contributors
         layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
-        scale_bits = self.scale_bits_for(len(nodes))
+        scale_bits = state.keys.scale_bits or self.scale_bits_for(len(nodes))
         decoded = rlwe.decode(self.params, plaintext, scale_bits=scale_bits, length=self._plaintext_length())
         total_examples = decoded[-1]
-        if not (np.isfinite(total_examples) and total_examples >= len(nodes) - 0.5
+        if not (np.isfinite(total_examples) and total_examples >= count - 0.5
                 and abs(total_examples - round(total_examples)) < 1e-3):
             raise RoundAborted("decoding",
                                dict.fromkeys(nodes, f"decoded Σ n_i = {total_examples!r} is not a valid count"))
@@ -687,12 +825,13 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             raise RuntimeError("XMKFedAvg: no round in progress (configure_train has not run)")
         return self._round
 
-    def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
-                  request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
-                  parsed: dict[int, Any] | None = None) -> list:
+    def _exchange_some(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
+                       request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
+                       parsed: dict[int, Any] | None = None, partial: bool = True) -> tuple[dict[int, Any], dict]:
         """Send ``request`` to every node (over ``grid``, default the round's), parse every reply with
-        ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return the
-        results in node order, or raise :class:`RoundAborted` naming each node that timed out, replied
+        ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return
+        ``({node: result} of the valid replies, {node: reason} of the others)`` (``partial``), or (not
+        ``partial``) raise :class:`RoundAborted` naming each node that timed out, replied
         with an error, or sent a malformed ``what`` (a :class:`~flwr_fedeval.protocol.MalformedMessage`
         or a failed check: ``MALFORMED_REPLY``), through the shared
         :func:`~flwr_fedeval.strategies.base.exchange_replies`.
@@ -729,60 +868,72 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
                                  dict.fromkeys(nodes, content),
                                  protocol_step.message_type, parse, failures, step=step, what=what,
                                  timeout=self.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
-        if failures:
-            if grid is not None:  # step 2: the train replies came within Strategy.start's timeout, not ours
-                for n, f in list(failures.items()):
-                    if f.code == ReplyCode.TIMEOUT:
-                        failures[n] = replace(f, reason=f"no reply to {step} within the train timeout")
-            failed = {n: f"{f.reason} [{code_name(f.code)}, code {f.code}]" for n, f in failures.items()}
+        if grid is not None:  # step 2: the train replies came within Strategy.start's timeout, not ours
+            for n, f in list(failures.items()):
+                if f.code == ReplyCode.TIMEOUT:
+                    failures[n] = replace(f, reason=f"no reply to {step} within the train timeout")
+        failed = {n: f"{f.reason} [{code_name(f.code)}, code {f.code}]" for n, f in failures.items()}
+        if failures and not partial:
             raise RoundAborted(step, failed, failures=failures)
+        return valid, failed
+
+    def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
+                  request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
+                  parsed: dict[int, Any] | None = None) -> list:
+        """:meth:`_exchange_some` that raises :class:`RoundAborted` for any failure; the results in node order."""
+        nodes = list(nodes)
+        valid, _ = self._exchange_some(step, what, nodes, protocol_step, request, check, grid=grid, parsed=parsed,
+                                       partial=False)
         return [valid[n] for n in nodes]
 
     def _start_attempt(self, nodes: list[int]) -> list[Message]:
-        """Step 1 with ``nodes`` (once more without the failing ones), then the step-2 messages."""
+        """Steps 1a-1c with ``nodes`` (again without the failing ones, at most ``max_attempts`` times:
+        nobody has trained yet, so a re-key leaks nothing), then the step-2 messages."""
         state = self._current()
-        if len(nodes) < self.min_train_nodes:
-            raise RoundAborted(
-                "sampling",
-                {n: f"only {len(nodes)} clients, a key set needs {self.min_train_nodes}" for n in nodes},
-            )
-        state.tried.update(nodes)
-        with self.timer.step("step 1 (key generation)"):
+        for attempt in range(1, self.max_attempts + 1):
+            if len(nodes) < self.min_train_nodes:
+                raise RoundAborted(
+                    "sampling",
+                    {n: f"only {len(nodes)} clients, a key set needs {self.min_train_nodes}" for n in nodes},
+                )
+            state.tried.update(nodes)
             try:
-                key_set = self.keygen(nodes)
+                with self.timer.step("step 1 (key generation)"):
+                    key_set = self.keygen(nodes)
+                    state.key_set = key_set
+                    state.inboxes = self.share_keys(key_set)
+                break
             except RoundAborted as exc:
-                remaining = [n for n in nodes if n not in exc.failed]
-                self._record_abort(exc)
-                remaining = sorted(remaining + self._newcomers(remaining, len(exc.failed)))
-                if len(remaining) < self.min_train_nodes:
+                if attempt == self.max_attempts:
                     raise
-                state.tried.update(remaining)
-                key_set = self.keygen(remaining)
-        state.key_set = key_set
+                self._record_abort(exc)
+                remaining = [n for n in nodes if n not in exc.failed]
+                nodes = sorted(remaining + self._newcomers(remaining, len(exc.failed)))
         self.key_sets.append({"round": int(state.server_round), "key_set": str(key_set.key_id),
                               "nodes": [int(n) for n in key_set.nodes]})
-        log(INFO, "configure_train: key set %s of %d clients ready", key_set.key_id, len(key_set.nodes))
+        log(INFO, "configure_train: key set %s of %d clients ready (t = %d)", key_set.key_id, len(key_set.nodes),
+            key_set.threshold)
         state.running, state.train_results = None, {}
         state.sent = self.train_messages(key_set)
         return state.sent
 
     def _finish_attempt(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
-        """Steps 2 (replies), 3 and 4 of one attempt."""
-        state = self._current()
-        nodes = state.keys.nodes
+        """Steps 2 (replies), 2b, 3 and 4 of the round (no retry)."""
         with self.timer.step("step 2 (sum of the encrypted updates)"):
-            total, metrics = self.sum_ciphertexts(replies)
+            total, metrics, contributors = self.sum_ciphertexts(replies)
+        with self.timer.step("step 2b (contributor set)"):
+            signatures = self.sign_contributors(contributors)
         with self.timer.step("step 3 (partial decryption)"):
-            plaintext = self.partial_decryptions(total)
+            plaintext = self.partial_decryptions(total, contributors, signatures)
         del total
-        state.running = None
+        self._current().running = None
         with self.timer.step("step 4 (decoding)"):
-            arrays, total_examples = self.decode(plaintext)
-        log(INFO, "aggregate_train: %d encrypted updates summed and decrypted (Σ n_i = %d)",
-            len(nodes), total_examples)
+            arrays, total_examples = self.decode(plaintext, len(contributors))
+        log(INFO, "aggregate_train: %d encrypted updates summed and decrypted by %d members (Σ n_i = %d)",
+            len(contributors), len(signatures), total_examples)
         agg_metrics = self._mean_metrics(metrics)
         agg_metrics["num-examples"] = total_examples
-        agg_metrics["num-clients"] = len(nodes)
+        agg_metrics["num-clients"] = len(contributors)
         return arrays, agg_metrics
 
     def _newcomers(self, remaining: list[int], lost: int) -> list[int]:
