@@ -19,7 +19,6 @@ from xmk_app import update as _update
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.identity import NodeIdentity
-from flwr_fedeval.protocol.xmk import QUERY_XMK_CONTRIBUTORS, QUERY_XMK_SHARES
 from flwr_fedeval.messages import (
     QUERY_XMK_PDEC,
     QUERY_XMK_REVEAL,
@@ -31,6 +30,7 @@ from flwr_fedeval.messages import (
     bytes_to_array,
 )
 from flwr_fedeval.protocol import xmk
+from flwr_fedeval.protocol.xmk import QUERY_XMK_CONTRIBUTORS, QUERY_XMK_SHARES
 from flwr_fedeval.rlwe import keyset, masking, selfmask, threshold
 from flwr_fedeval.rlwe import serialization as ser
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
