@@ -6,8 +6,9 @@ Measures, side by side in one run, the traced peak (``tracemalloc``; numpy's buf
 * ``xmk_fold``: :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg`'s own code: the M ``train`` replies
   are pulled one per poll and folded into the running sum as each arrives
   (:meth:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg.fold_train_reply`, then
-  :meth:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg.sum_ciphertexts`), then M decryption shares are
-  folded into C0 + Σ D_j the same way, then the sum is decoded;
+  :meth:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg.sum_ciphertexts`), then the t = floor(M/2) + 1
+  threshold decryption shares are folded into C0 + Σ D_j the same way, the M self-masks are removed
+  (:meth:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg.partial_decryptions`), then the sum is decoded;
 * ``xmk_hold`` (only for M <= ``--hold-max``, it grows with M): the pre-issue-21 path, every reply
   held, then every ciphertext parsed and summed at once;
 * ``plain_fedavg``: Flower's ``FedAvg.aggregate_train`` over the M replies (Flower's loop holds them all).
@@ -39,7 +40,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import xmk
 from flwr_fedeval.strategies.collect import collect
-from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg, _KeySet, _RoundState
+from flwr_fedeval.rlwe import threshold
+from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
 from flwr_fedeval.testing.grid import set_serverapp_identity
 
 GIB = 2.0**30
@@ -132,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def xmk_reply(msg: Message) -> RecordDict:
         if msg.metadata.message_type == xmk.PDEC.message_type:
-            return xmk.PdecReply(share_bytes).to_record()
+            request = xmk.PdecRequest.from_record(msg.content)
+            seed_shares = (bytes(threshold.BYTES_SHARE_SIZE),) * len(request.contributors)
+            return xmk.PdecReply(share_bytes, seed_shares, ()).to_record()
         return xmk.TrainReply(ct_bytes, MetricRecord({"train-loss": 0.5})).to_record()
 
     def strategy_for(m: int, grid) -> XMKFedAvg:
@@ -141,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         state = _RoundState(1, arrays, ConfigRecord({"server-round": 1}), grid)
         nodes = tuple(range(1, m + 1))
         names = tuple(f"client-{i}" for i in nodes)
-        state.key_set = _KeySet("bench", b"\0" * 32, 1, nodes, names, (b"",) * m, (b"",) * m, (b"",) * m)
+        state.key_set = _KeySet("bench", b"\0" * 32, 1, nodes, names, (b"",) * m, (b"",) * m, (b"",) * m,
+                                b"\0" * 32, threshold.min_threshold(m), scale_bits)
         state.sent = [Message(RecordDict(), dst_node_id=n, message_type=xmk.TRAIN.message_type) for n in nodes]
         strategy._round = state
         return strategy
@@ -151,11 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         strategy = strategy_for(m, grid)
         state = strategy._round
         replies = collect(grid, state.sent, timeout=None, on_reply=strategy.fold_train_reply).replies
-        total, _ = strategy.sum_ciphertexts(replies)
-        plaintext = strategy.partial_decryptions(total)
+        total, _, contributors = strategy.sum_ciphertexts(replies)
+        signatures = dict.fromkeys(state.key_set.names, b"")  # the clients check them; the server only relays
+        plaintext = strategy.partial_decryptions(total, contributors, signatures)  # t shares, M self-masks removed
         del total
         state.running = None
-        strategy.decode(plaintext)
+        try:
+            strategy.decode(plaintext, len(contributors))
+        except RoundAborted:  # the benchmark's shares and seeds are not the real ones: the sum does not decode
+            pass
         return len(replies)
 
     def hold(m: int):

@@ -5,7 +5,7 @@ Add the query handlers and wrap your ``train`` handler with the mod::
     from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 
     app = ClientApp()
-    register_xmkckks_handlers(app)   # query.xmk_keygen, query.xmk_reveal, query.xmk_pdec
+    register_xmkckks_handlers(app)   # query.xmk_keygen, _reveal, _shares, _contributors, _pdec
 
     @app.train(mods=[xmkckks_mod])
     def train(msg, context): ...     # unchanged: replies "arrays" + "metrics"
@@ -14,8 +14,10 @@ The mod leaves ordinary (plaintext) training untouched; when the train
 message carries the key set (:class:`flwr_fedeval.protocol.xmk.TrainRequest`) it turns the reply into one
 xMK-CKKS ciphertext of ``[n_i·(w_i − w_global), n_i]`` (Walskaar et al.
 2023, Eq. 6; DESIGN.md §3 step 2), masked with pairwise zero-sum masks
-(:mod:`flwr_fedeval.rlwe.masking`): neither the update nor ``num-examples``
-leaves the client in clear, and only the sum over the whole key set decrypts.
+(:mod:`flwr_fedeval.rlwe.masking`) and a self-mask (:mod:`flwr_fedeval.rlwe.selfmask`):
+neither the update nor ``num-examples`` leaves the client in clear, and only the
+sum over a contributor set the members signed decrypts (t-out-of-N threshold
+decryption, :mod:`flwr_fedeval.rlwe.threshold`; issue 21).
 
 Every node needs its roster identity (:func:`flwr_fedeval.clients.identity.node_identity`:
 node config ``fedeval-identity-key`` + ``fedeval-roster``, or run config
@@ -31,22 +33,37 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   member, its own among them, at least its floor
   (:func:`~flwr_fedeval.clients.identity.key_set_floor`: node config
   ``fedeval-min-clients`` / ``xmk-min-clients``, else run config
-  ``min-nodes``); ▲ one reveal per key set. Replies (b_i, X_i) and its
-  signature over the key-set transcript T, which includes the mask degree
-  k; ▲ k gives at least this client's floor of neighbours
-  (:func:`~flwr_fedeval.clients.identity.mask_degree_floor`: node config,
-  else run config ``xmk-mask-degree``; 0 = the complete graph).
-* ``train`` (the mod): ▲ every opening matches its commitment, every member
-  signed the same T, the round is later than its last encryption under
-  this key set (masks are never reused), ``num-clients`` = |K|, at least
-  its floor. Encrypts m_i + r_i under b = Σ b_j, r_i over its neighbours
-  in the mask graph it derives itself from T
-  (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`).
-* ``query.xmk_pdec``: ▲ the key set and round of its last encryption, at
+  ``min-nodes``); ▲ one reveal per key set; ▲ k gives at least this client's
+  floor of neighbours (:func:`~flwr_fedeval.clients.identity.mask_degree_floor`);
+  ▲ N/2 < t <= N; ▲ the scale fits the noise budget for N and the bound B.
+  Replies (b_i, X_i) and its signature over the key-set transcript T, which
+  binds every public parameter (parameter set, a, round, k, scale, B, t).
+* ``query.xmk_shares``: ▲ every opening matches its commitment and every member
+  signed the same T; ▲ once per key set and round, the round after its last
+  training round. Shamir-splits (t of N) s_i, its mask key and a fresh
+  self-mask seed and seals each share to its member
+  (:func:`~flwr_fedeval.rlwe.keyset.seal_shares`).
+* ``train`` (the mod): ▲ **no retries**: at most one update per global model
+  (:func:`~flwr_fedeval.protocol.xmk.model_hash`, whatever the key set) and
+  the round strictly after its last (refused with
+  ``ReplyCode.ALREADY_CONTRIBUTED``, the ledger ``"xmk-ledger"`` survives
+  re-keys); ▲ the openings and T again; ▲ a valid share from every member
+  (it keeps sk_j = Σ_i share_{i→j}). Clips n_i·Δw_i and n_i to the signed B
+  (the count is logged and kept in the ledger, never sent), encrypts
+  m_i + r_i + u_i under b = Σ b_j, r_i over its neighbours in the mask graph it
+  derives itself from T (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`),
+  u_i its self-mask.
+* ``query.xmk_contributors``: ▲ C ⊆ K, |C| >= its floor and >= t, itself ∈ C
+  iff it uploaded in the round, the model hash is the one it trained on;
+  signs (key set, round, model hash, C) once per key set and round.
+* ``query.xmk_pdec``: ▲ the key set and a round it holds a share for, at
   most **one** partial decryption per key set and round (a second request
-  is refused whatever C1), the contributor list = the key set's members,
-  C1 in the canonical encoding with the expected number of polynomials
-  (header fields, length, reduced residues), C1 ≠ its own c1.
+  is refused whatever C1), C as above signed by >= t distinct members of K, the
+  active set A (>= t members of K, itself among them), C1 in the canonical
+  encoding with the expected number of polynomials, C1 ≠ its own c1, and never
+  the seed share and the mask-key share of one member (across the key set's
+  rounds). Replies D_j = λ_j·sk_j·C1 + e*_j and its shares of the seeds of C
+  and of the mask keys of K∖C.
 
 The client's secrets live in ``context.state`` (a ConfigRecord under
 ``"xmk-state"``), never in module globals (the deployment engine starts a

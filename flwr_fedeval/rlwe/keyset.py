@@ -30,7 +30,8 @@ Protocol for one key set K (cait-sith notation: ★ send, • wait, ▲ check
    with its own h_i, and |K| >= i's floor;
    ▲ the server's mask degree k gives at least i's floor of neighbours
    (:func:`~flwr_fedeval.rlwe.masking.check_mask_degree`);
-   T = :func:`transcript_digest` (params, kid, seed_a, r, k, sorted (name, h));
+   T = :func:`transcript_digest` (params, kid, seed_a, r, k, scale, bound B,
+   threshold t, sorted (name, h)): every public parameter of the key set;
    ▲ i reveals at most once per key set;
    ★ (b_i, X_i, Sign_i("xmkckks", kid, r, "key-set", T)).
 3. **Encrypt** (``train``). • every member's (b_j, X_j, transcript sig_j); i:
@@ -39,6 +40,13 @@ Protocol for one key set K (cait-sith notation: ★ send, • wait, ▲ check
    ▲ (:func:`check_transcript_signatures`) every member signed the same T;
    b = Σ b_j; masks from X_j of i's neighbours in the mask graph of
    degree k derived from T (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`).
+   Before it (step 1c, issue 21) each member seals its Shamir shares of s_i,
+   x_i and its self-mask seed to every member (:func:`seal_shares`: AES-GCM
+   under HKDF(X25519(x_i, X_j)) with its own label, AAD = kid, round, sender,
+   recipient) and opens the ones addressed to it (:func:`open_shares`).
+4. **Contributors** (``query.xmk_contributors``): each member signs
+   (kid, r, model hash, C) once per key set and round (:func:`sign_contributors`);
+   a decryptor ▲ t such signatures over the same C (:func:`check_contributor_signatures`).
 
 Imports neither flwr nor TensorFlow.
 """

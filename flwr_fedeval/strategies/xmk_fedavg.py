@@ -3,10 +3,14 @@
 Implementation based on Walskaar, Tran, Catak 2023 (Eqs. 1-11) and Ma et al.
 2022 (xMK-CKKS), on Flower's Message API (DESIGN.md §3), hardened against a
 deviating server (DESIGN.md §7): signed commit-then-reveal key sets
-(:mod:`flwr_fedeval.rlwe.keyset`) and pairwise zero-sum masks
-(:mod:`flwr_fedeval.rlwe.masking`, Bonawitz et al. 2017). The server sees
-only the sum of the clients' encrypted, example-weighted updates and
-``Σ n_i``; no single party can decrypt one client's update or a partial sum.
+(:mod:`flwr_fedeval.rlwe.keyset`), pairwise zero-sum masks and self-masks
+(:mod:`flwr_fedeval.rlwe.masking`, :mod:`flwr_fedeval.rlwe.selfmask`, Bonawitz
+et al. 2017) and t-out-of-N threshold decryption over a signed contributor set
+(:mod:`flwr_fedeval.rlwe.threshold`, Mouchet et al. 2021), without retries
+(issue 21). The server sees only the sum of the contributors' encrypted,
+example-weighted updates and ``Σ n_i``; no single party can decrypt one
+client's update or a partial sum, and it holds one running sum, not M
+ciphertexts.
 The server is trusted for nothing: every check is the clients'
 (:mod:`flwr_fedeval.clients.xmkckks`); the checks here only name a failing
 node early.
@@ -237,32 +241,46 @@ class _RunningSum:
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     """Weighted FedAvg whose client updates are aggregated under xMK-CKKS.
 
-    Each round: (1a) ``query.xmk_keygen`` to the sampled clients: each
-    draws s_i, b_i (Eq. 1) and an X25519 mask key and replies a commitment
-    signed with its roster key; (1b) ``query.xmk_reveal`` relays all signed
-    commitments, each client checks them and opens b_i and its mask key;
-    (2) ``train`` with every opening; each client checks them against the
-    commitments, sums b = Σ b_i itself and replies Enc(n_i·Δw_i, n_i) + r_i
-    (Eq. 6; r_i its pairwise zero-sum mask); (3) the server sums the
-    ciphertexts (Eq. 3) and sends C1 with the key set's members in
-    ``query.xmk_pdec``; each client replies D_i = s_i·C1 + e*_i (Eq. 7) once
-    per key set and round; (4) the server decodes Σ n_i·Δw_i and Σ n_i (Eq. 5;
-    the masks cancel exactly) and sets ``w ← w + Σ n_i·Δw_i / Σ n_i``.
-    Every client needs a roster identity
+    Each round (issue 21: no retries): (1a) ``query.xmk_keygen`` to the sampled
+    clients: each draws s_i, b_i (Eq. 1) and an X25519 mask key and replies a
+    commitment signed with its roster key; (1b) ``query.xmk_reveal`` relays all
+    signed commitments and the public parameters (scale, value bound B, mask
+    degree, threshold t); each client checks them and opens b_i and its mask key
+    with its signature over the transcript T that binds them all; (1c)
+    ``query.xmk_shares``: each member Shamir-splits (t of N) s_i, its mask key
+    and a fresh self-mask seed and seals each share to each member (Mouchet et
+    al. 2021; Bonawitz et al. 2017 double masking); (2) ``train`` with every
+    opening and the member's inbox: each client checks T, opens a valid share
+    from every member, clips n_i·Δw_i and n_i to B and replies
+    Enc(n_i·Δw_i, n_i) + r_i + u_i (Eq. 6; r_i its pairwise mask, u_i its
+    self-mask), at most once per global model; the server folds each ciphertext
+    into a running sum as it arrives; (2b) ``query.xmk_contributors``: the
+    contributors still listed sign C, the set whose ciphertexts were summed;
+    (3) ``query.xmk_pdec`` to t of the signers (the active set A) with
+    C1 = Σ_{j∈C} c1_j, C and t signatures: each replies
+    D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7) and its shares of the seeds of C
+    and the mask keys of K∖C; (4) the server folds the D_j, reconstructs the
+    seeds and mask keys, removes Σ u_i and the pairwise masks between C and
+    K∖C, decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
+    ``w ← w + Σ n_i·Δw_i / Σ n_i`` over C. Every client needs a roster identity
     (:func:`flwr_fedeval.clients.identity.node_identity`).
 
-    If any client of the key set fails or times out at any step, or replies
-    with a malformed ciphertext or share, the attempt aborts (the global
-    model is unchanged), the failing nodes are dropped, and the round is run
-    again with a new key set of the remaining clients, while at least
-    ``min_train_nodes`` remain and at most ``max_attempts`` times. A node
-    is given up as soon as it leaves the SuperLink's node list (or, over a
+    A member lost before its upload (or whose ciphertext is malformed) is left
+    out of C (``left_out``); one lost after it costs nothing
+    (``lost_after_upload``): the round completes while t members sign C and the
+    t decryptors answer. The round fails (global model unchanged, **no retry**:
+    the clients that uploaded refuse that model again) only when fewer than t
+    members upload or sign, or a member of A is lost during the partial
+    decryption itself. Failures before training (key generation, reveal, key
+    shares) drop the failing nodes and re-key, at most ``max_attempts`` times
+    (nobody trained yet: a re-key leaks nothing). A node is given up as soon as
+    it leaves the SuperLink's node list (or, over a
     :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` with a
     :class:`~flwr_fedeval.strategies.collect.Rejoin`, as soon as its identity
     comes back under a new node ID), not at ``step_timeout``
-    (:mod:`flwr_fedeval.strategies.collect`); nodes that joined during the
-    round (a restarted SuperNode) take the lost ones' places in the new key
-    set, at most as many as were lost.
+    (:mod:`flwr_fedeval.strategies.collect`); nodes that joined during key setup
+    (a restarted SuperNode) take the lost ones' places in the new key set, at
+    most as many as were lost.
 
     Parameters
     ----------
@@ -273,9 +291,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         with 10 clients and ``max_abs_value=2**16`` it is 8e-7 at q≈2^108 but
         3e-2 at q≈2^93 (measured), hence the default.
     max_abs_value : float, default=2**16
-        Public bound on every encrypted value ``|n_i·Δw|`` and ``n_i``;
-        clients refuse to encrypt beyond it. Together with the number of
-        clients it fixes the scale Δ.
+        Public bound B on every encrypted value ``|n_i·Δw|`` and ``n_i``,
+        signed in the key-set transcript: clients clip to [-B, B] (as Flower's
+        SecAgg+ ``clipping_range``) and count the clipped values on the node;
+        they never refuse (a refusal that depends on private data is an oracle).
+        Together with the number of clients it fixes the scale Δ.
     scale_bits : int, optional
         log2 of Δ; default: the largest the noise budget allows
         (:func:`flwr_fedeval.rlwe.max_scale_bits`).
@@ -286,7 +306,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         Seconds to wait for the replies of key generation and partial
         decryption (the training step uses the ``timeout`` of ``start``).
     max_attempts : int, default=3
-        Attempts per round (the first one included).
+        Key setups per round (the first one included); after the train request
+        nothing is retried.
+    threshold : int, optional
+        t of the t-out-of-N decryption; default floor(N/2) + 1 (each client
+        refuses t <= N/2: two disjoint survivor groups must not both decrypt).
     mask_degree : int, default=4
         Degree k of the pairwise-mask graph (SecAgg+, Bell et al. 2020):
         each client masks with k neighbours derived from the signed key-set
@@ -305,8 +329,12 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     Attributes
     ----------
     aborted_attempts : list of (int, RoundAborted)
-        Every aborted attempt with its round; the reason per node is in
-        ``RoundAborted.failed``.
+        Every aborted key setup and failed round with its round; the reason per
+        node is in ``RoundAborted.failed``.
+    left_out : list of (int, dict)
+        Members left out of a round's contributor set: ``(round, {node: reason})``.
+    lost_after_upload : list of (int, dict)
+        Contributors lost after their upload (they cost nothing): ``(round, {node: reason})``.
     key_sets : list of dict
         Every key set this strategy generated, in order: ``{"round": int,
         "key_set": str (the key-set ID), "nodes": list of int (its members'
@@ -329,9 +357,10 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         ``scale_bits`` (or, when unset, any scale) does not fit the noise
         budget for the number of clients and ``max_abs_value`` (see
         :meth:`scale_bits_for`).
-        A failed or malformed client reply never raises: the attempt aborts
-        (:class:`RoundAborted`, recorded in ``aborted_attempts``), the round
-        is re-keyed and re-run, or left unchanged.
+        A failed or malformed client reply never raises: before training the
+        key setup is re-run without the node; after it the node is left out,
+        or the round fails (:class:`RoundAborted`, recorded in
+        ``aborted_attempts``) and the global model is left unchanged.
     """
 
     def __init__(
