@@ -47,7 +47,8 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   (:func:`~flwr_fedeval.protocol.xmk.model_hash`, whatever the key set) and
   the round strictly after its last (refused with
   ``ReplyCode.ALREADY_CONTRIBUTED``, the ledger ``"xmk-ledger"`` survives
-  re-keys); ▲ the openings and T again; ▲ a valid share from every member
+  re-keys; with node config ``fedeval-xmk-ledger`` the model hashes are also
+  kept in that file, across runs); ▲ the openings and T again; ▲ a valid share from every member
   (it keeps sk_j = Σ_i share_{i→j}). Clips n_i·Δw_i and n_i to the signed B
   (the count is logged and kept in the ledger, never sent), encrypts
   m_i + r_i + u_i under b = Σ b_j, r_i over its neighbours in the mask graph it
@@ -73,7 +74,10 @@ process per message).
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from logging import WARNING
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
@@ -87,6 +91,7 @@ from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, error_re
 from flwr_fedeval.rlwe import keyset, masking, selfmask, threshold
 
 __all__ = [
+    "LEDGER_FILE_CONFIG",
     "PartialDecryptionRefused",
     "register_xmkckks_handlers",
     "xmk_contributors",
@@ -100,6 +105,9 @@ __all__ = [
 _STATE_KEY = "xmk-state"
 _LEDGER_KEY = "xmk-ledger"
 _MAX_LEDGER = 256  # global-model hashes kept (rounds strictly increase besides)
+_MAX_FILE_LEDGER = 4096  # global-model hashes kept in the node's ledger file
+#: Node config: a file where the node keeps the hashes of every global model it trained on, across runs.
+LEDGER_FILE_CONFIG = "fedeval-xmk-ledger"
 _MAX_USED_KEY_IDS = 64  # key-set ids this client committed for (refuses to commit twice)
 _LABEL = "xMK-CKKS"
 
@@ -167,6 +175,49 @@ def _keygen(request: xmk.KeygenRequest, msg: Message, context: Context) -> xmk.K
         "enc-round": -1, "pdec-round": -1,
     })
     return xmk.KeygenReply(key_id, identity.name, h, signature)
+
+
+def _ledger_file(context: Context) -> Path | None:
+    """The node operator's ledger file (node config ``fedeval-xmk-ledger``), or ``None``."""
+    path = dict(context.node_config).get(LEDGER_FILE_CONFIG) or ""
+    return Path(str(path)).expanduser() if path else None
+
+
+def _trained_models(context: Context) -> list[str]:
+    """Hex hashes of the global models this node trained on: this run's (``context.state``) and, with
+    node config ``fedeval-xmk-ledger``, every run's (a JSON file the node keeps; a new run, e.g. a
+    ``resume-from``, starts a new ``context.state``).
+
+    Raises
+    ------
+    Refused
+        The ledger file exists but is not a JSON object with a list of hex strings under ``models``.
+    """
+    models = [str(m) for m in _ledger(context)["models"]]
+    path = _ledger_file(context)
+    if path is not None and path.exists():
+        try:
+            stored = json.loads(path.read_text())["models"]
+            if not isinstance(stored, list) or not all(isinstance(m, str) for m in stored):
+                raise TypeError("models is not a list of strings")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise Refused(f"the node's xMK ledger {path} ({LEDGER_FILE_CONFIG}) is unreadable: {exc}") from None
+        models += stored
+    return models
+
+
+def _record_model(context: Context, model: bytes) -> None:
+    """Add ``model`` to this run's ledger and, with ``fedeval-xmk-ledger``, to the file (atomic replace)."""
+    ledger = _ledger(context)
+    ledger["models"] = (list(ledger["models"]) + [model.hex()])[-_MAX_LEDGER:]
+    path = _ledger_file(context)
+    if path is not None:
+        stored = [m for m in _trained_models(context) if m not in list(ledger["models"])]
+        models = (stored + list(ledger["models"]))[-_MAX_FILE_LEDGER:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps({"models": models}))
+        os.replace(tmp, path)
 
 
 def _ledger(context: Context) -> ConfigRecord:
@@ -400,8 +451,7 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
         if params.name != state["params"]:
             raise keyset.KeySetError("parameter set differs from the key set's")
         model = xmk.model_hash(msg.content["arrays"])
-        ledger = _ledger(context)
-        if model.hex() in list(ledger["models"]):
+        if model.hex() in _trained_models(context):
             raise Refused(f"no retries: this client already trained on global model {model.hex()[:16]}… "
                           f"(one update per global model, whatever the key set)",
                           code=ReplyCode.ALREADY_CONTRIBUTED)
@@ -449,9 +499,8 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
         ct = rlwe.encrypt(params, joint, a, masked)
     except (Refused, *_ERRORS) as exc:
         return error_reply(msg, exc, _LABEL)
-    ledger = _ledger(context)  # one update per global model, whatever the key set; rounds strictly increase
-    ledger["models"] = (list(ledger["models"]) + [model.hex()])[-_MAX_LEDGER:]
-    ledger["last-round"] = request.round
+    _record_model(context, model)  # one update per global model, whatever the key set
+    _ledger(context)["last-round"] = request.round  # rounds strictly increase
     state["enc-round"] = request.round
     state["enc-model"] = model
     state["num-polys"] = ct.num_polys

@@ -279,3 +279,29 @@ def test_round_completes_with_the_exact_mean_of_the_signed_contributors():
     assert set(strategy.left_out[0][1]) == {lost["before"]} and set(strategy.lost_after_upload[0][1]) == {lost["after"]}
     pdec_nodes = [n for n, t, _ in grid.log if t == QUERY_XMK_PDEC]
     assert len(pdec_nodes) == 3 and lost["after"] not in pdec_nodes  # t = 3 decryptors, all survivors
+
+
+def test_a_new_run_refuses_a_model_trained_on_in_an_earlier_run_with_the_node_ledger(tmp_path):
+    """A new run starts a new context.state (e.g. a resume-from, or a server that simply starts another run):
+    with node config fedeval-xmk-ledger each node keeps its model hashes in a file and refuses the same global
+    model in the new run; without it only this run is covered (README: threat model)."""
+    configs = [{"partition-id": p, "num-partitions": 3, "fedeval-xmk-ledger": str(tmp_path / f"ledger-{p}.json")}
+               for p in range(3)]
+    run(InProcessGrid(make_app(), 3, RUN_CONFIG, node_configs=configs), _strategy(3))
+    assert all((tmp_path / f"ledger-{p}.json").exists() for p in range(3))
+    codes = []
+
+    def spy(node, msg, reply):
+        if msg.metadata.message_type == "train":
+            codes.append(reply.error.code if reply.has_error() else None)
+        return reply
+
+    second = InProcessGrid(make_app(), 3, RUN_CONFIG, node_configs=configs, fault=spy)  # a new run: new states
+    result = run(second, _strategy(3))
+    assert codes == [int(ReplyCode.ALREADY_CONTRIBUTED)] * 3
+    assert not len(result.arrays) or np.array_equal(flat(result.arrays.to_numpy_ndarrays()), flat(initial()))
+    # without the node's ledger file the new run's empty state does not know the model
+    plain = InProcessGrid(make_app(), 3, RUN_CONFIG, fault=spy)
+    codes.clear()
+    run(plain, _strategy(3))
+    assert codes == [None] * 3
