@@ -950,6 +950,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         """Steps 2 (replies), 2b, 3 and 4 of the round (no retry)."""
         with self.timer.step("step 2 (sum of the encrypted updates)"):
             total, metrics, contributors = self.sum_ciphertexts(replies)
+        if len(contributors) < len(self._current().keys.nodes):
+            self._key_cache = {}  # mask keys of K∖C are reconstructed: that key set is not used again
         with self.timer.step("step 2b (contributor set)"):
             signatures = self.sign_contributors(contributors)
         with self.timer.step("step 3 (partial decryption)"):

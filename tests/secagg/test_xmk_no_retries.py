@@ -305,3 +305,17 @@ def test_a_new_run_refuses_a_model_trained_on_in_an_earlier_run_with_the_node_le
     codes.clear()
     run(plain, _strategy(3))
     assert codes == [None] * 3
+
+
+def test_sparse_mask_graph_member_lost_before_upload_is_unmasked_exactly():
+    """M = 7, mask degree 2: the lost member's pairwise masks with its two neighbours in C are rebuilt from
+    its reconstructed mask key; the mean over the six contributors is exact."""
+    lost = {}
+    grid = InProcessGrid(make_app(), 7, {**RUN_CONFIG, "xmk-mask-degree": 2},
+                         fault=lambda n, m, r: None if n == lost["node"] and m.metadata.message_type == "train" else r)
+    lost["node"] = grid.node_ids[4]
+    strategy = _strategy(7, mask_degree=2)
+    result = run(grid, strategy)
+    assert not strategy.aborted_attempts and set(strategy.left_out[0][1]) == {lost["node"]}
+    expected = plain_fedavg(initial(), [0, 1, 2, 3, 5, 6], 1)
+    assert np.max(np.abs(flat(result.arrays.to_numpy_ndarrays()) - expected)) <= 1e-6
