@@ -39,8 +39,8 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import xmk
-from flwr_fedeval.strategies.collect import collect
 from flwr_fedeval.rlwe import threshold
+from flwr_fedeval.strategies.collect import collect
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
 from flwr_fedeval.testing.grid import set_serverapp_identity
 
