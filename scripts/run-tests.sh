@@ -36,28 +36,39 @@ if [ "$#" -gt 0 ]; then
 fi
 # The deployment-engine tests (tests/deployment: real SuperLink/SuperNode processes) spend
 # most of their time waiting (Flower's 60 s heartbeat before a crashed node is dropped, the
-# processes' start-up): they run in the background, beside the other legs.
-dep_log=$(mktemp)
+# processes' start-up): they run in the background, beside the other legs, in two pytest
+# processes (the test files, in name order, dealt alternately), each with its own log.
+dep_files=(tests/deployment/test_*.py)
+dep_groups=("" "")
+for i in "${!dep_files[@]}"; do dep_groups[$((i % 2))]+=" ${dep_files[$i]}"; done
+dep_logs=() dep_pids=()
 stop_dep() {  # a leg failed: stop the deployment tests (SIGTERM: their fixture stops every process)
-  if [ -n "${dep_pid:-}" ] && kill -TERM "$dep_pid" 2>/dev/null; then
-    wait "$dep_pid" 2>/dev/null
-    tail -30 "$dep_log"
-  fi
-  rm -f "$dep_log"
+  local pid
+  for pid in "${dep_pids[@]}"; do kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
+  if [ "${#dep_pids[@]}" -gt 0 ]; then local f; for f in "${dep_logs[@]}"; do tail -30 "$f"; done; fi
+  rm -f "${dep_logs[@]}"
 }
 trap stop_dep EXIT
 dep_t0=$SECONDS
-.venv/bin/python -m pytest -m deployment -p no:cacheprovider --durations=0 >"$dep_log" 2>&1 &
-dep_pid=$!
+for g in "${dep_groups[@]}"; do
+  [ -n "$g" ] || continue
+  log=$(mktemp); dep_logs+=("$log")
+  # shellcheck disable=SC2086  # $g: the group's file list
+  .venv/bin/python -m pytest -m deployment -p no:cacheprovider --durations=0 $g >"$log" 2>&1 &
+  dep_pids+=($!)
+done
 leg "py311 flwr-$FLWR_311 (pytest -m 'not deployment')" .venv/bin/python -m pytest -m "not deployment" --durations=15
 leg "lint (ruff, mypy)" scripts/lint.sh
 leg "py310 flwr-1.30 openfhe" scripts/test-openfhe.sh
 leg "core wheel py312" scripts/test-wheel.sh
-echo "===== leg: py311 flwr-$FLWR_311 deployment engine (pytest -m deployment, in the background since the start)"
-wait "$dep_pid"
-rc=$?
-dep_pid=
-cat "$dep_log"
+echo "===== leg: py311 flwr-$FLWR_311 deployment engine (pytest -m deployment, ${#dep_pids[@]} processes in the background since the start)"
+rc=0
+for k in "${!dep_pids[@]}"; do
+  wait "${dep_pids[$k]}"; r=$?
+  cat "${dep_logs[$k]}"
+  [ $r -eq 5 ] && { echo "error: pytest collected no deployment test in group $k (exit 5)" >&2; r=1; }
+  [ $r -eq 0 ] || rc=$r
+done
+dep_pids=()
 echo "===== leg: py311 flwr-$FLWR_311 deployment engine: exit $rc, $((SECONDS - dep_t0)) s since the start"
-[ $rc -eq 5 ] && { echo "error: pytest collected no deployment test (exit 5)" >&2; exit 1; }
 exit $rc

@@ -384,6 +384,8 @@ def register_fhe_handlers(app, *, test_scores: Callable[[Message, Context], tupl
         ``context -> y_true`` (step 1 carries no model; the client reports a
         power-of-two bound of its test-set size).
 
+    Notes
+    -----
     Each client reports the AUC to the server only if its own run config says
     ``share-auc-with-server = true`` (default: :data:`CLIENT_FHE_DEFAULTS`).
     """

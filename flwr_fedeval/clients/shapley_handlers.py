@@ -664,6 +664,8 @@ def register_shapley_handlers(
         ``context -> (partition id, number of partitions)`` of a data client
         (``None`` for a node without data), reported in ``query.fedeval_role``.
 
+    Notes
+    -----
     A step of the other role is refused before its request is read, and so is a request of
     another session (the one of this node's last hello). Also wrap the train handler with
     :func:`shapley_record_mod`.

@@ -105,6 +105,8 @@ class MalformedMessage(ValueError):
     node : int, optional
         The node that sent it (server side: the replying node; client side: unset).
 
+    Notes
+    -----
     The message reads ``node <id>: field '<field>': <reason>``; being a ``ValueError``,
     it is caught wherever a malformed reply was caught before.
     """

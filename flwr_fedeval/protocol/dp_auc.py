@@ -304,6 +304,8 @@ class LocalStatsReply(Payload):
     local_p, local_n : float
         Number of positives and negatives; ``local_p + local_n = n_k`` (noisy variants too).
 
+    Notes
+    -----
     :meth:`from_record` also takes ``num_scores=n_k`` (what the client sent in round 1).
 
     Raises (``from_record``)

@@ -265,6 +265,8 @@ class KeygenRequest(Payload):
         The other clients' step-1 keys by node ID: ``fhe-peers`` (32-byte keys),
         ``fhe-peer-signers``, ``fhe-peer-signatures``, keyed by ``str(node_id)``.
 
+    Notes
+    -----
     :meth:`from_record` refuses a peer key without signer or signature ("not signed").
     """
 

@@ -24,8 +24,25 @@ round, :mod:`~flwr_fedeval.rlwe.threshold`): each member Shamir-shares s_i
 any t > N/2 members decrypt with ``threshold_partial_decrypt``; self-masks
 (:mod:`~flwr_fedeval.rlwe.selfmask`) and ``split_bytes``/``combine_bytes``
 recover the SecAgg masks.
+
+Compact uploads (:mod:`~flwr_fedeval.rlwe.compact`): ``compact_limbs`` picks
+how many RNS limbs c0 and the decryption shares keep; ``compress_ciphertext``
+/ ``compress_decryption_share`` switch them, ``compact_combine_and_decode``
+decodes the sum.
 """
 
+from .compact import (
+    CompactCiphertext,
+    add_compact_ciphertexts,
+    compact_combine_and_decode,
+    compact_limbs,
+    compact_noise_bound,
+    compress_ciphertext,
+    compress_decryption_share,
+    dropped_modulus,
+    level_parameter_set,
+    switch_modulus,
+)
 from .encoding import EncodingRangeError, decode, encode, num_polys
 from .params import (
     DEFAULT_PARAMETER_SET,
@@ -79,6 +96,7 @@ from .xmkckks import (
 
 __all__ = [
     "Ciphertext",
+    "CompactCiphertext",
     "DEFAULT_PARAMETER_SET",
     "DecryptionShare",
     "EncodingRangeError",
@@ -96,13 +114,20 @@ __all__ = [
     "SecretShare",
     "ThresholdError",
     "add_ciphertexts",
+    "add_compact_ciphertexts",
     "aggregate_public_keys",
     "aggregate_shares",
     "check_noise_budget",
     "combine",
     "combine_and_decode",
     "combine_bytes",
+    "compact_combine_and_decode",
+    "compact_limbs",
+    "compact_noise_bound",
+    "compress_ciphertext",
+    "compress_decryption_share",
     "decode",
+    "dropped_modulus",
     "encode",
     "encrypt",
     "encrypt_vector",
@@ -113,6 +138,7 @@ __all__ = [
     "get_ring",
     "keygen",
     "lagrange_at_zero",
+    "level_parameter_set",
     "max_plaintext_int",
     "max_scale_bits",
     "member_points",
@@ -128,6 +154,7 @@ __all__ = [
     "smudging_bound",
     "split_bytes",
     "split_secret",
+    "switch_modulus",
     "threshold_partial_decrypt",
     "total_noise_bound",
     "validate_security",

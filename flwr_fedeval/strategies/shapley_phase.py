@@ -421,6 +421,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
             SecSV values the local models every client recorded during training
             (:func:`~flwr_fedeval.clients.shapley_handlers.shapley_record_mod`).
 
+        Notes
+        -----
         The clients and the auxiliary server are the constructor's ``clients`` /
         ``aux_node``, else found by :func:`discover_roles` (step 0).
 

@@ -41,7 +41,7 @@ def _library_default(target: str, param: str):
 
 
 def _readme_table() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "configuration.md").read_text()
     section = text[text.index("## Configuration (`[tool.flwr.app.config]`)"):]
     rows = {}
     for line in section.splitlines()[4:]:

@@ -27,7 +27,7 @@ from flwr_fedeval.metrics.auc import auc_from_counts
 from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 from flwr_fedeval.testing import InProcessGrid
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "own-app.md"
 W_TRUE = np.array([1.5, -1.0, 0.8, -0.5], dtype=np.float32)
 NUM_CLIENTS = 3
 #: Every node's roster identity (README: "every node needs its roster identity").

@@ -53,13 +53,12 @@ def test_any_t_subset_decrypts_the_sum_and_t_minus_1_do_not(num_members):
         got = _decrypt(shares, subset, total, N, k)
         assert np.max(np.abs(got - fixed)) <= bound, subset
     assert bound < 1e-6  # the bound itself is tight enough to mean "exact"
-    for subset in itertools.combinations(points, t - 1) if t > 1 else []:
-        # too few shares: interpolating through t - 1 points misses s, the result is uniform mod q
+    # too few shares: interpolating through t - 1 points misses s, the result is uniform mod q
+    # (threshold_partial_decrypt refuses such a set, so build lambda_j F(x_j) C1 directly, unsmudged)
+    products = {x: P.ring.mul(total.c1, shares[x].value[None]) for x in points}  # F(x_j) C1
+    for subset in itertools.combinations(points, t - 1):
         lam = rlwe.lagrange_at_zero(P, subset)
-        ds = [
-            rlwe.DecryptionShare(P, P.ring.mul(total.c1, (shares[x].value * lam[x][:, None] % P.ring.q_col)[None]))
-            for x in subset
-        ]
+        ds = [rlwe.DecryptionShare(P, products[x] * lam[x][:, None] % P.ring.q_col) for x in subset]
         got = rlwe.combine_and_decode(P, total.c0, ds, LENGTH, scale_bits=k)
         assert np.mean(np.abs(got - fixed) > 0.01) > 0.99, subset
 
@@ -179,6 +178,8 @@ def test_threshold_partial_decrypt_refuses_bad_active_sets():
         rlwe.threshold_partial_decrypt(P, shares[1], (1, 2), c1, num_clients=5)
     with pytest.raises(rlwe.ThresholdError, match="duplicate"):
         rlwe.threshold_partial_decrypt(P, shares[1], (1, 2, 2, 3), c1, num_clients=5)
+    with pytest.raises(rlwe.ThresholdError, match="noise budget"):
+        rlwe.threshold_partial_decrypt(P, shares[1], (1, 2, 3, 4), c1, num_clients=3)
     with pytest.raises(rlwe.ThresholdError, match="active"):
         rlwe.threshold_partial_decrypt(P, shares[1], (1, 2, 0), c1, num_clients=5)
     with pytest.raises(ValueError, match="c1_sum"):

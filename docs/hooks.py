@@ -1,0 +1,28 @@
+"""MkDocs hook: every submodule of a package gets into its API reference page.
+
+A reference page lists its package's modules in reading order (``::: flwr_fedeval.rlwe.params``
+...) and ends with ``<!-- api-rest: flwr_fedeval.rlwe -->``; this hook replaces that marker
+with a ``:::`` block for each public module of the package (``*.py`` not starting with ``_``)
+that the page does not list yet, so a module added later is documented without editing the
+page. Loaded by ``mkdocs.yml`` (``hooks:``); not part of the package.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"<!-- api-rest: ([\w.]+) -->")
+
+
+def _rest(match: re.Match[str], markdown: str) -> str:
+    package = match.group(1)
+    folder = ROOT.joinpath(*package.split("."))
+    listed = set(re.findall(r"^::: ([\w.]+)", markdown, re.M))
+    modules = sorted(f"{package}.{p.stem}" for p in folder.glob("*.py") if not p.stem.startswith("_"))
+    return "\n".join(f"::: {m}\n" for m in modules if m not in listed)
+
+
+def on_page_markdown(markdown: str, **kwargs: object) -> str:
+    return MARKER.sub(lambda m: _rest(m, markdown), markdown)

@@ -1,0 +1,385 @@
+"""Compact xMK-CKKS uploads: modulus switching of c0 and of decryption shares (issue 21 item 4).
+
+A client's upload in one round is its ciphertext (c0, c1) and later its
+decryption share D (Walskaar et al. 2023, Eqs. 6 and 7): three batches of
+ring elements at log2 q bits per coefficient, 3 x 108 = 324 bits = 10.1 x a
+float32 weight at ``xmk-n4096-q108``. Most of those bits are noise: the
+decrypted sum is only good above the smudging floor B_total(M) ~ 2^67 (M = 10).
+So c0 and D are *modulus-switched* to the first L' of the L RNS primes
+(q' = q_0 ... q_{L'-1}, Q = q / q' the product of the dropped primes), as
+OpenFHE's ``Compress(ct, towersLeft)``:
+
+    x' = round(x / Q)  (mod q')        (:func:`switch_modulus`)
+
+one dropped prime p at a time: with r the centred residue of x mod p,
+x' = (x - r) p^{-1} mod q_i on every kept prime q_i (exact integer division),
+|x/p - x'| <= 1/2; over several primes |x/Q - x'| <= 1/2 + 1/min q_l < 1.
+Switching is linear up to that rounding (sum_i x_i mod q maps to
+sum_i x_i' mod q' because q / Q = q'), so the server sums the switched c0'
+and D' exactly as before (:func:`~flwr_fedeval.rlwe.xmkckks.combine` over
+:func:`level_parameter_set`) and decodes with the scale Delta / Q.
+
+c1 stays exact. A rounding error tau in c1_i would enter the decryption as
+(sum_j s_j) tau, ||.||_inf <= n M Q / 2 (rounding noise ~ ||s||_1 Q): it
+depends on the secrets, so the smudging noise would have to be 2^40 times
+larger than it -- one dropped 27-bit prime would raise the noise floor by
+about 21 bits. Rounding c0 and D is post-processing: c0' is a function of c0
+(which the uncompressed protocol reveals) and D' of the already smudged D,
+so the server's view of the compact protocol is computable from its view of
+the uncompressed one and the smudging argument is unchanged.
+
+Noise budget, bit by bit (M = ``num_clients`` ciphertexts summed and at most
+M decryption shares, Delta = 2^scale_bits, B_e = tail_cut):
+
+1. message: |sum_i m_i| <= M round(max|x| Delta), i.e. scale_bits +
+   log2(max|x| M) bits (:func:`~flwr_fedeval.rlwe.params.check_noise_budget`);
+2. fresh noise: B_fresh(M) = 2 n M^2 B_e + M B_e (c1 exact: no rounding term);
+3. smudging: B_smudge(M) = 2^(40 + ceil log2 B_fresh(M)) per share, in units
+   of q as today, B_total(M) = B_fresh(M) + M B_smudge(M);
+4. switching rounding: < 1 per switched term in units of q', M terms c0'_i
+   and M terms D'_j: R = 2M, i.e. 2 M Q in units of q (R = 0 if Q = 1);
+5. no wrap-around in Z_{q'}:  (M round(max|x| Delta) + B_total(M)) / Q + R
+   <= (q' - 1) / 2;
+6. margin: the rounding may at most double the worst-case error,
+   R Q <= B_total(M), so the decoded sum is within
+   (B_total(M) + R Q + M/2) / Delta of sum_i x_i
+   (:func:`compact_noise_bound`; float64 decoding adds a relative 2^-52).
+
+:func:`compact_limbs` returns the smallest L' >= 1 that satisfies 5 and 6.
+Upload per coefficient: log2 q (c1) + 2 log2 q' (c0', D'), packed at
+bit_length(q_l) bits per residue by the existing format
+(:mod:`~flwr_fedeval.rlwe.serialization`). At M = 10, Delta from
+:func:`~flwr_fedeval.rlwe.params.max_scale_bits`:
+
+* ``xmk-n4096-q93`` (3 x 31 bits): L' = 1 for 10 <= M <= 50, 93 + 31 + 31
+  = 155 bits per coefficient, 4.85 x float32 for 949,002 weights (from
+  8.7 x); worst-case error 8.9e-8 x M max|x| at M = 10 (1.5 x the
+  uncompressed bound);
+* ``xmk-n4096-q108`` (4 x 27 bits): L' = 2 (dropping a third prime would
+  make the rounding 2^(81+4.3) > B_total ~ 2^67.3), 216 bits, 6.8 x (from
+  10.1 x), error bound unchanged (1.8e-12 x M max|x| at M = 10).
+
+Reaching <= 5 x float32 therefore needs log2 q <= ~95 at M = 10 (c1 alone
+is log2 q bits): the sum is then good to ~23 bits below M max|x| (float32
+precision), the price of 2^40 smudging at n = 4096. Even with L' = 1,
+q108 would need 108 + 27 + 27 = 162 bits (5.07 x).
+
+Imports neither flwr nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import serialization as ser
+from .params import NoiseBudgetError, ParameterSet, check_noise_budget, total_noise_bound
+from .xmkckks import Ciphertext, DecryptionShare, combine, polys_from_bytes, polys_to_bytes
+
+__all__ = [
+    "CompactCiphertext",
+    "add_compact_ciphertexts",
+    "compact_combine_and_decode",
+    "compact_limbs",
+    "compact_noise_bound",
+    "compress_ciphertext",
+    "compress_decryption_share",
+    "dropped_modulus",
+    "level_parameter_set",
+    "switch_modulus",
+]
+
+
+def _check_limbs(params: ParameterSet, limbs: int) -> int:
+    if isinstance(limbs, bool) or not isinstance(limbs, (int, np.integer)) or not 1 <= limbs <= params.limbs:
+        raise ValueError(f"limbs must be an integer in [1, {params.limbs}], got {limbs!r}")
+    return int(limbs)
+
+
+def level_parameter_set(params: ParameterSet, limbs: int) -> ParameterSet:
+    """The parameter set of the first ``limbs`` primes: where switched objects live.
+
+    Returns ``params`` itself for ``limbs == params.limbs``; otherwise a set
+    named ``"<name>/L<limbs>"`` with primes ``params.primes[:limbs]`` (same n,
+    sigma, tail_cut, smudging_bits). Its objects serialize with the existing
+    formats; load them with this set passed explicitly (it is not in
+    :data:`~flwr_fedeval.rlwe.params.PARAMETER_SETS`).
+
+    Raises
+    ------
+    ValueError
+        If ``limbs`` is not in [1, params.limbs].
+    """
+    return _level(params, _check_limbs(params, limbs))
+
+
+@functools.lru_cache(maxsize=64)
+def _level(params: ParameterSet, limbs: int) -> ParameterSet:
+    if limbs == params.limbs:
+        return params
+    return ParameterSet(
+        name=f"{params.name}/L{limbs}",
+        n=params.n,
+        primes=params.primes[:limbs],
+        sigma=params.sigma,
+        tail_cut=params.tail_cut,
+        smudging_bits=params.smudging_bits,
+    )
+
+
+def dropped_modulus(params: ParameterSet, limbs: int) -> int:
+    """Q = prod(params.primes[limbs:]), the factor a switch to ``limbs`` limbs divides by."""
+    return math.prod(params.primes[_check_limbs(params, limbs) :])
+
+
+def switch_modulus(params: ParameterSet, x: NDArray[np.uint64], limbs: int) -> NDArray[np.uint64]:
+    """Modulus switching x -> round(x / Q) mod q', dropping the last RNS primes.
+
+    Parameters
+    ----------
+    params : ParameterSet
+        The set ``x`` belongs to (L limbs).
+    x : ndarray of shape (..., L, n), uint64
+        Reduced residues.
+    limbs : int
+        L', the number of primes kept (1 <= L' <= L).
+
+    Returns
+    -------
+    ndarray of shape (..., L', n), uint64
+        x' with |x / Q - x'| <= 1/2 + 1/min_l q_l (centred representatives),
+        an element of :func:`level_parameter_set` (params, L'). A copy of x
+        if L' = L.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` is not a reduced (..., L, n) uint64 array or ``limbs`` is invalid.
+    """
+    params.ring.check(x, "x")
+    keep = _check_limbs(params, limbs)
+    cur = x.astype(np.int64)
+    for top in range(params.limbs - 1, keep - 1, -1):
+        p = params.primes[top]
+        r = cur[..., top : top + 1, :]
+        r = np.where(r > p // 2, r - p, r)  # centred residue mod p, |r| <= p/2
+        q = np.array(params.primes[:top], dtype=np.int64)[:, None]
+        p_inv = np.array([pow(p, -1, qi) for qi in params.primes[:top]], dtype=np.int64)[:, None]
+        low = cur[..., :top, :] - r  # |.| < 2^31 + 2^30
+        low %= q
+        low *= p_inv  # < 2^62
+        low %= q
+        cur = low
+    out: NDArray[np.uint64] = cur.astype(np.uint64)
+    return out
+
+
+def compact_noise_bound(params: ParameterSet, limbs: int, *, num_clients: int) -> int:
+    """B_total(M) + R Q, R = 2M (0 if nothing is dropped): worst-case noise after switching, units of q.
+
+    The decoded compact sum is within (this + M/2) / Delta of sum_i x_i.
+
+    Raises
+    ------
+    ValueError
+        If ``limbs`` or ``num_clients`` is invalid.
+    """
+    Q = dropped_modulus(params, limbs)
+    rounding = 0 if Q == 1 else 2 * num_clients * Q
+    return total_noise_bound(params, num_clients) + rounding
+
+
+def compact_limbs(params: ParameterSet, *, num_clients: int, scale_bits: int, max_abs_value: float) -> int:
+    """The fewest limbs L' that c0 and the decryption shares can be switched to (module docstring, 1-6).
+
+    Parameters
+    ----------
+    params : ParameterSet
+    num_clients : int
+        M, ciphertexts summed (and the bound on decryption shares combined).
+    scale_bits : int
+        log2 Delta of the encoding.
+    max_abs_value : float
+        Largest |value| a client encodes.
+
+    Returns
+    -------
+    int
+        L' in [1, params.limbs]: the smallest with no wrap-around in Z_{q'}
+        (condition 5) and rounding at most doubling the error (condition 6).
+
+    Raises
+    ------
+    NoiseBudgetError
+        If the uncompressed budget already fails
+        (:func:`~flwr_fedeval.rlwe.params.check_noise_budget`).
+    """
+    budget = check_noise_budget(
+        params, num_clients=num_clients, scale_bits=scale_bits, max_abs_value=max_abs_value
+    )
+    M = budget.num_clients
+    need = math.floor(max_abs_value * 2.0**scale_bits + 0.5)
+    for keep in range(1, params.limbs + 1):
+        Q = dropped_modulus(params, keep)
+        q_keep = params.q // Q
+        rounding = 0 if Q == 1 else 2 * M
+        # condition 5 (no wrap) in exact integers: (M need + B_total) / Q + R <= (q' - 1) / 2
+        fits = 2 * (M * need + budget.total_noise + rounding * Q) <= (q_keep - 1) * Q
+        if fits and rounding * Q <= budget.total_noise:  # condition 6 (margin)
+            return keep
+    raise NoiseBudgetError(f"{params.name}: no level fits although the full modulus does")  # pragma: no cover
+
+
+@dataclass(frozen=True, eq=False)
+class CompactCiphertext:
+    """A client upload with c0 switched to L' limbs and c1 exact.
+
+    Attributes
+    ----------
+    params : ParameterSet
+        The full parameter set (c1's).
+    limbs : int
+        L', the limbs of c0.
+    c0 : ndarray of shape (k, L', n), uint64
+        round(c0 / Q) mod q' (:func:`switch_modulus`).
+    c1 : ndarray of shape (k, L, n), uint64
+
+    Notes
+    -----
+    Byte format: :func:`~flwr_fedeval.rlwe.xmkckks.polys_to_bytes` of c0 under
+    :func:`level_parameter_set` (params, L') followed by that of c1 under
+    ``params``; both strict and bit-packed at bit_length(q_l) bits.
+    """
+
+    params: ParameterSet
+    limbs: int
+    c0: NDArray[np.uint64]
+    c1: NDArray[np.uint64]
+
+    def __post_init__(self) -> None:
+        level = level_parameter_set(self.params, self.limbs)
+        level.ring.check(self.c0, "c0")
+        self.params.ring.check(self.c1, "c1")
+        if self.c0.ndim != 3 or self.c0.shape[0] != self.c1.shape[0] or self.c1.ndim != 3:
+            raise ValueError(f"c0 {self.c0.shape} and c1 {self.c1.shape} must be (k, ., n) with the same k")
+
+    @property
+    def level(self) -> ParameterSet:
+        """The parameter set of c0 (:func:`level_parameter_set`)."""
+        return level_parameter_set(self.params, self.limbs)
+
+    def to_bytes(self) -> bytes:
+        """c0 then c1, each with its own header (see Notes)."""
+        return polys_to_bytes(self.level, self.c0) + polys_to_bytes(self.params, self.c1)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, params: ParameterSet, limbs: int) -> CompactCiphertext:
+        """Load a compact ciphertext; raises ``ValueError`` naming the bad field."""
+        level = level_parameter_set(params, limbs)
+        _, count, _ = ser.unpack_header(data, ser.KIND_POLYNOMIALS, level)
+        split = ser.HEADER_SIZE + ser.packed_size(level, count, 1)
+        if len(data) < split:
+            raise ValueError(f"data too short: {len(data)} < {split} bytes for c0")
+        c0 = polys_from_bytes(bytes(data[:split]), level, count=count)
+        c1 = polys_from_bytes(bytes(data[split:]), params, count=count)
+        return cls(params, int(limbs), c0, c1)
+
+
+def compress_ciphertext(ciphertext: Ciphertext, limbs: int) -> CompactCiphertext:
+    """Switch c0 of a fresh ciphertext to ``limbs`` limbs; c1 stays exact (module docstring).
+
+    Raises
+    ------
+    ValueError
+        If ``limbs`` is invalid.
+    """
+    p = ciphertext.params
+    return CompactCiphertext(p, _check_limbs(p, limbs), switch_modulus(p, ciphertext.c0, limbs), ciphertext.c1.copy())
+
+
+def add_compact_ciphertexts(ciphertexts: Sequence[CompactCiphertext]) -> CompactCiphertext:
+    """Sum (C0', C1) of compact ciphertexts of one parameter set and level.
+
+    Raises
+    ------
+    ValueError
+        If the list is empty or mixes parameter sets, levels or sizes.
+    """
+    if not ciphertexts:
+        raise ValueError("ciphertexts must not be empty")
+    first = ciphertexts[0]
+    for j, ct in enumerate(ciphertexts):
+        if ct.params != first.params or ct.limbs != first.limbs:
+            raise ValueError(
+                f"ciphertexts[{j}] is at {ct.params.name!r}/L{ct.limbs}, expected {first.params.name!r}/L{first.limbs}"
+            )
+        if ct.c0.shape != first.c0.shape:
+            raise ValueError(f"ciphertexts[{j}] has shape {ct.c0.shape}, expected {first.c0.shape}")
+    c0 = first.level.ring.sum(np.stack([ct.c0 for ct in ciphertexts]))
+    c1 = first.params.ring.sum(np.stack([ct.c1 for ct in ciphertexts]))
+    return CompactCiphertext(first.params, first.limbs, c0, c1)
+
+
+def compress_decryption_share(params: ParameterSet, share: DecryptionShare, limbs: int) -> DecryptionShare:
+    """Switch a decryption share (already smudged) to ``limbs`` limbs.
+
+    Returns
+    -------
+    DecryptionShare under :func:`level_parameter_set` (params, limbs), d of shape (k, L', n).
+
+    Raises
+    ------
+    ValueError
+        If the share belongs to another set or ``limbs`` is invalid.
+    """
+    if share.params != params:
+        raise ValueError(f"share uses parameter set {share.params.name!r}, expected {params.name!r}")
+    return DecryptionShare(level_parameter_set(params, limbs), switch_modulus(params, share.d, limbs))
+
+
+def compact_combine_and_decode(
+    params: ParameterSet,
+    limbs: int,
+    c0_sum: NDArray[np.uint64],
+    shares: Sequence[DecryptionShare],
+    length: int,
+    *,
+    scale_bits: int,
+) -> NDArray[np.float64]:
+    """C0' + sum_j D'_j in Z_{q'}, decoded with the scale Delta / Q.
+
+    Parameters
+    ----------
+    params : ParameterSet
+        The full set.
+    limbs : int
+        L' of ``c0_sum`` and of every share.
+    c0_sum : ndarray of shape (k, L', n), uint64
+    shares : sequence of DecryptionShare
+        Under :func:`level_parameter_set` (params, L').
+    length : int
+    scale_bits : int
+
+    Returns
+    -------
+    ndarray of shape (length,), float64
+        X' Q / 2^scale_bits with X' the centred sum: within
+        (:func:`compact_noise_bound` + M/2) / 2^scale_bits of sum_i x_i.
+
+    Raises
+    ------
+    ValueError
+        On level, shape or parameter mismatches.
+    """
+    level = level_parameter_set(params, limbs)
+    total = combine(level, c0_sum, shares)
+    k = total.shape[0]
+    if int(length) != length or not 0 <= length <= k * params.n:
+        raise ValueError(f"length must be in [0, {k * params.n}], got {length}")
+    values: NDArray[np.float64] = level.ring.to_centered_float(total, int(scale_bits)).reshape(-1)[: int(length)]
+    return values * float(dropped_modulus(params, limbs))
