@@ -837,7 +837,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     def _record_abort(self, exc: RoundAborted) -> None:
         self._key_cache = {}  # no key set survives a failed attempt (DESIGN.md §8)
         rnd = self._round.server_round if self._round else -1
-        self.aborted_attempts.append((rnd, exc))
+        self.aborted_attempts.append((rnd, exc.with_traceback(None)))  # its frames would hold the sums
         log(WARNING, "Round %d: secure aggregation aborted at %s: %d node(s) failed", rnd, exc.step, len(exc.failed))
         if exc.failures is None:  # an exchange's failures are logged by the exchange
             log_failures(f"Round {rnd}: XMKFedAvg", exc.step, exc.failed)
