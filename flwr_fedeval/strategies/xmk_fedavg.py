@@ -202,8 +202,9 @@ class _FoldingGrid:
 
 
 class _RunningSum:
-    """Σ c_j of step 2 (Eq. 3), folded one ciphertext at a time (uint64 residues < 2^31: no reduction is
-    needed before 2^33 terms); ``folded`` maps each node to what its reply carried besides the ciphertext."""
+    """Σ c_j of step 2 (Eq. 3), folded one ciphertext at a time, kept reduced mod q in uint32 (residues
+    < 2^31: half the bytes of a parsed ciphertext); ``folded`` maps each node to what its reply carried
+    besides the ciphertext."""
 
     def __init__(self, params: rlwe.ParameterSet) -> None:
         self.params = params
@@ -212,17 +213,21 @@ class _RunningSum:
         self.folded: dict[int, Any] = {}
 
     def add(self, node: int, ct: rlwe.Ciphertext, extra: Any = None) -> None:
+        """Add ``ct`` (its arrays are used as scratch space: the caller drops it afterwards)."""
         if node in self.folded:
             raise ValueError(f"node {node}: a second ciphertext in one round")
         if self.c0 is None or self.c1 is None:
-            self.c0, self.c1 = ct.c0, ct.c1  # fresh arrays of the parsed reply: taken, not copied
+            self.c0, self.c1 = ct.c0.astype(np.uint32), ct.c1.astype(np.uint32)
         else:
-            np.add(self.c0, ct.c0, out=self.c0)
-            np.add(self.c1, ct.c1, out=self.c1)
+            q = self.params.ring.q_col
+            for acc, part in ((self.c0, ct.c0), (self.c1, ct.c1)):
+                np.add(part, acc, out=part)  # uint64 scratch: < 2^32
+                np.remainder(part, q, out=part)
+                acc[...] = part
         self.folded[node] = extra
 
     def total(self, nodes: Iterable[int]) -> rlwe.Ciphertext:
-        """C = Σ_{j ∈ nodes} c_j, reduced mod q.
+        """C = Σ_{j ∈ nodes} c_j (reduced mod q, uint64).
 
         Raises
         ------
@@ -232,10 +237,11 @@ class _RunningSum:
         nodes = set(nodes)
         if self.c0 is None or self.c1 is None or nodes != set(self.folded):
             raise ValueError(f"the running sum holds nodes {sorted(self.folded)}, not {sorted(nodes)}")
-        q = self.params.ring.q_col
-        np.remainder(self.c0, q, out=self.c0)
-        np.remainder(self.c1, q, out=self.c1)
-        return rlwe.Ciphertext(self.params, self.c0, self.c1, len(nodes))
+        c0 = self.c0.astype(np.uint64)
+        self.c0 = None
+        c1 = self.c1.astype(np.uint64)
+        self.c1 = None
+        return rlwe.Ciphertext(self.params, c0, c1, len(nodes))
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
@@ -632,30 +638,44 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         if reply.has_error() or node is None:
             return reply
         try:
-            state.train_results[node] = self._fold_ciphertext(node, xmk.TrainReply.from_record(reply.content,
-                                                                                              node=node))
+            parsed = xmk.TrainReply.from_record(reply.content, node=node)
+            reply.content = RecordDict()  # drop the wire copy before parsing the ciphertext
+            metrics = parsed.metrics
+            ct = self._parse_ciphertext(parsed.ciphertext)
+            del parsed  # and the bytes before adding
+            state.train_results[node] = self._fold_ciphertext(node, ct, metrics)
         except (KeyError, ValueError, TypeError) as exc:
             state.train_results[node] = exc
         reply.content = RecordDict()
         return reply
 
-    def _fold_ciphertext(self, node: int, reply: xmk.TrainReply) -> MetricRecord | None:
-        """Parse and check one step-2 ciphertext, add it into the running sum; return the reply's metrics.
+    def _parse_ciphertext(self, data: bytes) -> rlwe.Ciphertext:
+        """One step-2 ciphertext, checked: canonical, fresh, of the model's size.
 
         Raises
         ------
         ValueError
-            The ciphertext is malformed, not fresh, of another size, or the node's second.
+            The ciphertext is malformed, not fresh, or of another size.
+        """
+        expected_polys = -(-self._plaintext_length() // self.params.n)
+        ct = rlwe.Ciphertext.from_bytes(data, self.params)
+        if ct.num_polys != expected_polys or ct.num_summed != 1:
+            raise ValueError(f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh")
+        return ct
+
+    def _fold_ciphertext(self, node: int, ct: rlwe.Ciphertext, metrics: MetricRecord | None) -> MetricRecord | None:
+        """Add one checked ciphertext into the round's running sum; return the reply's metrics.
+
+        Raises
+        ------
+        ValueError
+            The node's second ciphertext in this round.
         """
         state = self._current()
         if state.running is None:
             state.running = _RunningSum(self.params)
-        expected_polys = -(-self._plaintext_length() // self.params.n)
-        ct = rlwe.Ciphertext.from_bytes(reply.ciphertext, self.params)
-        if ct.num_polys != expected_polys or ct.num_summed != 1:
-            raise ValueError(f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh")
-        state.running.add(node, ct, reply.metrics)
-        return reply.metrics
+        state.running.add(node, ct, metrics)
+        return metrics
 
     def sum_ciphertexts(self, replies: list[Message]) -> tuple[rlwe.Ciphertext, list[MetricRecord], list[int]]:
         """Step 2 (replies) and Eq. 3: the sum of the well-formed fresh ciphertexts, one per contributor.
@@ -679,7 +699,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         key_set = state.keys
 
         def check(node: int, reply: xmk.TrainReply) -> MetricRecord | None:
-            return self._fold_ciphertext(node, reply)
+            return self._fold_ciphertext(node, self._parse_ciphertext(reply.ciphertext), reply.metrics)
 
         received = _Received(replies_by_node(state.sent, replies))
         valid, failed = self._exchange_some("encrypted training", "ciphertext", key_set.nodes, xmk.TRAIN, None, check,
