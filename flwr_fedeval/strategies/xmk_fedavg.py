@@ -745,12 +745,23 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             raise RoundAborted("contributor set", failed or dict.fromkeys(key_set.nodes, "too few signatures"))
         return {key_set.name_of(n): sig for n, sig in valid.items()}
 
-    def partial_decryptions(self, total: rlwe.Ciphertext, contributors: list[int],
+    def partial_decryptions(self, c0: np.ndarray, c1: bytes, contributors: list[int],
                             signatures: dict[str, bytes]) -> np.ndarray:
         """Step 3: ``query.xmk_pdec`` to the active decryptors A (the signers of C); each replies
         D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7) and its shares of the self-mask seeds of C and the
         mask keys of K∖C. Shares are folded into C0 + Σ D_j (Eq. 5) as they arrive; then the seeds
         and mask keys are reconstructed (t shares each) and the masks removed.
+
+        Parameters
+        ----------
+        c0 : ndarray of shape (k, L, n), uint64
+            C0 = Σ_{j∈C} c0_j; used as the accumulator (overwritten, not copied).
+        c1 : bytes
+            C1 = Σ_{j∈C} c1_j, :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent as is).
+        contributors : list of int
+            The node IDs of C (:meth:`sum_ciphertexts`).
+        signatures : dict of str to bytes
+            The members' signatures over C (:meth:`sign_contributors`).
 
         Returns
         -------
@@ -772,18 +783,18 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         dropped = tuple(name for name in order if name not in c_names)
         active = tuple(sorted(signatures)[:t])  # t decryptors: a loss outside A costs nothing
         request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names, len(key_set.nodes),
-                                  rlwe.polys_to_bytes(self.params, total.c1), xmk.model_hash(state.arrays),
+                                  c1, xmk.model_hash(state.arrays),
                                   active, tuple(signatures[n] for n in active), active)
         ring = self.params.ring
-        acc = total.c0.copy()
+        acc = c0
         folded: list[int] = []
         seed_shares: dict[str, dict[int, bytes]] = {name: {} for name in c_names}
         key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
 
         def check(node: int, reply: xmk.PdecReply) -> None:
             share = rlwe.DecryptionShare.from_bytes(reply.share, self.params)
-            if share.d.shape != total.c1.shape:
-                raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
+            if share.d.shape != acc.shape:
+                raise ValueError(f"share has shape {share.d.shape}, expected {acc.shape}")
             if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
                 raise ValueError("recovery shares are not one per contributor and one per dropped member")
             x = points[key_set.name_of(node)]
@@ -802,7 +813,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         try:
             for name in c_names:  # remove u_i = PRG(seed_i) of every contributor
                 seed = shamir.combine_bytes(seed_shares[name], threshold=t)
-                acc = ring.sub(acc, selfmask.self_mask(self.params, seed, acc.shape[0]))
+                mask = selfmask.self_mask(self.params, seed, acc.shape[0])
+                np.subtract(ring.q_col, mask, out=mask)  # acc - u mod q, in place: acc + (q - u), reduced
+                np.add(acc, mask, out=acc)
+                del mask
+                np.remainder(acc, ring.q_col, out=acc)
             if dropped:  # remove the pairwise masks between C and the members left out of it
                 mask_keys = dict(zip(key_set.names, key_set.mask_keys))
                 graph = masking.mask_neighbours(order, self.mask_degree, key_set.transcript)
@@ -974,9 +989,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             self._key_cache = {}  # mask keys of K∖C are reconstructed: that key set is not used again
         with self.timer.step("step 2b (contributor set)"):
             signatures = self.sign_contributors(contributors)
+        c0, c1 = total.c0, rlwe.polys_to_bytes(self.params, total.c1)
+        del total  # C1 is only sent; C0 becomes the accumulator
         with self.timer.step("step 3 (partial decryption)"):
-            plaintext = self.partial_decryptions(total, contributors, signatures)
-        del total
+            plaintext = self.partial_decryptions(c0, c1, contributors, signatures)
+        del c0, c1
         self._current().running = None
         with self.timer.step("step 4 (decoding)"):
             arrays, total_examples = self.decode(plaintext, len(contributors))

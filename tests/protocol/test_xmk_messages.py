@@ -254,4 +254,4 @@ def test_round_state_has_one_accessor_with_a_clear_error():
         strategy.train_messages(None)
     strategy._round = _RoundState(4, ArrayRecord(initial()), ConfigRecord({}), grid=None)
     with pytest.raises(RuntimeError, match="round 4 has no key set"):
-        strategy.partial_decryptions(None, [], {})
+        strategy.partial_decryptions(None, b"", [], {})
