@@ -1,33 +1,39 @@
-"""Secure Shapley values on BANK (Zheng et al., PVLDB 16(7) 2023, §7): plaintext vs HESV vs SecSV.
+"""SecSV vs HESV on BANK in the form of the paper's Tables 2–3 (Zheng et al., PVLDB 16(7) 2023, §7).
 
 Setup as in the paper: UCI Bank Marketing, 48 one-hot features (min-max scaled
 to [0, 1] with the public value ranges of the file), logistic regression with
 2 outputs, 5 clients, Dirichlet(0.5) non-IID split (each client's partition
 split 80/20 into its own train and test set), 10 FedAvg rounds (numpy SGD,
-1 local epoch). FSVs use integer FedAvg weights (8-bit quantised example
+1 local epoch). FSVs use integer FedAvg weights (6-bit quantised example
 counts, :func:`quantize_weights`) in every method, so all methods compute the
 same quantity; the plaintext FSV with exact counts is reported next to it.
 
-Blocks
-------
-* ``compare``: plaintext, HESV, SecSV and SecSV+SampleSkip on a test subset
-  (``--subset`` samples, first ``--compare-rounds`` rounds): time, speedup over
-  HESV, max |FSV − plaintext FSV|.
-* ``full``: plaintext and SecSV+SampleSkip on the full test set, all rounds
-  (``--full-all``: HESV and SecSV without SampleSkip as well).
+Methods, side by side in one process, one after the other, on the same test
+samples and rounds:
+
+* ``plaintext`` — NSSV, the reference FSV;
+* ``HESV-squaring`` — the paper's HESV baseline: Matrix Squaring (§4.2,
+  :mod:`flwr_fedeval.shapley.matrix_squaring`), ct×ct products and rotations;
+* ``HESV-reducing`` — HESV with Matrix Reducing (Algorithm 5), rotation-free;
+* ``SecSV`` and ``SecSV+SS`` — two servers, without and with SampleSkip.
+
+The table gives wall and CPU seconds, the speedup of every method w.r.t. each
+HESV baseline (the paper's "Speedup w.r.t. HESV"), the error as the paper
+defines it (Euclidean distance ``‖φ̂ − φ‖₂`` to the plaintext FSVs) and the
+work (ct×ct / ct×pt products, rotations, batches, traffic).
+
+Reduced configurations: ``--subset N`` evaluates a random subset of N test
+samples (0 = the full test set, 9,044 samples) and ``--eval-rounds R`` the
+FSVs of the first R of the 10 trained rounds (every method's work is linear
+in R; SampleSkip's skip rate depends on the round).
 
 Writes ``experiments/results/shapley_bank.{json,csv,png}``; ``--docs`` also
-publishes the table and the chart in ``docs/results.md``
+publishes the table and the figure in ``docs/results.md``
 (:func:`flwr_fedeval.reporting.publish`).
 
-Usage: ``python experiments/shapley_bank.py [path/to/bank-full.csv]``. The
-reported run::
-
-    python experiments/shapley_bank.py --binary-margin --model-bound 4 --data-frac-bits 9 \
-        --skip-compare --full-all
-
-(``--binary-margin``: the 2-class model is evaluated as the single row
-``θ_1 − θ_0``, the same argmax decision with twice the samples per ciphertext.)
+Usage: ``python experiments/shapley_bank.py [path/to/bank-full.csv] [options]``.
+``--binary-margin`` evaluates the 2-class model as the single row
+``θ_1 − θ_0`` (the same argmax decision, ``d_out = 1``) in every secure method.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +54,9 @@ from flwr_fedeval.data.partition import partition_indices
 from flwr_fedeval.reporting import markdown_table, publish
 from flwr_fedeval.shapley.fsv import federated_shapley
 from flwr_fedeval.shapley.hesv import HESV
-from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights
+from flwr_fedeval.shapley.matrix_reducing import max_batch
+from flwr_fedeval.shapley.matrix_squaring import squaring_layout
+from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights, shapley_ckks_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,186 +89,369 @@ def train_federated(clients, n_classes, rounds, *, lr=0.5, l2=1e-4, batch=64, se
     return history
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("csv", nargs="?", default=str(ROOT.parent / "shared/data/bank-marketing/bank-full.csv"))
-    ap.add_argument("--clients", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--subset", type=int, default=1000, help="test samples of the compare block")
-    ap.add_argument("--compare-rounds", type=int, default=10)
-    ap.add_argument("--skip-full", action="store_true")
-    ap.add_argument("--skip-compare", action="store_true")
-    ap.add_argument("--full-all", action="store_true",
-                    help="full block also runs HESV and SecSV without SampleSkip (~10 more minutes)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "experiments/results"))
-    ap.add_argument("--binary-margin", action="store_true",
-                    help="evaluate θ_1 − θ_0 (1 output row, 2x samples per ciphertext) in HESV and SecSV")
-    ap.add_argument("--model-bound", type=float, default=2.0,
-                    help="public bound on |θ| (|θ_1 − θ_0| with --binary-margin); clients check it")
-    ap.add_argument("--data-frac-bits", type=int, default=10)
-    ap.add_argument("--docs", nargs="?", const=str(ROOT / "docs"),
-                    help="also publish the table and the chart in DOCS/results.md")
-    args = ap.parse_args()
-    import logging
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+#: the order methods run in (cheap first; results are written after each one)
+METHODS = ("plaintext", "SecSV", "SecSV+SS", "HESV-reducing", "HESV-squaring")
+#: HESV baselines a speedup is computed against
+BASELINES = ("HESV-squaring", "HESV-reducing")
+#: Table 3 of the paper, BANK (LOGI): speedup of SecSV w.r.t. HESV (Matrix Squaring), SampleSkip off / on
+PAPER_BANK = {"SecSV": 21.4, "SecSV+SS": 36.6}
 
+#: Earlier measurement of the Flower phase, kept in the section (this script does not run it).
+FLOWER_PHASE_NOTE = (
+    "*Quoted, not regenerated by this command* (development stop 9, commits up to `af52f70`, 2026-11-22, "
+    "same machine): the SecSV protocol as a Flower phase, `make run-shapley` (`flwr run .` simulation, "
+    "5 clients + the auxiliary server A, BANK, Dirichlet(0.5), Keras logreg, 10 rounds): 11 min in all, "
+    "SecSV phase 349.8 s, 385 messages, 2.3 GB sent and 2.3 GB received by the ServerApp, 930 batches, "
+    "64 % of the (sample, coalition) pairs skipped.")
+
+
+def default_csv() -> Path:
+    """``shared/data/bank-marketing/bank-full.csv`` next to the repository (or to a folder above a worktree)."""
+    tail = Path("shared/data/bank-marketing/bank-full.csv")
+    for base in ROOT.parents:
+        if (base / tail).is_file():
+            return base / tail
+    return ROOT.parent / tail
+
+
+def load_bank(csv_path, clients, seed):
+    """Min-max scaled BANK, Dirichlet(0.5) split, 80/20 per client: (train sets, X_test, y_test, owners)."""
     from sklearn.model_selection import train_test_split
 
-    X, y, _ = load_bank_marketing(args.csv)
+    X, y, _ = load_bank_marketing(csv_path)
     X = X.astype(np.float64)
     lo, hi = X.min(axis=0), X.max(axis=0)
     X = (X - lo) / np.where(hi > lo, hi - lo, 1.0)
-    parts = partition_indices(y, args.clients, method="dirichlet", alpha=0.5, seed=args.seed)
+    parts = partition_indices(y, clients, method="dirichlet", alpha=0.5, seed=seed)
     train, test_idx, owners = [], [], []
     for c, rows in enumerate(parts):
         strat = y[rows] if np.bincount(y[rows], minlength=2).min() >= 2 else None
-        tr, te = train_test_split(rows, test_size=0.2, random_state=args.seed + c, stratify=strat)
+        tr, te = train_test_split(rows, test_size=0.2, random_state=seed + c, stratify=strat)
         train.append((X[tr], y[tr]))
         test_idx.append(te)
         owners.append(np.full(len(te), c))
     test_idx = np.concatenate(test_idx)
-    owners = np.concatenate(owners)
-    Xt, yt = X[test_idx], y[test_idx]
-    counts = {c: len(train[c][1]) for c in range(args.clients)}
-    print(f"train sizes {counts}, test sizes {np.bincount(owners).tolist()}, positives/test "
-          f"{[int(yt[owners == c].sum()) for c in range(args.clients)]}")
+    return train, X[test_idx], y[test_idx], np.concatenate(owners)
 
+
+def run_method(method, X, y, owners, rounds, w, params, binary_margin):
+    """One method's FSVs and its work counters (``None`` for plaintext)."""
+    if method == "plaintext":
+        return federated_shapley(rounds, w, X, y, n_classes=2), None
+    if method.startswith("HESV"):
+        h = HESV(X, y, owners, n_classes=2, ckks=params.ckks, binary_margin=binary_margin,
+                 packing=method.split("-")[1])
+        return h.run(rounds, w), h.stats
+    s = SecSV(X, y, owners, n_classes=2, params=params, binary_margin=binary_margin)
+    return s.run(rounds, w, sample_skip=method == "SecSV+SS"), s.stats
+
+
+def add_speedups(rows):
+    """Speedup of every row w.r.t. each HESV baseline present (wall and CPU)."""
+    by = {r["method"]: r for r in rows}
+    for r in rows:
+        for b in BASELINES:
+            if b in by and r["method"] != "plaintext":
+                r[f"speedup_vs_{b}"] = round(by[b]["seconds"] / r["seconds"], 2)
+                r[f"cpu_speedup_vs_{b}"] = round(by[b]["cpu_seconds"] / r["cpu_seconds"], 2)
+
+
+def figure(rows, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    sec = [r for r in rows if r["method"] != "plaintext"]
+    x = np.arange(len(sec))
+    ax1.bar(x - 0.2, [r["cpu_seconds"] for r in sec], 0.4, label="CPU s")
+    ax1.bar(x + 0.2, [r["seconds"] for r in sec], 0.4, label="wall s")
+    ax1.set_xticks(x)
+    ax1.set_xticklabels([r["method"] for r in sec], fontsize=8)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("seconds (log)")
+    ax1.set_title(title, fontsize=9)
+    ax1.legend(fontsize=8)
+    sv = [r for r in sec if r["method"].startswith("SecSV")]
+    bases = [b for b in BASELINES if any(f"cpu_speedup_vs_{b}" in r for r in sv)]
+    width = 0.8 / max(1, len(bases))
+    for j, b in enumerate(bases):
+        vals = [r.get(f"cpu_speedup_vs_{b}", 0.0) for r in sv]
+        bars = ax2.bar(np.arange(len(sv)) + j * width, vals, width, label=f"vs {b} (CPU)")
+        ax2.bar_label(bars, labels=[f"{v:.1f}×" for v in vals], fontsize=8)
+    for k, r in enumerate(sv):
+        if r["method"] in PAPER_BANK:
+            ax2.plot([k - width / 2, k + width * (len(bases) - 0.5)], [PAPER_BANK[r["method"]]] * 2, "k--", lw=1)
+            ax2.annotate(f"paper {PAPER_BANK[r['method']]}×", (k, PAPER_BANK[r["method"]]), fontsize=7,
+                         xytext=(0, 3), textcoords="offset points")
+    ax2.set_xticks(np.arange(len(sv)) + width * (len(bases) - 1) / 2)
+    ax2.set_xticklabels([r["method"] for r in sv])
+    ax2.set_ylabel("speedup (HESV CPU s / method CPU s)")
+    ax2.set_title("SecSV speedup w.r.t. HESV (dashed: paper, Table 3, vs Matrix Squaring)", fontsize=9)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def docs_body(rows, result, args, n_features, n_test):
+    setup = result["setup"]
+    cfg = (f"the full test set ({n_test:,} samples)" if not args.subset
+           else f"a random subset of {setup['test_samples']:,} of the {n_test:,} test samples")
+    cfg += (f", all {args.rounds} rounds" if setup["eval_rounds"] == args.rounds
+            else f", round 1 of {args.rounds}" if setup["eval_rounds"] == 1
+            else f", the first {setup['eval_rounds']} of {args.rounds} rounds")
+    reduced = bool(args.subset) or setup["eval_rounds"] < args.rounds
+
+    def sp(r, b):
+        k = f"speedup_vs_{b}"
+        return f"{r[k]:.2f}× / {r['cpu_' + k]:.2f}×" if k in r else "–"
+
+    table = markdown_table(
+        ["method", "wall s", "CPU s", "speedup w.r.t. HESV-squaring (wall / CPU)",
+         "speedup w.r.t. HESV-reducing (wall / CPU)", "error ‖φ̂ − φ‖₂", "ct×ct", "ct×pt", "rotations",
+         "batches", "MB sent", "load avg (start → end)"],
+        [[r["method"], f"{r['seconds']:.1f}", f"{r['cpu_seconds']:.1f}", sp(r, BASELINES[0]), sp(r, BASELINES[1]),
+          f"{r['l2_err']:.1e}", r.get("ct_ct", "–"), r.get("ct_pt", "–"), r.get("rotations", "–"),
+          r.get("batches", "–"), r.get("mbytes", "–"), f"{r['load'][0]:.1f} → {r['load'][1]:.1f}"]
+         for r in rows], align="lrrrrrrrrrrr")
+    by = {r["method"]: r for r in rows}
+    lines = [
+        f"BANK ({n_features} features, min-max), logistic regression, {args.clients} clients, Dirichlet(0.5), "
+        f"80/20 per client, {args.rounds} FedAvg rounds; FSVs over **{cfg}**"
+        + (" (a reduced configuration: the full table does not fit the time budget on this shared machine)"
+           if reduced else "") + f"; {setup['coalitions_per_round']} coalitions per round. FedAvg weights "
+        f"quantised to 6 bits in every method (against exact example counts the plaintext FSVs move by ≤ "
+        f"{result['max_abs_diff_quantised_vs_exact_weights']:.4f}). CKKS (TenSEAL) N = {setup['ckks']['N']} "
+        f"({setup['ckks']['N'] // 2} slots; the paper: 2,048 slots), primes {setup['ckks']['coeff_mod_bit_sizes']}"
+        f"; binary margin {'on (d_out = 1)' if args.binary_margin else 'off (d_out = 2)'}. All methods in one "
+        "process, one after the other; the machine is shared (load averages per method in the table), so "
+        "**CPU seconds are the comparable measure** and the speedups are given on both.",
+        "",
+        table,
+        "",
+    ]
+    if setup["eval_rounds"] < args.rounds:
+        lines.append(
+            f"- Every round costs each method the same work (SampleSkip aside: what it skips depends on the "
+            f"round), so the ratios without SampleSkip are those of all {args.rounds} rounds up to the share of "
+            "the one-off setup (encrypting or sharing the test set).")
+    lay = setup.get("squaring_layout")
+    if lay:
+        lines.append(
+            f"- HESV-squaring packs a batch of m = {lay['order']} samples of one owner in tiles of order "
+            f"d = {lay['order']} (d_in = {lay['d_in']} with the bias, ℓ = {lay['rows']} row(s) of A per tile, J = "
+            f"{lay['row_blocks']}, K = {lay['col_blocks']}): {lay['mults_per_batch']} ct×ct product(s) and "
+            f"{lay['rotations_per_batch']} rotations per batch (repeated doubling over d/ℓ = "
+            f"{lay['order'] // lay['rows']} row blocks). HESV-reducing packs "
+            f"{setup['reducing_batch']:,} samples per batch with d_in = {lay['d_in']} ct×ct products and no "
+            "rotation; SecSV packs samples of all owners together.")
+    for m in ("SecSV", "SecSV+SS"):
+        r = by.get(m)
+        if r and "cpu_speedup_vs_HESV-squaring" in r:
+            lines.append(
+                f"- {m}: {r['cpu_speedup_vs_HESV-squaring']:.1f}× (CPU) faster than HESV with Matrix Squaring, "
+                f"the paper's baseline (paper, BANK: {PAPER_BANK[m]}×); "
+                + (f"{r['cpu_speedup_vs_HESV-reducing']:.1f}× than HESV with Matrix Reducing."
+                   if "cpu_speedup_vs_HESV-reducing" in r else ""))
+    if "HESV-squaring" in by and "HESV-reducing" in by:
+        a, b = by["HESV-squaring"], by["HESV-reducing"]
+        lines.append(
+            f"- HESV with Matrix Reducing is {a['cpu_seconds'] / b['cpu_seconds']:.1f}× (CPU) faster than with "
+            f"Matrix Squaring here: per batch squaring {a['cpu_seconds'] / a['batches']:.3f} vs reducing "
+            f"{b['cpu_seconds'] / b['batches']:.3f} CPU s, per (sample, coalition) pair "
+            f"{1e3 * a['cpu_seconds'] / a['evaluated_samples']:.3f} vs "
+            f"{1e3 * b['cpu_seconds'] / b['evaluated_samples']:.3f} CPU ms (the paper's Table 4, 'Full', A of "
+            "2×48: 6.10×). Reducing's batches hold one owner's samples only, so a small test set leaves most "
+            "of its slots empty.")
+    lines.append("- FSVs: " + "; ".join(f"{r['method']} " + ", ".join(f"{v:+.4f}" for v in r["fsv"])
+                                        for r in rows if r["method"] in ("plaintext", "HESV-squaring", "SecSV")))
+    lines += ["", FLOWER_PHASE_NOTE]
+    return "\n".join(lines)
+
+
+#: Table 4 of the paper: speedup of Matrix Reducing w.r.t. Matrix Squaring per sample, both operands encrypted ("Full")
+PAPER_TABLE4_FULL = {(4, 300): 1.69, (2, 48): 6.10, (64, 256): 1.99, (10, 64): 2.30, (32, 64): 2.66, (32, 32): 2.85,
+                     (2, 32): 2.45}
+
+
+def _min_cpu(repeats, fn, *args):
+    best = float("inf")
+    for _ in range(repeats):
+        c = time.process_time()
+        fn(*args)
+        best = min(best, time.process_time() - c)
+    return best
+
+
+def _reducing_product(ctx, enc_a, enc_b):
+    """Algorithm 5 with both operands encrypted: ``Σ_o ⟦Ã^(o)⟧ ⊙ ⟦B̃^(o)⟧``."""
+    return ctx.add_many([ctx.multiply(a, b) for a, b in zip(enc_a, enc_b)])
+
+
+def matmul_table(ckks, shapes, repeats=3):
+    """The paper's Table 4 ("Full"): HE time per sample of ``AB`` (both encrypted), squaring vs reducing.
+
+    Batch sizes as in §7.2.1: ``m = ⌊N/d_out⌋`` for reducing, the tile order (``min(d_in, ⌊√N⌋)``
+    up to padding) for squaring. Times the server's step only (products, sums, rotations), the
+    minimum CPU seconds of ``repeats`` runs."""
+    from flwr_fedeval.fhe.backend import create_context, load_context
+    from flwr_fedeval.shapley.matrix_reducing import reduce_data, reduce_model
+    from flwr_fedeval.shapley.matrix_squaring import matrix_squaring, pack_data, pack_model
+
+    ctx = create_context(params=ckks)
+    server = load_context(ctx.public_bytes())
+    rng = np.random.default_rng(0)
+    rows = []
+    for d_out, d_in in shapes:
+        A = rng.normal(size=(d_out, d_in))
+        lay = squaring_layout(d_out, d_in, ckks.slot_count)
+        m_s, m_r = lay.order, max_batch(ckks.slot_count, d_out)
+        enc_a = [server.encrypt(v) for v in pack_model(A, lay).reshape(-1, lay.order ** 2)]
+        enc_b = [server.encrypt(v) for v in pack_data(rng.uniform(size=(d_in, m_s)), lay).reshape(-1, lay.order ** 2)]
+        red_a = [server.encrypt(v.ravel()) for v in reduce_model(A, m_r)]
+        red_b = [server.encrypt(v.ravel()) for v in reduce_data(rng.uniform(size=(d_in, m_r)), d_out)]
+
+        t_s = _min_cpu(repeats, matrix_squaring, server, enc_a, enc_b, lay)
+        t_r = _min_cpu(repeats, _reducing_product, server, red_a, red_b)
+        rows.append({"shape": f"{d_out}×{d_in}", "m_squaring": m_s, "m_reducing": m_r,
+                     "squaring_cpu_s": round(t_s, 4), "reducing_cpu_s": round(t_r, 4),
+                     "squaring_ct_ct": lay.mults_per_batch, "squaring_rotations": lay.rotations_per_batch,
+                     "reducing_ct_ct": d_in, "speedup": round((t_s / m_s) / (t_r / m_r), 2),
+                     "paper_speedup": PAPER_TABLE4_FULL.get((d_out, d_in))})
+        tqdm.write(f"matmul {d_out}x{d_in}: squaring {t_s:.3f}s/{m_s}, reducing {t_r:.3f}s/{m_r} -> "
+                   f"{rows[-1]['speedup']}x per sample (paper {rows[-1]['paper_speedup']})")
+    return rows
+
+
+def publish_matmul(rows, ckks, docs_dir):
+    table = markdown_table(
+        ["A (d_out × d_in)", "squaring: m, ct×ct, rotations", "squaring CPU s / batch",
+         "reducing: m, ct×ct", "reducing CPU s / batch", "speedup per sample (reducing w.r.t. squaring)",
+         "paper (Table 4, Full)"],
+        [[r["shape"], f"{r['m_squaring']}, {r['squaring_ct_ct']}, {r['squaring_rotations']}",
+          f"{r['squaring_cpu_s']:.3f}", f"{r['m_reducing']:,}, {r['reducing_ct_ct']}", f"{r['reducing_cpu_s']:.3f}",
+          f"{r['speedup']:.2f}×", "–" if r["paper_speedup"] is None else f"{r['paper_speedup']:.2f}×"]
+         for r in rows], align="lrrrrrr")
+    body = ("The paper's Table 4, 'Full' row: HE time per sample of an encrypted `d_out × d_in` matrix A times "
+            "an encrypted batch B, Matrix Squaring (§4.2) vs Matrix Reducing (Algorithm 5), with the paper's "
+            "batch sizes (m = tile order ≈ min(d_in, ⌊√N⌋) for squaring, ⌊N/d_out⌋ for reducing). The server's "
+            f"step only (ct×ct products, sums, rotations), minimum CPU seconds of 3 runs; TenSEAL N = "
+            f"{ckks.poly_modulus_degree} ({ckks.slot_count} slots, ⌊√N⌋ = {int(np.sqrt(ckks.slot_count))}; the "
+            "paper: 2,048 slots, ⌊√N⌋ = 45), so the tilings differ from the paper's. 2×49 and 1×49 are BANK's "
+            "logistic model with the bias (2 outputs, and the binary margin).\n\n" + table)
+    return publish("shapley-matmul", "Matrix Squaring vs Matrix Reducing, the paper's Table 4 "
+                   "(experiments/shapley_bank.py --matmul-only)", body, docs_dir=docs_dir)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", nargs="?", default=str(default_csv()))
+    ap.add_argument("--clients", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10, help="FedAvg rounds trained")
+    ap.add_argument("--eval-rounds", type=int, default=0, help="FSVs over the first R rounds (0 = all)")
+    ap.add_argument("--subset", type=int, default=0, help="random test samples evaluated (0 = full test set)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "experiments/results"))
+    ap.add_argument("--binary-margin", action="store_true",
+                    help="evaluate θ_1 − θ_0 (1 output row) in HESV and SecSV")
+    ap.add_argument("--model-bound", type=float, default=2.0,
+                    help="public bound on |θ| (|θ_1 − θ_0| with --binary-margin); clients check it")
+    ap.add_argument("--data-frac-bits", type=int, default=10)
+    ap.add_argument("--docs", nargs="?", const=str(ROOT / "docs"),
+                    help="also publish the table and the figure in DOCS/results.md")
+    ap.add_argument("--matmul-only", action="store_true",
+                    help="only the paper's Table 4 (squaring vs reducing per sample); --docs publishes it")
+    args = ap.parse_args()
+    if args.matmul_only:
+        ckks = shapley_ckks_params()
+        rows = matmul_table(ckks, [(2, 49), (1, 49), *PAPER_TABLE4_FULL])
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "shapley_matmul.json").write_text(json.dumps(rows, indent=2))
+        if args.docs:
+            print(f"published {publish_matmul(rows, ckks, args.docs)}")
+        return
+    if "plaintext" not in args.methods:
+        args.methods.insert(0, "plaintext")     # the reference of the error column
+    methods = [m for m in METHODS if m in args.methods]
+
+    train, Xt, yt, owners = load_bank(args.csv, args.clients, args.seed)
+    n_test = len(yt)
+    counts = {c: len(train[c][1]) for c in range(args.clients)}
+    print(f"train sizes {counts}, test sizes {np.bincount(owners).tolist()}")
     t0 = time.perf_counter()
     history = train_federated(train, 2, args.rounds, seed=args.seed)
-    print(f"training {time.perf_counter() - t0:.1f}s; max |theta| "
-          f"{max(np.abs(m).max() for r in history for m in r.values()):.2f}, max |theta_1 - theta_0| "
+    print(f"training {time.perf_counter() - t0:.1f}s; max |theta_1 - theta_0| "
           f"{max(np.abs(m[1] - m[0]).max() for r in history for m in r.values()):.2f}")
+    if args.subset:
+        rng = np.random.default_rng(args.seed + 99)
+        sub = np.sort(rng.choice(n_test, size=min(args.subset, n_test), replace=False))
+        Xt, yt, owners = Xt[sub], yt[sub], owners[sub]
+    R = history[: args.eval_rounds or args.rounds]
     w = quantize_weights(counts, bits=6)
-    # 2 limbs of 18 bits; 10 fractional bits each for data and model; |θ| <= model_bound (checked by clients);
-    # |x| <= 1 (min-max scaled features; the library default bound is 16)
+    # 2 limbs of 18 bits; fixed point for data and model; |θ| <= model_bound (checked by clients); |x| <= 1
     params = SecSVParams(ring_bits=36, limb_bits=18, data_frac_bits=args.data_frac_bits, model_frac_bits=10,
                          weight_bits=6, model_bound=args.model_bound, feature_bound=1.0, max_clients=args.clients,
-                         n_features=X.shape[1])
-
-    rows, result = [], {"setup": {
-        "clients": args.clients, "rounds": args.rounds, "alpha": 0.5, "test_size": int(len(yt)),
-        "train_sizes": counts, "fedavg_weights_fsv": w, "secsv_params": {
-            k: getattr(params, k) for k in ("ring_bits", "limb_bits", "data_frac_bits", "model_frac_bits",
-                                            "weight_bits", "model_bound")}, "binary_margin": args.binary_margin,
-        "subset": args.subset, "compare_rounds": args.compare_rounds,
+                         n_features=Xt.shape[1])
+    d_out = 1 if args.binary_margin else 2
+    lay = squaring_layout(d_out, Xt.shape[1] + 1, params.ckks.slot_count)
+    result = {"setup": {
+        "clients": args.clients, "rounds": args.rounds, "eval_rounds": len(R), "alpha": 0.5,
+        "test_samples": int(len(yt)), "full_test_size": n_test, "subset": args.subset, "train_sizes": counts,
+        "coalitions_per_round": 2 ** args.clients - 1, "fedavg_weights_fsv": w, "binary_margin": args.binary_margin,
+        "secsv_params": {k: getattr(params, k) for k in ("ring_bits", "limb_bits", "data_frac_bits",
+                                                         "model_frac_bits", "weight_bits", "model_bound")},
         "ckks": {"N": params.ckks.poly_modulus_degree, "coeff_mod_bit_sizes": list(params.ckks.coeff_mod_bit_sizes),
-                 "scale_bits": params.ckks.scale_bits}}}
+                 "scale_bits": params.ckks.scale_bits},
+        "squaring_layout": {**asdict(lay), "mults_per_batch": lay.mults_per_batch,
+                            "rotations_per_batch": lay.rotations_per_batch},
+        "reducing_batch": max_batch(params.ckks.slot_count, d_out)}}
+    exact = federated_shapley(R, counts, Xt, yt, n_classes=2)
+    ref = federated_shapley(R, w, Xt, yt, n_classes=2)
+    result["plaintext_exact_counts_fsv"] = exact.fsv.tolist()
+    result["max_abs_diff_quantised_vs_exact_weights"] = float(np.abs(exact.fsv - ref.fsv).max())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    result["rows"] = rows
 
-    def record(block, method, res, seconds, ref, stats=None, cpu=None):
-        err = float(np.abs(res.fsv - ref.fsv).max())
-        row = {"block": block, "method": method, "seconds": round(seconds, 2),
-               "cpu_seconds": None if cpu is None else round(cpu, 2), "max_abs_err": err,
+    for method in tqdm(methods, desc="shapley_bank", unit="method"):
+        load0 = os.getloadavg()[0]
+        t, c = time.perf_counter(), time.process_time()
+        res, stats = run_method(method, Xt, yt, owners, R, w, params, args.binary_margin)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        row = {"method": method, "seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
+               "load": [round(load0, 1), round(os.getloadavg()[0], 1)],
+               "l2_err": float(np.linalg.norm(res.fsv - ref.fsv)),
+               "max_abs_err": float(np.abs(res.fsv - ref.fsv).max()),
                "fsv": [round(float(v), 6) for v in res.fsv],
                "evaluated_samples": int(res.evaluated_samples), "skipped_samples": int(res.skipped_samples)}
         if stats is not None:
-            row.update(ct_pt=stats.ct_pt_mults, ct_ct=stats.ct_ct_mults, batches=stats.batches,
-                       mbytes=round(stats.bytes_sent / 2**20, 1), setup_s=round(stats.setup_seconds, 2),
-                       helper_fallbacks=stats.helper_fallbacks)
+            row.update(ct_pt=stats.ct_pt_mults, ct_ct=stats.ct_ct_mults, rotations=stats.extra.get("rotations", 0),
+                       batches=stats.batches, mbytes=round(stats.bytes_sent / 2**20, 1),
+                       setup_s=round(stats.setup_seconds, 2), helper_fallbacks=stats.helper_fallbacks)
         rows.append(row)
-        tqdm.write(f"[{block}] {method:14s} {seconds:8.1f}s (cpu {cpu or 0:.1f}s)  max|dFSV|={err:.2e}  "
-                   f"fsv={np.round(res.fsv, 4).tolist()}")
-        return row
+        add_speedups(rows)
+        tqdm.write(f"{method:14s} {wall:8.1f}s (cpu {cpu:.1f}s, load {row['load']})  "
+                   f"|dFSV|2={row['l2_err']:.2e}  fsv={np.round(res.fsv, 4).tolist()}")
+        (out / "shapley_bank.json").write_text(json.dumps(result, indent=2, default=str))  # after every method
 
-    def secure_runs(block, Xb, yb, ob, R, ref, methods):
-        th = ch = None
-        for method in tqdm(methods, desc=f"shapley_bank ({block})", unit="method"):
-            t, c = time.perf_counter(), time.process_time()
-            if method == "HESV":
-                h = HESV(Xb, yb, ob, n_classes=2, ckks=params.ckks, binary_margin=args.binary_margin)
-                res, stats = h.run(R, w), h.stats
-            else:
-                s = SecSV(Xb, yb, ob, n_classes=2, params=params, binary_margin=args.binary_margin)
-                res, stats = s.run(R, w, sample_skip=method == "SecSV+SS"), s.stats
-            wall, cpu = time.perf_counter() - t, time.process_time() - c
-            row = record(block, method, res, wall, ref, stats, cpu)
-            if method == "HESV":
-                th, ch = wall, cpu
-            if th is not None:
-                row["speedup_vs_HESV"] = round(th / wall, 2)
-                row["cpu_speedup_vs_HESV"] = round(ch / cpu, 2)
-
-    # -- compare block ---------------------------------------------------
-    rng = np.random.default_rng(args.seed + 99)
-    sub = np.sort(rng.choice(len(yt), size=min(args.subset, len(yt)), replace=False))
-    R = history[: args.compare_rounds]
-    Xs, ys, os_ = Xt[sub], yt[sub], owners[sub]
-    if not args.skip_compare:
-        t = time.perf_counter()
-        ref = federated_shapley(R, w, Xs, ys, n_classes=2)
-        tp = time.perf_counter() - t
-        record("compare", "plaintext", ref, tp, ref)
-        t = time.perf_counter()
-        r = federated_shapley(R, w, Xs, ys, n_classes=2, sample_skip=True)
-        record("compare", "plaintext+SS", r, time.perf_counter() - t, ref)
-        secure_runs("compare", Xs, ys, os_, R, ref, ["HESV", "SecSV", "SecSV+SS"])
-
-    # -- full block --------------------------------------------------------
-    if not args.skip_full:
-        t = time.perf_counter()
-        ref_full = federated_shapley(history, w, Xt, yt, n_classes=2)
-        record("full", "plaintext", ref_full, time.perf_counter() - t, ref_full)
-        exact = federated_shapley(history, counts, Xt, yt, n_classes=2)
-        result["plaintext_exact_counts_fsv"] = exact.fsv.tolist()
-        result["max_abs_diff_quantised_vs_exact_weights"] = float(np.abs(exact.fsv - ref_full.fsv).max())
-        secure_runs("full", Xt, yt, owners, history, ref_full,
-                    ["HESV", "SecSV", "SecSV+SS"] if args.full_all else ["SecSV+SS"])
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result["rows"] = rows
-    (out / "shapley_bank.json").write_text(json.dumps(result, indent=2, default=str))
-    keys = ["block", "method", "seconds", "cpu_seconds", "speedup_vs_HESV", "cpu_speedup_vs_HESV", "max_abs_err",
-            "evaluated_samples", "skipped_samples", "ct_pt", "ct_ct", "batches", "mbytes", "setup_s",
-            "helper_fallbacks", "fsv"]
+    keys = ["method", "seconds", "cpu_seconds", *(f"{p}speedup_vs_{b}" for b in BASELINES for p in ("", "cpu_")),
+            "l2_err", "max_abs_err", "evaluated_samples", "skipped_samples", "ct_pt", "ct_ct", "rotations", "batches",
+            "mbytes", "setup_s", "helper_fallbacks", "load", "fsv"]
     with open(out / "shapley_bank.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         wr.writeheader()
-        for r in rows:
-            wr.writerow(r)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        blocks = [b for b in ("compare", "full") if any(r["block"] == b for r in rows)]
-        fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 4), squeeze=False)
-        for ax, block in zip(axes[0], blocks):
-            br = [r for r in rows if r["block"] == block]
-            width = 0.8 / max(1, len(br))
-            for j, r in enumerate(br):
-                ax.bar(np.arange(args.clients) + j * width, r["fsv"], width, label=r["method"])
-            ax.set_xticks(np.arange(args.clients) + 0.4 - width / 2)
-            ax.set_xticklabels([f"client {c}" for c in range(args.clients)])
-            ax.set_title(f"BANK FSVs ({block}: {'subset ' + str(len(sub)) if block == 'compare' else 'full test'})")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "shapley_bank.png", dpi=120)
-    except ImportError:
-        fig = None
-        print("matplotlib not installed: no chart")
+        wr.writerows(rows)
+    title = (f"BANK, {len(yt):,} test samples, {len(R)} round(s): time per method")
+    fig = figure(rows, title)
+    fig.savefig(out / "shapley_bank.png", dpi=120)
     print(f"wrote {out}/shapley_bank.json, .csv, .png")
     if args.docs:
-        def fmt(v, spec):
-            return "–" if v is None else format(v, spec)
-
-        table = markdown_table(
-            ["block", "method", "wall s", "CPU s", "speedup vs HESV (wall / CPU)", "max |FSV − plaintext|",
-             "batches", "pairs evaluated / skipped", "FSVs"],
-            [[r["block"], r["method"], fmt(r["seconds"], ".1f"), fmt(r["cpu_seconds"], ".1f"),
-              f"{r['speedup_vs_HESV']:.2f}× / {r['cpu_speedup_vs_HESV']:.2f}×" if "speedup_vs_HESV" in r else "–",
-              f"{r['max_abs_err']:.1e}", r.get("batches", "–"),
-              f"{r['evaluated_samples']:,} / {r['skipped_samples']:,}", ", ".join(f"{v:+.4f}" for v in r["fsv"])]
-             for r in rows], align="llrrrrrrl")
-        body = (f"BANK ({X.shape[1]} features, min-max), logistic regression, {args.clients} clients, "
-                f"Dirichlet(0.5), {args.rounds} FedAvg rounds; full test set {len(yt):,} samples"
-                + ("" if args.skip_compare else f", compare block on {len(sub)} samples") + "; FedAvg weights "
-                "quantised to 6 bits in every method"
-                + (f" (the plaintext FSVs with exact example counts differ by ≤ "
-                   f"{result['max_abs_diff_quantised_vs_exact_weights']:.4f})"
-                   if "max_abs_diff_quantised_vs_exact_weights" in result else "") + ". CKKS n = "
-                f"{params.ckks.poly_modulus_degree}. All methods in one run, one after the other.\n\n" + table)
-        where = publish('shapley-bank', 'Secure Shapley values on BANK (experiments/shapley_bank.py)', body,
-                        docs_dir=args.docs, figures={'': fig} if fig is not None else None)
+        body = docs_body(rows, result, args, Xt.shape[1], n_test)
+        where = publish("shapley-bank", "SecSV vs HESV on BANK, the paper's Tables 2–3 (experiments/shapley_bank.py)",
+                        body, docs_dir=args.docs, figures={"": fig})
         print(f"published {where}")
 
 

@@ -423,6 +423,18 @@ class CKKSContext(ABC):
                              f"got {len(cts)} and {len(plains)}")
         return self.add_many([self.multiply_plain(c, p) for c, p in zip(cts, plains)])
 
+    def rotate(self, ct: Any, steps: int) -> Any:
+        """Slots rotated left by ``steps``: slot ``i`` of the result holds slot ``(i + steps) mod slot_count``.
+
+        Added for Matrix Squaring (HESV's baseline packing, Zheng et al. 2023
+        §4.2, step 5). Uses no level. A step that is not a power of two costs
+        one key switch per power of two in its decomposition (SEAL's NAF,
+        OpenFHE's binary digits). Needs the rotation keys: a context loaded
+        from ``public_bytes(rotation_keys=False)`` raises. Backends override it;
+        the default refuses.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot rotate ciphertexts")
+
     # -- checks on received ciphertexts (issue 12) -------------------------
     def ciphertext_layout(self, ct: Any) -> tuple[int, int, float, int]:
         """``(slots, level, scale, polynomials)`` of ``ct`` as this backend reports them.

@@ -115,6 +115,14 @@ class OpenFHEContext(CKKSContext):
         level = ct.GetLevel() if self._manual else 0
         return self._rescale(self._cc.EvalMult(ct, self._plain(self._pad(values), level)))
 
+    def rotate(self, ct: Any, steps: int) -> Any:
+        """Left rotation by ``steps`` as one ``EvalRotate`` per binary digit (the keys are the powers of two)."""
+        steps = int(steps) % self.slot_count
+        for step in self._steps:
+            if steps & step:
+                ct = self._cc.EvalRotate(ct, step)
+        return ct
+
     def sum_slots(self, ct: Any) -> Any:
         for step in reversed(self._steps):
             ct = self._cc.EvalAdd(ct, self._cc.EvalRotate(ct, step))

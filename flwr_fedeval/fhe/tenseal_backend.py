@@ -179,6 +179,18 @@ class TenSEALContext(CKKSContext):
                 evaluator.add_inplace(acc, tmp)
         return self._vector_from_seal(acc)
 
+    def rotate(self, ct: Any, steps: int) -> Any:
+        """SEAL ``rotate_vector`` (left by ``steps``) on the full batch; needs the Galois keys."""
+        steps = int(steps) % self.slot_count
+        if steps == 0:
+            return ct
+        if not self._ctx.has_galois_keys():
+            raise ValueError("this TenSEAL context has no rotation (Galois) keys")
+        sa, evaluator, _ = self._sealapi()
+        out = sa.Ciphertext()
+        evaluator.rotate_vector(self._full(ct).ciphertext()[0], steps, self._ctx.galois_keys().data, out)
+        return self._vector_from_seal(out)
+
     def sum_slots(self, ct: Any) -> Any:
         if ct.size() != self.slot_count:
             ct = self._full(ct)

@@ -2,6 +2,7 @@
 
 * :mod:`.fsv` — plaintext Federated Shapley Values (exact, and SampleSkip);
 * :mod:`.matrix_reducing` — Algorithm 5 (rotation-free HE matrix product);
+* :mod:`.matrix_squaring` — §4.2 (HESV's baseline HE matrix product, with rotations);
 * :mod:`.sharing` — additive secret shares over Z_{2^k} with fixed point;
 * :mod:`.secsv` — two-server SecSV (Algorithms 3, 4, 6, 7);
 * :mod:`.hesv` — one-server HESV (Algorithms 1, 2);
