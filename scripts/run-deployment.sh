@@ -2,8 +2,11 @@
 # Run the main job with `flwr run .` on a local DEPLOYMENT engine: one SuperLink and
 # NUM_SUPERNODES SuperNodes as separate processes on 127.0.0.1, over TLS with a
 # throwaway CA, each node with its own signing key (fedeval-identity-key) and the
-# roster (flwr_fedeval.testing.deployment). No Ray. Every process is stopped at the end;
-# the logs stay in .flwr-deploy/<pid>/logs when the run failed.
+# roster (flwr_fedeval.testing.deployment). On flwr >= 1.41 the App's FAB is signed with a
+# throwaway federation publisher key (Ed25519, deleted at the end) and every SuperNode runs
+# only FABs that key signed (--trusted-entities); on flwr 1.30 the FAB goes unsigned (its
+# SuperLink takes signed FABs from Flower Hub only). No Ray. Every process is stopped at the
+# end; the logs stay in .flwr-deploy/<pid>/logs when the run failed.
 # Usage: scripts/run-deployment.sh [NUM_SUPERNODES] [run-config overrides...]
 # env RUN_VENV (default .venv) selects the venv (.venv-py310: flwr 1.30 + OpenFHE).
 set -euo pipefail

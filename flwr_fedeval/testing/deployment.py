@@ -15,6 +15,18 @@ certificate for 127.0.0.1/localhost (``cryptography``), one ``FLWR_HOME`` per
 process (the CLI's holds the ``config.toml`` with the SuperLink connection),
 the SuperLink database and every process's log (``logs/<name>.log``).
 
+Signed FABs (:mod:`flwr_fedeval.testing.fab_trust`). Where the installed flwr
+can (``flower-supernode --trusted-entities`` and a SuperLink that reads its app
+registry's address from ``FLWR_SUPERGRID_API_URL``: flwr >= 1.41), the
+deployment makes a federation publisher Ed25519 key (in a temp dir of its own,
+mode 0600, deleted at :meth:`LocalDeployment.stop`), starts every SuperNode
+with ``--trusted-entities`` listing only that key, and :meth:`LocalDeployment.submit`
+builds the App's FAB, signs it and submits it through a local app registry
+(``flwr run @publisher/name==version``), so the nodes run only the client code
+the publisher signed; a FAB submitted any other way is refused by every node.
+On flwr 1.30 (its SuperLink takes signed FABs only from Flower Hub) runs are
+submitted unsigned with ``flwr run <dir>`` and the nodes do not verify.
+
 Flower versions. ``flwr >= 1.31`` serves the Fleet, Control and ServerAppIo
 APIs on one ``--host``/``--port`` and a SuperNode's ClientAppIo API on its own
 ``--host``/``--port``; ``flwr 1.30`` has one address flag per API
@@ -49,16 +61,27 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from flwr_fedeval.testing.fab_trust import (
+    REGISTRY_URL_ENV,
+    AppRegistry,
+    BuiltFab,
+    PublisherKey,
+    build_fab,
+    registry_url_configurable,
+)
 
 __all__ = ["DeploymentError", "FlwrRun", "LocalDeployment", "make_certificates"]
 
@@ -245,16 +268,32 @@ class LocalDeployment:
     max_wait_time : float, default 3600
         A SuperNode's ``--max-wait-time`` (s) to reach the SuperLink (it retries
         while the SuperLink is restarted).
+    sign_fabs : bool or None, default None
+        SuperNodes verify FABs against a publisher key made here and runs are
+        submitted signed (``None``: whenever the installed flwr can, see the
+        module docstring; ``True``: required; ``False``: never).
+
+    Attributes
+    ----------
+    signs_fabs : bool
+        Whether SuperNodes verify FABs (``--trusted-entities``) and runs are signed.
+    publisher : PublisherKey or None
+        The federation publisher's key (when ``signs_fabs``).
+    trusted_entities : Path or None
+        The SuperNodes' ``--trusted-entities`` file (only ``publisher``'s public key).
+    registry : AppRegistry or None
+        The app registry the SuperLink fetches signed FABs from.
 
     Raises
     ------
     DeploymentError
-        If Flower's tools are not in ``bin_dir``, or a process exits or does not
-        come up before its deadline (the message carries the logs' tails).
+        If Flower's tools are not in ``bin_dir``, ``sign_fabs=True`` but the
+        installed flwr cannot, or a process exits or does not come up before
+        its deadline (the message carries the logs' tails).
     """
 
     def __init__(self, workdir: str | os.PathLike, *, bin_dir: str | os.PathLike | None = None,
-                 tls: bool = True, max_wait_time: float = 3600.0) -> None:
+                 tls: bool = True, max_wait_time: float = 3600.0, sign_fabs: bool | None = None) -> None:
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.bin = Path(bin_dir) if bin_dir is not None else Path(sys.executable).parent
@@ -275,6 +314,24 @@ class LocalDeployment:
         superlink_help = self._help("flower-superlink")  # the flags this flwr version has
         self._one_port = "--port " in superlink_help  # flwr >= 1.31
         self._no_dep_install = "--disable-runtime-dependency-installation" in superlink_help
+        # the Python of bin_dir's flwr (it bundles FABs and is probed for the registry variable)
+        self._python = self.bin / "python" if (self.bin / "python").exists() else Path(sys.executable)
+        can_sign = (sign_fabs is not False and "--trusted-entities" in self._help("flower-supernode")
+                    and registry_url_configurable(self._python))
+        if sign_fabs and not can_sign:
+            raise DeploymentError(f"the flwr in {self.bin} cannot deliver signed FABs to SuperNodes "
+                                  "(needs flower-supernode --trusted-entities and FLWR_SUPERGRID_API_URL: flwr 1.41+)")
+        self.signs_fabs = can_sign if sign_fabs is None else sign_fabs
+        self.publisher: PublisherKey | None = None
+        self.trusted_entities: Path | None = None
+        self.registry: AppRegistry | None = None
+        self._publisher_dir: Path | None = None
+        if self.signs_fabs:
+            self._publisher_dir = Path(tempfile.mkdtemp(prefix="fedeval-publisher-"))  # mode 0700
+            self.publisher = PublisherKey.generate(self._publisher_dir)  # publisher.key: mode 0600
+            self.trusted_entities = self.workdir / "trusted-entities.yaml"
+            shutil.copyfile(self._publisher_dir / "trusted-entities.yaml", self.trusted_entities)
+            self.registry = AppRegistry()
         self.ca: Path | None = None
         if tls:
             self.ca, self._cert, self._key = make_certificates(self.workdir / "certs")
@@ -309,6 +366,10 @@ class LocalDeployment:
             "PYTHONUNBUFFERED": "1",
             MARKER: self.token,
         })
+        if self.registry is not None:  # the SuperLink fetches signed FABs here; never through a proxy
+            env[REGISTRY_URL_ENV] = self.registry.url
+            for var in ("NO_PROXY", "no_proxy"):
+                env[var] = ",".join(filter(None, [env.get(var, ""), "127.0.0.1", "localhost"]))
         return env
 
     def _start(self, name: str, args: list[str], flwr_home: Path) -> subprocess.Popen:
@@ -382,6 +443,8 @@ class LocalDeployment:
             args = ["flower-supernode", "--superlink", f"127.0.0.1:{self.fleet_port}",
                     "--isolation", "subprocess", "--max-wait-time", str(self.max_wait_time)]
             args += ["--root-certificates", str(self.ca)] if self.tls else ["--insecure"]
+            if self.trusted_entities is not None:  # run only FABs the publisher signed
+                args += ["--trusted-entities", str(self.trusted_entities)]
             if node_config:
                 args += ["--node-config", node_config_string(node_config)]
             (port,) = free_ports(1)
@@ -529,11 +592,47 @@ class LocalDeployment:
         raise DeploymentError(f"{name} did not listen on 127.0.0.1:{port}\n{self.tails()}")
 
     # ------------------------------------------------------------ runs
-    def submit(self, app: str | os.PathLike, run_config: str, name: str = "flwr-run") -> subprocess.Popen:
+    def build(self, app: str | os.PathLike) -> BuiltFab:
+        """The FAB ``flwr run <app>`` would submit (Flower's own bundling, in ``bin_dir``'s Python)."""
+        try:
+            return build_fab(app, self._python)
+        except RuntimeError as exc:
+            raise DeploymentError(str(exc)) from exc
+
+    def publish(self, fab: BuiltFab, verifications: list[dict[str, Any]] | None = None) -> str:
+        """Put ``fab`` in the app registry, signed with the publisher key (or with
+        ``verifications`` as given: ``[]`` for none, or another key's); return its app spec
+        (``@publisher/name==version``) for :meth:`submit`.
+
+        Raises
+        ------
+        DeploymentError
+            If this deployment does not sign FABs (no registry).
+        """
+        if self.registry is None or self.publisher is None:
+            raise DeploymentError("this deployment does not sign FABs (sign_fabs=False or flwr < 1.41)")
+        if verifications is None:
+            verifications = [self.publisher.sign(fab.content)]
+        return self.registry.publish(fab, verifications)
+
+    def submit(self, app: str | os.PathLike, run_config: str, name: str = "flwr-run", *,
+               signed: bool = True) -> subprocess.Popen:
         """Start ``flwr run <app> local-deployment --run-config ... --stream`` (not waiting).
 
-        Its run ID is the run that appears in the SuperLink's run list afterwards (:meth:`run_id`).
+        ``app`` is a Flower App directory or an app spec already published
+        (``"@publisher/name==x.y.z"``, :meth:`publish`). When the deployment
+        signs FABs (``signs_fabs``) and ``signed``, a directory's FAB is built,
+        signed with the publisher key and submitted through the registry;
+        ``signed=False`` submits it as ``flwr run <dir>`` does, with no
+        signature (the SuperNodes then refuse it). Its run ID is the run that
+        appears in the SuperLink's run list afterwards (:meth:`run_id`).
         """
+        if isinstance(app, str) and app.startswith("@"):
+            target = app
+        elif self.signs_fabs and signed:
+            target = self.publish(self.build(app))
+        else:
+            target = str(Path(app).resolve())
         self._runs_before[name] = set(self.runs())
         self._run_ids.pop(name, None)
         self.logs[name] = self.workdir / "logs" / f"{name}.log"
@@ -541,7 +640,7 @@ class LocalDeployment:
         self._log_offset[name] = self.logs[name].stat().st_size if self.logs[name].exists() else 0
         with open(self.logs[name], "ab") as out:
             proc = subprocess.Popen(
-                [str(self.bin / "flwr"), "run", str(Path(app).resolve()), CONNECTION,
+                [str(self.bin / "flwr"), "run", target, CONNECTION,
                  "--run-config", run_config, "--stream"],
                 cwd=self.workdir, env=self.env(self.cli_home), stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -590,13 +689,14 @@ class LocalDeployment:
         return status
 
     def run(self, app: str | os.PathLike, run_config: str, *, name: str = "flwr-run",
-            timeout: float = 3600.0) -> FlwrRun:
-        """``flwr run`` and wait: the streamed output, run id and the SuperLink's final status.
+            timeout: float = 3600.0, signed: bool = True) -> FlwrRun:
+        """``flwr run`` (:meth:`submit`) and wait: the streamed output, run id and the
+        SuperLink's final status.
 
         A run still going at ``timeout`` s is reported with its current status
         (not ``finished:*``); the caller decides.
         """
-        proc = self.submit(app, run_config, name)
+        proc = self.submit(app, run_config, name, signed=signed)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -640,6 +740,11 @@ class LocalDeployment:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        if self.registry is not None:
+            self.registry.close()
+            self.registry = None
+        if self._publisher_dir is not None:  # the publisher's private key goes with the deployment
+            shutil.rmtree(self._publisher_dir, ignore_errors=True)
         return _marked_pids(self.token) + [p.pid for p in self.procs.values() if p.poll() is None]
 
     def __enter__(self) -> LocalDeployment:
@@ -655,7 +760,9 @@ def main(argv: list[str] | None = None) -> int:
 
     Starts the SuperLink and ``--nodes`` SuperNodes (TLS; node ``k`` gets node
     config ``partition-id=k num-partitions=N`` and, with ``--identity-dir``,
-    its signing key ``node-k.key`` and the roster), submits ``flwr run``,
+    its signing key ``node-k.key`` and the roster; each trusts only this
+    deployment's publisher key where flwr can verify FABs), submits ``flwr run``
+    (the App's FAB signed with that key),
     prints its streamed output, stops every process and exits 0 only if the
     SuperLink reports ``finished:completed``.
     """
@@ -691,7 +798,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"local deployment: SuperLink on 127.0.0.1:{dep.control_port} ({'TLS' if dep.tls else 'insecure'}), "
               f"{len(nodes)} SuperNodes up in {time.monotonic() - t0:.1f} s; logs in {dep.workdir / 'logs'}",
               flush=True)
-        run = dep.run(args.app, args.run_config, timeout=args.timeout)
+        if dep.publisher is not None:
+            print(f"local deployment: the FAB is signed by publisher key {dep.publisher.key_id}, the only key "
+                  "the SuperNodes trust (--trusted-entities)", flush=True)
+        else:
+            print("local deployment: the FAB is NOT signed and the SuperNodes do not verify it "
+                  "(this flwr cannot deliver signed FABs locally: flwr >= 1.41 can)", flush=True)
+        try:
+            run = dep.run(args.app, args.run_config, timeout=args.timeout)
+        except DeploymentError as exc:
+            print(f"local deployment: {exc}", file=sys.stderr)
+            return 1
         print(run.output, flush=True)
         print(f"local deployment: run {run.run_id} ended with status '{run.status}' "
               f"after {time.monotonic() - t0:.1f} s", flush=True)

@@ -19,7 +19,10 @@ and the run completes with the three data clients.
 The processes are started and torn down by
 :class:`flwr_fedeval.testing.deployment.LocalDeployment` (TLS with a throwaway
 CA, one FLWR_HOME per process, every process's log in the test's tmp dir; the
-fixture asserts that no process is left running).
+fixture asserts that no process is left running). On flwr >= 1.41 every
+SuperNode trusts only the deployment's publisher key (``--trusted-entities``)
+and the App's FAB is submitted signed through the local app registry
+(refusals: ``test_fab_trust.py``).
 
 Flower 1.41 facts this relies on (read from its source and ``--help``):
 
@@ -107,6 +110,8 @@ def test_shapley_on_deployment_engine_with_tls(deployment, tmp_path):
                           f"{SHAPLEY_RUN_CONFIG} output-dir='{out_dir}' fedeval-roster='{roster}'",
                           "flwr-run-shapley", deadline)
     t_shapley = time.monotonic() - t1
+    if dep.signs_fabs:  # the nodes trust only the publisher key; the App's FAB came signed, via the registry
+        assert dep.registry is not None and dep.registry.fetches == [dep.build(REPO_ROOT).app_spec]
     (result_file,) = list(out_dir.glob("*/results.json"))
     shapley_result = json.loads(result_file.read_text())
     # the intruder was refused (not in the roster) and left out of training and the phase
