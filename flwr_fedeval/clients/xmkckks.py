@@ -5,7 +5,7 @@ Add the query handlers and wrap your ``train`` handler with the mod::
     from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 
     app = ClientApp()
-    register_xmkckks_handlers(app)   # query.xmk_keygen, query.xmk_reveal, query.xmk_pdec
+    register_xmkckks_handlers(app)   # query.xmk_keygen, _reveal, _shares, _contributors, _pdec
 
     @app.train(mods=[xmkckks_mod])
     def train(msg, context): ...     # unchanged: replies "arrays" + "metrics"
@@ -14,8 +14,10 @@ The mod leaves ordinary (plaintext) training untouched; when the train
 message carries the key set (:class:`flwr_fedeval.protocol.xmk.TrainRequest`) it turns the reply into one
 xMK-CKKS ciphertext of ``[n_i·(w_i − w_global), n_i]`` (Walskaar et al.
 2023, Eq. 6; DESIGN.md §3 step 2), masked with pairwise zero-sum masks
-(:mod:`flwr_fedeval.rlwe.masking`): neither the update nor ``num-examples``
-leaves the client in clear, and only the sum over the whole key set decrypts.
+(:mod:`flwr_fedeval.rlwe.masking`) and a self-mask (:mod:`flwr_fedeval.rlwe.selfmask`):
+neither the update nor ``num-examples`` leaves the client in clear, and only the
+sum over a contributor set the members signed decrypts (t-out-of-N threshold
+decryption, :mod:`flwr_fedeval.rlwe.threshold`; issue 21).
 
 Every node needs its roster identity (:func:`flwr_fedeval.clients.identity.node_identity`:
 node config ``fedeval-identity-key`` + ``fedeval-roster``, or run config
@@ -31,22 +33,38 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   member, its own among them, at least its floor
   (:func:`~flwr_fedeval.clients.identity.key_set_floor`: node config
   ``fedeval-min-clients`` / ``xmk-min-clients``, else run config
-  ``min-nodes``); ▲ one reveal per key set. Replies (b_i, X_i) and its
-  signature over the key-set transcript T, which includes the mask degree
-  k; ▲ k gives at least this client's floor of neighbours
-  (:func:`~flwr_fedeval.clients.identity.mask_degree_floor`: node config,
-  else run config ``xmk-mask-degree``; 0 = the complete graph).
-* ``train`` (the mod): ▲ every opening matches its commitment, every member
-  signed the same T, the round is later than its last encryption under
-  this key set (masks are never reused), ``num-clients`` = |K|, at least
-  its floor. Encrypts m_i + r_i under b = Σ b_j, r_i over its neighbours
-  in the mask graph it derives itself from T
-  (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`).
-* ``query.xmk_pdec``: ▲ the key set and round of its last encryption, at
+  ``min-nodes``); ▲ one reveal per key set; ▲ k gives at least this client's
+  floor of neighbours (:func:`~flwr_fedeval.clients.identity.mask_degree_floor`);
+  ▲ N/2 < t <= N; ▲ the scale fits the noise budget for N and the bound B.
+  Replies (b_i, X_i) and its signature over the key-set transcript T, which
+  binds every public parameter (parameter set, a, round, k, scale, B, t).
+* ``query.xmk_shares``: ▲ every opening matches its commitment and every member
+  signed the same T; ▲ once per key set and round, the round after its last
+  training round. Shamir-splits (t of N) s_i, its mask key and a fresh
+  self-mask seed and seals each share to its member
+  (:func:`~flwr_fedeval.rlwe.keyset.seal_shares`).
+* ``train`` (the mod): ▲ **no retries**: at most one update per global model
+  (:func:`~flwr_fedeval.protocol.xmk.model_hash`, whatever the key set) and
+  the round strictly after its last (refused with
+  ``ReplyCode.ALREADY_CONTRIBUTED``, the ledger ``"xmk-ledger"`` survives
+  re-keys; with node config ``fedeval-xmk-ledger`` the model hashes are also
+  kept in that file, across runs); ▲ the openings and T again; ▲ a valid share from every member
+  (it keeps sk_j = Σ_i share_{i→j}). Clips n_i·Δw_i and n_i to the signed B
+  (the count is logged and kept in the ledger, never sent), encrypts
+  m_i + r_i + u_i under b = Σ b_j, r_i over its neighbours in the mask graph it
+  derives itself from T (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`),
+  u_i its self-mask.
+* ``query.xmk_contributors``: ▲ C ⊆ K, |C| >= its floor and >= t, itself ∈ C
+  iff it uploaded in the round, the model hash is the one it trained on;
+  signs (key set, round, model hash, C) once per key set and round.
+* ``query.xmk_pdec``: ▲ the key set and a round it holds a share for, at
   most **one** partial decryption per key set and round (a second request
-  is refused whatever C1), the contributor list = the key set's members,
-  C1 in the canonical encoding with the expected number of polynomials
-  (header fields, length, reduced residues), C1 ≠ its own c1.
+  is refused whatever C1), C as above signed by >= t distinct members of K, the
+  active set A (>= t members of K, itself among them), C1 in the canonical
+  encoding with the expected number of polynomials, C1 ≠ its own c1, and never
+  the seed share and the mask-key share of one member (across the key set's
+  rounds). Replies D_j = λ_j·sk_j·C1 + e*_j and its shares of the seeds of C
+  and of the mask keys of K∖C.
 
 The client's secrets live in ``context.state`` (a ConfigRecord under
 ``"xmk-state"``), never in module globals (the deployment engine starts a
@@ -56,27 +74,40 @@ process per message).
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+from logging import WARNING
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
+from flwr.common.logger import log
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.clients.identity import key_set_floor, mask_degree_floor, node_identity
 from flwr_fedeval.clients.keras_adapter import WeightLayout
 from flwr_fedeval.identity import IdentityError
-from flwr_fedeval.protocol import MalformedMessage, Refused, error_reply, handler, register, xmk
-from flwr_fedeval.rlwe import keyset, masking
+from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, error_reply, handler, register, xmk
+from flwr_fedeval.rlwe import keyset, masking, selfmask, threshold
 
 __all__ = [
+    "LEDGER_FILE_CONFIG",
     "PartialDecryptionRefused",
     "register_xmkckks_handlers",
+    "xmk_contributors",
     "xmk_keygen",
     "xmk_partial_decrypt",
+    "xmk_shares",
     "xmk_reveal",
     "xmkckks_mod",
 ]
 
 _STATE_KEY = "xmk-state"
+_LEDGER_KEY = "xmk-ledger"
+_MAX_LEDGER = 256  # global-model hashes kept (rounds strictly increase besides)
+_MAX_FILE_LEDGER = 4096  # global-model hashes kept in the node's ledger file
+#: Node config: a file where the node keeps the hashes of every global model it trained on, across runs.
+LEDGER_FILE_CONFIG = "fedeval-xmk-ledger"
 _MAX_USED_KEY_IDS = 64  # key-set ids this client committed for (refuses to commit twice)
 _LABEL = "xMK-CKKS"
 
@@ -84,7 +115,7 @@ _LABEL = "xMK-CKKS"
 PartialDecryptionRefused = Refused
 
 #: What a handler turns into an error reply besides :class:`Refused` and a malformed request.
-_ERRORS = (keyset.KeySetError, IdentityError, masking.MaskKeyError, ValueError, KeyError)
+_ERRORS = (keyset.KeySetError, IdentityError, masking.MaskKeyError, threshold.ThresholdError, ValueError, KeyError)
 
 
 def _state(context: Context) -> ConfigRecord:
@@ -146,18 +177,75 @@ def _keygen(request: xmk.KeygenRequest, msg: Message, context: Context) -> xmk.K
     return xmk.KeygenReply(key_id, identity.name, h, signature)
 
 
+def _ledger_file(context: Context) -> Path | None:
+    """The node operator's ledger file (node config ``fedeval-xmk-ledger``), or ``None``."""
+    path = dict(context.node_config).get(LEDGER_FILE_CONFIG) or ""
+    return Path(str(path)).expanduser() if path else None
+
+
+def _trained_models(context: Context) -> list[str]:
+    """Hex hashes of the global models this node trained on: this run's (``context.state``) and, with
+    node config ``fedeval-xmk-ledger``, every run's (a JSON file the node keeps; a new run, e.g. a
+    ``resume-from``, starts a new ``context.state``).
+
+    Raises
+    ------
+    Refused
+        The ledger file exists but is not a JSON object with a list of hex strings under ``models``.
+    """
+    models = [str(m) for m in _ledger(context)["models"]]
+    path = _ledger_file(context)
+    if path is not None and path.exists():
+        try:
+            stored = json.loads(path.read_text())["models"]
+            if not isinstance(stored, list) or not all(isinstance(m, str) for m in stored):
+                raise TypeError("models is not a list of strings")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise Refused(f"the node's xMK ledger {path} ({LEDGER_FILE_CONFIG}) is unreadable: {exc}") from None
+        models += stored
+    return models
+
+
+def _record_model(context: Context, model: bytes) -> None:
+    """Add ``model`` to this run's ledger and, with ``fedeval-xmk-ledger``, to the file (atomic replace)."""
+    ledger = _ledger(context)
+    ledger["models"] = (list(ledger["models"]) + [model.hex()])[-_MAX_LEDGER:]
+    path = _ledger_file(context)
+    if path is not None:
+        stored = [m for m in _trained_models(context) if m not in list(ledger["models"])]
+        models = (stored + list(ledger["models"]))[-_MAX_FILE_LEDGER:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps({"models": models}))
+        os.replace(tmp, path)
+
+
+def _ledger(context: Context) -> ConfigRecord:
+    """The no-retry ledger (``"xmk-ledger"``): kept across key sets, never cleared by a re-key.
+
+    ``models``: hex SHA-256 of the global models this client trained on (the last
+    :data:`_MAX_LEDGER`); ``last-round``: the latest round it trained in; ``clipped-values`` /
+    ``clipped-last``: the node operator's metric of values clipped to the signed bound (never sent).
+    """
+    if _LEDGER_KEY not in context.state:
+        context.state[_LEDGER_KEY] = ConfigRecord({"models": [], "last-round": -1, "clipped-values": 0,
+                                                   "clipped-last": 0})
+    return context.state[_LEDGER_KEY]
+
+
 def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.RevealReply:
-    """Step 2 (reveal): check every member's signed commitment, then open b_i and X_i.
+    """Step 1b (reveal): check every member's signed commitment and the public parameters, then open b_i and X_i.
 
     Request :class:`~flwr_fedeval.protocol.xmk.RevealRequest` (``key-id``, ``round``, aligned
     ``signers``/``commitments``/``signatures`` as each member replied to step 1, ``mask-degree``
-    k, 0 = complete); reply :class:`~flwr_fedeval.protocol.xmk.RevealReply` (``public-share``
-    b_i, ``mask-key`` X_i, ``transcript`` T (32 bytes), ``transcript-signature``).
+    k, 0 = complete, ``scale-bits``, ``max-abs-value`` B, ``threshold`` t); reply
+    :class:`~flwr_fedeval.protocol.xmk.RevealReply` (``public-share`` b_i, ``mask-key`` X_i,
+    ``transcript`` T (32 bytes, binding every public parameter), ``transcript-signature``).
 
     Refuses (error reply) an unsigned, forged or duplicated entry, a key set
     without this client or with another commitment for it, fewer members
-    than its floor, a mask degree below its floor, or a second reveal for
-    the same key set.
+    than its floor, a mask degree below its floor, a threshold t <= N/2 or > N, a scale
+    that does not fit the noise budget for N clients and B, or a second reveal for the same key set.
     """
     identity, roster = node_identity(context)
     state = _state(context)
@@ -174,23 +262,32 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
     degree = request.mask_degree
     masking.check_mask_degree(degree, len(members), mask_degree_floor(context))
     params = rlwe.get_parameter_set(str(state["params"]))
+    n = len(members)
+    if not threshold.min_threshold(n) <= request.threshold <= n:
+        raise Refused(f"threshold t={request.threshold} must be in [{threshold.min_threshold(n)}, {n}] "
+                      f"(t > N/2: two disjoint survivor groups must not both decrypt)")
+    best = rlwe.max_scale_bits(params, num_clients=n, max_abs_value=request.max_abs_value)
+    if request.scale_bits > best:
+        raise Refused(f"scale 2^{request.scale_bits} exceeds the noise budget for {n} clients and bound "
+                      f"{request.max_abs_value:.4g} (at most 2^{best})")
     digest = keyset.transcript_digest(params, key_id=key_id, seed_a=bytes(state["seed-a"]), round_=request.round,
-                                      members=members, mask_degree=degree)
-    state["mask-degree"] = degree
-    state["members"] = [name for name, _ in members]
-    state["member-commitments"] = [h for _, h in members]
-    state["transcript"] = digest
+                                      members=members, mask_degree=degree, scale_bits=request.scale_bits,
+                                      max_abs_value=request.max_abs_value, threshold=request.threshold)
+    state.update({"mask-degree": degree, "scale-bits": request.scale_bits, "max-abs-value": request.max_abs_value,
+                  "threshold": request.threshold, "members": [name for name, _ in members],
+                  "member-commitments": [h for _, h in members], "transcript": digest})
     signature = keyset.sign_transcript(identity, key_id=key_id, round_=request.round, digest=digest)
     return xmk.RevealReply(key_id, identity.name, bytes(state["share"]), bytes(state["mask-public"]), digest,
                            signature)
 
 
-def _open(request: xmk.TrainRequest, state: ConfigRecord, context: Context, params: rlwe.ParameterSet):
-    """Step 3 ▲: the joint key b = Σ b_j and every peer's mask key, from openings checked here.
+def _open(request, state: ConfigRecord, context: Context, params: rlwe.ParameterSet):
+    """▲ the joint key b = Σ b_j and every member's mask key, from openings checked here.
 
     The client never takes an aggregate key from the server: every b_j must
     match the commitment its member signed before seeing the others', and
-    every member must have signed the same key-set transcript.
+    every member must have signed the same key-set transcript. Returns
+    ``(b, {member: X_j} of every member, {neighbour: X_j} of its mask graph)``.
     """
     _, roster = node_identity(context)
     key_id = str(state["key-id"])
@@ -199,8 +296,9 @@ def _open(request: xmk.TrainRequest, state: ConfigRecord, context: Context, para
     floor = key_set_floor(context)
     if len(names) < floor:
         raise keyset.KeySetError(f"key set {key_id} has {len(names)} members, this client requires at least {floor}")
-    if request.num_clients != len(names):
-        raise keyset.KeySetError(f"num-clients is {request.num_clients}, the key set has {len(names)} members")
+    num_clients = getattr(request, "num_clients", len(names))
+    if num_clients != len(names):
+        raise keyset.KeySetError(f"num-clients is {num_clients}, the key set has {len(names)} members")
     signers = request.signers
     if len(set(signers)) != len(signers):
         raise keyset.KeySetError("signers, public-shares, mask-keys and transcript-signatures must align, "
@@ -218,7 +316,113 @@ def _open(request: xmk.TrainRequest, state: ConfigRecord, context: Context, para
         raise keyset.KeySetError("the relayed opening of this client is not its own")
     # the mask graph: recomputed here from the signed transcript, never taken from the server
     neighbours = masking.mask_neighbours(names, int(state["mask-degree"]), bytes(state["transcript"]))[own]
-    return joint, {name: peers[name] for name in neighbours}
+    return joint, peers, {name: peers[name] for name in neighbours}
+
+
+def _check_round(state: ConfigRecord, context: Context, round_: int) -> None:
+    """▲ no retries: ``round_`` is after the last round this client trained in (any key set) and not
+    before the key set's first round."""
+    last = int(_ledger(context)["last-round"])
+    if round_ <= last:
+        raise Refused(f"no retries: round {round_} is not after round {last}, the last this client trained in "
+                      f"(rounds strictly increase)", code=ReplyCode.ALREADY_CONTRIBUTED)
+    if round_ < int(state["round"]):
+        raise Refused(f"round {round_} is before the round of key set {state['key-id']} ({state['round']})")
+
+
+def _shares(request: xmk.SharesRequest, msg: Message, context: Context) -> xmk.SharesReply:
+    """Step 1c: Shamir-split s_i, the mask key x_i and a fresh self-mask seed u_i; seal each share to its member.
+
+    Request :class:`~flwr_fedeval.protocol.xmk.SharesRequest` (every member's opening and signature over
+    T); reply :class:`~flwr_fedeval.protocol.xmk.SharesReply` (one AES-GCM box per other member,
+    :func:`~flwr_fedeval.rlwe.keyset.seal_shares`). t-out-of-N with N = |K| and t from T
+    (Mouchet et al. 2021, §4; Bonawitz et al. 2017, §4: double masking).
+
+    Refuses (nothing shared) a key set it has not revealed, openings that do not match the
+    commitments or a T not signed by every member (as the train step), a round not after its last
+    training round, or a second request for the same key set and round.
+    """
+    state = _state(context)
+    key_id = _current(state, request.key_id, "revealed")
+    params = _params(request.params)
+    if params.name != state["params"]:
+        raise Refused("parameter set differs from the key set's")
+    _check_round(state, context, request.round)
+    if int(state.get("shares-round", -1)) >= request.round:
+        raise Refused(f"already shared its keys for key set {key_id} in round {state['shares-round']}: "
+                      f"one sharing per key set and round", code=ReplyCode.ALREADY_CONTRIBUTED)
+    _, peers, _ = _open(request, state, context, params)
+    names = list(state["members"])
+    own = str(state["name"])
+    t = int(state["threshold"])
+    points = threshold.member_points(len(names), params=params)
+    secret = rlwe.SecretKey.from_bytes(bytes(state["secret"]), params)
+    ring_shares = threshold.split_secret(params, secret, threshold=t, points=points)
+    seed = selfmask.new_self_mask_seed()
+    key_shares = threshold.split_bytes(bytes(state["mask-private"]), threshold=t, points=points)
+    seed_shares = threshold.split_bytes(seed, threshold=t, points=points)
+    recipients, sealed = [], []
+    for name, x in zip(names, points):
+        parts = [ring_shares[x].to_bytes(), key_shares[x], seed_shares[x]]
+        if name == own:
+            state["own-shares"] = parts
+            continue
+        recipients.append(name)
+        sealed.append(keyset.seal_shares(parts, key_id=key_id, round_=request.round,
+                                         transcript=bytes(state["transcript"]), sender=own,
+                                         own_private=bytes(state["mask-private"]), recipient=name,
+                                         recipient_public=peers[name]))
+    state.update({"shares-round": request.round, "self-seed": seed})
+    return xmk.SharesReply(key_id, own, request.round, tuple(recipients), tuple(sealed))
+
+
+def _open_inbox(request: xmk.TrainRequest, state: ConfigRecord, params: rlwe.ParameterSet,
+                peers: dict[str, bytes]) -> None:
+    """▲ a valid share from every member of K; keep sk_j = Σ_i share_{i→j} and the byte shares (step 2)."""
+    names = list(state["members"])
+    own = str(state["name"])
+    others = sorted(set(names) - {own})
+    if sorted(request.senders) != others or len(set(request.senders)) != len(request.senders):
+        raise Refused(f"the inbox must hold one box from every other member of the key set: from "
+                      f"{sorted(request.senders)}, expected {others}")
+    points = dict(zip(names, threshold.member_points(len(names), params=params)))
+    t = int(state["threshold"])
+    own_parts = [bytes(p) for p in state["own-shares"]]
+    by_sender = {own: own_parts}
+    for sender, box in zip(request.senders, request.sealed_shares):
+        by_sender[sender] = keyset.open_shares(box, key_id=str(state["key-id"]), round_=request.round,
+                                               transcript=bytes(state["transcript"]), sender=sender,
+                                               sender_public=peers[sender], recipient=own,
+                                               own_private=bytes(state["mask-private"]), count=3)
+    ring_shares = []
+    for name in names:
+        share = threshold.SecretShare.from_bytes(by_sender[name][0], params)
+        if share.point != points[own] or share.threshold != t:
+            raise Refused(f"the share from {name!r} is for point {share.point} with t={share.threshold}, "
+                          f"expected point {points[own]} with t={t}")
+        for part in by_sender[name][1:]:
+            if len(part) != threshold.BYTES_SHARE_SIZE:
+                raise Refused(f"a byte share from {name!r} is not {threshold.BYTES_SHARE_SIZE} bytes")
+        ring_shares.append(share)
+    state.update({"sk-share": threshold.aggregate_shares(params, ring_shares).to_bytes(),
+                  "key-shares": [by_sender[name][1] for name in names],
+                  "seed-shares": [by_sender[name][2] for name in names], "sk-round": request.round})
+    del state["own-shares"]
+
+
+def _clip(vector: np.ndarray, bound: float, context: Context) -> np.ndarray:
+    """Clip every value to the signed bound [-B, B] (Flower SecAgg+'s ``clipping_range``); the count is
+    logged on the node and kept in the ledger, never sent."""
+    if not np.all(np.isfinite(vector)):
+        raise ValueError(f"the update has {int(np.sum(~np.isfinite(vector)))} NaN/inf values")
+    clipped = int(np.count_nonzero(np.abs(vector) > bound))
+    ledger = _ledger(context)
+    ledger["clipped-last"] = clipped
+    ledger["clipped-values"] = int(ledger["clipped-values"]) + clipped
+    if clipped:
+        log(WARNING, "xMK-CKKS: %d of %d values clipped to the signed bound %.4g (kept on this node)",
+            clipped, vector.size, bound)
+    return np.clip(vector, -bound, bound)
 
 
 def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
@@ -231,10 +435,11 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
     layout as the received ones) and a ``"metrics"`` MetricRecord with ``"num-examples"``.
 
     The reply (:class:`~flwr_fedeval.protocol.xmk.TrainReply`) carries the ciphertext of
-    ``[n_i·(w_i − w), n_i] + r_i`` (float64, fixed point with Δ = 2^scale-bits, plus the
-    pairwise mask r_i mod q) and the metrics without ``num-examples``. A refusal (see the
-    module docstring), a malformed request or a value beyond ``max-abs-value``
-    (:class:`flwr_fedeval.rlwe.EncodingRangeError`) is an error reply.
+    ``[n_i·(w_i − w), n_i] + r_i + u_i`` (float64, fixed point with Δ = 2^scale-bits of T, clipped
+    to the bound B of T, plus the pairwise mask r_i and the self-mask u_i mod q) and the metrics
+    without ``num-examples``. A refusal (see the module docstring) or a malformed request is an
+    error reply; a second train request for a global model this client already trained on, or for
+    a round not after its last, is refused with ``ReplyCode.ALREADY_CONTRIBUTED`` (no retries).
     """
     if msg.metadata.message_type != xmk.TRAIN.message_type or not xmk.TrainRequest.carried_by(msg.content):
         return call_next(msg, context)
@@ -245,12 +450,22 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
         params = _params(request.params)
         if params.name != state["params"]:
             raise keyset.KeySetError("parameter set differs from the key set's")
+        model = xmk.model_hash(msg.content["arrays"])
+        if model.hex() in _trained_models(context):
+            raise Refused(f"no retries: this client already trained on global model {model.hex()[:16]}… "
+                          f"(one update per global model, whatever the key set)",
+                          code=ReplyCode.ALREADY_CONTRIBUTED)
+        _check_round(state, context, request.round)
+        if int(state.get("shares-round", -1)) != request.round:
+            raise Refused(f"round {request.round}: this client shared no keys for key set {request.key_id} "
+                          f"in that round")
         if request.round <= int(state["enc-round"]):
             raise keyset.KeySetError(
                 f"round {request.round} is not after this client's last encryption under this key set "
                 f"(round {state['enc-round']}): masks are never reused"
             )
-        joint, peers = _open(request, state, context, params)  # checks before any training
+        joint, all_peers, peers = _open(request, state, context, params)  # checks before any training
+        _open_inbox(request, state, params, all_peers)
     except (Refused, MalformedMessage, *_ERRORS) as exc:
         return error_reply(msg, exc, _LABEL)
     global_arrays = msg.content["arrays"].to_numpy_ndarrays()
@@ -269,91 +484,168 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
             raise ValueError(f"num-examples must be >= 1, got {num_examples}")
         layout = WeightLayout.of(global_arrays)
         update = layout.flatten(new_arrays) - layout.flatten(global_arrays)
-        vector = np.append(num_examples * update, float(num_examples))
-        if np.max(np.abs(vector)) > request.max_abs_value:
-            raise rlwe.EncodingRangeError(
-                f"|n_i·Δw| reaches {np.max(np.abs(vector)):.4g}, above the agreed bound "
-                f"max-abs-value={request.max_abs_value:.4g}; raise it on the server"
-            )
+        vector = _clip(np.append(num_examples * update, float(num_examples)), float(state["max-abs-value"]),
+                       context)
         m = len(state["members"])
-        plaintext = rlwe.encode(params, vector, scale_bits=request.scale_bits, num_clients=m)
+        plaintext = rlwe.encode(params, vector, scale_bits=int(state["scale-bits"]), num_clients=m)
         context_bytes = masking.mask_context(bytes(state["transcript"]), request.round)
         masked = masking.mask_plaintext(
             params, plaintext, own_name=str(state["name"]), own_private=bytes(state["mask-private"]),
             peers=peers, context=context_bytes,
         )
+        masked = masking.apply_mask(params, masked, selfmask.self_mask(params, bytes(state["self-seed"]),
+                                                                       plaintext.shape[0]))
         a = rlwe.expand_a(params, bytes(state["seed-a"]))
         ct = rlwe.encrypt(params, joint, a, masked)
     except (Refused, *_ERRORS) as exc:
         return error_reply(msg, exc, _LABEL)
+    _record_model(context, model)  # one update per global model, whatever the key set
+    _ledger(context)["last-round"] = request.round  # rounds strictly increase
     state["enc-round"] = request.round
+    state["enc-model"] = model
     state["num-polys"] = ct.num_polys
     state["own-c1"] = _digest(rlwe.polys_to_bytes(params, ct.c1))
+    del state["self-seed"]  # used once
     clear_metrics = MetricRecord({k: v for k, v in metrics.items() if k != "num-examples"})
     return Message(content=xmk.TrainReply(ct.to_bytes(), clear_metrics).to_record(), reply_to=msg)
 
 
-def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -> xmk.PdecReply:
-    """Step 4: D_i = s_i·C1 + e*_i with smudging noise (Walskaar et al. 2023, Eq. 7), once.
+def _check_contributors(state: ConfigRecord, context: Context, contributors: tuple[str, ...], round_: int,
+                        model: bytes) -> None:
+    """▲ C ⊆ K without duplicates, |C| >= this client's floor and >= t; itself ∈ C iff it uploaded in
+    ``round_``; the model hash is the one it trained on (when it did)."""
+    members = list(state["members"])
+    own = str(state["name"])
+    if len(set(contributors)) != len(contributors):
+        raise Refused("contributor list has duplicates")
+    extra = sorted(set(contributors) - set(members))
+    if extra:
+        raise Refused(f"contributors {extra} are not members of key set {state['key-id']}")
+    floor, t = key_set_floor(context), int(state["threshold"])
+    if len(contributors) < max(floor, t):
+        raise Refused(f"{len(contributors)} contributors, this client requires at least {max(floor, t)} "
+                      f"(its floor {floor}, the threshold {t})")
+    uploaded = int(state["enc-round"]) == round_
+    if uploaded != (own in contributors):
+        raise Refused(f"the contributor list {'leaves out' if uploaded else 'lists'} this client, which "
+                      f"{'uploaded' if uploaded else 'did not upload'} in round {round_}")
+    if uploaded and bytes(state["enc-model"]) != model:
+        raise Refused("the model hash is not the one of the global model this client trained on")
 
-    Request :class:`~flwr_fedeval.protocol.xmk.PdecRequest` (``params``, ``key-id``,
-    ``round``, ``contributors`` (roster names), ``num-clients``; C1, the canonical bytes of
-    k polynomials); reply :class:`~flwr_fedeval.protocol.xmk.PdecReply` (D_i).
+
+def _contributors(request: xmk.ContributorsRequest, msg: Message, context: Context) -> xmk.ContributorsReply:
+    """Step 2b: sign the contributor set C once per key set and round (SecAgg's consistency check,
+    Bonawitz et al. 2017, §4).
+
+    Request :class:`~flwr_fedeval.protocol.xmk.ContributorsRequest` (``key-id``, ``round``,
+    ``model-hash``, ``contributors``); reply :class:`~flwr_fedeval.protocol.xmk.ContributorsReply`
+    (:func:`~flwr_fedeval.rlwe.keyset.sign_contributors`). Refuses (nothing signed) a key set or
+    round it holds no shares for, a second request for the same key set and round (whatever C:
+    ``ALREADY_CONTRIBUTED``), and any C that fails :func:`_check_contributors`.
+    """
+    identity, _ = node_identity(context)
+    state = _state(context)
+    key_id = _current(state, request.key_id, "revealed")
+    if int(state.get("sk-round", -1)) != request.round:
+        raise Refused(f"round {request.round}: this client holds no decryption share of key set {key_id}")
+    if int(state.get("signed-round", -1)) == request.round:
+        raise Refused(f"already signed a contributor set for key set {key_id} in round {request.round}: "
+                      f"one per key set and round", code=ReplyCode.ALREADY_CONTRIBUTED)
+    _check_contributors(state, context, request.contributors, request.round, request.model_hash)
+    state["signed-round"] = request.round
+    signature = keyset.sign_contributors(identity, key_id=key_id, round_=request.round,
+                                         model_hash=request.model_hash, contributors=request.contributors)
+    return xmk.ContributorsReply(key_id, identity.name, signature)
+
+
+def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -> xmk.PdecReply:
+    """Step 3: D_j = λ_j·sk_j·C1 + e*_j (threshold form of Walskaar et al. 2023, Eq. 7), once, and the
+    recovery shares: of the self-mask seed of every i ∈ C, of the mask key of every i ∈ K∖C.
+
+    Request :class:`~flwr_fedeval.protocol.xmk.PdecRequest` (``params``, ``key-id``, ``round``,
+    ``contributors`` C, ``num-clients``, ``model-hash``, the members' signatures over C, the active
+    decryptors A; C1, the canonical bytes of k polynomials); reply
+    :class:`~flwr_fedeval.protocol.xmk.PdecReply`.
 
     Refuses (:class:`~flwr_fedeval.protocol.Refused`, an error reply, nothing decrypted) when
 
-    * the key set is not the one this client holds, or the round is not the
-      round of its last encryption,
-    * it has already decrypted once for this key set and round (whatever C1),
-    * the contributors are not exactly the key set's members (none missing,
-      none added, no duplicates) or ``num-clients`` disagrees,
+    * the key set is not the one this client holds, or it holds no share for the round,
+    * it has already decrypted once for this key set and round (whatever C1: ``ALREADY_CONTRIBUTED``),
+    * C fails :func:`_check_contributors`, or fewer than t distinct members of K signed this C for
+      this model hash (:func:`~flwr_fedeval.rlwe.keyset.check_contributor_signatures`),
+    * A is not a set of >= t members of K that includes this client, or ``num-clients`` disagrees,
     * C1 is not canonical (a header field other than expected, a count other
-      than its own ciphertext's, a wrong length, an unreduced residue),
-    * C1 equals its own c1.
+      than its own ciphertext's, a wrong length, an unreduced residue), or equals its own c1,
+    * it would reveal, for one member, shares of both its seed and its mask key (across the rounds
+      of the key set: SecAgg's rule).
     """
+    _, roster = node_identity(context)
     state = _state(context)
     key_id = _current(state, request.key_id, "revealed")
     params = _params(request.params)
     if params.name != state["params"]:
         raise Refused("parameter set differs from the key's")
     round_ = request.round
-    if int(state["enc-round"]) < 0 or round_ != int(state["enc-round"]):
-        raise Refused(f"round {round_}: this client encrypted nothing for key set {key_id} in that round")
+    if int(state.get("sk-round", -1)) != round_:
+        raise Refused(f"round {round_}: this client holds no decryption share of key set {key_id} for that round")
     if int(state["pdec-round"]) == round_:
-        raise Refused(f"already decrypted once for key set {key_id} in round {round_}: refused whatever C1")
-    contributors = list(request.contributors)
+        raise Refused(f"already decrypted once for key set {key_id} in round {round_}: refused whatever C1",
+                      code=ReplyCode.ALREADY_CONTRIBUTED)
     members = list(state["members"])
-    if len(set(contributors)) != len(contributors):
-        raise Refused("contributor list has duplicates")
-    if set(contributors) != set(members):
-        missing = sorted(set(members) - set(contributors))
-        extra = sorted(set(contributors) - set(members))
-        raise Refused(f"contributors are not the key set's members (missing {missing}, not members {extra})")
+    own = str(state["name"])
+    t = int(state["threshold"])
     if request.num_clients != len(members):
         raise Refused("num-clients disagrees with the key set")
+    contributors = request.contributors
+    _check_contributors(state, context, contributors, round_, request.model_hash)
+    if len(set(request.contributor_signers)) != len(request.contributor_signers):
+        raise Refused("a member signs the contributor set at most once: duplicate signers")
+    keyset.check_contributor_signatures(
+        roster, dict(zip(request.contributor_signers, request.contributor_signatures)), members=members,
+        key_id=key_id, round_=round_, model_hash=request.model_hash, contributors=contributors, threshold=t)
+    active = request.active
+    if len(set(active)) != len(active) or not set(active) <= set(members) or own not in active or len(active) < t:
+        raise Refused(f"the active decryptors {list(active)} must be >= {t} distinct members including this one")
     try:
-        c1 = rlwe.polys_from_bytes(request.c1, params, count=int(state["num-polys"]))
+        count = int(state["num-polys"]) if "num-polys" in state else None
+        c1 = rlwe.polys_from_bytes(request.c1, params, count=count)
     except ValueError as exc:
         raise Refused(f"C1 is not canonical: {exc}") from None
-    if _digest(request.c1) == state["own-c1"]:
+    if "own-c1" in state and _digest(request.c1) == state["own-c1"]:
         raise Refused("C1 equals this client's own c1")
-    secret = rlwe.SecretKey.from_bytes(bytes(state["secret"]), params)
+    dropped = [name for name in members if name not in contributors]
+    seeds, keys = list(state.get("revealed-seeds", [])), list(state.get("revealed-keys", []))
+    both = sorted(set(contributors) & set(keys) | set(dropped) & set(seeds))
+    if both:
+        raise Refused(f"would reveal both the self-mask seed and the mask key of {both} (SecAgg's rule)")
     state["pdec-round"] = round_  # before computing: one partial decryption per key set and round
-    share = rlwe.partial_decrypt(params, secret, c1, num_clients=len(members))
-    return xmk.PdecReply(share.to_bytes())
+    state["revealed-seeds"] = sorted(set(seeds) | set(contributors))
+    state["revealed-keys"] = sorted(set(keys) | set(dropped))
+    points = dict(zip(members, threshold.member_points(len(members), params=params)))
+    sk = threshold.SecretShare.from_bytes(bytes(state["sk-share"]), params)
+    share = threshold.threshold_partial_decrypt(params, sk, [points[name] for name in active], c1,
+                                                num_clients=len(members))
+    index = {name: i for i, name in enumerate(members)}
+    return xmk.PdecReply(share.to_bytes(), tuple(bytes(state["seed-shares"][index[n]]) for n in contributors),
+                         tuple(bytes(state["key-shares"][index[n]]) for n in dropped))
 
 
 #: The query handlers (ClientApp handler functions ``(msg, context) -> reply``).
 xmk_keygen = handler(xmk.KEYGEN, _keygen, label=_LABEL, errors=_ERRORS)
 xmk_reveal = handler(xmk.REVEAL, _reveal, label=_LABEL, errors=_ERRORS)
+xmk_shares = handler(xmk.SHARES, _shares, label=_LABEL, errors=_ERRORS)
+xmk_contributors = handler(xmk.CONTRIBUTORS, _contributors, label=_LABEL, errors=_ERRORS)
 xmk_partial_decrypt = handler(xmk.PDEC, _partial_decrypt, label=_LABEL, errors=_ERRORS)
-for _handler, _serve in ((xmk_keygen, _keygen), (xmk_reveal, _reveal), (xmk_partial_decrypt, _partial_decrypt)):
+for _handler, _serve in ((xmk_keygen, _keygen), (xmk_reveal, _reveal), (xmk_shares, _shares),
+                         (xmk_contributors, _contributors), (xmk_partial_decrypt, _partial_decrypt)):
     _handler.__doc__ = _serve.__doc__
 
 
 def register_xmkckks_handlers(app) -> None:
-    """Register :func:`xmk_keygen`, :func:`xmk_reveal` and :func:`xmk_partial_decrypt` on ``app``
-    (the query steps of :data:`flwr_fedeval.protocol.xmk.STEPS`; step 2 is the App's own
-    ``train`` handler wrapped by :func:`xmkckks_mod`)."""
+    """Register :func:`xmk_keygen`, :func:`xmk_reveal`, :func:`xmk_shares`, :func:`xmk_contributors` and
+    :func:`xmk_partial_decrypt` on ``app`` (the query steps of :data:`flwr_fedeval.protocol.xmk.STEPS`;
+    step 2 is the App's own ``train`` handler wrapped by :func:`xmkckks_mod`)."""
     register(app, xmk.QUERY_STEPS, {xmk.KEYGEN.message_type: xmk_keygen, xmk.REVEAL.message_type: xmk_reveal,
+                                     xmk.SHARES.message_type: xmk_shares,
+                                     xmk.CONTRIBUTORS.message_type: xmk_contributors,
                                      xmk.PDEC.message_type: xmk_partial_decrypt})

@@ -77,6 +77,10 @@ class ReplyCode(IntEnum):
     TAMPERING_DETECTED = 1002
     #: The pooled test data has a single class: the AUC is undefined.
     UNDEFINED_AUC = 1003
+    #: No retries: the node already contributed for this global model (or a later round), or already gave
+    #: its share for this key set and round (xMK-CKKS, issue 21): a second contribution would be a
+    #: differencing oracle.
+    ALREADY_CONTRIBUTED = 1004
     #: (server) No reply within the step's timeout.
     TIMEOUT = 1100
     #: (server) The reply could not be parsed or failed the server's checks.

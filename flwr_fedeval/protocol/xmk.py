@@ -6,11 +6,19 @@ commit-then-reveal key sets and pairwise masks, DESIGN.md §3 and §7):
 ==========  ======================  =========  ==========================================
 step        message type            request    reply
 ==========  ======================  =========  ==========================================
-1a          ``query.xmk_keygen``    KeygenRequest   KeygenReply (signed commitment h_i)
-1b          ``query.xmk_reveal``    RevealRequest   RevealReply (b_i, X_i, signature over T)
-2           ``train``               TrainRequest    TrainReply (Enc(n_i·Δw_i, n_i) + r_i)
-3           ``query.xmk_pdec``      PdecRequest     PdecReply (D_i = s_i·C1 + e*_i)
+1a          ``query.xmk_keygen``        KeygenRequest   KeygenReply (signed commitment h_i)
+1b          ``query.xmk_reveal``        RevealRequest   RevealReply (b_i, X_i, signature over T;
+                                                    T binds every public parameter)
+1c          ``query.xmk_shares``        SharesRequest   SharesReply (Shamir shares of s_i, x_i and
+                                                    the self-mask seed, sealed to each member)
+2           ``train``                   TrainRequest    TrainReply (Enc(n_i·Δw_i, n_i) + r_i + u_i)
+2b          ``query.xmk_contributors``  ContributorsRequest  ContributorsReply (signature over C)
+3           ``query.xmk_pdec``          PdecRequest     PdecReply (D_j = λ_j·sk_j·C1 + e*_j and
+                                                    the seed / mask-key shares for C / K∖C)
 ==========  ======================  =========  ==========================================
+
+No retries (issue 21): a client trains at most once per global model (:func:`model_hash`) and round,
+signs one contributor set and gives one decryption share per key set and round.
 
 Every record key and field name of the protocol is spelled in this module only; the
 server (:mod:`flwr_fedeval.strategies.xmk_fedavg`) and the client
@@ -29,6 +37,9 @@ it, wrapped by ``xmkckks_mod`` (a :class:`ModStep`, which :func:`register` skips
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import math
+import struct
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -47,8 +58,15 @@ from flwr_fedeval.protocol._base import (
 )
 
 __all__ = [
+    "CONTRIBUTORS",
     "KEYGEN",
     "PDEC",
+    "SHARES",
+    "ContributorsReply",
+    "ContributorsRequest",
+    "SharesReply",
+    "SharesRequest",
+    "model_hash",
     "QUERY_STEPS",
     "REVEAL",
     "STEPS",
@@ -68,6 +86,8 @@ __all__ = [
 QUERY_XMK_KEYGEN = "query.xmk_keygen"
 QUERY_XMK_REVEAL = "query.xmk_reveal"
 QUERY_XMK_PDEC = "query.xmk_pdec"
+QUERY_XMK_SHARES = "query.xmk_shares"
+QUERY_XMK_CONTRIBUTORS = "query.xmk_contributors"
 #: Record keys: the ConfigRecord of every request and of the replies of step 1,
 #: the ciphertext (reply of step 2), C1 (request of step 3), D_i (reply of step 3).
 XMK_CONFIG_KEY = "xmk"
@@ -83,6 +103,24 @@ SEED_BYTES = DIGEST_BYTES = MASK_KEY_BYTES = 32
 _MAX_ROUND = 2**63 - 1
 
 _K = XMK_CONFIG_KEY
+_MODEL_DOMAIN = b"flwr-fedeval/xmkckks/global-model/v1"
+
+
+def model_hash(arrays: ArrayRecord) -> bytes:
+    """SHA-256 of a global model: every array's name, dtype, shape and bytes, in the record's order.
+
+    The no-retry rule's key (issue 21): a client gives at most one update per model hash, whatever
+    the key set. 32 bytes.
+    """
+    h = hashlib.sha256(_MODEL_DOMAIN)
+    for name, array in arrays.items():
+        a = array.numpy()
+        for part in (name.encode(), str(a.dtype.str).encode(), repr(tuple(a.shape)).encode()):
+            h.update(struct.pack(">Q", len(part)) + part)
+        data = a.tobytes()
+        h.update(struct.pack(">Q", len(data)))
+        h.update(data)
+    return h.digest()
 
 
 # ------------------------------------------------------------------ generic helpers (this protocol's)
@@ -198,9 +236,16 @@ class RevealRequest(Payload):
         32-byte commitments, signatures (bytes; an empty one is refused by the client's check).
     mask_degree : int
         Degree k >= 0 of the mask graph (0 = complete; Bell et al. 2020).
+    scale_bits : int
+        log2 of the fixed-point scale Δ (>= 1).
+    max_abs_value : float
+        The value bound B (finite, >= 1): every encrypted value n_i·Δw and n_i is clipped to [-B, B].
+    threshold : int
+        t of the t-out-of-N threshold decryption (>= 1; each member requires t > N/2).
 
-    ``from_record`` raises :class:`~flwr_fedeval.protocol.MalformedMessage` for misaligned lists
-    or a mask degree that is not an integer >= 0.
+    The members sign all of these in the key-set transcript T: the server cannot vary them per
+    request. ``from_record`` raises :class:`~flwr_fedeval.protocol.MalformedMessage` for misaligned
+    lists, a mask degree that is not an integer >= 0, or a missing or ill-typed public parameter.
     """
 
     LABEL = "xMK key reveal request"
@@ -210,10 +255,14 @@ class RevealRequest(Payload):
     commitments: tuple[bytes, ...]
     signatures: tuple[bytes, ...]
     mask_degree: int
+    scale_bits: int
+    max_abs_value: float
+    threshold: int
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, round=self.round, signers=self.signers, commitments=self.commitments,
-                       signatures=self.signatures, mask_degree=self.mask_degree)
+                       signatures=self.signatures, mask_degree=self.mask_degree, scale_bits=self.scale_bits,
+                       max_abs_value=self.max_abs_value, threshold=self.threshold)
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> RevealRequest:
@@ -227,8 +276,12 @@ class RevealRequest(Payload):
         degree = rec["mask-degree"]
         if isinstance(degree, bool) or not isinstance(degree, int) or degree < 0:
             raise MalformedMessage(f"{_K}.mask-degree", f"must be an integer >= 0, got {degree!r}")
+        bound = config_field(rec, _K, "max-abs-value", float, minimum=1.0)
+        if not math.isfinite(bound):
+            raise MalformedMessage(f"{_K}.max-abs-value", f"must be finite, got {bound!r}")
         return cls(config_field(rec, _K, "key-id", str), _round(rec), tuple(signers), tuple(commitments),
-                   tuple(signatures), degree)
+                   tuple(signatures), degree, config_field(rec, _K, "scale-bits", int, minimum=1), bound,
+                   config_field(rec, _K, "threshold", int, minimum=1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +323,86 @@ class RevealReply(Payload):
                    config_bytes(rec, _K, "transcript-signature"))
 
 
+def _key_set_lists(rec: ConfigRecord) -> dict[str, list[Any]]:
+    """The aligned openings of a key set: signers, public shares, mask keys, transcript signatures."""
+    lists = {"signers": config_list(rec, _K, "signers", str),
+             "public-shares": config_list(rec, _K, "public-shares", bytes),
+             "mask-keys": config_list(rec, _K, "mask-keys", bytes, item_length=MASK_KEY_BYTES),
+             "transcript-signatures": config_list(rec, _K, "transcript-signatures", bytes)}
+    _aligned(**lists)
+    return lists
+
+
+# ------------------------------------------------------------------ step 1c
+@dataclasses.dataclass(frozen=True)
+class SharesRequest(Payload):
+    """Step 1c request (``query.xmk_shares``), record ``"xmk"``: every member's opening and signature over T.
+
+    Attributes
+    ----------
+    params, key_id : str
+    round : int
+        The round the shares are for (the round of the train request that follows).
+    signers, public_shares, mask_keys, transcript_signatures : tuple
+        Aligned, one entry per member: roster names, b_j (bytes), X_j (32 bytes), signatures over T.
+    """
+
+    LABEL = "xMK key shares request"
+    params: str
+    key_id: str
+    round: int
+    signers: tuple[str, ...]
+    public_shares: tuple[bytes, ...]
+    mask_keys: tuple[bytes, ...]
+    transcript_signatures: tuple[bytes, ...]
+
+    def _to_record(self) -> RecordDict:
+        return _config(params=self.params, key_id=self.key_id, round=self.round, signers=self.signers,
+                       public_shares=self.public_shares, mask_keys=self.mask_keys,
+                       transcript_signatures=self.transcript_signatures)
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> SharesRequest:
+        rec = config_record(content, _K)
+        lists = _key_set_lists(rec)
+        return cls(config_field(rec, _K, "params", str), config_field(rec, _K, "key-id", str), _round(rec),
+                   *(tuple(v) for v in lists.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class SharesReply(Payload):
+    """Step 1c reply, record ``"xmk"``: this member's shares, sealed to each other member.
+
+    Attributes
+    ----------
+    key_id, signer : str
+    round : int
+    recipients, sealed_shares : tuple
+        Aligned: every other member's name and the AES-GCM box of its shares of s_i, x_i and the
+        self-mask seed (:func:`flwr_fedeval.rlwe.keyset.seal_shares`).
+    """
+
+    LABEL = "xMK key shares reply"
+    key_id: str
+    signer: str
+    round: int
+    recipients: tuple[str, ...]
+    sealed_shares: tuple[bytes, ...]
+
+    def _to_record(self) -> RecordDict:
+        return _config(key_id=self.key_id, signer=self.signer, round=self.round, recipients=self.recipients,
+                       sealed_shares=self.sealed_shares)
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> SharesReply:
+        rec = config_record(content, _K)
+        recipients = config_list(rec, _K, "recipients", str)
+        sealed = config_list(rec, _K, "sealed-shares", bytes)
+        _aligned(**{"recipients": recipients, "sealed-shares": sealed})
+        return cls(config_field(rec, _K, "key-id", str), config_field(rec, _K, "signer", str), _round(rec),
+                   tuple(recipients), tuple(sealed))
+
+
 # ------------------------------------------------------------------ step 2
 @dataclasses.dataclass(frozen=True)
 class TrainRequest(Payload):
@@ -283,12 +416,11 @@ class TrainRequest(Payload):
         The training round; a client encrypts at most once per key set and round.
     signers, public_shares, mask_keys, transcript_signatures : tuple
         Aligned, one entry per member: roster names, b_j (bytes), X_j (32 bytes), signatures over T.
-    scale_bits : int
-        log2 of the fixed-point scale Δ (>= 1).
     num_clients : int
         |K|, the number of members (>= 1).
-    max_abs_value : float
-        Public bound on every encrypted value |n_i·Δw| and n_i (>= 1, finite).
+    senders, sealed_shares : tuple
+        The member's inbox of step 1c, aligned: each member's name and its sealed shares for this member
+        (:class:`SharesReply`). The scale and the value bound are not here: they are in T only.
     """
 
     LABEL = "xMK train request"
@@ -299,9 +431,9 @@ class TrainRequest(Payload):
     public_shares: tuple[bytes, ...]
     mask_keys: tuple[bytes, ...]
     transcript_signatures: tuple[bytes, ...]
-    scale_bits: int
     num_clients: int
-    max_abs_value: float
+    senders: tuple[str, ...] = ()
+    sealed_shares: tuple[bytes, ...] = ()
 
     @staticmethod
     def carried_by(content: RecordDict) -> bool:
@@ -311,21 +443,19 @@ class TrainRequest(Payload):
     def _to_record(self) -> RecordDict:
         return _config(params=self.params, key_id=self.key_id, round=self.round, signers=self.signers,
                        public_shares=self.public_shares, mask_keys=self.mask_keys,
-                       transcript_signatures=self.transcript_signatures, scale_bits=self.scale_bits,
-                       num_clients=self.num_clients, max_abs_value=self.max_abs_value)
+                       transcript_signatures=self.transcript_signatures, num_clients=self.num_clients,
+                       senders=self.senders, sealed_shares=self.sealed_shares)
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> TrainRequest:
         rec = config_record(content, _K)
-        lists = {"signers": config_list(rec, _K, "signers", str),
-                 "public-shares": config_list(rec, _K, "public-shares", bytes),
-                 "mask-keys": config_list(rec, _K, "mask-keys", bytes, item_length=MASK_KEY_BYTES),
-                 "transcript-signatures": config_list(rec, _K, "transcript-signatures", bytes)}
-        _aligned(**lists)
+        lists = _key_set_lists(rec)
+        senders = config_list(rec, _K, "senders", str)
+        sealed = config_list(rec, _K, "sealed-shares", bytes)
+        _aligned(**{"senders": senders, "sealed-shares": sealed})
         return cls(config_field(rec, _K, "params", str), config_field(rec, _K, "key-id", str), _round(rec),
-                   *(tuple(v) for v in lists.values()), config_field(rec, _K, "scale-bits", int, minimum=1),
-                   config_field(rec, _K, "num-clients", int, minimum=1),
-                   config_field(rec, _K, "max-abs-value", float, minimum=1.0))
+                   *(tuple(v) for v in lists.values()), config_field(rec, _K, "num-clients", int, minimum=1),
+                   tuple(senders), tuple(sealed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,6 +489,65 @@ class TrainReply(Payload):
         return cls(data, metrics)
 
 
+# ------------------------------------------------------------------ step 2b
+@dataclasses.dataclass(frozen=True)
+class ContributorsRequest(Payload):
+    """Step 2b request (``query.xmk_contributors``), record ``"xmk"``: the contributor set C to sign.
+
+    Attributes
+    ----------
+    key_id : str
+    round : int
+    model_hash : bytes
+        :func:`model_hash` of the global model of the round (32 bytes).
+    contributors : tuple of str
+        C: the members whose ciphertexts the server summed.
+    """
+
+    LABEL = "xMK contributors request"
+    key_id: str
+    round: int
+    model_hash: bytes
+    contributors: tuple[str, ...]
+
+    def _to_record(self) -> RecordDict:
+        return _config(key_id=self.key_id, round=self.round, model_hash=self.model_hash,
+                       contributors=self.contributors)
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> ContributorsRequest:
+        rec = config_record(content, _K)
+        return cls(config_field(rec, _K, "key-id", str), _round(rec),
+                   config_bytes(rec, _K, "model-hash", length=DIGEST_BYTES),
+                   tuple(config_list(rec, _K, "contributors", str)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ContributorsReply(Payload):
+    """Step 2b reply, record ``"xmk"``: the member's signature over (key set, round, model hash, C).
+
+    Attributes
+    ----------
+    key_id, signer : str
+    signature : bytes
+        :func:`flwr_fedeval.rlwe.keyset.sign_contributors`.
+    """
+
+    LABEL = "xMK contributors reply"
+    key_id: str
+    signer: str
+    signature: bytes
+
+    def _to_record(self) -> RecordDict:
+        return _config(key_id=self.key_id, signer=self.signer, signature=self.signature)
+
+    @classmethod
+    def _from_record(cls, content: RecordDict) -> ContributorsReply:
+        rec = config_record(content, _K)
+        return cls(config_field(rec, _K, "key-id", str), config_field(rec, _K, "signer", str),
+                   config_bytes(rec, _K, "signature"))
+
+
 # ------------------------------------------------------------------ step 3
 @dataclasses.dataclass(frozen=True)
 class PdecRequest(Payload):
@@ -370,11 +559,18 @@ class PdecRequest(Payload):
     round : int
         The round of the summed ciphertexts.
     contributors : tuple of str
-        Roster names of the members whose ciphertexts were summed (the whole key set).
+        C: roster names of the members whose ciphertexts were summed.
     num_clients : int
         |K| (>= 1).
     c1 : bytes
-        C1 = Σ c1_i (Eq. 3), :func:`flwr_fedeval.rlwe.polys_to_bytes` (its canonical form is the client's check).
+        C1 = Σ_{j∈C} c1_j (Eq. 3), :func:`flwr_fedeval.rlwe.polys_to_bytes` (its canonical form is the
+        client's check).
+    model_hash : bytes
+        The 32-byte :func:`model_hash` the contributor set was signed for.
+    contributor_signers, contributor_signatures : tuple
+        Aligned: members' names and their signatures over (key set, round, model hash, C) (step 2b).
+    active : tuple of str
+        A: the ordered decryptor set whose shares the server will combine (|A| >= t).
     """
 
     LABEL = "xMK partial decryption request"
@@ -384,20 +580,31 @@ class PdecRequest(Payload):
     contributors: tuple[str, ...]
     num_clients: int
     c1: bytes
+    model_hash: bytes = bytes(DIGEST_BYTES)
+    contributor_signers: tuple[str, ...] = ()
+    contributor_signatures: tuple[bytes, ...] = ()
+    active: tuple[str, ...] = ()
 
     def _to_record(self) -> RecordDict:
         content = _config(params=self.params, key_id=self.key_id, round=self.round, contributors=self.contributors,
-                          num_clients=self.num_clients)
+                          num_clients=self.num_clients, model_hash=self.model_hash,
+                          contributor_signers=self.contributor_signers,
+                          contributor_signatures=self.contributor_signatures, active=self.active)
         content[XMK_C1_KEY] = _blob("c1", self.c1)
         return content
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> PdecRequest:
         rec = config_record(content, _K)
+        signers = config_list(rec, _K, "contributor-signers", str)
+        signatures = config_list(rec, _K, "contributor-signatures", bytes)
+        _aligned(**{"contributor-signers": signers, "contributor-signatures": signatures})
         return cls(config_field(rec, _K, "params", str), config_field(rec, _K, "key-id", str), _round(rec),
                    tuple(config_list(rec, _K, "contributors", str)),
                    config_field(rec, _K, "num-clients", int, minimum=1),
-                   array_bytes(array_record(content, XMK_C1_KEY), XMK_C1_KEY, "c1"))
+                   array_bytes(array_record(content, XMK_C1_KEY), XMK_C1_KEY, "c1"),
+                   config_bytes(rec, _K, "model-hash", length=DIGEST_BYTES), tuple(signers), tuple(signatures),
+                   tuple(config_list(rec, _K, "active", str)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,18 +614,29 @@ class PdecReply(Payload):
     Attributes
     ----------
     share : bytes
-        D_i = s_i·C1 + e*_i with smudging noise (Eq. 7), :meth:`flwr_fedeval.rlwe.DecryptionShare.to_bytes`.
+        D_j = λ_j·sk_j·C1 + e*_j with smudging noise (Eq. 7, threshold form),
+        :meth:`flwr_fedeval.rlwe.DecryptionShare.to_bytes`.
+    seed_shares : tuple of bytes
+        This member's Shamir shares of the self-mask seed of every i ∈ C, in the order of C.
+    mask_shares : tuple of bytes
+        Its shares of the X25519 mask private key of every i ∈ K∖C, in name order.
     """
 
     LABEL = "xMK partial decryption reply"
     share: bytes
+    seed_shares: tuple[bytes, ...] = ()
+    mask_shares: tuple[bytes, ...] = ()
 
     def _to_record(self) -> RecordDict:
-        return RecordDict({XMK_SHARE_KEY: _blob("share", self.share)})
+        content = RecordDict({XMK_SHARE_KEY: _blob("share", self.share)})
+        content.update(_config(seed_shares=self.seed_shares, mask_shares=self.mask_shares))
+        return content
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> PdecReply:
-        return cls(array_bytes(array_record(content, XMK_SHARE_KEY), XMK_SHARE_KEY, "share"))
+        rec = config_record(content, _K)
+        return cls(array_bytes(array_record(content, XMK_SHARE_KEY), XMK_SHARE_KEY, "share"),
+                   tuple(config_list(rec, _K, "seed-shares", bytes)), tuple(config_list(rec, _K, "mask-shares", bytes)))
 
 
 # ------------------------------------------------------------------ the step table
@@ -440,9 +658,12 @@ class ModStep(Step):
 
 KEYGEN = Step("step 1a (key commitment)", QUERY_XMK_KEYGEN, "client", KeygenRequest, KeygenReply)
 REVEAL = Step("step 1b (key reveal)", QUERY_XMK_REVEAL, "client", RevealRequest, RevealReply)
+SHARES = Step("step 1c (key shares)", QUERY_XMK_SHARES, "client", SharesRequest, SharesReply)
 TRAIN = ModStep("step 2 (encrypted training)", "train", "client", TrainRequest, TrainReply)
+CONTRIBUTORS = Step("step 2b (contributor set)", QUERY_XMK_CONTRIBUTORS, "client", ContributorsRequest,
+                    ContributorsReply)
 PDEC = Step("step 3 (partial decryption)", QUERY_XMK_PDEC, "client", PdecRequest, PdecReply)
 #: Every step of a round, in order.
-STEPS = (KEYGEN, REVEAL, TRAIN, PDEC)
+STEPS = (KEYGEN, REVEAL, SHARES, TRAIN, CONTRIBUTORS, PDEC)
 #: The steps with a query handler of ours (:func:`flwr_fedeval.clients.xmkckks.register_xmkckks_handlers`).
-QUERY_STEPS = (KEYGEN, REVEAL, PDEC)
+QUERY_STEPS = (KEYGEN, REVEAL, SHARES, CONTRIBUTORS, PDEC)

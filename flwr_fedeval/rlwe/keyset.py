@@ -30,7 +30,8 @@ Protocol for one key set K (cait-sith notation: ★ send, • wait, ▲ check
    with its own h_i, and |K| >= i's floor;
    ▲ the server's mask degree k gives at least i's floor of neighbours
    (:func:`~flwr_fedeval.rlwe.masking.check_mask_degree`);
-   T = :func:`transcript_digest` (params, kid, seed_a, r, k, sorted (name, h));
+   T = :func:`transcript_digest` (params, kid, seed_a, r, k, scale, bound B,
+   threshold t, sorted (name, h)): every public parameter of the key set;
    ▲ i reveals at most once per key set;
    ★ (b_i, X_i, Sign_i("xmkckks", kid, r, "key-set", T)).
 3. **Encrypt** (``train``). • every member's (b_j, X_j, transcript sig_j); i:
@@ -39,6 +40,13 @@ Protocol for one key set K (cait-sith notation: ★ send, • wait, ▲ check
    ▲ (:func:`check_transcript_signatures`) every member signed the same T;
    b = Σ b_j; masks from X_j of i's neighbours in the mask graph of
    degree k derived from T (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`).
+   Before it (step 1c, issue 21) each member seals its Shamir shares of s_i,
+   x_i and its self-mask seed to every member (:func:`seal_shares`: AES-GCM
+   under HKDF(X25519(x_i, X_j)) with its own label, AAD = kid, round, sender,
+   recipient) and opens the ones addressed to it (:func:`open_shares`).
+4. **Contributors** (``query.xmk_contributors``): each member signs
+   (kid, r, model hash, C) once per key set and round (:func:`sign_contributors`);
+   a decryptor ▲ t such signatures over the same C (:func:`check_contributor_signatures`).
 
 Imports neither flwr nor TensorFlow.
 """
@@ -46,10 +54,13 @@ Imports neither flwr nor TensorFlow.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import struct
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster, sign_key, verify_key
 
@@ -60,7 +71,13 @@ from .xmkckks import PublicKey, aggregate_public_keys
 __all__ = [
     "PROTOCOL",
     "ROLE_COMMITMENT",
+    "ROLE_CONTRIBUTORS",
     "ROLE_KEY_SET",
+    "check_contributor_signatures",
+    "contributors_digest",
+    "open_shares",
+    "seal_shares",
+    "sign_contributors",
     "KeySetError",
     "key_set_id",
     "commitment",
@@ -78,7 +95,12 @@ ROLE_COMMITMENT = "share-commitment"
 ROLE_KEY_SET = "key-set"
 _ID_DOMAIN = b"flwr-fedeval/xmkckks/key-set-id/v1"
 _COMMIT_DOMAIN = b"flwr-fedeval/xmkckks/share-commitment/v1"
-_TRANSCRIPT_DOMAIN = b"flwr-fedeval/xmkckks/key-set-transcript/v1"
+_TRANSCRIPT_DOMAIN = b"flwr-fedeval/xmkckks/key-set-transcript/v2"  # v2: binds scale, bound and t
+_CONTRIBUTORS_DOMAIN = b"flwr-fedeval/xmkckks/contributors/v1"
+#: The HKDF info label of the share boxes (its own: a box key never equals a mask key).
+_SEAL_LABEL = b"flwr-fedeval/xmkckks/share-seal/v1"
+ROLE_CONTRIBUTORS = "contributors"
+_NONCE_BYTES = 12
 DIGEST_BYTES = 32
 
 
@@ -190,17 +212,30 @@ def transcript_digest(
     round_: int,
     members: Sequence[tuple[str, bytes]],
     mask_degree: int = 0,
+    scale_bits: int = 0,
+    max_abs_value: float = 0.0,
+    threshold: int = 0,
 ) -> bytes:
-    """T = SHA-256(domain, params, kid, seed_a, r, k, (name, h) sorted by name): the key set every member must agree on.
+    """T = SHA-256(domain, params, kid, seed_a, r, k, Δ bits, B, t, (name, h) sorted by name).
 
-    ``mask_degree`` k is the public degree of the mask graph
-    (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`; 0 = complete): signed
-    with the key set, so every member masks over the same graph.
+    The key set every member must agree on, with every public parameter of its rounds (issue 21):
+    the parameter set and a (via kid, seed_a), the first round r, the mask degree k
+    (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`; 0 = complete), the scale 2^scale_bits, the
+    value bound B (IEEE-754 binary64, big-endian) every encrypted value is clipped to, and the
+    threshold t of the t-out-of-N decryption. Signed by every member, so the server cannot vary
+    any of them per request.
     """
     if isinstance(mask_degree, bool) or not isinstance(mask_degree, int) or mask_degree < 0:
         raise KeySetError(f"mask degree must be an integer >= 0, got {mask_degree!r}")
+    for name, value in (("scale bits", scale_bits), ("threshold", threshold)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise KeySetError(f"{name} must be an integer >= 0, got {value!r}")
+    if not np.isfinite(max_abs_value) or max_abs_value < 0:
+        raise KeySetError(f"the value bound must be a finite number >= 0, got {max_abs_value!r}")
     parts = [_TRANSCRIPT_DOMAIN, _lp(params.name.encode()), _lp(key_id.encode()), _lp(seed_a),
-             struct.pack(">Q", round_), struct.pack(">Q", mask_degree), struct.pack(">Q", len(members))]
+             struct.pack(">Q", round_), struct.pack(">Q", mask_degree), struct.pack(">Q", scale_bits),
+             struct.pack(">d", float(max_abs_value)), struct.pack(">Q", threshold),
+             struct.pack(">Q", len(members))]
     for name, h in sorted(members):
         parts += [_lp(name.encode()), _lp(h)]
     return hashlib.sha256(b"".join(parts)).digest()
@@ -299,3 +334,118 @@ def open_key_set(
     if not np.any(joint.b):
         raise KeySetError(f"key set {key_id}: the shares sum to zero")
     return joint, mask_keys
+
+
+# ------------------------------------------------------------------ step 1c: sealed shares
+def _seal_aad(key_id: str, round_: int, sender: str, recipient: str) -> bytes:
+    return _SEAL_LABEL + _lp(key_id.encode()) + struct.pack(">Q", round_) + _lp(sender.encode()) + \
+        _lp(recipient.encode())
+
+
+def _box_key(own_private: bytes, peer_public: bytes, *, own_name: str, peer_name: str, transcript: bytes,
+             round_: int) -> AESGCM:
+    """AES-256-GCM under HKDF(X25519(x_i, X_j)) with the share-seal label (:func:`masking.pairwise_mask_key`)."""
+    context = _SEAL_LABEL + masking.mask_context(transcript, round_)
+    return AESGCM(masking.pairwise_mask_key(own_private, peer_public, own_name=own_name, peer_name=peer_name,
+                                            context=context))
+
+
+def seal_shares(parts: Sequence[bytes], *, key_id: str, round_: int, transcript: bytes, sender: str,
+                own_private: bytes, recipient: str, recipient_public: bytes) -> bytes:
+    """Seal a member's shares for one recipient: nonce (12 bytes) || AES-256-GCM(length-prefixed parts).
+
+    The key comes from the pairwise X25519 agreement of the mask keys opened in the reveal (both
+    signed in T), through HKDF with its own info label; the AAD binds (kid, round, sender,
+    recipient), so a box cannot be relayed to another member, round or key set. Source: Bonawitz
+    et al. 2017, §4 (the shares are sent encrypted to each peer).
+
+    Raises
+    ------
+    flwr_fedeval.rlwe.masking.MaskKeyError
+        A key is malformed or the agreement fails.
+    """
+    box = _box_key(own_private, recipient_public, own_name=sender, peer_name=recipient, transcript=transcript,
+                   round_=round_)
+    nonce = secrets.token_bytes(_NONCE_BYTES)
+    payload = b"".join(_lp(bytes(p)) for p in parts)
+    return nonce + box.encrypt(nonce, payload, _seal_aad(key_id, round_, sender, recipient))
+
+
+def open_shares(sealed: bytes, *, key_id: str, round_: int, transcript: bytes, sender: str, sender_public: bytes,
+                recipient: str, own_private: bytes, count: int) -> list[bytes]:
+    """Open a box of :func:`seal_shares` from ``sender``: its ``count`` parts.
+
+    Raises
+    ------
+    KeySetError
+        The box does not open (forged, altered, or sealed for another member, round or key set),
+        or does not hold exactly ``count`` parts.
+    """
+    if len(sealed) <= _NONCE_BYTES:
+        raise KeySetError(f"the shares of {sender!r} are not a sealed box")
+    box = _box_key(own_private, sender_public, own_name=recipient, peer_name=sender, transcript=transcript,
+                   round_=round_)
+    try:
+        payload = box.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:],
+                              _seal_aad(key_id, round_, sender, recipient))
+    except InvalidTag:
+        raise KeySetError(f"the shares of {sender!r} do not open: forged, altered or sealed for another member, "
+                          f"round or key set") from None
+    parts, pos = [], 0
+    while pos < len(payload):
+        if pos + 8 > len(payload):
+            raise KeySetError(f"the shares of {sender!r} are truncated")
+        (length,) = struct.unpack(">Q", payload[pos:pos + 8])
+        if pos + 8 + length > len(payload):
+            raise KeySetError(f"the shares of {sender!r} are truncated")
+        parts.append(payload[pos + 8:pos + 8 + length])
+        pos += 8 + length
+    if len(parts) != count:
+        raise KeySetError(f"the box of {sender!r} holds {len(parts)} shares, expected {count}")
+    return parts
+
+
+# ------------------------------------------------------------------ step 2b: the contributor set
+def contributors_digest(*, key_id: str, round_: int, model_hash: bytes, contributors: Sequence[str]) -> bytes:
+    """SHA-256(domain, kid, r, model hash, C sorted): what each member signs once per key set and round."""
+    parts = [_CONTRIBUTORS_DOMAIN, _lp(key_id.encode()), struct.pack(">Q", round_), _lp(bytes(model_hash)),
+             struct.pack(">Q", len(contributors))]
+    parts += [_lp(name.encode()) for name in sorted(contributors)]
+    return hashlib.sha256(b"".join(parts)).digest()
+
+
+def sign_contributors(identity: NodeIdentity, *, key_id: str, round_: int, model_hash: bytes,
+                      contributors: Sequence[str]) -> bytes:
+    """Sign_i("xmkckks", kid, r, "contributors", :func:`contributors_digest`)."""
+    digest = contributors_digest(key_id=key_id, round_=round_, model_hash=model_hash, contributors=contributors)
+    return sign_key(identity, protocol=PROTOCOL, session=key_id, round=round_, role=ROLE_CONTRIBUTORS, key=digest)
+
+
+def check_contributor_signatures(roster: Roster, signatures: Mapping[str, bytes], *, members: Sequence[str],
+                                 key_id: str, round_: int, model_hash: bytes, contributors: Sequence[str],
+                                 threshold: int) -> None:
+    """Step 3 ▲: at least ``threshold`` distinct members of K signed this contributor set C.
+
+    With t > N/2 two different contributor sets of one key set and round cannot both gather t
+    signatures from honest members (each signs once), so at most one sum is ever decrypted.
+
+    Raises
+    ------
+    KeySetError
+        A signer that is not a member of K, or fewer than ``threshold`` signatures.
+    flwr_fedeval.identity.IdentityError
+        A signature that does not verify (the member signed another C, or none).
+    """
+    extra = sorted(set(signatures) - set(members))
+    if extra:
+        raise KeySetError(f"key set {key_id}: contributor-set signatures of non-members {extra}")
+    if len(signatures) < threshold:
+        raise KeySetError(f"key set {key_id}: {len(signatures)} members signed the contributor set, "
+                          f"the threshold is {threshold}")
+    digest = contributors_digest(key_id=key_id, round_=round_, model_hash=model_hash, contributors=contributors)
+    for name, signature in signatures.items():
+        try:
+            verify_key(roster, name, signature, protocol=PROTOCOL, session=key_id, round=round_,
+                       role=ROLE_CONTRIBUTORS, key=digest)
+        except IdentityError as exc:
+            raise IdentityError(f"member {name!r} did not sign this contributor set: {exc}") from None

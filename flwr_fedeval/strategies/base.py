@@ -246,12 +246,14 @@ class FailureRecordingGrid:
             return ids
         return [n for n in ids if int(n) not in self.rejoin.replaced]
 
-    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Any:
-        """:func:`~flwr_fedeval.strategies.collect.send_and_collect` over the wrapped grid; failures recorded."""
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
+                        on_reply: Callable[[Message], Message] | None = None) -> Any:
+        """:func:`~flwr_fedeval.strategies.collect.send_and_collect` over the wrapped grid; failures recorded.
+        ``on_reply`` is its per-reply callback (a reply's bulk folded and dropped as it comes)."""
         from flwr_fedeval.strategies.collect import send_and_collect
 
         messages = list(messages)
-        got = send_and_collect(self._grid, messages, timeout=timeout, rejoin=self.rejoin)
+        got = send_and_collect(self._grid, messages, timeout=timeout, rejoin=self.rejoin, on_reply=on_reply)
         by_node = replies_by_node(messages, got.replies)
         for msg in messages:
             node = int(msg.metadata.dst_node_id)

@@ -48,7 +48,7 @@ from flwr.common.logger import log
 from flwr_fedeval.messages import ReplyCode
 
 __all__ = ["IDENTITY_TIMEOUT", "MIN_POLL_INTERVAL", "POLL_BACKOFF", "POLL_INTERVAL", "Collected", "DetectingGrid",
-           "Rejoin", "collect", "send_and_collect"]
+           "OnReply", "Rejoin", "collect", "send_and_collect"]
 
 #: Longest wait (s) between two polls (pull the replies, read the node list) of :func:`send_and_collect`.
 POLL_INTERVAL = 1.0
@@ -149,9 +149,14 @@ def _error_reply(msg: Message, code: int, reason: str) -> Message:
     return Message(Error(code=int(code), reason=reason), reply_to=msg)
 
 
+#: A per-reply callback of :func:`send_and_collect`: ``on_reply(reply) -> kept``; ``kept`` (a message, e.g. the
+#: reply without its bulk once the caller folded it into a running sum) is what the result keeps.
+OnReply = Callable[[Message], Message]
+
+
 def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float | None,
                      poll_interval: float = POLL_INTERVAL, rejoin: Rejoin | None = None,
-                     min_poll_interval: float = MIN_POLL_INTERVAL) -> Collected:
+                     min_poll_interval: float = MIN_POLL_INTERVAL, on_reply: OnReply | None = None) -> Collected:
     """Push ``messages``, then poll until every destination replied, was given up, or ``timeout`` ran out.
 
     See the module docstring for what is checked at each poll. A grid may
@@ -170,6 +175,11 @@ def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float |
     rejoin : Rejoin, optional
     min_poll_interval : float, default=:data:`MIN_POLL_INTERVAL`
         The first wait (s); each later one is :data:`POLL_BACKOFF` times the last, up to ``poll_interval``.
+    on_reply : callable, optional
+        ``on_reply(reply) -> Message``, called once for every reply pulled (error replies included, in the
+        order they come, before the next pull), e.g. to fold a ciphertext into a running sum; the result
+        keeps what it returns instead of the reply, so the caller may drop the reply's bulk at once.
+        The error replies made here for nodes given up are kept as they are (not passed to it).
 
     Returns
     -------
@@ -213,7 +223,8 @@ def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float |
         for reply in grid.pull_messages(list(pending)):
             msg = pending.pop(reply.metadata.reply_to_message_id, None)
             if msg is not None:  # a reply to no pending request (or a second one) is dropped
-                out.replies.append(reply)
+                out.replies.append(reply if on_reply is None else on_reply(reply))
+                del reply
                 out.seconds[int(msg.metadata.dst_node_id)] = clock() - t0
         if not pending:
             break
@@ -247,17 +258,22 @@ def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float |
     return out
 
 
-def collect(grid: Any, messages: Iterable[Message], *, timeout: float | None) -> Collected:
+def collect(grid: Any, messages: Iterable[Message], *, timeout: float | None,
+            on_reply: OnReply | None = None) -> Collected:
     """:func:`send_and_collect` over ``grid``; through its ``collect_replies`` when it has one.
 
     A :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` (and any
     view that delegates to one) records the failures and applies its
-    :class:`Rejoin`; any other grid is polled directly.
+    :class:`Rejoin`; any other grid is polled directly. ``on_reply`` (see
+    :func:`send_and_collect`) is passed on only when given, so a grid whose
+    ``collect_replies`` does not take it still works without one.
     """
     method = getattr(grid, "collect_replies", None)
     if callable(method):
-        return method(messages, timeout=timeout)
-    return send_and_collect(grid, messages, timeout=timeout)
+        if on_reply is None:
+            return method(messages, timeout=timeout)
+        return method(messages, timeout=timeout, on_reply=on_reply)
+    return send_and_collect(grid, messages, timeout=timeout, on_reply=on_reply)
 
 
 class DetectingGrid:
@@ -276,9 +292,10 @@ class DetectingGrid:
     def get_node_ids(self) -> Iterable[int]:
         return self._grid.get_node_ids()
 
-    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
+                        on_reply: OnReply | None = None) -> Collected:
         """:func:`send_and_collect` over the wrapped grid."""
-        return send_and_collect(self._grid, messages, timeout=timeout)
+        return send_and_collect(self._grid, messages, timeout=timeout, on_reply=on_reply)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         """As Flower's, but a node that left the node list is given up at once (an error reply)."""

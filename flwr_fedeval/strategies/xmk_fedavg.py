@@ -3,10 +3,14 @@
 Implementation based on Walskaar, Tran, Catak 2023 (Eqs. 1-11) and Ma et al.
 2022 (xMK-CKKS), on Flower's Message API (DESIGN.md §3), hardened against a
 deviating server (DESIGN.md §7): signed commit-then-reveal key sets
-(:mod:`flwr_fedeval.rlwe.keyset`) and pairwise zero-sum masks
-(:mod:`flwr_fedeval.rlwe.masking`, Bonawitz et al. 2017). The server sees
-only the sum of the clients' encrypted, example-weighted updates and
-``Σ n_i``; no single party can decrypt one client's update or a partial sum.
+(:mod:`flwr_fedeval.rlwe.keyset`), pairwise zero-sum masks and self-masks
+(:mod:`flwr_fedeval.rlwe.masking`, :mod:`flwr_fedeval.rlwe.selfmask`, Bonawitz
+et al. 2017) and t-out-of-N threshold decryption over a signed contributor set
+(:mod:`flwr_fedeval.rlwe.threshold`, Mouchet et al. 2021), without retries
+(issue 21). The server sees only the sum of the contributors' encrypted,
+example-weighted updates and ``Σ n_i``; no single party can decrypt one
+client's update or a partial sum, and it holds one running sum, not M
+ciphertexts.
 The server is trusted for nothing: every check is the clients'
 (:mod:`flwr_fedeval.clients.xmkckks`); the checks here only name a failing
 node early.
@@ -28,7 +32,8 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import Payload, ReplyCode, Step, xmk
-from flwr_fedeval.rlwe import keyset, masking
+from flwr_fedeval.rlwe import keyset, masking, selfmask
+from flwr_fedeval.rlwe import threshold as shamir
 from flwr_fedeval.strategies.base import (
     Failures,
     ReadableFailuresMixin,
@@ -38,7 +43,7 @@ from flwr_fedeval.strategies.base import (
     log_failures,
     replies_by_node,
 )
-from flwr_fedeval.strategies.collect import Collected, collect
+from flwr_fedeval.strategies.collect import Collected, DetectingGrid, OnReply, collect
 from flwr_fedeval.weights import WeightLayout
 
 __all__ = ["RoundAborted", "XMKFedAvg"]
@@ -90,6 +95,15 @@ class _KeySet:
     shares: tuple[bytes, ...]  # every b_i, sent so that clients check and sum them
     mask_keys: tuple[bytes, ...]  # every X25519 mask key
     transcript_signatures: tuple[bytes, ...]  # every member's signature over the key-set digest
+    transcript: bytes = b""  # T, as the members computed it (the mask graph is derived from it)
+    threshold: int = 0  # t of the t-out-of-N decryption (signed in T)
+    scale_bits: int = 0  # log2 Δ (signed in T)
+
+    def name_of(self, node: int) -> str:
+        return self.names[self.nodes.index(node)]
+
+    def node_of(self, name: str) -> int:
+        return self.nodes[self.names.index(name)]
 
 
 @dataclass
@@ -106,6 +120,9 @@ class _RoundState:
     sent: list[Message] = field(default_factory=list)  # the step-2 requests (replies matched by message id)
     known: set[int] = field(default_factory=set)  # the node list when the round started
     tried: set[int] = field(default_factory=set)  # every node of an attempt of this round
+    running: _RunningSum | None = None  # Σ c_j of the attempt in progress, folded as the replies arrive
+    inboxes: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # step 1c: name -> (sender, box)
+    train_results: dict[int, Any] = field(default_factory=dict)  # node -> its reply's metrics, or the error
 
     @property
     def keys(self) -> _KeySet:
@@ -133,44 +150,143 @@ class _Received:
     def __init__(self, by_node: dict[int, Message]) -> None:
         self.by_node = by_node
 
-    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
+                        on_reply: OnReply | None = None) -> Collected:
         out = Collected()
         for msg in messages:
             reply = self.by_node.get(int(msg.metadata.dst_node_id))
             if reply is not None:
-                out.replies.append(Message(reply.error if reply.has_error() else reply.content, reply_to=msg))
+                reply = Message(reply.error if reply.has_error() else reply.content, reply_to=msg)
+                out.replies.append(reply if on_reply is None else on_reply(reply))
         return out
+
+
+class _OnReplyGrid:
+    """A grid view whose exchanges pass ``on_reply`` to :func:`~flwr_fedeval.strategies.collect.collect`:
+    each reply is parsed (and its bulk folded into a running sum) as it arrives, then dropped."""
+
+    def __init__(self, grid: Any, on_reply: OnReply) -> None:
+        self._grid = grid
+        self._on_reply = on_reply
+
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:
+        return collect(self._grid, messages, timeout=timeout, on_reply=self._on_reply)
+
+
+class _FoldingGrid:
+    """The grid :meth:`XMKFedAvg.start` hands to Flower's loop: the ``train`` step's replies (step 2) are
+    folded into the round's running sum as they arrive (:meth:`XMKFedAvg.fold_train_reply`) and only their
+    metrics are kept, so the server never holds more than a few ciphertexts at once; everything else is
+    delegated."""
+
+    def __init__(self, grid: Any, strategy: Any) -> None:
+        self._grid = grid
+        self._strategy = strategy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self._grid.get_node_ids()
+
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
+                        on_reply: OnReply | None = None) -> Collected:
+        return collect(self._grid, messages, timeout=timeout, on_reply=on_reply)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        state = self._strategy._round
+        train = state is not None and any(m is s for m in messages for s in state.sent)
+        on_reply = self._strategy.fold_train_reply if train else None
+        return self.collect_replies(messages, timeout=timeout, on_reply=on_reply).replies
+
+
+class _RunningSum:
+    """Σ c_j of step 2 (Eq. 3), folded one ciphertext at a time, kept reduced mod q in uint32 (residues
+    < 2^31: half the bytes of a parsed ciphertext); ``folded`` maps each node to what its reply carried
+    besides the ciphertext."""
+
+    def __init__(self, params: rlwe.ParameterSet) -> None:
+        self.params = params
+        self.c0: np.ndarray | None = None
+        self.c1: np.ndarray | None = None
+        self.folded: dict[int, Any] = {}
+
+    def add(self, node: int, ct: rlwe.Ciphertext, extra: Any = None) -> None:
+        """Add ``ct`` (its arrays are used as scratch space: the caller drops it afterwards)."""
+        if node in self.folded:
+            raise ValueError(f"node {node}: a second ciphertext in one round")
+        if self.c0 is None or self.c1 is None:
+            self.c0, self.c1 = ct.c0.astype(np.uint32), ct.c1.astype(np.uint32)
+        else:
+            q = self.params.ring.q_col
+            for acc, part in ((self.c0, ct.c0), (self.c1, ct.c1)):
+                np.add(part, acc, out=part)  # uint64 scratch: < 2^32
+                np.remainder(part, q, out=part)
+                acc[...] = part
+        self.folded[node] = extra
+
+    def total(self, nodes: Iterable[int]) -> rlwe.Ciphertext:
+        """C = Σ_{j ∈ nodes} c_j (reduced mod q, uint64).
+
+        Raises
+        ------
+        ValueError
+            If ``nodes`` are not exactly the folded nodes.
+        """
+        nodes = set(nodes)
+        if self.c0 is None or self.c1 is None or nodes != set(self.folded):
+            raise ValueError(f"the running sum holds nodes {sorted(self.folded)}, not {sorted(nodes)}")
+        c0 = self.c0.astype(np.uint64)
+        self.c0 = None
+        c1 = self.c1.astype(np.uint64)
+        self.c1 = None
+        return rlwe.Ciphertext(self.params, c0, c1, len(nodes))
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     """Weighted FedAvg whose client updates are aggregated under xMK-CKKS.
 
-    Each round: (1a) ``query.xmk_keygen`` to the sampled clients: each
-    draws s_i, b_i (Eq. 1) and an X25519 mask key and replies a commitment
-    signed with its roster key; (1b) ``query.xmk_reveal`` relays all signed
-    commitments, each client checks them and opens b_i and its mask key;
-    (2) ``train`` with every opening; each client checks them against the
-    commitments, sums b = Σ b_i itself and replies Enc(n_i·Δw_i, n_i) + r_i
-    (Eq. 6; r_i its pairwise zero-sum mask); (3) the server sums the
-    ciphertexts (Eq. 3) and sends C1 with the key set's members in
-    ``query.xmk_pdec``; each client replies D_i = s_i·C1 + e*_i (Eq. 7) once
-    per key set and round; (4) the server decodes Σ n_i·Δw_i and Σ n_i (Eq. 5;
-    the masks cancel exactly) and sets ``w ← w + Σ n_i·Δw_i / Σ n_i``.
-    Every client needs a roster identity
+    Each round (issue 21: no retries): (1a) ``query.xmk_keygen`` to the sampled
+    clients: each draws s_i, b_i (Eq. 1) and an X25519 mask key and replies a
+    commitment signed with its roster key; (1b) ``query.xmk_reveal`` relays all
+    signed commitments and the public parameters (scale, value bound B, mask
+    degree, threshold t); each client checks them and opens b_i and its mask key
+    with its signature over the transcript T that binds them all; (1c)
+    ``query.xmk_shares``: each member Shamir-splits (t of N) s_i, its mask key
+    and a fresh self-mask seed and seals each share to each member (Mouchet et
+    al. 2021; Bonawitz et al. 2017 double masking); (2) ``train`` with every
+    opening and the member's inbox: each client checks T, opens a valid share
+    from every member, clips n_i·Δw_i and n_i to B and replies
+    Enc(n_i·Δw_i, n_i) + r_i + u_i (Eq. 6; r_i its pairwise mask, u_i its
+    self-mask), at most once per global model; the server folds each ciphertext
+    into a running sum as it arrives; (2b) ``query.xmk_contributors``: the
+    contributors still listed sign C, the set whose ciphertexts were summed;
+    (3) ``query.xmk_pdec`` to t of the signers (the active set A) with
+    C1 = Σ_{j∈C} c1_j, C and t signatures: each replies
+    D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7) and its shares of the seeds of C
+    and the mask keys of K∖C; (4) the server folds the D_j, reconstructs the
+    seeds and mask keys, removes Σ u_i and the pairwise masks between C and
+    K∖C, decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
+    ``w ← w + Σ n_i·Δw_i / Σ n_i`` over C. Every client needs a roster identity
     (:func:`flwr_fedeval.clients.identity.node_identity`).
 
-    If any client of the key set fails or times out at any step, or replies
-    with a malformed ciphertext or share, the attempt aborts (the global
-    model is unchanged), the failing nodes are dropped, and the round is run
-    again with a new key set of the remaining clients, while at least
-    ``min_train_nodes`` remain and at most ``max_attempts`` times. A node
-    is given up as soon as it leaves the SuperLink's node list (or, over a
+    A member lost before its upload (or whose ciphertext is malformed) is left
+    out of C (``left_out``); one lost after it costs nothing
+    (``lost_after_upload``): the round completes while t members sign C and the
+    t decryptors answer. The round fails (global model unchanged, **no retry**:
+    the clients that uploaded refuse that model again) only when fewer than t
+    members upload or sign, or a member of A is lost during the partial
+    decryption itself. Failures before training (key generation, reveal, key
+    shares) drop the failing nodes and re-key, at most ``max_attempts`` times
+    (nobody trained yet: a re-key leaks nothing). A node is given up as soon as
+    it leaves the SuperLink's node list (or, over a
     :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` with a
     :class:`~flwr_fedeval.strategies.collect.Rejoin`, as soon as its identity
     comes back under a new node ID), not at ``step_timeout``
-    (:mod:`flwr_fedeval.strategies.collect`); nodes that joined during the
-    round (a restarted SuperNode) take the lost ones' places in the new key
-    set, at most as many as were lost.
+    (:mod:`flwr_fedeval.strategies.collect`); nodes that joined during key setup
+    (a restarted SuperNode) take the lost ones' places in the new key set, at
+    most as many as were lost.
 
     Parameters
     ----------
@@ -181,9 +297,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         with 10 clients and ``max_abs_value=2**16`` it is 8e-7 at q≈2^108 but
         3e-2 at q≈2^93 (measured), hence the default.
     max_abs_value : float, default=2**16
-        Public bound on every encrypted value ``|n_i·Δw|`` and ``n_i``;
-        clients refuse to encrypt beyond it. Together with the number of
-        clients it fixes the scale Δ.
+        Public bound B on every encrypted value ``|n_i·Δw|`` and ``n_i``,
+        signed in the key-set transcript: clients clip to [-B, B] (as Flower's
+        SecAgg+ ``clipping_range``) and count the clipped values on the node;
+        they never refuse (a refusal that depends on private data is an oracle).
+        Together with the number of clients it fixes the scale Δ.
     scale_bits : int, optional
         log2 of Δ; default: the largest the noise budget allows
         (:func:`flwr_fedeval.rlwe.max_scale_bits`).
@@ -194,7 +312,11 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         Seconds to wait for the replies of key generation and partial
         decryption (the training step uses the ``timeout`` of ``start``).
     max_attempts : int, default=3
-        Attempts per round (the first one included).
+        Key setups per round (the first one included); after the train request
+        nothing is retried.
+    threshold : int, optional
+        t of the t-out-of-N decryption; default floor(N/2) + 1 (each client
+        refuses t <= N/2: two disjoint survivor groups must not both decrypt).
     mask_degree : int, default=4
         Degree k of the pairwise-mask graph (SecAgg+, Bell et al. 2020):
         each client masks with k neighbours derived from the signed key-set
@@ -213,8 +335,12 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     Attributes
     ----------
     aborted_attempts : list of (int, RoundAborted)
-        Every aborted attempt with its round; the reason per node is in
-        ``RoundAborted.failed``.
+        Every aborted key setup and failed round with its round; the reason per
+        node is in ``RoundAborted.failed``.
+    left_out : list of (int, dict)
+        Members left out of a round's contributor set: ``(round, {node: reason})``.
+    lost_after_upload : list of (int, dict)
+        Contributors lost after their upload (they cost nothing): ``(round, {node: reason})``.
     key_sets : list of dict
         Every key set this strategy generated, in order: ``{"round": int,
         "key_set": str (the key-set ID), "nodes": list of int (its members'
@@ -237,9 +363,10 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         ``scale_bits`` (or, when unset, any scale) does not fit the noise
         budget for the number of clients and ``max_abs_value`` (see
         :meth:`scale_bits_for`).
-        A failed or malformed client reply never raises: the attempt aborts
-        (:class:`RoundAborted`, recorded in ``aborted_attempts``), the round
-        is re-keyed and re-run, or left unchanged.
+        A failed or malformed client reply never raises: before training the
+        key setup is re-run without the node; after it the node is left out,
+        or the round fails (:class:`RoundAborted`, recorded in
+        ``aborted_attempts``) and the global model is left unchanged.
     """
 
     def __init__(
@@ -252,6 +379,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         step_timeout: float = 600.0,
         max_attempts: int = 3,
         mask_degree: int = masking.DEFAULT_MASK_DEGREE,
+        threshold: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -274,6 +402,13 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         if isinstance(mask_degree, bool) or not isinstance(mask_degree, (int, np.integer)) or mask_degree < 0:
             raise ValueError(f"mask_degree must be an integer >= 0 (0 = complete graph), got {mask_degree!r}")
         self.mask_degree = int(mask_degree)
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 2):
+            raise ValueError(f"threshold must be an integer >= 2 or None (floor(N/2) + 1), got {threshold!r}")
+        self.threshold = threshold
+        #: Members left out of a round's contributor set: (round, {node: reason}); no retry was run.
+        self.left_out: list[tuple[int, dict[int, str]]] = []
+        #: Contributors lost after their upload (no signature of C): (round, {node: reason}); they cost nothing.
+        self.lost_after_upload: list[tuple[int, dict[int, str]]] = []
         self._round: _RoundState | None = None
         #: ``timer.timings``: (step, seconds) of every protocol step run so far.
         self.timer = StepTimer("XMKFedAvg")
@@ -284,6 +419,15 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         self.key_sets: list[dict] = []
 
     # ------------------------------------------------------------------ info
+    def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
+        """Flower's ``Strategy.start`` over a grid that folds each ``train`` reply into the round's running
+        sum as it arrives (:meth:`fold_train_reply`): the server holds one model-sized sum and the
+        replies in flight, not M ciphertexts (issue 21 item 3)."""
+        if not callable(getattr(grid, "collect_replies", None)):
+            grid = DetectingGrid(grid)
+        # not super(): the checkpointing loop calls this with a view of the strategy as ``self``
+        return ReadableFailuresMixin.start(self, _FoldingGrid(grid, self), *args, **kwargs)
+
     def summary(self) -> None:
         """Log the configuration, including the parameter set and its security."""
         super().summary()
@@ -327,33 +471,24 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Steps 2-4 (:meth:`sum_ciphertexts`, :meth:`partial_decryptions`, :meth:`decode`);
-        on failure re-key with the remaining clients and re-run the round."""
+        """Steps 2-4 (:meth:`sum_ciphertexts`, :meth:`sign_contributors`, :meth:`partial_decryptions`,
+        :meth:`decode`), **without retries**: a member lost before its upload is left out of the signed
+        contributor set C; one lost after its upload costs nothing (t-out-of-N decryption). The round
+        fails (global model unchanged, no retry: the clients refuse this model again) only when fewer
+        than t members upload, sign C, or answer the partial decryption."""
         state = self._round
         if state is None or state.key_set is None:
             log(WARNING, "aggregate_train: round %d has no key set; global model unchanged", server_round)
             return None, None
-        replies = list(replies)
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                return self._finish_attempt(replies)
-            except RoundAborted as exc:
-                self._record_abort(exc)
-                remaining = [n for n in state.keys.nodes if n not in exc.failed]
-                remaining = sorted(remaining + self._newcomers(remaining, len(exc.failed)))
-                if attempt == self.max_attempts or len(remaining) < self.min_train_nodes:
-                    log(WARNING, "Round %d: giving up after %d attempt(s) (%d clients left, %d needed); "
-                        "global model unchanged", server_round, attempt, len(remaining), self.min_train_nodes)
-                    return None, None
-                log(INFO, "Round %d: re-keying with %d remaining clients and re-running", server_round, len(remaining))
-                try:
-                    messages = self._start_attempt(remaining)
-                except RoundAborted as exc2:
-                    self._record_abort(exc2)
-                    return None, None
-                with self.timer.step("step 2 (encrypted training, re-run)"):
-                    replies = collect(state.grid, messages, timeout=self.step_timeout).replies
-        return None, None
+        try:
+            return self._finish_attempt(list(replies))
+        except RoundAborted as exc:
+            self._record_abort(exc)
+            log(WARNING, "Round %d: secure aggregation failed at %s; global model unchanged (no retry: a client "
+                "gives one update per global model)", server_round, exc.step)
+            return None, None
+        finally:
+            state.running = None
 
     # ------------------------------------------------------- protocol steps
     def keygen(self, nodes: list[int]) -> _KeySet:
@@ -412,8 +547,10 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             A node refused, timed out, or opened keys that do not match its commitment.
         """
         nodes = committed.nodes
+        t = self.threshold_for(len(nodes))
+        scale_bits = self.scale_bits_for(len(nodes))
         request = xmk.RevealRequest(committed.key_id, committed.round, committed.names, committed.commitments,
-                                    committed.signatures, self.mask_degree)
+                                    committed.signatures, self.mask_degree, scale_bits, self.max_abs_value, t)
         expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
 
         def check(node: int, reply: xmk.RevealReply) -> xmk.RevealReply:
@@ -428,89 +565,293 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         parsed = self._exchange("key reveal", "opening", nodes, xmk.REVEAL, request, check)
         return _KeySet(committed.key_id, committed.seed_a, committed.round, nodes, committed.names,
                        tuple(r.public_share for r in parsed), tuple(r.mask_key for r in parsed),
-                       tuple(r.transcript_signature for r in parsed))
+                       tuple(r.transcript_signature for r in parsed), parsed[0].transcript, t, scale_bits)
+
+    def threshold_for(self, num_clients: int) -> int:
+        """t of a key set of ``num_clients`` members: ``threshold`` if set, else floor(N/2) + 1.
+
+        Raises
+        ------
+        ValueError
+            ``threshold`` is set and not in [floor(N/2) + 1, N].
+        """
+        low = shamir.min_threshold(num_clients)
+        if self.threshold is None:
+            return low
+        if not low <= self.threshold <= num_clients:
+            raise ValueError(f"threshold {self.threshold} is not in [{low}, {num_clients}] for {num_clients} members")
+        return self.threshold
+
+    def share_keys(self, key_set: _KeySet) -> dict[str, list[tuple[str, bytes]]]:
+        """Step 1c (``query.xmk_shares``): every member Shamir-splits s_i, x_i and a fresh self-mask seed and
+        seals each share to its member; returns each member's inbox ``{name: [(sender, box), ...]}``.
+
+        Raises
+        ------
+        RoundAborted
+            A node refused, timed out, or replied for another member or set of recipients.
+        """
+        state = self._current()
+        request = xmk.SharesRequest(self.params.name, key_set.key_id, state.server_round, key_set.names,
+                                    key_set.shares, key_set.mask_keys, key_set.transcript_signatures)
+
+        def check(node: int, reply: xmk.SharesReply) -> xmk.SharesReply:
+            name = key_set.name_of(node)
+            if reply.key_id != key_set.key_id or reply.signer != name or reply.round != state.server_round:
+                raise ValueError("reply is for another key set, member or round")
+            if sorted(reply.recipients) != sorted(set(key_set.names) - {name}):
+                raise ValueError("the boxes are not one per other member")
+            return reply
+
+        parsed = self._exchange("key shares", "sealed shares", key_set.nodes, xmk.SHARES, request, check)
+        inboxes: dict[str, list[tuple[str, bytes]]] = {name: [] for name in key_set.names}
+        for reply in parsed:
+            for recipient, box in zip(reply.recipients, reply.sealed_shares):
+                inboxes[recipient].append((reply.signer, box))
+        return inboxes
 
     def train_messages(self, key_set: _KeySet) -> list[Message]:
         """Step 2 (request): global model, train config and the key set to every key holder."""
         state = self._current()
         m = len(key_set.nodes)
-        keys = xmk.TrainRequest(self.params.name, key_set.key_id, state.server_round, key_set.names, key_set.shares,
-                                key_set.mask_keys, key_set.transcript_signatures, self.scale_bits_for(m), m,
-                                self.max_abs_value)
-        content = RecordDict({self.arrayrecord_key: state.arrays, self.configrecord_key: state.config})
-        content.update(keys.to_record())
-        return [Message(content=content, dst_node_id=n, message_type=xmk.TRAIN.message_type) for n in key_set.nodes]
+        out = []
+        for node, name in zip(key_set.nodes, key_set.names):
+            inbox = state.inboxes.get(name, [])
+            keys = xmk.TrainRequest(self.params.name, key_set.key_id, state.server_round, key_set.names,
+                                    key_set.shares, key_set.mask_keys, key_set.transcript_signatures, m,
+                                    tuple(s for s, _ in inbox), tuple(b for _, b in inbox))
+            content = RecordDict({self.arrayrecord_key: state.arrays, self.configrecord_key: state.config})
+            content.update(keys.to_record())
+            out.append(Message(content=content, dst_node_id=node, message_type=xmk.TRAIN.message_type))
+        return out
 
-    def sum_ciphertexts(self, replies: list[Message]) -> tuple[rlwe.Ciphertext, list[MetricRecord]]:
-        """Step 2 (replies) and Eq. 3: one well-formed fresh ciphertext from every key holder, summed.
+    def fold_train_reply(self, reply: Message) -> Message:
+        """Step 2, per reply as it arrives (``on_reply`` of the train exchange): check the ciphertext,
+        add it into the round's running sum (Eq. 3) and drop it; the reply is kept without its bulk.
 
-        Returns ``(C = Σ c_i, the clients' metric records)``.
-
-        Raises
-        ------
-        RoundAborted
-            A key holder failed, timed out or sent a malformed ciphertext.
+        A reply to no request of this attempt, or an error reply, is kept as it is; a malformed one
+        is kept stripped, its error stored for :meth:`sum_ciphertexts` (which names the node).
         """
         state = self._current()
-        nodes = state.keys.nodes
+        sent = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in state.sent}
+        node = sent.get(reply.metadata.reply_to_message_id)
+        if reply.has_error() or node is None:
+            return reply
+        try:
+            parsed = xmk.TrainReply.from_record(reply.content, node=node)
+            reply.content = RecordDict()  # drop the wire copy before parsing the ciphertext
+            metrics = parsed.metrics
+            ct = self._parse_ciphertext(parsed.ciphertext)
+            del parsed  # and the bytes before adding
+            state.train_results[node] = self._fold_ciphertext(node, ct, metrics)
+        except (KeyError, ValueError, TypeError) as exc:
+            state.train_results[node] = exc
+        reply.content = RecordDict()
+        return reply
+
+    def _parse_ciphertext(self, data: bytes) -> rlwe.Ciphertext:
+        """One step-2 ciphertext, checked: canonical, fresh, of the model's size.
+
+        Raises
+        ------
+        ValueError
+            The ciphertext is malformed, not fresh, or of another size.
+        """
         expected_polys = -(-self._plaintext_length() // self.params.n)
+        ct = rlwe.Ciphertext.from_bytes(data, self.params)
+        if ct.num_polys != expected_polys or ct.num_summed != 1:
+            raise ValueError(f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh")
+        return ct
 
-        def check(node: int, reply: xmk.TrainReply) -> tuple[rlwe.Ciphertext, MetricRecord | None]:
-            ct = rlwe.Ciphertext.from_bytes(reply.ciphertext, self.params)
-            if ct.num_polys != expected_polys or ct.num_summed != 1:
-                raise ValueError(
-                    f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh"
-                )
-            return ct, reply.metrics
+    def _fold_ciphertext(self, node: int, ct: rlwe.Ciphertext, metrics: MetricRecord | None) -> MetricRecord | None:
+        """Add one checked ciphertext into the round's running sum; return the reply's metrics.
 
-        received = _Received(replies_by_node(state.sent, replies))
-        parsed = self._exchange("encrypted training", "ciphertext", nodes, xmk.TRAIN, None, check, grid=received)
-        total = rlwe.add_ciphertexts([ct for ct, _ in parsed])
-        return total, [m for _, m in parsed if m is not None]
+        Raises
+        ------
+        ValueError
+            The node's second ciphertext in this round.
+        """
+        state = self._current()
+        if state.running is None:
+            state.running = _RunningSum(self.params)
+        state.running.add(node, ct, metrics)
+        return metrics
 
-    def partial_decryptions(self, total: rlwe.Ciphertext) -> list[rlwe.DecryptionShare]:
-        """Step 3: ``query.xmk_pdec`` with C1 and the contributor list; D_i from every contributor (Eq. 7).
+    def sum_ciphertexts(self, replies: list[Message]) -> tuple[rlwe.Ciphertext, list[MetricRecord], list[int]]:
+        """Step 2 (replies) and Eq. 3: the sum of the well-formed fresh ciphertexts, one per contributor.
 
-        Each client decrypts at most once per key set and round, and only for
-        the contributor list of its whole key set: a failed step cannot be retried.
+        The ciphertexts were folded into a running sum as they arrived (:meth:`fold_train_reply`, in
+        :meth:`start`'s loop); a reply that was not (``aggregate_train`` called with the replies
+        themselves) is folded here, one at a time. A member that failed, timed out or sent a
+        malformed ciphertext is left out of the contributor set (recorded in ``left_out``), not retried.
+
+        Returns
+        -------
+        (Ciphertext, list of MetricRecord, list of int)
+            C = Σ_{j∈C} c_j, the contributors' metric records, the contributors' node IDs (key-set order).
 
         Raises
         ------
         RoundAborted
-            A contributor failed, timed out or sent a malformed share.
+            Fewer than t members contributed.
         """
         state = self._current()
         key_set = state.keys
-        nodes = key_set.nodes
-        request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, key_set.names, len(nodes),
-                                  rlwe.polys_to_bytes(self.params, total.c1))
 
-        def check(node: int, reply: xmk.PdecReply) -> rlwe.DecryptionShare:
-            share = rlwe.DecryptionShare.from_bytes(reply.share, self.params)
-            if share.d.shape != total.c1.shape:
-                raise ValueError(f"share has shape {share.d.shape}, expected {total.c1.shape}")
-            return share
+        def check(node: int, reply: xmk.TrainReply) -> MetricRecord | None:
+            return self._fold_ciphertext(node, self._parse_ciphertext(reply.ciphertext), reply.metrics)
 
-        return self._exchange("partial decryption", "decryption share", nodes, xmk.PDEC, request, check)
+        received = _Received(replies_by_node(state.sent, replies))
+        valid, failed = self._exchange_some("encrypted training", "ciphertext", key_set.nodes, xmk.TRAIN, None, check,
+                                            grid=received, parsed=state.train_results)
+        contributors = [n for n in key_set.nodes if n in valid]
+        if failed:
+            self.left_out.append((state.server_round, failed))
+            log(WARNING, "Round %d: %d member(s) left out of the contributor set (no ciphertext): %s",
+                state.server_round, len(failed), sorted(failed))
+        if len(contributors) < max(key_set.threshold, 1):
+            raise RoundAborted("encrypted training", failed or dict.fromkeys(key_set.nodes, "no contributor"))
+        assert state.running is not None  # at least one ciphertext was folded
+        return state.running.total(contributors), [valid[n] for n in contributors if valid[n] is not None], \
+            contributors
 
-    def decode(self, total: rlwe.Ciphertext, shares: list[rlwe.DecryptionShare]) -> tuple[ArrayRecord, int]:
-        """Step 4: Σ m = C0 + Σ D_i (Eq. 5), decode, ``w ← w + Σ n_i·Δw_i / Σ n_i``.
-
-        Returns ``(new global model, Σ n_i)``.
+    def sign_contributors(self, contributors: list[int]) -> dict[str, bytes]:
+        """Step 2b (``query.xmk_contributors``): every contributor still listed signs (key set, round, model
+        hash, C) once; returns ``{name: signature}`` of the members that signed (at least t). A contributor
+        lost now is recorded in ``lost_after_upload`` and costs nothing.
 
         Raises
         ------
         RoundAborted
-            The decoded Σ n_i is not a valid count or the aggregate is not finite.
+            Fewer than t members signed.
+        """
+        state = self._current()
+        key_set = state.keys
+        names = tuple(key_set.name_of(n) for n in contributors)
+        request = xmk.ContributorsRequest(key_set.key_id, state.server_round, xmk.model_hash(state.arrays), names)
+        listed = {int(n) for n in state.grid.get_node_ids()}
+        asked = [n for n in contributors if n in listed]  # the members known alive after their upload
+
+        def check(node: int, reply: xmk.ContributorsReply) -> bytes:
+            if reply.key_id != key_set.key_id or reply.signer != key_set.name_of(node):
+                raise ValueError("reply is for another key set or member")
+            return reply.signature
+
+        valid, failed = self._exchange_some("contributor set", "signature", asked, xmk.CONTRIBUTORS, request, check)
+        failed.update({n: "left the SuperLink's node list after its upload" for n in contributors if n not in asked})
+        if failed:
+            self.lost_after_upload.append((state.server_round, dict(failed)))
+        if len(valid) < key_set.threshold:
+            raise RoundAborted("contributor set", failed or dict.fromkeys(key_set.nodes, "too few signatures"))
+        return {key_set.name_of(n): sig for n, sig in valid.items()}
+
+    def partial_decryptions(self, c0: np.ndarray, c1: bytes, contributors: list[int],
+                            signatures: dict[str, bytes]) -> np.ndarray:
+        """Step 3: ``query.xmk_pdec`` to the active decryptors A (the signers of C); each replies
+        D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7) and its shares of the self-mask seeds of C and the
+        mask keys of K∖C. Shares are folded into C0 + Σ D_j (Eq. 5) as they arrive; then the seeds
+        and mask keys are reconstructed (t shares each) and the masks removed.
+
+        Parameters
+        ----------
+        c0 : ndarray of shape (k, L, n), uint64
+            C0 = Σ_{j∈C} c0_j; used as the accumulator (overwritten, not copied).
+        c1 : bytes
+            C1 = Σ_{j∈C} c1_j, :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent as is).
+        contributors : list of int
+            The node IDs of C (:meth:`sum_ciphertexts`).
+        signatures : dict of str to bytes
+            The members' signatures over C (:meth:`sign_contributors`).
+
+        Returns
+        -------
+        ndarray of shape (k, L, n), uint64
+            Σ_{j∈C} m_j mod q plus bounded noise.
+
+        Raises
+        ------
+        RoundAborted
+            A decryptor failed (the round fails: its Lagrange coefficient is in every other share),
+            or a seed or mask key does not reconstruct.
+        """
+        state = self._current()
+        key_set = state.keys
+        t = key_set.threshold
+        order = sorted(key_set.names)  # the members' points: 1..N in name order
+        points = dict(zip(order, shamir.member_points(len(order), params=self.params)))
+        c_names = tuple(key_set.name_of(n) for n in contributors)
+        dropped = tuple(name for name in order if name not in c_names)
+        active = tuple(sorted(signatures)[:t])  # t decryptors: a loss outside A costs nothing
+        request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names, len(key_set.nodes),
+                                  c1, xmk.model_hash(state.arrays),
+                                  active, tuple(signatures[n] for n in active), active)
+        ring = self.params.ring
+        acc = c0
+        folded: list[int] = []
+        seed_shares: dict[str, dict[int, bytes]] = {name: {} for name in c_names}
+        key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
+
+        def check(node: int, reply: xmk.PdecReply) -> None:
+            share = rlwe.DecryptionShare.from_bytes(reply.share, self.params)
+            if share.d.shape != acc.shape:
+                raise ValueError(f"share has shape {share.d.shape}, expected {acc.shape}")
+            if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
+                raise ValueError("recovery shares are not one per contributor and one per dropped member")
+            x = points[key_set.name_of(node)]
+            for name, part in zip(c_names, reply.seed_shares):
+                seed_shares[name][x] = part
+            for name, part in zip(dropped, reply.mask_shares):
+                key_shares[name][x] = part
+            np.add(acc, share.d, out=acc)  # residues < 2^31: reduced every 4 terms (Eq. 5)
+            folded.append(node)
+            if len(folded) % 4 == 0:
+                np.remainder(acc, ring.q_col, out=acc)
+
+        self._exchange("partial decryption", "decryption share", [key_set.node_of(n) for n in active], xmk.PDEC,
+                       request, check)
+        np.remainder(acc, ring.q_col, out=acc)
+        try:
+            for name in c_names:  # remove u_i = PRG(seed_i) of every contributor
+                seed = shamir.combine_bytes(seed_shares[name], threshold=t)
+                mask = selfmask.self_mask(self.params, seed, acc.shape[0])
+                np.subtract(ring.q_col, mask, out=mask)  # acc - u mod q, in place: acc + (q - u), reduced
+                np.add(acc, mask, out=acc)
+                del mask
+                np.remainder(acc, ring.q_col, out=acc)
+            if dropped:  # remove the pairwise masks between C and the members left out of it
+                mask_keys = dict(zip(key_set.names, key_set.mask_keys))
+                graph = masking.mask_neighbours(order, self.mask_degree, key_set.transcript)
+                context = masking.mask_context(key_set.transcript, state.server_round)
+                for name in dropped:
+                    peers = {j: mask_keys[j] for j in graph[name] if j in c_names}
+                    if not peers:
+                        continue
+                    private = shamir.combine_bytes(key_shares[name], threshold=t)
+                    acc = masking.mask_plaintext(self.params, acc, own_name=name, own_private=private, peers=peers,
+                                                 context=context)
+        except (ValueError, shamir.ThresholdError) as exc:
+            raise RoundAborted("mask recovery", dict.fromkeys(key_set.nodes, f"{type(exc).__name__}: {exc}")) from None
+        return acc
+
+    def decode(self, plaintext: np.ndarray, num_contributors: int | None = None) -> tuple[ArrayRecord, int]:
+        """Step 4: decode Σ m = C0 + Σ D_j minus the masks (:meth:`partial_decryptions`),
+        ``w ← w + Σ n_j·Δw_j / Σ n_j`` over the contributors.
+
+        Returns ``(new global model, Σ n_j)``.
+
+        Raises
+        ------
+        RoundAborted
+            The decoded Σ n_j is not a valid count (< |C|, or not an integer) or the aggregate is not finite.
         """
         state = self._current()
         nodes = state.keys.nodes
+        count = len(nodes) if num_contributors is None else num_contributors
         layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
-        scale_bits = self.scale_bits_for(len(nodes))
-        decoded = rlwe.combine_and_decode(self.params, total.c0, shares, self._plaintext_length(),
-                                          scale_bits=scale_bits)
+        scale_bits = state.keys.scale_bits or self.scale_bits_for(len(nodes))
+        decoded = rlwe.decode(self.params, plaintext, scale_bits=scale_bits, length=self._plaintext_length())
         total_examples = decoded[-1]
-        if not (np.isfinite(total_examples) and total_examples >= len(nodes) - 0.5
+        if not (np.isfinite(total_examples) and total_examples >= count - 0.5
                 and abs(total_examples - round(total_examples)) < 1e-3):
             raise RoundAborted("decoding",
                                dict.fromkeys(nodes, f"decoded Σ n_i = {total_examples!r} is not a valid count"))
@@ -531,7 +872,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     def _record_abort(self, exc: RoundAborted) -> None:
         self._key_cache = {}  # no key set survives a failed attempt (DESIGN.md §8)
         rnd = self._round.server_round if self._round else -1
-        self.aborted_attempts.append((rnd, exc))
+        self.aborted_attempts.append((rnd, exc.with_traceback(None)))  # its frames would hold the sums
         log(WARNING, "Round %d: secure aggregation aborted at %s: %d node(s) failed", rnd, exc.step, len(exc.failed))
         if exc.failures is None:  # an exchange's failures are logged by the exchange
             log_failures(f"Round {rnd}: XMKFedAvg", exc.step, exc.failed)
@@ -548,76 +889,119 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             raise RuntimeError("XMKFedAvg: no round in progress (configure_train has not run)")
         return self._round
 
-    def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
-                  request: Payload | None, check: Callable[[int, Payload], Any], *, grid: Any = None) -> list:
+    def _exchange_some(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
+                       request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
+                       parsed: dict[int, Any] | None = None, partial: bool = True) -> tuple[dict[int, Any], dict]:
         """Send ``request`` to every node (over ``grid``, default the round's), parse every reply with
-        ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return the
-        results in node order, or raise :class:`RoundAborted` naming each node that timed out, replied
+        ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return
+        ``({node: result} of the valid replies, {node: reason} of the others)`` (``partial``), or (not
+        ``partial``) raise :class:`RoundAborted` naming each node that timed out, replied
         with an error, or sent a malformed ``what`` (a :class:`~flwr_fedeval.protocol.MalformedMessage`
         or a failed check: ``MALFORMED_REPLY``), through the shared
-        :func:`~flwr_fedeval.strategies.base.exchange_replies`."""
+        :func:`~flwr_fedeval.strategies.base.exchange_replies`.
+
+        Each reply is parsed and checked as it arrives and its content dropped (``on_reply``), so a
+        ``check`` that folds the reply into a running sum keeps no more than one reply at a time;
+        ``parsed`` holds results (or errors) of replies already parsed so (step 2's, in Flower's loop)."""
         state = self._current()
         nodes = list(nodes)
         content = request.to_record() if request is not None else RecordDict()
         failures = Failures()
+        results: dict[int, Any] = {} if parsed is None else parsed
 
-        def parse(node: int, reply: RecordDict):
-            return check(node, protocol_step.reply.from_record(reply, node=node))
+        def run_check(node: int, reply: RecordDict) -> Any:
+            try:
+                return check(node, protocol_step.reply.from_record(reply, node=node))
+            except (KeyError, ValueError, TypeError) as exc:
+                return exc
 
-        valid = exchange_replies(state.grid if grid is None else grid, dict.fromkeys(nodes, content),
+        def on_reply(reply: Message) -> Message:
+            node = int(reply.metadata.src_node_id)
+            if not reply.has_error() and node in nodes and node not in results:
+                results[node] = run_check(node, reply.content)
+                reply.content = RecordDict()
+            return reply
+
+        def parse(node: int, reply: RecordDict) -> Any:
+            result = results.pop(node) if node in results else run_check(node, reply)
+            if isinstance(result, Exception):
+                raise result
+            return result
+
+        valid = exchange_replies(_OnReplyGrid(state.grid if grid is None else grid, on_reply),
+                                 dict.fromkeys(nodes, content),
                                  protocol_step.message_type, parse, failures, step=step, what=what,
                                  timeout=self.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
-        if failures:
-            if grid is not None:  # step 2: the train replies came within Strategy.start's timeout, not ours
-                for n, f in list(failures.items()):
-                    if f.code == ReplyCode.TIMEOUT:
-                        failures[n] = replace(f, reason=f"no reply to {step} within the train timeout")
-            failed = {n: f"{f.reason} [{code_name(f.code)}, code {f.code}]" for n, f in failures.items()}
+        if grid is not None:  # step 2: the train replies came within Strategy.start's timeout, not ours
+            for n, f in list(failures.items()):
+                if f.code == ReplyCode.TIMEOUT:
+                    failures[n] = replace(f, reason=f"no reply to {step} within the train timeout")
+        failed = {n: f"{f.reason} [{code_name(f.code)}, code {f.code}]" for n, f in failures.items()}
+        if failures and not partial:
             raise RoundAborted(step, failed, failures=failures)
+        return valid, failed
+
+    def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
+                  request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
+                  parsed: dict[int, Any] | None = None) -> list:
+        """:meth:`_exchange_some` that raises :class:`RoundAborted` for any failure; the results in node order."""
+        nodes = list(nodes)
+        valid, _ = self._exchange_some(step, what, nodes, protocol_step, request, check, grid=grid, parsed=parsed,
+                                       partial=False)
         return [valid[n] for n in nodes]
 
     def _start_attempt(self, nodes: list[int]) -> list[Message]:
-        """Step 1 with ``nodes`` (once more without the failing ones), then the step-2 messages."""
+        """Steps 1a-1c with ``nodes`` (again without the failing ones, at most ``max_attempts`` times:
+        nobody has trained yet, so a re-key leaks nothing), then the step-2 messages."""
         state = self._current()
-        if len(nodes) < self.min_train_nodes:
-            raise RoundAborted(
-                "sampling",
-                {n: f"only {len(nodes)} clients, a key set needs {self.min_train_nodes}" for n in nodes},
-            )
-        state.tried.update(nodes)
-        with self.timer.step("step 1 (key generation)"):
+        for attempt in range(1, self.max_attempts + 1):
+            if len(nodes) < self.min_train_nodes:
+                raise RoundAborted(
+                    "sampling",
+                    {n: f"only {len(nodes)} clients, a key set needs {self.min_train_nodes}" for n in nodes},
+                )
+            state.tried.update(nodes)
             try:
-                key_set = self.keygen(nodes)
+                with self.timer.step("step 1 (key generation)"):
+                    key_set = self.keygen(nodes)
+                    state.key_set = key_set
+                    state.inboxes = self.share_keys(key_set)
+                break
             except RoundAborted as exc:
-                remaining = [n for n in nodes if n not in exc.failed]
-                self._record_abort(exc)
-                remaining = sorted(remaining + self._newcomers(remaining, len(exc.failed)))
-                if len(remaining) < self.min_train_nodes:
+                if attempt == self.max_attempts:
                     raise
-                state.tried.update(remaining)
-                key_set = self.keygen(remaining)
-        state.key_set = key_set
+                self._record_abort(exc)
+                remaining = [n for n in nodes if n not in exc.failed]
+                nodes = sorted(remaining + self._newcomers(remaining, len(exc.failed)))
         self.key_sets.append({"round": int(state.server_round), "key_set": str(key_set.key_id),
                               "nodes": [int(n) for n in key_set.nodes]})
-        log(INFO, "configure_train: key set %s of %d clients ready", key_set.key_id, len(key_set.nodes))
+        log(INFO, "configure_train: key set %s of %d clients ready (t = %d)", key_set.key_id, len(key_set.nodes),
+            key_set.threshold)
+        state.running, state.train_results = None, {}
         state.sent = self.train_messages(key_set)
         return state.sent
 
     def _finish_attempt(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
-        """Steps 2 (replies), 3 and 4 of one attempt."""
-        state = self._current()
-        nodes = state.keys.nodes
+        """Steps 2 (replies), 2b, 3 and 4 of the round (no retry)."""
         with self.timer.step("step 2 (sum of the encrypted updates)"):
-            total, metrics = self.sum_ciphertexts(replies)
+            total, metrics, contributors = self.sum_ciphertexts(replies)
+        if len(contributors) < len(self._current().keys.nodes):
+            self._key_cache = {}  # mask keys of K∖C are reconstructed: that key set is not used again
+        with self.timer.step("step 2b (contributor set)"):
+            signatures = self.sign_contributors(contributors)
+        c0, c1 = total.c0, rlwe.polys_to_bytes(self.params, total.c1)
+        del total  # C1 is only sent; C0 becomes the accumulator
         with self.timer.step("step 3 (partial decryption)"):
-            shares = self.partial_decryptions(total)
+            plaintext = self.partial_decryptions(c0, c1, contributors, signatures)
+        del c0, c1
+        self._current().running = None
         with self.timer.step("step 4 (decoding)"):
-            arrays, total_examples = self.decode(total, shares)
-        log(INFO, "aggregate_train: %d encrypted updates summed and decrypted (Σ n_i = %d)",
-            len(nodes), total_examples)
+            arrays, total_examples = self.decode(plaintext, len(contributors))
+        log(INFO, "aggregate_train: %d encrypted updates summed and decrypted by %d members (Σ n_i = %d)",
+            len(contributors), len(signatures), total_examples)
         agg_metrics = self._mean_metrics(metrics)
         agg_metrics["num-examples"] = total_examples
-        agg_metrics["num-clients"] = len(nodes)
+        agg_metrics["num-clients"] = len(contributors)
         return arrays, agg_metrics
 
     def _newcomers(self, remaining: list[int], lost: int) -> list[int]:

@@ -34,12 +34,19 @@ def roundtrip(content: RecordDict) -> RecordDict:
 PAYLOADS = {
     "keygen-request": xmk.KeygenRequest("xmk-n4096-q108", bytes(range(32)), KID, 3),
     "keygen-reply": xmk.KeygenReply(KID, "node-0", b"\x07" * 32, b"s" * 64),
-    "reveal-request": xmk.RevealRequest(KID, 3, NAMES, (b"\x01" * 32, b"\x02" * 32), (b"a" * 64, b"b" * 64), 4),
+    "reveal-request": xmk.RevealRequest(KID, 3, NAMES, (b"\x01" * 32, b"\x02" * 32), (b"a" * 64, b"b" * 64), 4,
+                                        40, 65536.0, 2),
     "reveal-reply": xmk.RevealReply(KID, "node-1", b"b_i bytes", b"\x03" * 32, b"\x04" * 32, b"t" * 64),
+    "shares-request": xmk.SharesRequest("xmk-n4096-q108", KID, 3, NAMES, (b"b0", b"b1"),
+                                        (b"\x05" * 32, b"\x06" * 32), (b"u" * 64, b"v" * 64)),
+    "shares-reply": xmk.SharesReply(KID, "node-0", 3, ("node-1",), (b"sealed box",)),
     "train-request": xmk.TrainRequest("xmk-n4096-q108", KID, 3, NAMES, (b"b0", b"b1"), (b"\x05" * 32, b"\x06" * 32),
-                                      (b"u" * 64, b"v" * 64), 40, 2, 65536.0),
-    "pdec-request": xmk.PdecRequest("xmk-n4096-q108", KID, 3, NAMES, 2, b"C1 polynomials"),
-    "pdec-reply": xmk.PdecReply(b"D_i polynomials"),
+                                      (b"u" * 64, b"v" * 64), 2, ("node-1",), (b"sealed box",)),
+    "contributors-request": xmk.ContributorsRequest(KID, 3, b"\x08" * 32, NAMES),
+    "contributors-reply": xmk.ContributorsReply(KID, "node-0", b"s" * 64),
+    "pdec-request": xmk.PdecRequest("xmk-n4096-q108", KID, 3, NAMES, 2, b"C1 polynomials", b"\x08" * 32, NAMES,
+                                    (b"s" * 64, b"t" * 64), NAMES),
+    "pdec-reply": xmk.PdecReply(b"D_i polynomials", (b"seed share",), (b"key share",)),
 }
 
 #: The wire format (issue 20 keeps it byte-identical): record → field → value type.
@@ -47,15 +54,24 @@ WIRE = {
     "keygen-request": {"xmk": {"params": str, "seed-a": bytes, "key-id": str, "round": int}},
     "keygen-reply": {"xmk": {"key-id": str, "signer": str, "commitment": bytes, "signature": bytes}},
     "reveal-request": {"xmk": {"key-id": str, "round": int, "signers": list, "commitments": list,
-                               "signatures": list, "mask-degree": int}},
+                               "signatures": list, "mask-degree": int, "scale-bits": int, "max-abs-value": float,
+                               "threshold": int}},
     "reveal-reply": {"xmk": {"key-id": str, "signer": str, "public-share": bytes, "mask-key": bytes,
                              "transcript": bytes, "transcript-signature": bytes}},
+    "shares-request": {"xmk": {"params": str, "key-id": str, "round": int, "signers": list, "public-shares": list,
+                               "mask-keys": list, "transcript-signatures": list}},
+    "shares-reply": {"xmk": {"key-id": str, "signer": str, "round": int, "recipients": list,
+                             "sealed-shares": list}},
     "train-request": {"xmk": {"params": str, "key-id": str, "round": int, "signers": list, "public-shares": list,
-                              "mask-keys": list, "transcript-signatures": list, "scale-bits": int,
-                              "num-clients": int, "max-abs-value": float}},
-    "pdec-request": {"xmk": {"params": str, "key-id": str, "round": int, "contributors": list, "num-clients": int},
+                              "mask-keys": list, "transcript-signatures": list, "num-clients": int,
+                              "senders": list, "sealed-shares": list}},
+    "contributors-request": {"xmk": {"key-id": str, "round": int, "model-hash": bytes, "contributors": list}},
+    "contributors-reply": {"xmk": {"key-id": str, "signer": str, "signature": bytes}},
+    "pdec-request": {"xmk": {"params": str, "key-id": str, "round": int, "contributors": list, "num-clients": int,
+                             "model-hash": bytes, "contributor-signers": list, "contributor-signatures": list,
+                             "active": list},
                      "xmk-c1": {"c1": Array}},
-    "pdec-reply": {"xmk-share": {"share": Array}},
+    "pdec-reply": {"xmk-share": {"share": Array}, "xmk": {"seed-shares": list, "mask-shares": list}},
 }
 
 
@@ -96,8 +112,11 @@ def _set(record, field, value):
     ("reveal-reply", _set("xmk", "transcript", "T"), "xmk.transcript", "expected bytes"),
     ("train-request", _set("xmk", "public-shares", [b"b0"]), "xmk.public-shares", "must align"),
     ("train-request", _set("xmk", "mask-keys", [b"\x05" * 32, b"\x06" * 33]), "xmk.mask-keys", "32 long"),
-    ("train-request", _set("xmk", "max-abs-value", float("nan")), "xmk.max-abs-value", "not finite"),
-    ("train-request", _set("xmk", "scale-bits", 0), "xmk.scale-bits", "below 1"),
+    ("reveal-request", _set("xmk", "max-abs-value", float("nan")), "xmk.max-abs-value", "not finite"),
+    ("reveal-request", _set("xmk", "scale-bits", 0), "xmk.scale-bits", "below 1"),
+    ("reveal-request", _set("xmk", "threshold", 0), "xmk.threshold", "below 1"),
+    ("train-request", _set("xmk", "sealed-shares", [b"box", b"box"]), "xmk.sealed-shares", "must align"),
+    ("contributors-request", _set("xmk", "model-hash", b"h" * 31), "xmk.model-hash", "expected 32"),
     ("train-request", _set("xmk", "signers", [0, 1]), "xmk.signers", "list of str"),
     ("pdec-request", lambda c: c.__delitem__("xmk-c1"), "xmk-c1", "record missing"),
     ("pdec-request", _set("xmk-c1", "c1", Array(np.zeros(3, dtype=np.uint16))), "xmk-c1.c1", "dtype uint16"),
@@ -128,10 +147,12 @@ def test_malformed_train_reply_names_the_node():
 
 
 def test_step_table_and_the_registration_idiom():
-    assert [s.message_type for s in xmk.STEPS] == ["query.xmk_keygen", "query.xmk_reveal", "train", "query.xmk_pdec"]
+    assert [s.message_type for s in xmk.STEPS] == ["query.xmk_keygen", "query.xmk_reveal", "query.xmk_shares",
+                                                   "train", "query.xmk_contributors", "query.xmk_pdec"]
     assert [(s.request, s.reply) for s in xmk.STEPS] == [
         (xmk.KeygenRequest, xmk.KeygenReply), (xmk.RevealRequest, xmk.RevealReply),
-        (xmk.TrainRequest, xmk.TrainReply), (xmk.PdecRequest, xmk.PdecReply)]
+        (xmk.SharesRequest, xmk.SharesReply), (xmk.TrainRequest, xmk.TrainReply),
+        (xmk.ContributorsRequest, xmk.ContributorsReply), (xmk.PdecRequest, xmk.PdecReply)]
     assert isinstance(xmk.TRAIN, xmk.ModStep) and xmk.TRAIN.action == "train" and xmk.TRAIN.handler_name == ""
     with pytest.raises(ValueError, match="mod step"):
         xmk.ModStep("bad", "train.x", "client")
@@ -143,6 +164,7 @@ def test_step_table_and_the_registration_idiom():
 
     register_xmkckks_handlers(_App())
     assert registered == {"xmk_keygen": "serve_xmk_keygen", "xmk_reveal": "serve_xmk_reveal",
+                          "xmk_shares": "serve_xmk_shares", "xmk_contributors": "serve_xmk_contributors",
                           "xmk_pdec": "serve_xmk_pdec"}
     # the old names still import, bound to the new spellings
     assert (messages.QUERY_XMK_PDEC, messages.XMK_CONFIG_KEY, messages.XMK_C1_KEY) == ("query.xmk_pdec", "xmk",
@@ -199,7 +221,8 @@ def test_server_counts_a_malformed_reply_against_its_node_and_reruns_without_it(
 
 def test_train_replies_are_checked_by_the_shared_exchange_with_their_codes():
     """Step 2's replies come from Flower's Strategy.start: an error reply the SuperLink sends (sender 0) is
-    still its node's, with Flower's code; a missing one is a timeout of the train step."""
+    still its node's, with Flower's code; a missing one is a timeout of the train step. Both nodes are left
+    out of the contributor set (issue 21: no retry) and the round completes over the other three."""
     victims = {}
 
     def fault(node, msg, reply):
@@ -211,18 +234,18 @@ def test_train_replies_are_checked_by_the_shared_exchange_with_their_codes():
             return None
         return reply
 
-    grid = InProcessGrid(make_app(), 4, RUN_CONFIG, fault=fault)
+    grid = InProcessGrid(make_app(), 5, RUN_CONFIG, fault=fault)
     victims.update(gone=grid.node_ids[0], silent=grid.node_ids[3])
-    strategy = _strategy(4)
+    strategy = _strategy(5)
     result = run(grid, strategy)
-    (_, exc), = strategy.aborted_attempts
-    assert exc.step == "encrypted training" and set(exc.failed) == {victims["gone"], victims["silent"]}
-    assert exc.failures[victims["gone"]].code == ErrorCode.NODE_UNAVAILABLE
-    gone = exc.failed[victims["gone"]]
+    assert not strategy.aborted_attempts
+    (_, failed), = strategy.left_out
+    assert set(failed) == {victims["gone"], victims["silent"]}
+    gone = failed[victims["gone"]]
     assert "node offline" in gone and f"code {ErrorCode.NODE_UNAVAILABLE}" in gone
-    assert exc.failures[victims["silent"]].code == ReplyCode.TIMEOUT
-    assert "within the train timeout" in exc.failed[victims["silent"]]
-    assert np.max(np.abs(_flat(result.arrays.to_numpy_ndarrays()) - plain_fedavg(initial(), [1, 2], 1))) <= 1e-6
+    assert f"code {int(ReplyCode.TIMEOUT)}" in failed[victims["silent"]]
+    assert "within the train timeout" in failed[victims["silent"]]
+    assert np.max(np.abs(_flat(result.arrays.to_numpy_ndarrays()) - plain_fedavg(initial(), [1, 2, 4], 1))) <= 1e-6
 
 
 def test_round_state_has_one_accessor_with_a_clear_error():
@@ -231,4 +254,4 @@ def test_round_state_has_one_accessor_with_a_clear_error():
         strategy.train_messages(None)
     strategy._round = _RoundState(4, ArrayRecord(initial()), ConfigRecord({}), grid=None)
     with pytest.raises(RuntimeError, match="round 4 has no key set"):
-        strategy.partial_decryptions(None)
+        strategy.partial_decryptions(None, b"", [], {})

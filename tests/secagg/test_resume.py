@@ -9,6 +9,7 @@ from flwr.serverapp.strategy import FedAvg
 from xmk_app import RUN_CONFIG, flat, initial, make_app
 
 from flwr_fedeval.app.checkpoint import CheckpointError, load_checkpoint, train_with_checkpoints
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
 
@@ -33,8 +34,9 @@ def _train(grid, xmk, folder, resume_from=None, config=CONFIG):
 def test_resume_after_a_crash_equals_the_uninterrupted_run(tmp_path, xmk):
     full = _train(InProcessGrid(make_app(), 3, RUN_CONFIG), xmk, tmp_path / "full")
 
-    # The ServerApp dies in round 2 (for xMK-CKKS: after a node sent its partial decryption).
-    crash_at = "query.xmk_pdec" if xmk else "train"
+    # The ServerApp dies in round 2 (for xMK-CKKS: during the key shares, before any client trained on the
+    # round-2 model: a crash after an upload cannot be resumed on the same model, see the next test).
+    crash_at = "query.xmk_shares" if xmk else "train"
     pdec_keys = []
 
     def fault(node, msg, reply):
@@ -64,7 +66,33 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(tmp_path, xmk):
         # Re-keyed: round 2 after the resume under a new key set; no node decrypted twice for one key set.
         assert len(pdec_keys) == len(set(pdec_keys))
         round2 = {k for k, r, _ in pdec_keys if r == 2}
-        assert len(round2) == 2
+        assert len(round2) == 1
+
+
+def test_resume_after_uploads_is_refused_by_every_client_that_trained(tmp_path):
+    """No retries (issue 21): the ServerApp dies in round 2 after every client uploaded; the resumed run asks
+    them to train on the same global model again and each refuses (ALREADY_CONTRIBUTED): re-running the
+    round would let the server difference two sums. The model stays at the round-1 checkpoint."""
+    codes = []
+
+    def fault(node, msg, reply):
+        kind = msg.metadata.message_type
+        if fault.armed and kind == "query.xmk_contributors" and int(msg.content["xmk"]["round"]) == 2:
+            raise Crash("ServerApp killed")
+        if not fault.armed and kind == "train":
+            codes.append(reply.error.code if reply.has_error() else None)
+        return reply
+
+    fault.armed = True
+    grid = InProcessGrid(make_app(), 3, RUN_CONFIG, fault=fault)
+    run = tmp_path / "run"
+    with pytest.raises(Crash):
+        _train(grid, True, run)
+    round1 = load_checkpoint(run, run_config=CONFIG, like=ArrayRecord(initial())).arrays
+    fault.armed = False
+    resumed = _train(grid, True, run, resume_from=run)
+    assert codes and set(codes) == {int(ReplyCode.ALREADY_CONTRIBUTED)}
+    assert np.array_equal(flat(resumed.arrays.to_numpy_ndarrays()), flat(round1.to_numpy_ndarrays()))
 
 
 def test_checkpoint_of_another_run_is_refused(tmp_path):

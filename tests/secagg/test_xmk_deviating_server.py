@@ -29,7 +29,9 @@ from flwr_fedeval.messages import (
     array_to_bytes,
     bytes_to_array,
 )
-from flwr_fedeval.rlwe import keyset, masking
+from flwr_fedeval.protocol import xmk
+from flwr_fedeval.protocol.xmk import QUERY_XMK_CONTRIBUTORS, QUERY_XMK_SHARES
+from flwr_fedeval.rlwe import keyset, masking, selfmask, threshold
 from flwr_fedeval.rlwe import serialization as ser
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
 from flwr_fedeval.testing import InProcessGrid
@@ -49,9 +51,10 @@ class Server:
         self.params = self.strategy.params
         self.set_round(1)
 
-    def set_round(self, rnd):
-        self.strategy._round = _RoundState(rnd, ArrayRecord(_initial()), ConfigRecord({"server-round": rnd}),
-                                           self.grid)
+    def set_round(self, rnd, arrays=None):
+        self.arrays = ArrayRecord(_initial()) if arrays is None else arrays
+        self.strategy._round = _RoundState(rnd, self.arrays, ConfigRecord({"server-round": rnd}), self.grid)
+        self.signatures = None
 
     # --- honest steps --------------------------------------------------------
     def commit(self, nodes=None):
@@ -59,8 +62,14 @@ class Server:
 
     def keys(self, nodes=None):
         self.key_set = self.strategy.reveal(self.commit(nodes))
-        self.strategy._round.key_set = self.key_set
-        return self.key_set
+        return self.use(self.key_set)
+
+    def use(self, key_set):
+        """Step 1c (the key shares) for ``key_set`` in the current round."""
+        self.key_set = key_set
+        self.strategy._round.key_set = key_set
+        self.strategy._round.inboxes = self.strategy.share_keys(key_set)
+        return key_set
 
     def train_messages(self):
         return self.strategy.train_messages(self.key_set)
@@ -80,19 +89,38 @@ class Server:
         self.cts = self.ciphertexts()
         return self.cts
 
+    def sign(self, contributors=None):
+        """Step 2b: every member's signature over C (default: the whole key set)."""
+        names = list(self.key_set.names) if contributors is None else contributors
+        self.signatures = {}
+        for node, name in zip(self.key_set.nodes, self.key_set.names):
+            reply = self.send(node, QUERY_XMK_CONTRIBUTORS, {
+                "key-id": self.key_set.key_id, "round": self.strategy._round.server_round,
+                "model-hash": xmk.model_hash(self.arrays), "contributors": names})
+            if not reply.has_error():
+                self.signatures[name] = reply.content[XMK_CONFIG_KEY]["signature"]
+        return self.signatures
+
     # --- crafted messages ------------------------------------------------------
     def send(self, node, message_type, config, extra=None):
         content = RecordDict({XMK_CONFIG_KEY: ConfigRecord(config), **(extra or {})})
         msg = Message(content=content, dst_node_id=node, message_type=message_type)
         return list(self.grid.send_and_receive([msg]))[0]
 
-    def pdec(self, node, c1=None, *, raw=None, contributors=None, rnd=None, num_clients=None):
-        """``query.xmk_pdec`` for polynomials ``c1``, or for ``raw`` (bytes, or an Array as is)."""
+    def pdec(self, node, c1=None, *, raw=None, contributors=None, rnd=None, num_clients=None, active=None,
+             signatures=None):
+        """``query.xmk_pdec`` for polynomials ``c1``, or for ``raw`` (bytes, or an Array as is); signed by every
+        member for the whole key set (step 2b, once per round) unless ``signatures`` says otherwise."""
         ks = self.key_set
+        if signatures is None:
+            signatures = self.signatures if self.signatures is not None else self.sign()
         names = list(ks.names) if contributors is None else contributors
         config = {"params": self.params.name, "key-id": ks.key_id,
                   "round": self.strategy._round.server_round if rnd is None else rnd,
-                  "contributors": names, "num-clients": len(ks.names) if num_clients is None else num_clients}
+                  "contributors": names, "num-clients": len(ks.names) if num_clients is None else num_clients,
+                  "model-hash": xmk.model_hash(self.arrays), "contributor-signers": list(signatures),
+                  "contributor-signatures": list(signatures.values()),
+                  "active": sorted(ks.names) if active is None else active}
         if raw is None:
             raw = rlwe.polys_to_bytes(self.params, c1)
         array = bytes_to_array(raw) if isinstance(raw, bytes) else raw
@@ -100,7 +128,24 @@ class Server:
 
     def share(self, reply):
         assert not reply.has_error(), reply.error.reason
+        self.last_replies = getattr(self, "last_replies", []) + [reply]
         return rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params)
+
+    def without_self_masks(self, raw, replies, only=None):
+        """``raw`` minus the self-masks of the contributors (those in ``only``, default all), reconstructed from
+        the seed shares the decryptors gave for the signed C = the whole key set (what a server legitimately
+        gets; the pairwise masks are what protects a single update)."""
+        names = list(self.key_set.names)
+        points = dict(zip(sorted(self.key_set.names), range(1, len(self.key_set.names) + 1)))
+        seeds = {name: {} for name in names}
+        for reply in replies:
+            x = points[self.key_set.name_of(reply.metadata.src_node_id)]
+            for name, part in zip(names, reply.content[XMK_CONFIG_KEY]["seed-shares"]):
+                seeds[name][x] = part
+        for name in names if only is None else only:
+            seed = threshold.combine_bytes(seeds[name], threshold=self.key_set.threshold)
+            raw = self.params.ring.sub(raw, selfmask.self_mask(self.params, seed, raw.shape[0]))
+        return raw
 
 
 def _refused(reply, *fragments):
@@ -136,7 +181,8 @@ def test_honest_steps_decrypt_the_full_sum():
     total = rlwe.add_ciphertexts(list(cts.values()))
     shares = [server.share(server.pdec(n, total.c1)) for n in server.nodes]
     scale = server.strategy.scale_bits_for(3)
-    got = rlwe.combine_and_decode(server.params, total.c0, shares, LENGTH, scale_bits=scale)
+    raw = server.without_self_masks(rlwe.combine(server.params, total.c0, shares), server.last_replies)
+    got = rlwe.decode(server.params, raw, scale_bits=scale, length=LENGTH)
     expected = np.sum([_victim_update(p) for p in range(3)], axis=0)
     assert got[-1] == pytest.approx(expected[-1], abs=1e-6)  # Σ n_i
     assert np.max(np.abs(got[:-1] / got[-1] - expected[:-1] / expected[-1])) < 1e-6  # the weighted mean
@@ -147,10 +193,15 @@ def test_honest_steps_decrypt_the_full_sum():
 # Key sets: signed commitments, reveal, consistency
 # ---------------------------------------------------------------------------------------------
 def _reveal_config(committed, **changes):
+    """A reveal request of ``committed`` with valid public parameters for its size (scale, bound, t)."""
     config = {"key-id": committed.key_id, "round": committed.round, "signers": list(committed.names),
               "commitments": list(committed.commitments), "signatures": list(committed.signatures),
-              "mask-degree": 0}
+              "mask-degree": 0, "max-abs-value": 1e4}
     config.update(changes)
+    n = len(config["signers"])
+    config.setdefault("scale-bits", rlwe.max_scale_bits(rlwe.DEFAULT_PARAMETER_SET, num_clients=n,
+                                                        max_abs_value=config["max-abs-value"]))
+    config.setdefault("threshold", n // 2 + 1)
     return config
 
 
@@ -239,7 +290,7 @@ def test_share_substituted_after_commitment_is_refused_by_every_client():
     """Key substitution of b_i: the server swaps one member's revealed share for one it controls."""
     server = Server(3)
     committed = server.commit()
-    server.key_set = server.strategy.reveal(committed)
+    server.use(server.strategy.reveal(committed))
     share, _, _ = _rogue_commitment(committed, server.params)
     messages = server.train_messages()
     for msg in messages:
@@ -268,8 +319,7 @@ def test_share_chosen_after_seeing_the_others_is_refused():
     """A colluding member (its roster key in the test's hand) picks b_j = b' − Σ_{i≠j} b_i after the reveal."""
     server = Server(3)
     committed = server.commit()
-    ks = server.strategy.reveal(committed)
-    server.key_set = ks
+    ks = server.use(server.strategy.reveal(committed))
     params = server.params
     a = rlwe.expand_a(params, ks.seed_a)
     server_secret, server_pk = rlwe.keygen(params, a)  # b' = -s' a + e': the joint key would be the server's
@@ -317,13 +367,10 @@ def test_members_shown_different_key_sets_refuse_to_encrypt():
               "signers": list(pair_ks["names"]),
               "public-shares": [recs[n]["public-share"] for n in pair_ks["nodes"]],
               "mask-keys": [recs[n]["mask-key"] for n in pair_ks["nodes"]],
-              "transcript-signatures": [recs[n]["transcript-signature"] for n in pair_ks["nodes"]],
-              "scale-bits": server.strategy.scale_bits_for(2), "num-clients": 2, "max-abs-value": 1e4}
-    content = RecordDict({"arrays": ArrayRecord(_initial()), "config": ConfigRecord({"server-round": 1}),
-                          XMK_CONFIG_KEY: ConfigRecord(config)})
-    reply = list(server.grid.send_and_receive([Message(content, dst_node_id=server.nodes[0],
-                                                       message_type="train")]))[0]
-    _refused(reply, "did not confirm the key set", committed.names[1])
+              "transcript-signatures": [recs[n]["transcript-signature"] for n in pair_ks["nodes"]]}
+    # refused at the key-shares step, before any share (or any training): T is checked first
+    _refused(server.send(server.nodes[0], QUERY_XMK_SHARES, config), "did not confirm the key set",
+             committed.names[1])
 
 
 def test_keygen_with_a_key_id_not_derived_from_the_seed_or_reused_is_refused():
@@ -372,8 +419,8 @@ def test_own_c1_plus_offset_yields_only_uniform_noise(offset):
         delta[:, :, 17] = 1
     crafted = server.params.ring.add(ct.c1, delta)
     shares = _decrypt_everywhere(server, lambda n: crafted if n == victim else ct.c1)
-    raw = rlwe.combine(server.params, ct.c0, shares)
-    # without masks this gives m_V + s_V·delta + noise: the victim's update to 1e-9
+    raw = server.without_self_masks(rlwe.combine(server.params, ct.c0, shares), server.last_replies,
+                                    [server.key_set.name_of(victim)])
     _assert_independent_of(raw, server.params, _victim_update(0))
 
 
@@ -384,6 +431,7 @@ def test_sum_with_a_missing_contributor_is_uniform():
     partial = rlwe.add_ciphertexts([cts[n] for n in server.nodes[:3]])
     shares = _decrypt_everywhere(server, lambda n: partial.c1)
     raw = rlwe.combine(server.params, partial.c0, shares)
+    raw = server.without_self_masks(raw, server.last_replies, list(server.key_set.names[:3]))
     _assert_independent_of(raw, server.params, np.sum([_victim_update(p) for p in range(3)], axis=0))
     _assert_independent_of(raw, server.params, _victim_update(0))
 
@@ -397,8 +445,8 @@ def test_second_decryption_request_is_refused_whatever_c1():
     _refused(server.pdec(node, total.c1), "already decrypted once")  # even the honest C1
     _refused(server.pdec(node, cts[server.nodes[2]].c1), "already decrypted once")
     # a replay for another round is refused too
-    _refused(server.pdec(node, total.c1, rnd=0), "encrypted nothing")
-    _refused(server.pdec(node, total.c1, rnd=2), "encrypted nothing")
+    _refused(server.pdec(node, total.c1, rnd=0), "holds no decryption share")
+    _refused(server.pdec(node, total.c1, rnd=2), "holds no decryption share")
 
 
 def test_replayed_request_of_an_earlier_round_is_refused_with_reused_keys():
@@ -408,22 +456,26 @@ def test_replayed_request_of_an_earlier_round_is_refused_with_reused_keys():
     total1 = rlwe.add_ciphertexts(list(cts1.values()))
     for n in server.nodes:
         server.share(server.pdec(n, total1.c1))
-    server.set_round(2)
-    server.strategy._round.key_set = server.key_set
+    round2 = ArrayRecord([a + 1 for a in _initial()])  # round 2 trains on a new global model
+    server.set_round(2, round2)
+    server.use(server.key_set)
     server.train()
     cts2 = server.ciphertexts()
     node = server.nodes[0]
-    _refused(server.pdec(node, total1.c1, rnd=1), "encrypted nothing")  # the round-1 request, replayed
-    # the same round number again (a train replay) is refused: masks are never reused
-    server.set_round(2)
+    _refused(server.pdec(node, total1.c1, rnd=1), "holds no decryption share")  # the round-1 request, replayed
+    # the same round and model again (a train replay, with fresh shares or not) is refused: no retries
+    signatures = server.signatures  # each member signs one contributor set per key set and round
+    server.set_round(2, round2)
+    server.signatures = signatures
     server.strategy._round.key_set = server.key_set
     refusals = _train_refusals(server, server.train_messages())
-    assert all(r and "masks are never reused" in r for r in refusals.values()), refusals
+    assert all(r and "no retries" in r for r in refusals.values()), refusals
     # round 2 masks differ from round 1 masks: the two rounds' ciphertexts of a client are unrelated
     total2 = rlwe.add_ciphertexts(list(cts2.values()))
+    server.last_replies = []
     shares = [server.share(server.pdec(n, total2.c1)) for n in server.nodes]
-    got = rlwe.combine_and_decode(server.params, total2.c0, shares, LENGTH,
-                                  scale_bits=server.strategy.scale_bits_for(3))
+    raw = server.without_self_masks(rlwe.combine(server.params, total2.c0, shares), server.last_replies)
+    got = rlwe.decode(server.params, raw, scale_bits=server.strategy.scale_bits_for(3), length=LENGTH)
     assert np.max(np.abs(got[-1] - sum(_num_examples(p) for p in range(3)))) < 1e-6
 
 
@@ -489,8 +541,8 @@ def test_re_encoded_c1_is_refused(variant, fragment):
 
 
 @pytest.mark.parametrize("contributors, fragment", [
-    ("missing", "missing ['"),
-    ("added", "not members ['node-9']"),
+    ("missing", "did not sign this contributor set"),
+    ("added", "['node-9'] are not members"),
     ("duplicate", "duplicates"),
     ("node-ids", "not members"),
 ])
@@ -505,7 +557,7 @@ def test_fake_or_missing_contributors_are_refused(contributors, fragment):
         "duplicate": names + [names[0]],
         "node-ids": [str(n) for n in server.nodes],
     }[contributors]
-    _refused(server.pdec(server.nodes[0], total.c1, contributors=crafted, num_clients=len(crafted)), fragment)
+    _refused(server.pdec(server.nodes[0], total.c1, contributors=crafted), fragment)
     _refused(server.pdec(server.nodes[0], total.c1, num_clients=2), "num-clients")
     server.share(server.pdec(server.nodes[0], total.c1))  # nothing was spent on the refused requests
 
@@ -543,23 +595,38 @@ def test_strategy_names_the_node_whose_opening_does_not_match_and_reruns_without
     assert np.max(np.abs(_flat(result.arrays.to_numpy_ndarrays()) - expected)) <= 1e-6
 
 
-def test_control_without_masks_the_offset_attack_recovers_the_update(monkeypatch):
-    """The power of the tests above: with the masks switched off, C1 = c1_V + 1 decrypts the victim's update."""
+def _own_c1_to_the_others(server, victim):
+    """The attack threshold decryption allows: A = t members without the victim, each sent C1 = c1_V (they
+    cannot tell it from a sum), for the contributor set every member signed; the server then removes the
+    self-masks of C from the seed shares it is given. What is left of m_V is its pairwise mask r_V."""
+    cts = server.honest_round()
+    ct = cts[victim]
+    others = sorted(set(server.key_set.names) - {server.key_set.name_of(victim)})
+    active = others[: server.key_set.threshold]
+    server.last_replies = []
+    shares = [server.share(server.pdec(server.key_set.node_of(name), ct.c1, active=active)) for name in active]
+    return server.without_self_masks(rlwe.combine(server.params, ct.c0, shares), server.last_replies,
+                                     [server.key_set.name_of(victim)])
+
+
+def test_c1_of_one_client_decrypted_by_the_others_is_uniform():
+    server = Server(3)
+    raw = _own_c1_to_the_others(server, server.nodes[0])
+    _assert_independent_of(raw, server.params, _victim_update(0))
+
+
+def test_control_without_masks_the_own_c1_attack_recovers_the_update(monkeypatch):
+    """The power of the test above: with the pairwise masks switched off, the same requests decrypt the
+    victim's update."""
     import flwr_fedeval.clients.xmkckks as client_module
 
     monkeypatch.setattr(client_module.masking, "mask_plaintext", lambda params, plaintext, **kw: plaintext)
     server = Server(3)
-    cts = server.honest_round()
-    victim = server.nodes[0]
-    ct = cts[victim]
-    delta = server.params.ring.zeros((ct.num_polys,))
-    delta[:, :, 0] = 1
-    crafted = server.params.ring.add(ct.c1, delta)
-    shares = _decrypt_everywhere(server, lambda n: crafted if n == victim else ct.c1)
-    got = rlwe.combine_and_decode(server.params, ct.c0, shares, LENGTH, scale_bits=server.strategy.scale_bits_for(3))
-    assert np.max(np.abs(got - _victim_update(0))) < 1e-4  # m_V + s_V·1 (s_V ternary, /Δ) + noise
+    raw = _own_c1_to_the_others(server, server.nodes[0])
+    got = rlwe.decode(server.params, raw, scale_bits=server.strategy.scale_bits_for(3), length=LENGTH)
+    assert np.max(np.abs(got - _victim_update(0))) < 1e-4
     with pytest.raises(AssertionError):
-        _assert_independent_of(rlwe.combine(server.params, ct.c0, shares), server.params, _victim_update(0))
+        _assert_independent_of(raw, server.params, _victim_update(0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -617,8 +684,10 @@ def test_different_degrees_for_different_clients_are_refused_at_train():
                              tuple(bytes(r["mask-key"]) for r in recs),
                              tuple(bytes(r["transcript-signature"]) for r in recs))
     server.strategy._round.key_set = server.key_set
-    refusals = _train_refusals(server, server.train_messages())
-    assert all(reason and "did not confirm the key set" in reason for reason in refusals.values()), refusals
+    with pytest.raises(RoundAborted) as info:  # refused at the key-shares step: T is checked first
+        server.strategy.share_keys(server.key_set)
+    assert set(info.value.failed) == set(server.nodes)
+    assert all("did not confirm the key set" in reason for reason in info.value.failed.values()), info.value.failed
 
 
 def test_partial_sum_over_a_closed_neighbourhood_is_uniform():
@@ -626,20 +695,16 @@ def test_partial_sum_over_a_closed_neighbourhood_is_uniform():
     server = Server(6, node_configs=_configs(6, **{"xmk-mask-degree": 2}))
     server.strategy.mask_degree = 2
     committed = server.commit()
-    server.key_set = server.strategy.reveal(committed)
-    server.strategy._round.key_set = server.key_set
+    server.use(server.strategy.reveal(committed))
     server.train()
     cts = server.ciphertexts()
-    members = sorted(zip(committed.names, committed.commitments))
-    t = keyset.transcript_digest(server.params, key_id=committed.key_id, seed_a=committed.seed_a,
-                                 round_=committed.round, members=members, mask_degree=2)
-    graph = masking.mask_neighbours(committed.names, 2, t)
+    graph = masking.mask_neighbours(committed.names, 2, server.key_set.transcript)
     node_of = dict(zip(committed.names, server.nodes))
     victim = committed.names[0]
     closed = [victim, *graph[victim]]
     assert len(closed) == 3
     partial = rlwe.add_ciphertexts([cts[node_of[n]] for n in closed])
     shares = _decrypt_everywhere(server, lambda n: partial.c1)
-    raw = rlwe.combine(server.params, partial.c0, shares)
+    raw = server.without_self_masks(rlwe.combine(server.params, partial.c0, shares), server.last_replies, closed)
     pids = [int(n.split("-")[1]) for n in closed]  # identities node-p belong to partition p
     _assert_independent_of(raw, server.params, np.sum([_victim_update(p) for p in pids], axis=0))
