@@ -47,8 +47,9 @@ def test_covid_cnn_smoke_runs_every_mode_and_publishes(tmp_path):
     he = summary["runs"]["he-n2"]
     assert he["rounds_completed"] == [1] and he["aborted_attempts"] == []
     steps = he["rounds"][0]["server_steps_s"]  # from XMKFedAvg.timer, client calls removed
+    # issue 21: the signed contributor set (step 2b) sits between the sum and the threshold decryption
     assert list(steps) == ["step 1 (key generation)", "step 2 (sum of the encrypted updates)",
-                           "step 3 (partial decryption)", "step 4 (decoding)"]
+                           "step 2b (contributor set)", "step 3 (partial decryption)", "step 4 (decoding)"]
     assert all(seconds >= 0 for seconds in steps.values())
     assert he["bytes_up"] > summary["runs"]["plain-n2"]["bytes_up"]  # ciphertexts are larger than weights
     # plain and HE train identical round-1 client models; their global models differ only by rounding
