@@ -287,7 +287,8 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
                                       members=members, mask_degree=degree, scale_bits=request.scale_bits,
                                       max_abs_value=request.max_abs_value, threshold=request.threshold,
                                       limbs=request.limbs)
-    state.update({"limbs": request.limbs, "mask-degree": degree, "scale-bits": request.scale_bits, "max-abs-value": request.max_abs_value,
+    state.update({"limbs": request.limbs, "mask-degree": degree, "scale-bits": request.scale_bits,
+                  "max-abs-value": request.max_abs_value,
                   "threshold": request.threshold, "members": [name for name, _ in members],
                   "member-commitments": [h for _, h in members], "transcript": digest})
     signature = keyset.sign_transcript(identity, key_id=key_id, round_=request.round, digest=digest)

@@ -222,10 +222,11 @@ def transcript_digest(
     The key set every member must agree on, with every public parameter of its rounds (issue 21):
     the parameter set and a (via kid, seed_a), the first round r, the mask degree k
     (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`; 0 = complete), the scale 2^scale_bits, the
-    value bound B (IEEE-754 binary64, big-endian) every encrypted value is clipped to, and the
-    threshold t of the t-out-of-N decryption and the limb count L' that c0 and the decryption shares
-    are switched to before sending (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`). Signed by every member, so the server cannot vary
-    any of them per request.
+    value bound B (IEEE-754 binary64, big-endian) every encrypted value is clipped to, the
+    threshold t of the t-out-of-N decryption, and the limb count L' that c0 and the decryption
+    shares are switched to before sending (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`; 0 in
+    tests that do not use it). Signed by every member, so the server cannot vary any of them per
+    request.
     """
     if isinstance(mask_degree, bool) or not isinstance(mask_degree, int) or mask_degree < 0:
         raise KeySetError(f"mask degree must be an integer >= 0, got {mask_degree!r}")

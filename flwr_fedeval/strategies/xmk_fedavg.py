@@ -687,7 +687,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
             raise ValueError(f"{ct.c0.shape[0]} polynomials, expected {expected_polys}")
         return ct
 
-    def _fold_ciphertext(self, node: int, ct: compact.CompactCiphertext, metrics: MetricRecord | None) -> MetricRecord | None:
+    def _fold_ciphertext(self, node: int, ct: compact.CompactCiphertext,
+                         metrics: MetricRecord | None) -> MetricRecord | None:
         """Add one checked ciphertext into the round's running sum; return the reply's metrics.
 
         Raises
@@ -713,7 +714,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         Returns
         -------
         (CompactCiphertext, list of MetricRecord, list of int)
-            C = Σ_{j∈C} c_j (C0' at L' limbs, C1 at L), the contributors' metric records, the contributors' node IDs (key-set order).
+            C = Σ_{j∈C} c_j (C0' at L' limbs, C1 at L), the contributors' metric records, the contributors'
+            node IDs (key-set order).
 
         Raises
         ------

@@ -68,8 +68,8 @@ WIRE = {
     "contributors-request": {"xmk": {"key-id": str, "round": int, "model-hash": bytes, "contributors": list}},
     "contributors-reply": {"xmk": {"key-id": str, "signer": str, "signature": bytes}},
     "pdec-request": {"xmk": {"params": str, "key-id": str, "round": int, "contributors": list, "num-clients": int,
-                             "limbs": int, "model-hash": bytes, "contributor-signers": list, "contributor-signatures": list,
-                             "active": list},
+                             "limbs": int, "model-hash": bytes, "contributor-signers": list,
+                             "contributor-signatures": list, "active": list},
                      "xmk-c1": {"c1": Array}},
     "pdec-reply": {"xmk-share": {"share": Array}, "xmk": {"seed-shares": list, "mask-shares": list}},
 }
