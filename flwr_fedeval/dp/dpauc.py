@@ -52,6 +52,7 @@ __all__ = [
     "dpauc_laplace_client",
     "dpauc_laplace_server",
     "dpauc_rr_server",
+    "laplace_noise_check",
     "randomize_labels",
 ]
 
@@ -59,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 Clipping = Literal["clip-sort", "no-clip"]
 _STATS = ("tp", "fp", "tn", "fn")
+#: A summed count whose noise standard deviation exceeds this share of the smaller class
+#: (positives or negatives) swamps the ROC curve (:func:`laplace_noise_check`).
+NOISE_TO_CLASS_LIMIT = 0.1
 
 
 class NoisyCounts(NamedTuple):
@@ -213,6 +217,60 @@ def _sum_counts(client_counts: Sequence[Sequence[ArrayLike]]) -> tuple[NDArray[n
     return tuple(np.sum([np.asarray(c[i], dtype=np.float64) for c in client_counts], axis=0) for i in range(4))
 
 
+def laplace_noise_check(
+    epsilon: float, n_points: int, n_clients: int, positives: float, negatives: float,
+    *, limit: float = NOISE_TO_CLASS_LIMIT,
+) -> dict[str, float | bool]:
+    """Does the DPAUC_Lap noise swamp the counts it is added to?
+
+    Each of the M clients adds Laplace(b) noise, b = 1/ε′ = 4N/ε, to every count
+    (Sun et al., AAAI 2023, DPAUC_Lap); a summed count then carries noise of standard
+    deviation σ = √(2M)·4N/ε. The ROC curve is meaningful only while σ is small against
+    the smaller class, min(P, N_neg): the check is σ ≤ ``limit``·min(P, N_neg).
+
+    Parameters
+    ----------
+    epsilon : float
+        Per-client ε of the evaluation (``inf``: no noise, never swamped).
+    n_points : int
+        N, the number of decision points.
+    n_clients : int
+        M, the number of clients whose counts are summed.
+    positives, negatives : float
+        P and N_neg of the pooled test data (the server's noisy estimates; public output).
+    limit : float, keyword-only, default=0.1
+
+    Returns
+    -------
+    dict
+        ``noise_std`` (σ, in rows), ``swamped`` (bool), ``min_epsilon`` (the smallest ε with
+        σ ≤ limit·min(P, N_neg) at these P, N_neg) and ``min_class_rows`` (the smallest
+        class size that makes σ ≤ limit·class at this ε), ``smaller_class`` (min(P, N_neg) as given) and
+        ``smaller_class_std`` (√2·σ/√N: the noise of the server's own estimate of it, the mean over the N
+        decision points of TP+FN or FP+TN; ``min_epsilon`` is as uncertain as that estimate).
+
+    Raises
+    ------
+    ValueError
+        ``epsilon`` ≤ 0, ``n_points`` or ``n_clients`` < 1, or ``limit`` ≤ 0.
+    """
+    if not epsilon > 0 or n_points < 1 or n_clients < 1 or not limit > 0:
+        raise ValueError(f"need epsilon > 0, n_points >= 1, n_clients >= 1, limit > 0; got {epsilon!r}, "
+                         f"{n_points!r}, {n_clients!r}, {limit!r}")
+    spread = math.sqrt(2.0 * n_clients) * 4.0 * n_points
+    sigma = 0.0 if math.isinf(epsilon) else spread / epsilon
+    smaller = max(0.0, min(float(positives), float(negatives)))
+    return {
+        "noise_std": sigma,
+        "swamped": bool(sigma > limit * smaller),
+        "min_epsilon": spread / (limit * smaller) if smaller > 0 else math.inf,
+        "min_class_rows": sigma / limit,
+        "smaller_class": smaller,
+        # the server's P, N_neg: means over the N decision points of sums with noise 2b^2 each
+        "smaller_class_std": math.sqrt(2.0) * sigma / math.sqrt(n_points),
+    }
+
+
 def dpauc_laplace_server(
     client_counts: Sequence[NoisyCounts],
     *,
@@ -249,6 +307,9 @@ def dpauc_laplace_server(
     if clipping not in ("clip-sort", "no-clip"):
         raise ValueError(f"clipping must be 'clip-sort' or 'no-clip', got {clipping!r}")
     tp, fp, tn, fn = _sum_counts(client_counts)
+    # P and N_neg from the noisy sums, averaged over the decision points (public output).
+    noise = (laplace_noise_check(epsilon, tp.size, len(client_counts), float(np.mean(tp + fn)),
+                                 float(np.mean(fp + tn))) if epsilon > 0 else {})
     if clipping == "clip-sort":
         tp, fp, tn, fn = (np.maximum(x, 0.0) for x in (tp, fp, tn, fn))
         pos, neg = tp + fn, fp + tn
@@ -271,7 +332,8 @@ def dpauc_laplace_server(
     fpr = np.concatenate(([0.0], fpr))
     tpr = np.concatenate(([0.0], tpr))
     auc = float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1])) / 2.0)
-    return AUCEstimate(auc=auc, method=method, variant=clipping, epsilon=epsilon)
+    return AUCEstimate(auc=auc, method=method, variant=clipping, epsilon=epsilon,
+                       details={f"noise_{k}" if not k.startswith("noise") else k: v for k, v in noise.items()})
 
 
 @dataclass(frozen=True, init=False)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -194,6 +194,13 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
         valid = self._collect(grid, arrays, self.params.epsilon, NoisyCounts, "noisy counts")
         estimate = dpauc_laplace_server([valid[k].values() for k in sorted(valid)], clipping=self.clipping,
                                         epsilon=self.params.epsilon)
+        if estimate.details.get("noise_swamped"):
+            d = estimate.details
+            log(WARNING, "DPAUC_Lap: the noise swamps the counts (std %.3g rows per summed count at eps=%g, N=%d, "
+                "%d clients, against ~%.0f ± %.0f rows of the smaller class, estimated from the noisy sums): the "
+                "AUC %.4f is not meaningful. Use eps >= ~%.3g, fewer decision points, or >= %.0f test rows of each "
+                "class", d["noise_std"], self.params.epsilon, n, len(valid), d["noise_smaller_class"],
+                d["noise_smaller_class_std"], estimate.auc, d["noise_min_epsilon"], d["noise_min_class_rows"])
         return self._finish(estimate, self.thresholds, valid, num_decision_points=n)
 
 

@@ -179,3 +179,39 @@ def test_server_refuses_mismatched_clients():
     b = ConfusionCounts(*(np.zeros(4, dtype=np.int64) for _ in range(4)))
     with pytest.raises(ValueError):
         dpauc_laplace_server([a, b])
+
+
+# --- does the noise swamp the counts? (issue 23 item 4) ----------------------------------------
+def test_laplace_noise_check_matches_the_laplace_variance_and_names_the_fix():
+    from flwr_fedeval.dp.dpauc import laplace_noise_check
+
+    eps, n_points, m = 1.0, 100, 5
+    check = laplace_noise_check(eps, n_points, m, positives=40.0, negatives=70.0)
+    # each client adds Laplace(b = 4N/eps) to a count: variance 2b^2; M of them summed
+    b = 4 * n_points / eps
+    assert check["noise_std"] == pytest.approx(math.sqrt(m * 2 * b * b))
+    assert check["swamped"] is True
+    # the fix it names is exactly at the limit: sigma(min_epsilon) = 0.1 * min(P, N_neg)
+    at = laplace_noise_check(check["min_epsilon"], n_points, m, positives=40.0, negatives=70.0)
+    assert at["noise_std"] == pytest.approx(0.1 * 40.0) and at["swamped"] is False
+    assert check["min_class_rows"] == pytest.approx(check["noise_std"] / 0.1)
+    assert laplace_noise_check(math.inf, n_points, m, 40.0, 70.0)["swamped"] is False
+    with pytest.raises(ValueError):
+        laplace_noise_check(0.0, n_points, m, 40.0, 70.0)
+
+
+def test_laplace_noise_check_is_measured_not_assumed():
+    """The stated sigma is the empirical spread of the summed noisy counts (diffprivlib's Laplace)."""
+    from flwr_fedeval.dp.dpauc import laplace_noise_check
+
+    eps, n_points, m = 2.0, 4, 3
+    labels = np.array([0, 1, 0, 1, 1, 0])
+    scores = np.array([0.1, 0.9, 0.3, 0.7, 0.6, 0.2])
+    thresholds = np.linspace(0.8, 0.2, n_points)
+    exact = threshold_counts(labels, scores, thresholds)
+    sums = []
+    for _ in range(400):
+        noisy = [dpauc_laplace_client(exact, DPAUCLaplaceParams(eps, n_points)) for _ in range(m)]
+        sums.append(sum(np.asarray(c.tp) for c in noisy) - m * np.asarray(exact.tp))
+    empirical = float(np.std(np.concatenate(sums)))
+    assert empirical == pytest.approx(laplace_noise_check(eps, n_points, m, 1.0, 1.0)["noise_std"], rel=0.15)

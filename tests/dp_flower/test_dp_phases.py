@@ -258,3 +258,23 @@ def test_stats_request_without_pending_round_one_is_refused(arrays):
     })
     (reply,) = grid.send_and_receive([Message(content, dst_node_id=node, message_type="evaluate.fedauc_stats")])
     assert reply.has_error() and "round 1 missing" in reply.error.reason
+
+
+def test_dpauc_laplace_phase_says_when_the_noise_swamps_the_counts(arrays):
+    """~25 test rows per client at eps = 1 and N = 50: the phase flags the AUC; at the eps the check names
+    for the true class sizes, the same data is not flagged."""
+    from flwr_fedeval.dp.dpauc import laplace_noise_check
+
+    grid = _budget_grid(**{"dp-epsilon": 1.0})
+    labels = np.concatenate([y for y, _ in _client_scores(grid, arrays)])
+    smaller = float(min(labels.sum(), (1 - labels).sum()))
+    result = DPAUCLaplacePhase(N, epsilon=1.0).run(grid, arrays)
+    d, m = result.details, len(result.contributors)
+    assert d["noise_swamped"] == 1.0
+    expected = laplace_noise_check(1.0, N, m, d["noise_smaller_class"], 1e12)
+    assert d["noise_std"] == pytest.approx(expected["noise_std"])
+    assert d["noise_min_epsilon"] == pytest.approx(expected["min_epsilon"])
+    fix = laplace_noise_check(1.0, N, m, smaller, smaller)["min_epsilon"] * 1.5
+    assert fix > 1.0
+    ok = DPAUCLaplacePhase(N, epsilon=fix).run(_grid(3, {"dp-epsilon": fix}, evaluations=2), arrays).details
+    assert ok["noise_swamped"] == 0.0
