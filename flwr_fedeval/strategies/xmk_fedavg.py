@@ -262,12 +262,13 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     opening and the member's inbox: each client checks T, opens a valid share
     from every member, clips n_i·Δw_i and n_i to B and replies
     Enc(n_i·Δw_i, n_i) + r_i + u_i (Eq. 6; r_i its pairwise mask, u_i its
-    self-mask), at most once per global model; the server folds each ciphertext
+    self-mask) with c0 modulus-switched to the L' limbs signed in T (c1 exact,
+    :mod:`flwr_fedeval.rlwe.compact`), at most once per global model; the server folds each ciphertext
     into a running sum as it arrives; (2b) ``query.xmk_contributors``: the
     contributors still listed sign C, the set whose ciphertexts were summed;
     (3) ``query.xmk_pdec`` to t of the signers (the active set A) with
     C1 = Σ_{j∈C} c1_j, C and t signatures: each replies
-    D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7) and its shares of the seeds of C
+    D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7), switched to L' limbs, and its shares of the seeds of C
     and the mask keys of K∖C; (4) the server folds the D_j, reconstructs the
     seeds and mask keys, removes Σ u_i and the pairwise masks between C and
     K∖C, decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
