@@ -9,16 +9,20 @@ server that asks for another limb count than T's is refused.
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # the deviating server of test_xmk_deviating_server
+from identities import IDENTITY_DIR
 from test_xmk_deviating_server import LENGTH, Server, _refused, _reveal_config
+from xmk_app import flat, initial, make_app, plain_fedavg, run
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, XMK_CONFIG_KEY, XMK_SHARE_KEY, array_to_bytes
+from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, XMK_CONFIG_KEY, XMK_SHARE_KEY, array_to_bytes, bytes_to_array
 from flwr_fedeval.rlwe import compact
 from flwr_fedeval.rlwe import serialization as ser
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet
+from flwr_fedeval.testing import InProcessGrid
 
 P = rlwe.DEFAULT_PARAMETER_SET
 
@@ -131,3 +135,35 @@ def test_strategy_refuses_a_limb_count_outside_the_parameter_set():
     for bad in (0, P.limbs + 1):
         with pytest.raises(ValueError, match="limbs"):
             XMKFedAvg(fraction_evaluate=0.0, limbs=bad)
+
+
+@pytest.mark.parametrize("other", [1, P.limbs])
+def test_upload_at_another_level_than_t_is_left_out_naming_the_node(other):
+    """A client whose c0 is at another limb count than T's (further switched, or uncompressed) is left out of
+    the contributor set by the server's strict parse; the round completes with the others' exact mean."""
+    bad = {}
+
+    def fault(node, msg, reply):
+        if node == bad["node"] and msg.metadata.message_type == "train":
+            data = array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"])
+            ct = compact.CompactCiphertext.from_bytes(data, P, bad["limbs"])
+            if other < ct.limbs:  # switched further: a valid compact ciphertext at L' = other
+                c0 = compact.switch_modulus(ct.level, ct.c0, other)
+            else:  # at L: the uncompressed format (c0 a full-L array, its values beside the point)
+                c0 = ct.c1.copy()
+            wrong = compact.CompactCiphertext(P, other, c0, ct.c1)
+            reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"] = bytes_to_array(wrong.to_bytes())
+        return reply
+
+    grid = InProcessGrid(make_app(), 3, {"identity-dir": IDENTITY_DIR}, fault=fault)
+    bad["node"] = grid.node_ids[1]
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=1e4)
+    bad["limbs"] = strategy.limbs_for(3, strategy.scale_bits_for(3))
+    assert bad["limbs"] != other  # the level the server expects differs from the upload's
+    result = run(grid, strategy)
+    assert not strategy.aborted_attempts
+    (_, failed), = strategy.left_out
+    assert list(failed) == [bad["node"]]
+    assert "malformed ciphertext" in failed[bad["node"]]
+    expected = plain_fedavg(initial(), [0, 2], 1)
+    assert np.max(np.abs(flat(result.arrays.to_numpy_ndarrays()) - expected)) <= 1e-6
