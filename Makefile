@@ -5,10 +5,11 @@ NUM_CLIENTS ?= 5
 XRAY_DIR ?= ../shared/data/chest-xray
 BANK_DIR ?= ../shared/data/bank-marketing
 
-.PHONY: help setup run run-deployment run-xray run-shapley test test-fast test-openfhe lint bench clean
+.PHONY: help setup run run-plain run-deployment run-xray run-shapley test test-fast test-openfhe lint bench clean
 
 help:
-	@echo "make run        main job: flwr run . on the embedded breast-cancer data ($(NUM_CLIENTS) clients)"
+	@echo "make run        main job, private: xMK-CKKS training + FHE AUC (malicious) on the embedded breast-cancer data ($(NUM_CLIENTS) clients)"
+	@echo "make run-plain  the plaintext baseline of the main job (FedAvg + the server sums plaintext counts)"
 	@echo "make run-deployment  main job on a local deployment engine: SuperLink + $(NUM_CLIENTS) SuperNodes, TLS, no Ray"
 	@echo "make run-xray   main job on the chest X-rays in $(XRAY_DIR) (seed CNN, pneumonia vs normal)"
 	@echo "make run-shapley secure Shapley values (SecSV) on bank marketing in $(BANK_DIR): $(NUM_CLIENTS) clients + aux server"
@@ -24,7 +25,13 @@ setup:
 # RUN_CONFIG="key=value ..." overrides any key, also one a target sets (the later value wins);
 # run-local.sh checks config, data and every client's split before Flower starts, and gives
 # each run its own SuperLink (own FLWR_HOME and port), so two runs can go at once.
+# The main job is private by default (issue 23): xMK-CKKS secure aggregation and the FHE AUC (malicious
+# protocol); `make run-plain` is the plaintext baseline (FedAvg, the server sums plaintext counts).
+PRIVATE_CONFIG := secure-aggregation='xmkckks' auc-method='fhe' fhe-auc='malicious'
 run: setup
+	@scripts/run-local.sh $(NUM_CLIENTS) "$(PRIVATE_CONFIG)" $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
+
+run-plain: setup
 	@scripts/run-local.sh $(NUM_CLIENTS) $(if $(RUN_CONFIG),"$(RUN_CONFIG)")
 
 run-deployment: setup
