@@ -67,28 +67,36 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "chest-xray"
 MODES = ("local", "plain", "he")
 MODE_LABEL = {"local": "Local", "plain": "Plain FL", "he": "HE FL (xMK-CKKS)"}
-METRIC_KEYS = ("accuracy", "precision", "recall", "f1")
+METRIC_KEYS = ("accuracy", "precision", "recall", "f1", "auc")
 MB = 2.0**20
-#: XMKFedAvg protocol steps (``timer`` names) -> the client calls that run inside them here.
-HE_STEPS = ("step 1 (key generation)", "step 2 (sum of the encrypted updates)", "step 3 (partial decryption)",
-            "step 4 (decoding)")
-CLIENT_CALLS_IN_STEP = {HE_STEPS[0]: "query.xmk_keygen", HE_STEPS[2]: "query.xmk_pdec"}
+#: The training schedule (see the module docstring for why).
+DEFAULT_SCHEDULE = {"rounds": 10, "local_epochs": 2, "batch_size": 16, "learning_rate": 1e-3, "image_size": 64}
 
 
 # --------------------------------------------------------------------------- metrics
 
 
-def binary_metrics(y_true: np.ndarray, scores: np.ndarray) -> dict[str, float]:
-    """Accuracy, precision, recall, F1 of class 1 at threshold 0.5 (scikit-learn)."""
-    from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
+def binary_metrics(y_true: np.ndarray, scores: np.ndarray) -> dict[str, float | None]:
+    """Accuracy, precision, recall, F1 of class 1 at threshold 0.5 and ROC AUC of the scores (scikit-learn).
+
+    ``y_true`` and ``scores`` have shape (n,); ``scores`` is the positive-class
+    probability. ``auc`` is ``None`` when ``y_true`` holds one class only
+    (undefined, not 0.5); ``majority_rate`` is the accuracy of always
+    predicting the more frequent class of ``y_true``.
+    """
+    from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score, roc_auc_score
 
     y_true = np.asarray(y_true, dtype=np.int64)
-    pred = (np.asarray(scores) >= 0.5).astype(np.int64)
+    scores = np.asarray(scores, dtype=np.float64)
+    pred = (scores >= 0.5).astype(np.int64)
+    positives = int(y_true.sum())
     return {"accuracy": float(accuracy_score(y_true, pred)),
             "precision": float(precision_score(y_true, pred, zero_division=0)),
             "recall": float(recall_score(y_true, pred, zero_division=0)),
             "f1": float(f1_score(y_true, pred, zero_division=0)),
-            "n": int(y_true.size), "positives": int(y_true.sum()), "predicted_positive": int(pred.sum())}
+            "auc": float(roc_auc_score(y_true, scores)) if 0 < positives < y_true.size else None,
+            "majority_rate": max(positives, y_true.size - positives) / y_true.size,
+            "n": int(y_true.size), "positives": positives, "predicted_positive": int(pred.sum())}
 
 
 def summarize(per_client: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
@@ -96,7 +104,13 @@ def summarize(per_client: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]
     clients = [binary_metrics(y, s) for y, s in per_client]
     pooled = binary_metrics(np.concatenate([y for y, _ in per_client]), np.concatenate([s for _, s in per_client]))
     return {"pooled": pooled, "per_client": clients,
-            "mean_over_clients": {k: float(np.mean([c[k] for c in clients])) for k in METRIC_KEYS}}
+            "mean_over_clients": {k: _mean([c[k] for c in clients]) for k in METRIC_KEYS}}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """Mean of the defined values (``None`` = undefined, e.g. the AUC of a one-class split); ``None`` if none."""
+    defined = [v for v in values if v is not None]
+    return float(np.mean(defined)) if defined else None
 
 
 # --------------------------------------------------------------------------- one run (child process)
@@ -113,7 +127,9 @@ class Meter:
 
     def __init__(self, trace: bool) -> None:
         self.trace = trace
-        self.timer = None  # the strategy's StepTimer, if it has one
+        self.timer = None  # the strategy's StepTimer, if it has one (see ``watch``)
+        self.client_wall_total = 0.0
+        self.step_client_s: list[float] = []  # client seconds inside each entry of ``timer.timings``
         self.rounds: list[dict[str, Any]] = []
         self.cur: dict[str, Any] | None = None
         self.batch: list[float] | None = None
@@ -140,6 +156,7 @@ class Meter:
             return fn()
         finally:
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            self.client_wall_total += wall
             self.client_peak = max(self.client_peak, self._peak_since_reset() - start)
             if self.batch is not None:
                 self.batch.append(wall)
@@ -151,6 +168,23 @@ class Meter:
                 calls["wall_s"] += wall
                 calls["cpu_s"] += cpu
 
+    def watch(self, timer) -> None:
+        """Time the client calls inside every step of the strategy's ``StepTimer`` (its server side = the rest)."""
+        from contextlib import contextmanager
+
+        self.timer, timed = timer, timer.step
+
+        @contextmanager
+        def step(name: str):
+            before = self.client_wall_total
+            try:
+                with timed(name):
+                    yield
+            finally:
+                self.step_client_s.append(self.client_wall_total - before)
+
+        timer.step = step
+
     def round_boundary(self, last: bool) -> None:
         """End the current FL round (if any) and start the next one unless ``last``."""
         now, cpu = time.perf_counter(), time.process_time()
@@ -160,9 +194,11 @@ class Meter:
             c["wall_s"], c["cpu_s"] = now - c.pop("t0"), cpu - c.pop("c0")
             c["parallel_est_s"] = c["wall_s"] - c["client_wall_s"] + sum(c.pop("batch_max"))
             c["round"] = len(self.rounds) + 1
-            c["strategy_steps_s"] = {}
-            for name, seconds in timings[c.pop("timings_start"):]:
+            c["strategy_steps_s"], c["server_steps_s"] = {}, {}
+            start = c.pop("timings_start")
+            for (name, seconds), client_s in zip(timings[start:], self.step_client_s[start:]):
                 c["strategy_steps_s"][name] = c["strategy_steps_s"].get(name, 0.0) + seconds
+                c["server_steps_s"][name] = c["server_steps_s"].get(name, 0.0) + seconds - client_s
             self.rounds.append(c)
         self.cur = None if last else {"t0": now, "c0": cpu, "client_wall_s": 0.0, "client_cpu_s": 0.0,
                                       "batch_max": [], "client_calls": {}, "timings_start": len(timings)}
@@ -176,11 +212,16 @@ class Meter:
                 "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def job_config(args: argparse.Namespace, num_clients: int, mode: str):
+def run_tag(mode: str, num_clients: int, seed: int) -> str:
+    """File stem of one run: ``<mode>-n<clients>-s<seed>``."""
+    return f"{mode}-n{num_clients}-s{seed}"
+
+
+def job_config(args: argparse.Namespace, num_clients: int, mode: str, seed: int):
     from flwr_fedeval.app.task import JobConfig
 
     cfg = JobConfig(num_server_rounds=args.rounds, local_epochs=args.local_epochs, batch_size=args.batch_size,
-                    learning_rate=args.learning_rate, min_nodes=num_clients, seed=args.seed, dataset="chest-xray",
+                    learning_rate=args.learning_rate, min_nodes=num_clients, seed=seed, dataset="chest-xray",
                     data_dir=str(Path(args.data_dir).resolve()), xray_task=args.task, image_size=args.image_size,
                     partitioning="iid", test_fraction=args.test_fraction,
                     secure_aggregation="xmkckks" if mode == "he" else "none",
@@ -218,7 +259,7 @@ def run_fl(cfg, n: int, mode: str, meter: Meter, run_dir: Path, progress) -> dic
     from flwr_fedeval.app.task import build_model
     from flwr_fedeval.testing import InProcessGrid
 
-    tag = f"{mode}-n{n}"
+    tag = run_tag(mode, n, cfg.seed)
 
     def measured_app(msg, context):
         return meter.client_call(lambda: client_app(msg, context), msg.metadata.message_type)
@@ -260,17 +301,14 @@ def run_fl(cfg, n: int, mode: str, meter: Meter, run_dir: Path, progress) -> dic
         run_config["identity-dir"] = str(ids)
     grid = BatchGrid(measured_app, n, run_config, fault=keep_round1_client_models)
     strategy = make_strategy(cfg)
-    meter.timer = getattr(strategy, "timer", None)
+    if getattr(strategy, "timer", None) is not None:
+        meter.watch(strategy.timer)
     t0, c0 = time.perf_counter(), time.process_time()
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(build_model(cfg).get_weights()),
                             num_rounds=cfg.num_server_rounds,
                             train_config=ConfigRecord({"local-epochs": cfg.local_epochs}), evaluate_fn=snapshot)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     bar.close()
-    for r in meter.rounds:  # HE: server-side seconds of each protocol step (the client calls inside it removed)
-        calls = r["client_calls"]
-        r["server_steps_s"] = {name: seconds - calls.get(CLIENT_CALLS_IN_STEP.get(name), {}).get("wall_s", 0.0)
-                               for name, seconds in r["strategy_steps_s"].items()}
     return {"wall_s": wall, "cpu_s": cpu, "rounds": meter.rounds,
             "rounds_wall_s": sum(r["wall_s"] for r in meter.rounds),
             "parallel_est_s": sum(r["parallel_est_s"] for r in meter.rounds),
@@ -282,17 +320,18 @@ def run_fl(cfg, n: int, mode: str, meter: Meter, run_dir: Path, progress) -> dic
 
 
 def child_main(args: argparse.Namespace) -> None:
-    mode, n = args._run.split(":")
-    n = int(n)
+    mode, n, seed = args._run.split(":")
+    n, seed = int(n), int(seed)
+    tag = run_tag(mode, n, seed)
     run_dir = Path(args.out) / "covid_cnn_runs"
     progress = {"file": os.fdopen(os.dup(2), "w"), "position": 1, "leave": False}  # the terminal, not the log
-    log = os.open(run_dir / f"{mode}-n{n}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    log = os.open(run_dir / f"{tag}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(log, 1)
     os.dup2(log, 2)
     from flwr_fedeval.app.task import build_model, load_client_data, load_pooled_data
     from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 
-    cfg = job_config(args, n, mode)
+    cfg = job_config(args, n, mode, seed)
     load_pooled_data(cfg)  # decode the images once, before anything is measured
     splits = [load_client_data(cfg, i, n) for i in range(n)]
     build_model(cfg)  # import TF and build once (warm-up, not measured)
@@ -309,24 +348,24 @@ def child_main(args: argparse.Namespace) -> None:
         adapter = KerasModelAdapter(build_model(cfg))
         per_round = {}
         for r in range(cfg.num_server_rounds + 1):
-            with np.load(run_dir / f"{mode}-n{n}-round{r}.npz") as z:
+            with np.load(run_dir / f"{tag}-round{r}.npz") as z:
                 adapter.set_weights([z[f"arr_{i}"] for i in range(len(z.files))])
             per_round[r] = summarize([(s.y_test, adapter.predict_scores(s.x_test)) for s in splits])
         res["metrics"] = per_round[cfg.num_server_rounds]
         res["metrics_per_round"] = {r: {k: m[k] for k in ("pooled", "mean_over_clients")}
                                     for r, m in per_round.items()}
-    res.update(mode=mode, num_clients=n, settings=settings_of(args), total_wall_s=total,
+    res.update(mode=mode, num_clients=n, seed=seed, settings=settings_of(args), total_wall_s=total,
                split_sizes=[{"train": int(len(s.y_train)), "test": int(len(s.y_test)),
                              "test_positives": int(s.y_test.sum())} for s in splits],
                load_avg_start=load_start, load_avg_end=os.getloadavg())
-    (run_dir / f"{mode}-n{n}.json").write_text(json.dumps(res, indent=1, default=float))
+    (run_dir / f"{tag}.json").write_text(json.dumps(res, indent=1, default=float))
 
 
 # --------------------------------------------------------------------------- parent: runs and tables
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("task", "rounds", "local_epochs", "batch_size", "learning_rate", "seed", "image_size", "test_fraction",
+    keys = ("task", "rounds", "local_epochs", "batch_size", "learning_rate", "image_size", "test_fraction",
             "xmk_parameter_set", "xmk_max_abs_value", "tracemalloc")
     return {k: getattr(args, k) for k in keys} | {"data_dir": str(Path(args.data_dir).resolve())}
 
@@ -338,123 +377,190 @@ def _flat(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
                 {k: z[k] for k in z.files if not k.startswith("arr_")})
 
 
-def determinism_check(run_dir: Path, n: int, rounds: int) -> dict[str, Any]:
+def determinism_check(run_dir: Path, n: int, seed: int, rounds: int) -> dict[str, Any]:
     """max |HE − plain| of the global model per round; round 1 of both against the exact float64 mean."""
+    plain, he = run_tag("plain", n, seed), run_tag("he", n, seed)
     out: dict[str, Any] = {"max_abs_diff_he_vs_plain": {
-        r: float(np.max(np.abs(_flat(run_dir / f"plain-n{n}-round{r}.npz")[0]
-                               - _flat(run_dir / f"he-n{n}-round{r}.npz")[0]))) for r in range(rounds + 1)}}
-    refs = [_flat(p) for p in sorted(run_dir.glob(f"plain-n{n}-r1-client*.npz"))]
+        r: float(np.max(np.abs(_flat(run_dir / f"{plain}-round{r}.npz")[0]
+                               - _flat(run_dir / f"{he}-round{r}.npz")[0]))) for r in range(rounds + 1)}}
+    refs = [_flat(p) for p in sorted(run_dir.glob(f"{plain}-r1-client*.npz"))]
     if len(refs) == n:
         weights = np.array([float(extra["num_examples"]) for _, extra in refs])
         exact = sum(w * v for w, (v, _) in zip(weights, refs)) / weights.sum()
-        for name in ("plain", "he"):
-            out[f"round1_{name}_vs_exact64"] = float(np.max(np.abs(_flat(run_dir / f"{name}-n{n}-round1.npz")[0]
-                                                                   - exact)))
+        for name, tag in (("plain", plain), ("he", he)):
+            out[f"round1_{name}_vs_exact64"] = float(np.max(np.abs(_flat(run_dir / f"{tag}-round1.npz")[0] - exact)))
         out["float32_rounding_of_exact64"] = float(np.max(np.abs(exact.astype(np.float32) - exact)))
     return out
 
 
-def build_rows(runs: dict[tuple[str, int], dict]) -> list[dict[str, Any]]:
+#: Per-run numbers averaged over seeds (``metrics`` = pooled test metrics of the final model).
+ROW_KEYS = (*(f"pooled_{k}" for k in METRIC_KEYS), "mean_accuracy", "mean_f1", "majority_rate", "wall_s", "cpu_s",
+            "round_wall_s", "round_cpu_s", "round_parallel_s", "server_py_mb", "client_py_mb",
+            "process_peak_rss_mb")
+
+
+def run_row(r: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of one run (one mode, client count and seed)."""
+    rounds = r.get("rounds") or []
+    pooled = r["metrics"]["pooled"]
+
+    def mean(key: str) -> float | None:
+        return float(np.mean([x[key] for x in rounds])) if rounds else None
+
+    return {"clients": r["num_clients"], "mode": r["mode"], "seed": r["seed"],
+            **{f"pooled_{k}": pooled.get(k) for k in METRIC_KEYS},
+            "mean_accuracy": r["metrics"]["mean_over_clients"]["accuracy"],
+            "mean_f1": r["metrics"]["mean_over_clients"]["f1"], "majority_rate": pooled["majority_rate"],
+            "wall_s": r["rounds_wall_s"] if r["mode"] != "local" else r["wall_s"], "cpu_s": r["cpu_s"],
+            "round_wall_s": mean("wall_s"), "round_cpu_s": mean("cpu_s"), "round_parallel_s": mean("parallel_est_s"),
+            **r["memory"], "aborted_attempts": len(r.get("aborted_attempts", [])),
+            "load_avg_1min": r["load_avg_start"][0]}
+
+
+def mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (ddof = 1) of the defined values; std ``None`` below 2 values."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
+
+
+def build_rows(runs: dict[tuple[str, int, int], dict]) -> list[dict[str, Any]]:
+    """One row per (clients, mode): every ``ROW_KEYS`` entry as ``(mean, std)`` over the seeds measured."""
+    per_run = [run_row(r) for r in runs.values()]
     rows = []
-    for (mode, n), r in sorted(runs.items(), key=lambda kv: (kv[0][1], MODES.index(kv[0][0]))):
-        rounds = r.get("rounds") or []
-        mean = (lambda key, rounds=rounds: float(np.mean([x[key] for x in rounds])) if rounds else None)
-        rows.append({"clients": n, "mode": mode,
-                     **{f"pooled_{k}": r["metrics"]["pooled"][k] for k in METRIC_KEYS},
-                     **{f"mean_{k}": r["metrics"]["mean_over_clients"][k] for k in METRIC_KEYS},
-                     "wall_s": r["rounds_wall_s"] if mode != "local" else r["wall_s"], "cpu_s": r["cpu_s"],
-                     "round_wall_s": mean("wall_s"), "round_cpu_s": mean("cpu_s"),
-                     "round_parallel_s": mean("parallel_est_s"), **r["memory"],
-                     "aborted_attempts": len(r.get("aborted_attempts", [])),
-                     "load_avg_1min": r["load_avg_start"][0]})
+    for n, mode in sorted({(x["clients"], x["mode"]) for x in per_run}, key=lambda k: (k[0], MODES.index(k[1]))):
+        group = sorted((x for x in per_run if (x["clients"], x["mode"]) == (n, mode)), key=lambda x: x["seed"])
+        rows.append({"clients": n, "mode": mode, "seeds": [x["seed"] for x in group],
+                     "aborted_attempts": sum(x["aborted_attempts"] for x in group),
+                     **{k: mean_std([x[k] for x in group]) for k in ROW_KEYS}})
     return rows
 
 
-def ratios(rows: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
-    by = {(r["mode"], r["clients"]): r for r in rows}
-    return {n: {"round_wall": h["round_wall_s"] / p["round_wall_s"], "round_cpu": h["round_cpu_s"] / p["round_cpu_s"],
-                "round_parallel": h["round_parallel_s"] / p["round_parallel_s"],
-                "accuracy_points": 100 * (h["pooled_accuracy"] - p["pooled_accuracy"]),
-                "f1_points": 100 * (h["pooled_f1"] - p["pooled_f1"])}
-            for n in sorted({r["clients"] for r in rows})
-            if (p := by.get(("plain", n))) and (h := by.get(("he", n))) and p["round_wall_s"] and h["round_wall_s"]}
+def he_vs_plain(runs: dict[tuple[str, int, int], dict]) -> dict[int, dict[str, Any]]:
+    """Per client count, over the seeds with both an HE and a plain run: HE − plain (points) and HE / plain time."""
+    out = {}
+    for n in sorted({k[1] for k in runs}):
+        seeds = sorted(s for (m, c, s) in runs if m == "he" and c == n and ("plain", n, s) in runs)
+        if not seeds:
+            continue
+        pairs = [(run_row(runs[("plain", n, s)]), run_row(runs[("he", n, s)])) for s in seeds]
+
+        def diff(key, pairs=pairs):
+            return mean_std([100 * (h[key] - p[key]) if None not in (h[key], p[key]) else None for p, h in pairs])
+
+        def ratio(key, pairs=pairs):
+            return mean_std([h[key] / p[key] if p[key] else None for p, h in pairs])
+
+        out[n] = {"seeds": seeds, "majority_rate": mean_std([p["majority_rate"] for p, _ in pairs]),
+                  "plain_accuracy": mean_std([p["pooled_accuracy"] for p, _ in pairs]),
+                  "he_accuracy": mean_std([h["pooled_accuracy"] for _, h in pairs]),
+                  **{f"{k}_points": diff(f"pooled_{k}") for k in ("accuracy", "f1", "auc")},
+                  **{f"{k}_ratio": ratio(f"round_{k}_s") for k in ("wall", "cpu", "parallel")}}
+    return out
 
 
 def fmt(v: Any, spec: str = ".3f") -> str:
     return "–" if v is None else format(v, spec)
 
 
-def markdown(rows, rat, det, he_steps, settings) -> str:
+def pm(v: tuple[float | None, float | None], spec: str = ".3f", unit: str = "") -> str:
+    """``mean ± std`` (just the mean when there is one seed)."""
+    mean, std = v
+    if mean is None:
+        return "–"
+    return format(mean, spec) + unit + ("" if std is None else " ± " + format(std, spec.lstrip("+")) + unit)
+
+
+def coverage(runs, clients, modes, seeds) -> list[list[Any]]:
+    """Per client count and mode: the seeds measured and the seeds still missing."""
+    return [[n, MODE_LABEL[m], " ".join(str(s) for s in seeds if (m, n, s) in runs) or "none",
+             " ".join(str(s) for s in seeds if (m, n, s) not in runs) or "none"] for n in clients for m in modes]
+
+
+def markdown(rows, rat, det, he_steps, settings, cov) -> str:
     s = settings
+    missing = sum(row[3] != "none" for row in cov)
     lines = [
-        f"Task `{s['task']}`, seed CNN {s['image_size']}×{s['image_size']}, {s['rounds']} rounds × "
-        f"{s['local_epochs']} local epochs (local: {s['rounds'] * s['local_epochs']} epochs), batch "
-        f"{s['batch_size']}, lr {s['learning_rate']}, seed {s['seed']}, IID, test fraction {s['test_fraction']} "
-        f"per client; HE: `{s['xmk_parameter_set']}`, max |n·Δw| {s['xmk_max_abs_value']:g}. acc…F1: positive "
-        "class, threshold 0.5, pooled client test splits (FL: final global model; local: each client's own model "
-        "on its own split); 'mean/client': mean over clients. All clients run one after the other in one process "
-        "on the shared cores; 'round s': mean FL round (train + federated evaluate). Memory: 'py MB' = "
-        "tracemalloc peak (Python/numpy, TensorFlow not seen) of the server code between client calls and of the "
-        "largest ClientApp call; 'peak RSS' = the whole run process (TensorFlow, all clients' data).",
+        f"Task `{s['task']}`, seed CNN at {s['image_size']}×{s['image_size']} px, {s['rounds']} rounds × "
+        f"{s['local_epochs']} local epochs (local: {s['rounds'] * s['local_epochs']} epochs alone), batch "
+        f"{s['batch_size']}, Adam lr {s['learning_rate']}, IID partitions, test fraction {s['test_fraction']} per "
+        f"client; HE: `{s['xmk_parameter_set']}`, max |n·Δw| {s['xmk_max_abs_value']:g}. Every cell is the mean ± "
+        "sample std over the seeds measured (column 'seeds'); a seed fixes the partition, the train/test splits, "
+        "the initial model and the shuffles. acc…AUC: positive class, threshold 0.5 (AUC: of the scores), pooled "
+        "client test splits (FL: final global model; local: each client's own model on its own split); "
+        "'acc/client': mean over clients. All clients run one after the other in one process on the shared "
+        "cores; 'round s': mean FL round (train + federated evaluate). Memory: 'py MB' = tracemalloc peak "
+        "(Python/numpy, TensorFlow not seen) of the server code between client calls and of the largest "
+        "ClientApp call; 'peak RSS' = the whole run process (TensorFlow, all clients' data).",
+        "",
+        ("**Every requested run is measured.**" if not missing else
+         f"**Partial table: {missing} of {len(cov)} (clients, mode) cells still miss seeds** (listed below); "
+         "the numbers shown are over the seeds measured only."),
+        "",
+        markdown_table(["clients", "mode", "seeds measured", "seeds missing"], cov, align="rlll"),
         "",
         markdown_table(
-            ["clients", "mode", "acc", "prec", "rec", "F1", "acc (mean/client)", "F1 (mean/client)", "wall s",
-             "round s", "round CPU s", "server py MB", "client py MB", "peak RSS MB"],
-            [[r["clients"], MODE_LABEL[r["mode"]], *(fmt(r[f"pooled_{k}"]) for k in METRIC_KEYS),
-              fmt(r["mean_accuracy"]), fmt(r["mean_f1"]), fmt(r["wall_s"], ".1f"), fmt(r["round_wall_s"], ".1f"),
-              fmt(r["round_cpu_s"], ".1f"), fmt(r["server_py_mb"], ".1f"), fmt(r["client_py_mb"], ".1f"),
-              fmt(r["process_peak_rss_mb"], ".0f")] for r in rows], align="rl" + "r" * 12),
+            ["clients", "mode", "seeds", "acc", "prec", "rec", "F1", "AUC", "acc/client", "round s", "round CPU s",
+             "server py MB", "client py MB", "peak RSS MB"],
+            [[r["clients"], MODE_LABEL[r["mode"]], " ".join(map(str, r["seeds"])),
+              *(pm(r[f"pooled_{k}"]) for k in METRIC_KEYS), pm(r["mean_accuracy"]), pm(r["round_wall_s"], ".1f"),
+              pm(r["round_cpu_s"], ".1f"), pm(r["server_py_mb"], ".0f"), pm(r["client_py_mb"], ".0f"),
+              pm(r["process_peak_rss_mb"], ".0f")] for r in rows], align="rll" + "r" * 11),
     ]
     if rat:
-        lines += ["", "HE vs plain FL (clients in parallel: server time + the slowest client of every batch, "
-                  "estimated):", "", markdown_table(
-                      ["clients", "round wall ratio", "round CPU ratio", "ratio, clients in parallel",
-                       "Δ accuracy (points)", "Δ F1 (points)"],
-                      [[n, f"{q['round_wall']:.2f}×", f"{q['round_cpu']:.2f}×", f"{q['round_parallel']:.2f}×",
-                        f"{q['accuracy_points']:+.2f}", f"{q['f1_points']:+.2f}"] for n, q in rat.items()],
-                      align="rrrrrr")]
+        lines += ["", "HE vs plain FL over the seeds with both runs (Δ = HE − plain, points; time ratios HE / plain, "
+                  "'parallel' = server time + the slowest client of every batch, estimated); 'majority' = accuracy "
+                  "of always predicting the majority class on the same pooled test splits:", "", markdown_table(
+                      ["clients", "seeds", "majority", "plain acc", "HE acc", "Δ acc", "Δ F1", "Δ AUC",
+                       "round wall ×", "round CPU ×", "parallel ×"],
+                      [[n, " ".join(map(str, q["seeds"])), pm(q["majority_rate"]), pm(q["plain_accuracy"]),
+                        pm(q["he_accuracy"]), pm(q["accuracy_points"], "+.2f"), pm(q["f1_points"], "+.2f"),
+                        pm(q["auc_points"], "+.2f"), pm(q["wall_ratio"], ".2f"), pm(q["cpu_ratio"], ".2f"),
+                        pm(q["parallel_ratio"], ".2f")] for n, q in rat.items()], align="rlrrrrrrrrr")]
     if he_steps:
-        lines += ["", "xMK-CKKS steps per round, wall s, mean over rounds: server side of each protocol step "
-                  "(`XMKFedAvg.timer`, the client calls inside it removed) and one client's calls:", "",
-                  markdown_table(["clients", "server: key generation", "server: sum", "server: partial decryption",
-                                  "server: decoding", "client: train (incl. encryption)",
-                                  "client: partial decryption"],
-                                 [[n, *(fmt(v, ".2f") for v in vals)] for n, vals in he_steps.items()],
-                                 align="rrrrrrr")]
+        lines += ["", "xMK-CKKS steps per round, wall s, mean over rounds and seeds: server side of each protocol "
+                  "step (`XMKFedAvg.timer`, the client calls inside it removed) and one client's calls:", "",
+                  markdown_table(["clients", *(f"server: {step}" for step in he_steps["steps"]),
+                                  "client: train (incl. encryption)", "client: partial decryption"],
+                                 [[n, *(fmt(v, ".2f") for v in vals)] for n, vals in he_steps["rows"].items()],
+                                 align="r" * (3 + len(he_steps["steps"])))]
     if det:
         lines += ["", "Determinism (max |difference| per weight of the global models; exact64 = float64 weighted "
                   "mean of the plain run's round-1 client models, which the HE run trains identically):", "",
-                  markdown_table(["clients", "round 1: plain − exact64", "round 1: HE − exact64",
-                                  "exact64 rounded to float32", "HE − plain per round"],
-                                 [[n, fmt(d.get("round1_plain_vs_exact64"), ".1e"),
+                  markdown_table(["clients", "seed", "round 1: plain − exact64", "round 1: HE − exact64",
+                                  "exact64 rounded to float32", "final round: HE − plain"],
+                                 [[n, seed, fmt(d.get("round1_plain_vs_exact64"), ".1e"),
                                    fmt(d.get("round1_he_vs_exact64"), ".1e"),
                                    fmt(d.get("float32_rounding_of_exact64"), ".1e"),
-                                   ", ".join(f"r{r}: {v:.1e}" for r, v in d["max_abs_diff_he_vs_plain"].items())]
-                                  for n, d in det.items()], align="rrrrl")]
+                                   fmt(list(d["max_abs_diff_he_vs_plain"].values())[-1], ".1e")]
+                                  for (n, seed), d in det.items()], align="rrrrrr")]
     return "\n".join(lines) + "\n"
 
 
-def he_step_means(runs: dict[tuple[str, int], dict]) -> dict[int, list[float | None]]:
-    out = {}
-    for (mode, n), r in sorted(runs.items()):
-        if mode != "he" or not r.get("rounds"):
-            continue
-        rounds = r["rounds"]
+def he_step_means(runs: dict[tuple[str, int, int], dict]) -> dict[str, Any]:
+    """Mean seconds per round of every xMK-CKKS step (server side) and of one client's calls, per client count."""
+    steps: list[str] = []
+    for r in runs.values():
+        for x in r.get("rounds") or []:
+            steps += [name for name in x.get("server_steps_s", {}) if name not in steps]
+    rows = {}
+    for n in sorted({n for (mode, n, _) in runs if mode == "he"}):
+        rounds = [rd for (mode, c, _), r in runs.items() if mode == "he" and c == n for rd in r.get("rounds") or []]
 
         def mean(get, rounds=rounds):
-            vals = [v for v in map(get, rounds) if v is not None]
-            return float(np.mean(vals)) if vals else None
+            return _mean([get(x) for x in rounds])
 
         def per_call(kind):
             return lambda x: (x["client_calls"][kind]["wall_s"] / x["client_calls"][kind]["n"]
                               if kind in x["client_calls"] else None)
 
-        out[n] = [*(mean(lambda x, step=step: x.get("server_steps_s", {}).get(step)) for step in HE_STEPS),
-                  mean(per_call("train")), mean(per_call("query.xmk_pdec"))]
-    return out
+        rows[n] = [*(mean(lambda x, step=step: x.get("server_steps_s", {}).get(step)) for step in steps),
+                   mean(per_call("train")), mean(per_call("query.xmk_pdec"))]
+    return {"steps": steps, "rows": rows}
 
 
-def plot(rows):
+def plot(rows, rat, task: str):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -463,22 +569,50 @@ def plot(rows):
     ns = sorted({r["clients"] for r in rows})
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     by = {(r["mode"], r["clients"]): r for r in rows}
-    panels = [("pooled_accuracy", "accuracy (pooled test)"), ("pooled_f1", "F1, covid (pooled test)"),
-              ("round_cpu_s", "mean FL round CPU time (s)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(10, 3.2))
+    positive = task.split("-vs-")[0]
+    panels = [("pooled_accuracy", "accuracy (pooled test)"), ("pooled_f1", f"F1, {positive} (pooled test)"),
+              ("pooled_auc", "ROC AUC (pooled test)"), ("round_cpu_s", "mean FL round CPU time (s)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.2))
     width = 0.8 / len(modes)
     colors = {"local": "#999999", "plain": "#1f77b4", "he": "#d62728"}
     for ax, (key, title) in zip(axes, panels):
         for k, mode in enumerate(modes):
-            vals = [by[(mode, n)][key] if (mode, n) in by and by[(mode, n)][key] is not None else np.nan for n in ns]
-            ax.bar(np.arange(len(ns)) + (k - (len(modes) - 1) / 2) * width, vals, width, label=MODE_LABEL[mode],
-                   color=colors[mode])
+            cells = [by[(mode, n)][key] if (mode, n) in by else (None, None) for n in ns]
+            vals = [np.nan if m is None else m for m, _ in cells]
+            errs = [0.0 if s is None else s for _, s in cells]
+            ax.bar(np.arange(len(ns)) + (k - (len(modes) - 1) / 2) * width, vals, width, yerr=errs, capsize=2,
+                   label=MODE_LABEL[mode], color=colors[mode])
+        if key == "pooled_accuracy":
+            for i, n in enumerate(ns):
+                if n in rat and rat[n]["majority_rate"][0] is not None:
+                    ax.hlines(rat[n]["majority_rate"][0], i - 0.45, i + 0.45, colors="k", linestyles=":",
+                              label="majority class" if i == 0 else None)
         ax.set_xticks(np.arange(len(ns)), [str(n) for n in ns])
         ax.set_xlabel("clients")
         ax.set_title(title, fontsize=9)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=8, frameon=False)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=4, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     return fig
+
+
+def load_runs(run_dir: Path, settings: dict[str, Any], clients, modes, seeds) -> dict[tuple[str, int, int], dict]:
+    """The finished runs of the requested grid whose settings equal ``settings`` (others are ignored)."""
+    runs = {}
+    for seed in seeds:
+        for n in clients:
+            for mode in modes:
+                path = run_dir / f"{run_tag(mode, n, seed)}.json"
+                if path.exists() and (r := json.loads(path.read_text())).get("settings") == settings:
+                    runs[(mode, n, seed)] = r
+    return runs
+
+
+def regenerate_command(argv: list[str]) -> str:
+    """The command line that (re)generates the published section: this one, resuming, without --aggregate-only."""
+    import shlex
+
+    args = [a for a in argv if a not in ("--aggregate-only", "--resume")]
+    return shlex.join(["python", "experiments/covid_cnn.py", *args, "--resume"])
 
 
 def parent_main(args: argparse.Namespace, argv: list[str]) -> None:
@@ -486,63 +620,66 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> None:
     run_dir = out / "covid_cnn_runs"
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps(settings_of(args)))
-    runs: dict[tuple[str, int], dict] = {}
-    todo = []
-    for n in args.clients:
-        for mode in args.modes:
-            path = run_dir / f"{mode}-n{n}.json"
-            if (args.resume or args.aggregate_only) and path.exists() \
-                    and json.loads(path.read_text()).get("settings") == settings:
-                runs[(mode, n)] = json.loads(path.read_text())
-                print(f"[{mode} n={n}] reusing {path.name}")
-            elif not args.aggregate_only:
-                todo.append((mode, n))
-    for mode, n in tqdm(todo, desc="covid_cnn", unit="run", position=0):
-        for stale in run_dir.glob(f"{mode}-n{n}-*.npz"):
+    runs = load_runs(run_dir, settings, args.clients, args.modes, args.seeds) \
+        if (args.resume or args.aggregate_only) else {}
+    for mode, n, seed in runs:
+        print(f"[{run_tag(mode, n, seed)}] reusing {run_tag(mode, n, seed)}.json")
+    # seed-major: the first seed of every (clients, mode) is measured before the second seed of any
+    todo = [] if args.aggregate_only else [(m, n, s) for s in args.seeds for n in args.clients for m in args.modes
+                                          if (m, n, s) not in runs]
+    for mode, n, seed in tqdm(todo, desc="covid_cnn", unit="run", position=0):
+        tag = run_tag(mode, n, seed)
+        for stale in run_dir.glob(f"{tag}-*.npz"):
             stale.unlink()
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv, "--_run", f"{mode}:{n}"])
-        path = run_dir / f"{mode}-n{n}.json"
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv, "--_run", f"{mode}:{n}:{seed}"])
+        path = run_dir / f"{tag}.json"
         if proc.returncode != 0 or not path.exists():
-            tqdm.write(f"[{mode} n={n}] FAILED (exit {proc.returncode}); see {run_dir / f'{mode}-n{n}.log'}")
+            tqdm.write(f"[{tag}] FAILED (exit {proc.returncode}); see {run_dir / f'{tag}.log'}")
             continue
-        runs[(mode, n)] = json.loads(path.read_text())
-        m = runs[(mode, n)]["metrics"]["pooled"]
-        tqdm.write(f"[{mode} n={n}] acc {m['accuracy']:.3f} F1 {m['f1']:.3f}")
+        runs[(mode, n, seed)] = json.loads(path.read_text())
+        m = runs[(mode, n, seed)]["metrics"]["pooled"]
+        tqdm.write(f"[{tag}] acc {m['accuracy']:.3f} F1 {m['f1']:.3f} AUC {fmt(m['auc'])}")
     if not runs:
         sys.exit("no runs")
     rows = build_rows(runs)
-    rat = ratios(rows)
-    det = {n: determinism_check(run_dir, n, args.rounds) for n in args.clients
-           if ("plain", n) in runs and ("he", n) in runs}
+    rat = he_vs_plain(runs)
+    det = {(n, s): determinism_check(run_dir, n, s, args.rounds) for (m, n, s) in sorted(runs)
+           if m == "he" and ("plain", n, s) in runs}
     he_steps = he_step_means(runs)
+    cov = coverage(runs, args.clients, args.modes, args.seeds)
     (out / "covid_cnn.json").write_text(json.dumps(
-        {"settings": settings, "machine": machine_description(), "rows": rows, "he_vs_plain": rat,
-         "he_server_steps": he_steps, "determinism": det, "runs": {f"{m}-n{n}": r for (m, n), r in runs.items()}},
-        indent=1, default=float))
-    md = markdown(rows, rat, det, he_steps, settings)
+        {"settings": settings, "seeds": args.seeds, "machine": machine_description(), "rows": rows,
+         "he_vs_plain": rat, "he_server_steps": he_steps, "coverage": cov,
+         "determinism": {f"{n}-s{s}": d for (n, s), d in det.items()},
+         "runs": {run_tag(m, n, s): r for (m, n, s), r in runs.items()}}, indent=1, default=float))
+    md = markdown(rows, rat, det, he_steps, settings, cov)
     (out / "covid_cnn.md").write_text(md)
-    fig = plot(rows)
+    fig = plot(rows, rat, args.task)
     fig.savefig(out / "covid_cnn.png", dpi=100)
     print(md)
     print(f"wrote {out / 'covid_cnn.json'}, .md, .png")
     if args.docs:
-        title = "COVID CNN: local vs plain FL vs HE FL (experiments/covid_cnn.py; Walskaar et al. 2023, Tables 4/6)"
-        print(f"published {publish('covid-cnn', title, md, docs_dir=args.docs, figures={'': fig})}")
+        title = (f"COVID CNN ({args.task}): local vs plain FL vs HE FL (experiments/covid_cnn.py; "
+                 "Walskaar et al. 2023, Tables 4/6)")
+        name = "covid-cnn" if args.task == "covid-vs-normal" else "covid-cnn-pneumonia"
+        path = publish(name, title, md, docs_dir=args.docs, figures={"": fig}, command=regenerate_command(argv))
+        print(f"published {path}")
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, nargs="+", default=[2, 3, 5])
+    ap.add_argument("--clients", type=int, nargs="+", default=[2, 3, 5, 10])
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                    help="one run per (mode, clients, seed); the tables report mean ± std over the seeds")
     ap.add_argument("--task", choices=("covid-vs-normal", "pneumonia-vs-normal"), default="covid-vs-normal")
     ap.add_argument("--data-dir", default=str(DEFAULT_DATA))
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--local-epochs", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--learning-rate", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--image-size", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=DEFAULT_SCHEDULE["rounds"])
+    ap.add_argument("--local-epochs", type=int, default=DEFAULT_SCHEDULE["local_epochs"])
+    ap.add_argument("--batch-size", type=int, default=DEFAULT_SCHEDULE["batch_size"])
+    ap.add_argument("--learning-rate", type=float, default=DEFAULT_SCHEDULE["learning_rate"])
+    ap.add_argument("--image-size", type=int, default=DEFAULT_SCHEDULE["image_size"])
     ap.add_argument("--test-fraction", type=float, default=0.2)
     ap.add_argument("--xmk-parameter-set", default="xmk-n4096-q108")
     ap.add_argument("--xmk-max-abs-value", type=float, default=65536.0)
@@ -550,11 +687,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="skip tracemalloc (faster; the peak RSS is still measured)")
     ap.add_argument("--out", default=str(REPO / "experiments" / "results"))
     ap.add_argument("--resume", action="store_true", help="reuse finished runs with the same settings")
-    ap.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables from finished runs")
+    ap.add_argument("--aggregate-only", action="store_true",
+                    help="only rebuild the tables from the finished runs; the missing ones are listed as missing")
     ap.add_argument("--docs", nargs="?", const=str(REPO / "docs"),
                     help="also publish the tables and the figure in DOCS/results.md")
     ap.add_argument("--_run", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if len(set(args.seeds)) != len(args.seeds) or len(set(args.clients)) != len(args.clients):
+        ap.error("--seeds and --clients must not repeat a value")
+    if min(args.clients) < 2:
+        ap.error("--clients: FL needs at least 2 clients")
     if args._run:
         child_main(args)
     else:
