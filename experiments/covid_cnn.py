@@ -659,6 +659,10 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> None:
     # seed-major: the first seed of every (clients, mode) is measured before the second seed of any
     todo = [] if args.aggregate_only else [(m, n, s) for s in args.seeds for n in args.clients for m in args.modes
                                           if (m, n, s) not in runs]
+    clash = [run_tag(*k) for k in todo if (p := run_dir / f"{run_tag(*k)}.json").exists()
+             and json.loads(p.read_text()).get("settings") != settings]
+    if clash:  # never overwrite measured runs of other settings (another task, schedule or data folder)
+        sys.exit(f"{run_dir} holds runs with other settings ({', '.join(clash[:3])}...): use another --out")
     for mode, n, seed in tqdm(todo, desc="covid_cnn", unit="run", position=0):
         tag = run_tag(mode, n, seed)
         for stale in run_dir.glob(f"{tag}-*.npz"):

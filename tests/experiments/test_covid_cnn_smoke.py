@@ -74,3 +74,9 @@ def test_covid_cnn_smoke_runs_every_mode_and_publishes(tmp_path):
     assert again["rows"] == summary["rows"]
     assert not list((out / "covid_cnn_runs").glob("*-s1*"))
     assert "still miss seeds" in (docs / "results.md").read_text()
+
+    # other settings into the same --out: refused before any run, the measured runs stay as they are
+    before = {p.name: p.read_bytes() for p in (out / "covid_cnn_runs").glob("*.json")}
+    proc = subprocess.run([*cmd, "--rounds", "2"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert {p.name: p.read_bytes() for p in (out / "covid_cnn_runs").glob("*.json")} == before
