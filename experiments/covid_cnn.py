@@ -524,7 +524,9 @@ def markdown(rows, rat, det, he_steps, settings, cov) -> str:
         "'acc/client': mean over clients. All clients run one after the other in one process on the shared "
         "cores; 'round s': mean FL round (train + federated evaluate). Memory: 'py MB' = tracemalloc peak "
         "(Python/numpy, TensorFlow not seen) of the server code between client calls and of the largest "
-        "ClientApp call; 'peak RSS' = the whole run process (TensorFlow, all clients' data).",
+        "ClientApp call; 'peak RSS' = the whole run process (TensorFlow, all clients' data)."
+        + ("" if s["tracemalloc"] else " These runs had tracemalloc off (`--no-tracemalloc`: times without its "
+           "overhead), so only the peak RSS is measured."),
         "",
         ("**Every requested run is measured.**" if not missing else
          f"**Partial table: {missing} of {len(cov)} (clients, mode) cells still miss seeds** (listed below); "
