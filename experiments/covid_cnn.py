@@ -426,7 +426,8 @@ def determinism_check(run_dir: Path, n: int, seed: int, rounds: int) -> dict[str
 
 
 #: Per-run numbers averaged over seeds (``metrics`` = pooled test metrics of the final model).
-ROW_KEYS = (*(f"pooled_{k}" for k in METRIC_KEYS), "mean_accuracy", "mean_f1", "majority_rate", "wall_s", "cpu_s",
+ROW_KEYS = (*(f"pooled_{k}" for k in METRIC_KEYS), "last3_accuracy", "last3_auc", "mean_accuracy", "mean_f1",
+            "majority_rate", "wall_s", "cpu_s",
             "round_wall_s", "round_cpu_s", "round_parallel_s", "server_py_mb", "client_py_mb",
             "process_peak_rss_mb")
 
@@ -439,8 +440,12 @@ def run_row(r: dict[str, Any]) -> dict[str, Any]:
     def mean(key: str) -> float | None:
         return float(np.mean([x[key] for x in rounds])) if rounds else None
 
+    # FL: the global models of the last 3 rounds (the final model's accuracy swings by a few points round to round)
+    last3 = [m["pooled"] for _, m in sorted(r.get("metrics_per_round", {}).items(), key=lambda kv: int(kv[0]))][-3:]
+
     return {"clients": r["num_clients"], "mode": r["mode"], "seed": r["seed"],
             **{f"pooled_{k}": pooled.get(k) for k in METRIC_KEYS},
+            "last3_accuracy": _mean([m["accuracy"] for m in last3]), "last3_auc": _mean([m.get("auc") for m in last3]),
             "mean_accuracy": r["metrics"]["mean_over_clients"]["accuracy"],
             "mean_f1": r["metrics"]["mean_over_clients"]["f1"], "majority_rate": pooled["majority_rate"],
             "wall_s": r["rounds_wall_s"] if r["mode"] != "local" else r["wall_s"], "cpu_s": r["cpu_s"],
@@ -488,6 +493,7 @@ def he_vs_plain(runs: dict[tuple[str, int, int], dict]) -> dict[int, dict[str, A
                   "plain_accuracy": mean_std([p["pooled_accuracy"] for p, _ in pairs]),
                   "he_accuracy": mean_std([h["pooled_accuracy"] for _, h in pairs]),
                   **{f"{k}_points": diff(f"pooled_{k}") for k in ("accuracy", "f1", "auc")},
+                  "last3_accuracy_points": diff("last3_accuracy"),
                   **{f"{k}_ratio": ratio(f"round_{k}_s") for k in ("wall", "cpu", "parallel")}}
     return out
 
@@ -545,13 +551,16 @@ def markdown(rows, rat, det, he_steps, settings, cov) -> str:
     if rat:
         lines += ["", "HE vs plain FL over the seeds with both runs (Δ = HE − plain, points; time ratios HE / plain, "
                   "'parallel' = server time + the slowest client of every batch, estimated); 'majority' = accuracy "
-                  "of always predicting the majority class on the same pooled test splits:", "", markdown_table(
-                      ["clients", "seeds", "majority", "plain acc", "HE acc", "Δ acc", "Δ F1", "Δ AUC",
-                       "round wall ×", "round CPU ×", "parallel ×"],
+                  "of always predicting the majority class on the same pooled test splits; 'Δ acc, last 3' = "
+                  "the difference of the test accuracy averaged over the global models of the last 3 rounds:", "",
+                  markdown_table(
+                      ["clients", "seeds", "majority", "plain acc", "HE acc", "Δ acc", "Δ acc, last 3", "Δ F1",
+                       "Δ AUC", "round wall ×", "round CPU ×", "parallel ×"],
                       [[n, " ".join(map(str, q["seeds"])), pm(q["majority_rate"]), pm(q["plain_accuracy"]),
-                        pm(q["he_accuracy"]), pm(q["accuracy_points"], "+.2f"), pm(q["f1_points"], "+.2f"),
+                        pm(q["he_accuracy"]), pm(q["accuracy_points"], "+.2f"),
+                        pm(q["last3_accuracy_points"], "+.2f"), pm(q["f1_points"], "+.2f"),
                         pm(q["auc_points"], "+.2f"), pm(q["wall_ratio"], ".2f"), pm(q["cpu_ratio"], ".2f"),
-                        pm(q["parallel_ratio"], ".2f")] for n, q in rat.items()], align="rlrrrrrrrrr")]
+                        pm(q["parallel_ratio"], ".2f")] for n, q in rat.items()], align="rlrrrrrrrrrr")]
     if he_steps:
         lines += ["", "xMK-CKKS steps per round, wall s, mean over rounds and seeds: server side of each protocol "
                   "step (`XMKFedAvg.timer`, the client calls inside it removed) and one client's calls:", "",
