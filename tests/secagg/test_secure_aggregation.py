@@ -164,3 +164,24 @@ def test_per_client_aggregators_are_refused(inner):
 def test_other_weighting_key_is_refused():
     with pytest.raises(ValueError, match="num-examples"):
         SecureAggregation(FedAvg(weighted_by_key="samples"))
+
+
+def test_deviating_server_rerunning_a_wrapped_round_gets_nothing():
+    """A server that re-runs FedAdam's round on the same global model through the wrapper (same round:
+    refused before any key is shared; next round number: refused at train) gets no second sum, and the
+    inner optimizer sees nothing (no retries, issue 21)."""
+    from flwr.app import ConfigRecord
+
+    from flwr_fedeval.protocol import ReplyCode
+
+    grid = InProcessGrid(make_app(), 3, RUN_CONFIG)
+    strategy = _secure(FedAdam(fraction_evaluate=0.0))
+    run(grid, strategy)
+    assert strategy.configure_train(1, ArrayRecord(initial()), ConfigRecord({}), grid) == []
+    reasons = [r for _, exc in strategy.aborted_attempts for r in exc.failed.values()]
+    assert len(reasons) == 3 and all(f"code {int(ReplyCode.ALREADY_CONTRIBUTED)}" in r for r in reasons)
+    messages = strategy.configure_train(2, ArrayRecord(initial()), ConfigRecord({}), grid)
+    assert len(messages) == 3  # the key shares pass: the round number is new
+    replies = grid.send_and_receive(messages)
+    assert [r.error.code for r in replies] == [ReplyCode.ALREADY_CONTRIBUTED] * 3
+    assert strategy.aggregate_train(2, replies) == (None, None)
