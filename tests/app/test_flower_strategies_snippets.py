@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAdam, FedAvg
+from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAdam
 from identities import IDENTITY_DIR, node_configs
 from xmk_app import flat, initial, num_examples, update
 
