@@ -185,3 +185,20 @@ def test_deviating_server_rerunning_a_wrapped_round_gets_nothing():
     replies = grid.send_and_receive(messages)
     assert [r.error.code for r in replies] == [ReplyCode.ALREADY_CONTRIBUTED] * 3
     assert strategy.aggregate_train(2, replies) == (None, None)
+
+
+def test_inner_strategy_sending_different_configs_is_refused_before_any_key_set():
+    class Uneven(FedAvg):
+        def configure_train(self, server_round, arrays, config, grid):
+            messages = list(super().configure_train(server_round, arrays, config, grid))
+            messages[0].content = RecordDict({"arrays": arrays,  # one client's config differs
+                                              "config": ConfigRecord({**dict(config), "lr": 1.0})})
+            return messages
+
+    from flwr.app import ConfigRecord
+
+    grid = InProcessGrid(make_app(), 3, RUN_CONFIG)
+    strategy = _secure(Uneven(fraction_evaluate=0.0))
+    with pytest.raises(ValueError, match="one global model"):
+        strategy.configure_train(1, ArrayRecord(initial()), ConfigRecord({}), grid)
+    assert not any(t.startswith("query.xmk") for _, t, _ in grid.log)
