@@ -469,6 +469,8 @@ class EvaluationPhase(abc.ABC, Generic[ResultT]):
         ``timer.timings``: (step, seconds) of every step run so far.
     failures : Failures
         Failures of the last run (node → step, code, reason).
+    results : dict of int to ResultT
+        The results of the runs through :meth:`evaluate_fn`, by server round.
     """
 
     #: The ``auc-method`` (or phase name) this class implements.
@@ -490,6 +492,8 @@ class EvaluationPhase(abc.ABC, Generic[ResultT]):
         self.timeout = float(timeout)
         self.timer = StepTimer(self._log_label())
         self.failures = Failures()
+        #: Results of the runs through :meth:`evaluate_fn`, by server round.
+        self.results: dict[int, ResultT] = {}
 
     @abc.abstractmethod
     def run(self, grid: Grid, arrays: ArrayRecord) -> ResultT:
@@ -535,7 +539,7 @@ class EvaluationPhase(abc.ABC, Generic[ResultT]):
         wanted = {int(r) for r in rounds}
         if not wanted or min(wanted) < 0:
             raise ValueError(f"rounds must name at least one server round >= 0, got {sorted(wanted)}")
-        self.results: dict[int, ResultT] = {}
+        self.results = {}
 
         def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             if server_round not in wanted:
