@@ -327,11 +327,13 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         neighbours to collude with the server. Each client refuses a degree
         below its own floor (config ``xmk-mask-degree``).
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes, \
-arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         As :class:`flwr.serverapp.strategy.FedAvg`. ``min_train_nodes``
         (default 2) is also the fewest clients a key set may have; it is
-        raised to 2 if lower. The clients' train metrics are averaged
-        unweighted (n_i stays encrypted).
+        raised to 2 if lower.
+    train_metrics_aggr_fn : None
+        Must be ``None``: the clients' train metrics are averaged unweighted
+        (n_i stays encrypted).
     weighted_by_key : str, default="num-examples"
         Must be ``"num-examples"``: the count :func:`~flwr_fedeval.clients.xmkckks.xmkckks_mod`
         encrypts beside the update.
@@ -361,8 +363,9 @@ arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_
         At construction: ``parameter_set`` is unknown or weaker than the
         128-bit HomomorphicEncryption.org bound, ``max_abs_value`` is not a
         finite number ≥ 1, ``rekey`` is not one of its choices,
-        ``max_attempts < 1``, ``mask_degree`` is not an integer ≥ 0, or
-        ``weighted_by_key`` is not ``"num-examples"``.
+        ``max_attempts < 1``, ``mask_degree`` is not an integer ≥ 0,
+        ``weighted_by_key`` is not ``"num-examples"``, or ``train_metrics_aggr_fn``
+        is given.
     flwr_fedeval.rlwe.NoiseBudgetError
         From ``configure_train``/``aggregate_train`` (and so from ``start``):
         ``scale_bits`` (or, when unset, any scale) does not fit the noise
@@ -401,6 +404,9 @@ arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_
                          min_available_nodes=min_available_nodes, weighted_by_key=weighted_by_key,
                          arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
                          train_metrics_aggr_fn=train_metrics_aggr_fn, evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+        if train_metrics_aggr_fn is not None:
+            raise ValueError("train_metrics_aggr_fn: XMKFedAvg averages the clients' train metrics unweighted "
+                             "(n_i stays encrypted); pass it to the inner strategy of SecureAggregation instead")
         if weighted_by_key != "num-examples":
             raise ValueError(f"weighted_by_key must be 'num-examples' (the count xmkckks_mod encrypts beside the "
                              f"update), got {weighted_by_key!r}")

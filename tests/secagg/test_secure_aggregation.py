@@ -202,3 +202,10 @@ def test_inner_strategy_sending_different_configs_is_refused_before_any_key_set(
     with pytest.raises(ValueError, match="one global model"):
         strategy.configure_train(1, ArrayRecord(initial()), ConfigRecord({}), grid)
     assert not any(t.startswith("query.xmk") for _, t, _ in grid.log)
+
+
+def test_xmkfedavg_refuses_a_train_metrics_function_it_could_not_apply():
+    from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
+
+    with pytest.raises(ValueError, match="train_metrics_aggr_fn"):
+        XMKFedAvg(train_metrics_aggr_fn=lambda records, key: MetricRecord())
