@@ -36,8 +36,12 @@ M decryption shares, Delta = 2^scale_bits, B_e = tail_cut):
 2. fresh noise: B_fresh(M) = 2 n M^2 B_e + M B_e (c1 exact: no rounding term);
 3. smudging: B_smudge(M) = 2^(40 + ceil log2 B_fresh(M)) per share, in units
    of q as today, B_total(M) = B_fresh(M) + M B_smudge(M);
-4. switching rounding: < 1 per switched term in units of q', M terms c0'_i
-   and M terms D'_j: R = 2M, i.e. 2 M Q in units of q (R = 0 if Q = 1);
+4. switching rounding: <= 1/2 + 1/min q_l per switched term in units of q',
+   M terms c0'_i, at most M terms D'_j and one more, the server's mask
+   correction in XMKFedAvg (the self-masks of C and the pairwise masks of
+   K minus C, summed at L limbs and switched once): 2M + 1 terms, together
+   < (2M + 1)(1/2 + 2^-30) < 2M for M >= 1. R = 2M, i.e. 2 M Q in units of q
+   (R = 0 if Q = 1);
 5. no wrap-around in Z_{q'}:  (M round(max|x| Delta) + B_total(M)) / Q + R
    <= (q' - 1) / 2;
 6. margin: the rounding may at most double the worst-case error,

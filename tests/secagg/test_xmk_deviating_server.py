@@ -31,7 +31,7 @@ from flwr_fedeval.messages import (
 )
 from flwr_fedeval.protocol import xmk
 from flwr_fedeval.protocol.xmk import QUERY_XMK_CONTRIBUTORS, QUERY_XMK_SHARES
-from flwr_fedeval.rlwe import keyset, masking, selfmask, threshold
+from flwr_fedeval.rlwe import compact, keyset, masking, selfmask, threshold
 from flwr_fedeval.rlwe import serialization as ser
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
 from flwr_fedeval.testing import InProcessGrid
@@ -46,8 +46,9 @@ class Server:
     def __init__(self, num_nodes=3, node_configs=None):
         self.grid = InProcessGrid(make_app(), num_nodes, RUN_CONFIG, node_configs=node_configs)
         self.nodes = list(self.grid.node_ids)
+        # at the full L limbs (compaction is post-processing of c0 and D: tests/secagg/test_xmk_compact.py)
         self.strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=num_nodes,
-                                  max_abs_value=1e4)
+                                  max_abs_value=1e4, limbs=rlwe.DEFAULT_PARAMETER_SET.limbs)
         self.params = self.strategy.params
         self.set_round(1)
 
@@ -80,8 +81,13 @@ class Server:
         return self.replies
 
     def ciphertexts(self):
-        return {n: rlwe.Ciphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]),
-                                              self.params) for n, r in self.replies.items()}
+        """Every upload, parsed strictly as a compact ciphertext at the key set's L' (= L here)."""
+        out = {}
+        for n, r in self.replies.items():
+            ct = compact.CompactCiphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]),
+                                                      self.params, self.key_set.limbs)
+            out[n] = rlwe.Ciphertext(self.params, ct.c0, ct.c1)
+        return out
 
     def honest_round(self):
         self.keys()
@@ -108,7 +114,7 @@ class Server:
         return list(self.grid.send_and_receive([msg]))[0]
 
     def pdec(self, node, c1=None, *, raw=None, contributors=None, rnd=None, num_clients=None, active=None,
-             signatures=None):
+             signatures=None, limbs=None):
         """``query.xmk_pdec`` for polynomials ``c1``, or for ``raw`` (bytes, or an Array as is); signed by every
         member for the whole key set (step 2b, once per round) unless ``signatures`` says otherwise."""
         ks = self.key_set
@@ -118,6 +124,7 @@ class Server:
         config = {"params": self.params.name, "key-id": ks.key_id,
                   "round": self.strategy._round.server_round if rnd is None else rnd,
                   "contributors": names, "num-clients": len(ks.names) if num_clients is None else num_clients,
+                  "limbs": ks.limbs if limbs is None else limbs,
                   "model-hash": xmk.model_hash(self.arrays), "contributor-signers": list(signatures),
                   "contributor-signatures": list(signatures.values()),
                   "active": sorted(ks.names) if active is None else active}
@@ -129,7 +136,8 @@ class Server:
     def share(self, reply):
         assert not reply.has_error(), reply.error.reason
         self.last_replies = getattr(self, "last_replies", []) + [reply]
-        return rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params)
+        level = compact.level_parameter_set(self.params, self.key_set.limbs)
+        return rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), level)
 
     def without_self_masks(self, raw, replies, only=None):
         """``raw`` minus the self-masks of the contributors (those in ``only``, default all), reconstructed from
@@ -202,6 +210,7 @@ def _reveal_config(committed, **changes):
     config.setdefault("scale-bits", rlwe.max_scale_bits(rlwe.DEFAULT_PARAMETER_SET, num_clients=n,
                                                         max_abs_value=config["max-abs-value"]))
     config.setdefault("threshold", n // 2 + 1)
+    config.setdefault("limbs", rlwe.DEFAULT_PARAMETER_SET.limbs)
     return config
 
 
