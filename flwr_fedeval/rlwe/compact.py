@@ -175,9 +175,8 @@ def switch_modulus(params: ParameterSet, x: NDArray[np.uint64], limbs: int) -> N
         q = np.array(params.primes[:top], dtype=np.int64)[:, None]
         p_inv = np.array([pow(p, -1, qi) for qi in params.primes[:top]], dtype=np.int64)[:, None]
         low = cur[..., :top, :] - r  # |.| < 2^31 + 2^30
-        low %= q
-        low *= p_inv  # < 2^62
-        low %= q
+        low *= p_inv  # |.| < (2^31 + 2^30) 2^31 < 2^63: no reduction needed before the product
+        low %= q  # floor mod: into [0, q_i) also for negative values
         cur = low
     out: NDArray[np.uint64] = cur.astype(np.uint64)
     return out
