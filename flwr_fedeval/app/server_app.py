@@ -141,10 +141,20 @@ def _write_failed_phase(cfg: JobConfig, fed: Any, strategy: FedAvg, folder, exc:
         **({"refused_nodes": {str(k): v for k, v in fed.refused.items()}} if fed.refused else {}),
         "train_metrics": train_hist,
         "evaluate_metrics": eval_hist,
-        **({"xmk_key_sets": strategy.key_sets} if hasattr(strategy, "key_sets") else {}),
+        **xmk_results(strategy),
         "wall_time_s": {"training": t_train, "total": wall},
     }, folder=folder)
     log(ERROR, "FHE AUC phase failed; results (without an AUC) written to %s", folder)
+
+
+def xmk_results(strategy: FedAvg) -> dict[str, Any]:
+    """The xMK-CKKS part of ``results.json`` (empty for another strategy): ``xmk_key_sets``, every key set
+    generated (round, key-set ID, member node IDs), and ``xmk_rounds``, per round its signed contributor
+    set by roster identity (size, ``left_out`` before uploading, ``lost_after_upload``, signers,
+    decryptors: :attr:`XMKFedAvg.contributor_sets <flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg>`)."""
+    if not isinstance(strategy, XMKFedAvg):
+        return {}
+    return {"xmk_key_sets": strategy.key_sets, "xmk_rounds": strategy.contributor_sets}
 
 
 def warn_resolution(bound: float) -> bool:
@@ -358,8 +368,7 @@ def main(grid: Grid, context: Context) -> None:
             "reference_score_histogram": score_histogram(y_true, y_score),
             "train_metrics": train_hist,
             "evaluate_metrics": eval_hist,
-            # xMK-CKKS: every key set generated in this run (round, key-set ID, member node IDs)
-            **({"xmk_key_sets": strategy.key_sets} if hasattr(strategy, "key_sets") else {}),
+            **xmk_results(strategy),
             "wall_time_s": {"training": t_train, "total": wall},
             **({"shapley": shapley.to_json()} if shapley is not None else {}),
         },

@@ -202,6 +202,11 @@ class _FoldingGrid:
         return self.collect_replies(messages, timeout=timeout, on_reply=on_reply).replies
 
 
+def _active_set(signatures: dict[str, bytes], t: int) -> tuple[str, ...]:
+    """A of step 3: the first t signers of C by name (a loss outside A costs nothing)."""
+    return tuple(sorted(signatures)[:t])
+
+
 class _RunningSum:
     """Σ c_j of step 2 (Eq. 3) over compact ciphertexts (C0' at L' limbs, C1 at L), folded one at a
     time, kept reduced in uint32 (residues < 2^31: half the bytes of a parsed ciphertext); ``folded``
@@ -352,6 +357,17 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         Members left out of a round's contributor set: ``(round, {node: reason})``.
     lost_after_upload : list of (int, dict)
         Contributors lost after their upload (they cost nothing): ``(round, {node: reason})``.
+    contributor_sets : list of dict
+        Every round that got as far as its contributor set C, in order, by the members' roster
+        identities (the names signed in the key-set transcript, never node IDs):
+        ``{"round": int, "key_set": str, "threshold": int (t), "members": list of str (K),
+        "contributors": list of str (C, the set the members signed), "num_contributors": int (|C|),
+        "left_out": {name: reason} (members of K lost before uploading, not in C),
+        "lost_after_upload": {name: reason} (members of C that did not sign C),
+        "signers": list of str (the members that signed C), "decryptors": list of str (the t
+        members asked for a decryption share), "completed": bool}``. ``completed`` is false when the
+        round failed after C was fixed (its reason is in ``aborted_attempts``). The App writes them
+        to ``results.json`` (``xmk_rounds``).
     key_sets : list of dict
         Every key set this strategy generated, in order: ``{"round": int,
         "key_set": str (the key-set ID), "nodes": list of int (its members'
@@ -432,6 +448,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         self.aborted_attempts: list[tuple[int, RoundAborted]] = []
         #: Every key set generated: {"round", "key_set" (ID), "nodes"}; public values only.
         self.key_sets: list[dict] = []
+        #: Every round that reached the contributor set, by roster identity (see Attributes).
+        self.contributor_sets: list[dict] = []
 
     # ------------------------------------------------------------------ info
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
@@ -812,7 +830,7 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         points = dict(zip(order, shamir.member_points(len(order), params=self.params)))
         c_names = tuple(key_set.name_of(n) for n in contributors)
         dropped = tuple(name for name in order if name not in c_names)
-        active = tuple(sorted(signatures)[:t])  # t decryptors: a loss outside A costs nothing
+        active = _active_set(signatures, t)
         request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names, len(key_set.nodes),
                                   c1, key_set.limbs, xmk.model_hash(state.arrays),
                                   active, tuple(signatures[n] for n in active), active)
@@ -1024,20 +1042,39 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
 
     def _finish_attempt(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """Steps 2 (replies), 2b, 3 and 4 of the round (no retry)."""
+        state = self._current()
+        key_set = state.keys
+        n_left, n_lost = len(self.left_out), len(self.lost_after_upload)
         with self.timer.step("step 2 (sum of the encrypted updates)"):
             total, metrics, contributors = self.sum_ciphertexts(replies)
-        if len(contributors) < len(self._current().keys.nodes):
+        if len(contributors) < len(key_set.nodes):
             self._key_cache = {}  # mask keys of K∖C are reconstructed: that key set is not used again
-        with self.timer.step("step 2b (contributor set)"):
-            signatures = self.sign_contributors(contributors)
+
+        def by_name(entries: list[tuple[int, dict[int, str]]]) -> dict[str, str]:
+            return {key_set.name_of(n): reason for _, failed in entries for n, reason in failed.items()
+                    if n in key_set.nodes}
+
+        record = {"round": int(state.server_round), "key_set": str(key_set.key_id), "threshold": key_set.threshold,
+                  "members": sorted(key_set.names), "contributors": sorted(key_set.name_of(n) for n in contributors),
+                  "num_contributors": len(contributors), "left_out": by_name(self.left_out[n_left:]),
+                  "lost_after_upload": {}, "signers": [], "decryptors": [], "completed": False}
+        self.contributor_sets.append(record)
+        try:
+            with self.timer.step("step 2b (contributor set)"):
+                signatures = self.sign_contributors(contributors)
+        finally:
+            record["lost_after_upload"] = by_name(self.lost_after_upload[n_lost:])
+        record["signers"] = sorted(signatures)
+        record["decryptors"] = list(_active_set(signatures, key_set.threshold))
         c0, c1 = total.c0, rlwe.polys_to_bytes(self.params, total.c1)
         del total  # C1 is only sent; C0 becomes the accumulator
         with self.timer.step("step 3 (partial decryption)"):
             plaintext = self.partial_decryptions(c0, c1, contributors, signatures)
         del c0, c1
-        self._current().running = None
+        state.running = None
         with self.timer.step("step 4 (decoding)"):
             arrays, total_examples = self.decode(plaintext, len(contributors))
+        record["completed"] = True
         log(INFO, "aggregate_train: %d encrypted updates summed and decrypted by %d members (Σ n_i = %d)",
             len(contributors), len(signatures), total_examples)
         agg_metrics = self._mean_metrics(metrics)
