@@ -237,7 +237,7 @@ class Ring:
             raise ValueError(
                 f"{name} has shape {x.shape}, expected (..., {self.limbs}, {self.n})"
             )
-        if x.size and np.any(x >= self.q_col):
+        if x.size and np.any(x.reshape(-1, self.limbs, self.n).max(axis=(0, 2)) >= self.q_col[:, 0]):  # no mask
             raise ValueError(f"{name} has coefficients >= q_i")
         return x
 
