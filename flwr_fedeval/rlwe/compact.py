@@ -63,10 +63,12 @@ bit_length(q_l) bits per residue by the existing format
   make the rounding 2^(81+4.3) > B_total ~ 2^67.3), 216 bits, 6.8 x (from
   10.1 x), error bound unchanged (1.8e-12 x M max|x| at M = 10).
 
-Reaching <= 5 x float32 therefore needs log2 q <= ~95 at M = 10 (c1 alone
-is log2 q bits): the sum is then good to ~23 bits below M max|x| (float32
-precision), the price of 2^40 smudging at n = 4096. Even with L' = 1,
-q108 would need 108 + 27 + 27 = 162 bits (5.07 x).
+Reaching <= 5 x float32 is not possible at a worst-case error of the sum of
+~1e-6 (M = 10, max|x| = 2^16): minimising log2 q + 2 log2 q' over Q with
+Delta = (B_total + 2MQ) / E gives 199.7 bits (6.25 x) for any choice of
+primes, and 160 bits only for E >= 1.3e-2 (docs/explanation/upload-size.md
+derives it bit by bit). Even with L' = 1, q108 would need 108 + 27 + 27 =
+162 bits (5.07 x), and its rounding would exceed the noise 2^18 times.
 
 Imports neither flwr nor TensorFlow.
 """
