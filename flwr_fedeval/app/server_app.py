@@ -152,7 +152,7 @@ def xmk_results(strategy: FedAvg) -> dict[str, Any]:
     generated (round, key-set ID, member node IDs), and ``xmk_rounds``, per round its signed contributor
     set by roster identity (size, ``left_out`` before uploading, ``lost_after_upload``, signers,
     decryptors: :attr:`XMKFedAvg.contributor_sets <flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg>`)."""
-    if not isinstance(strategy, XMKFedAvg):
+    if not hasattr(strategy, "contributor_sets"):  # XMKFedAvg or SecureAggregation
         return {}
     return {"xmk_key_sets": strategy.key_sets, "xmk_rounds": strategy.contributor_sets}
 
