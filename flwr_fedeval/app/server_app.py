@@ -27,7 +27,7 @@ from flwr_fedeval.app.harness import (
     write_fsv_chart,
     write_results,
 )
-from flwr_fedeval.app.task import ConfigError, JobConfig, build_model
+from flwr_fedeval.app.task import ConfigError, JobConfig, build_model, library_run_config
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
 from flwr_fedeval.messages import ReplyCode
@@ -204,7 +204,7 @@ def require_identities(cfg: JobConfig, run_config: dict) -> Roster | None:
     ConfigError
         If the FHE AUC or SecSV is asked for and no roster is configured.
     """
-    roster = server_roster(run_config)
+    roster = server_roster(library_run_config(run_config))
     secure = [k for k, on in (("auc-method = 'fhe'", cfg.auc_method == "fhe"),
                               (f"shapley = '{cfg.shapley}'", cfg.shapley != "none")) if on]
     if secure and roster is None:

@@ -176,7 +176,7 @@ def test_without_identities_the_phase_refuses_naming_the_config_keys(trained):
     with pytest.raises(ShapleyPhaseError) as info:
         SecSVPhase().run(grid)
     assert info.value.step == "hello"
-    assert all("fedeval-identity-key" in why and "identity-dir" in why for why in info.value.failed.values())
+    assert all("fedeval-identity-key" in why and "fedeval-identity-dir" in why for why in info.value.failed.values())
 
 
 # --- A reads raw arrays only ----------------------------------------------------------------------
