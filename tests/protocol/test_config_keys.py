@@ -129,3 +129,19 @@ def test_the_documented_keys_are_the_library_keys(key):
     assert f"``{key}``" in (config_keys.__doc__ or "")
     docs = (PACKAGE.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert f"`{key}`" in docs
+
+
+def test_the_demo_app_maps_its_short_keys_onto_the_library_keys():
+    from flwr_fedeval.app.task import LIBRARY_RUN_CONFIG, JobConfig, library_run_config
+
+    docs = (PACKAGE.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    app_keys = set(JobConfig().as_dict())
+    for app_key, lib_key in LIBRARY_RUN_CONFIG.items():
+        assert app_key in app_keys and lib_key in config_keys.RUN_CONFIG_KEYS
+        assert f"| `{lib_key}` | `{app_key}` |" in docs
+    mapped = library_run_config({"identity-dir": "/ids", "min-nodes": 3, "seed": 1})
+    assert mapped == {"identity-dir": "/ids", "min-nodes": 3, "seed": 1,
+                      config_keys.IDENTITY_DIR: "/ids", config_keys.MIN_CLIENTS: 3}
+    assert JobConfig.from_run_config(mapped).min_nodes == 3  # the library names of its keys are no problem
+    with pytest.raises(ValueError, match="through this App's key 'min-nodes'"):
+        JobConfig.from_run_config({"min-nodes": 3, config_keys.MIN_CLIENTS: 4})
