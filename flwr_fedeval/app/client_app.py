@@ -25,7 +25,6 @@ from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, sha
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 
 
-
 def library_names_mod(msg: Message, context: Context, call_next) -> Message:
     """Hand every handler the run config with the library's ``fedeval-`` names of this App's short
     keys (:func:`~flwr_fedeval.app.task.library_run_config`); the node's state is the same object."""

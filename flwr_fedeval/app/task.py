@@ -18,7 +18,8 @@ import numpy as np
 from flwr_fedeval import config_keys
 from flwr_fedeval.data.partition import ClientSplit, client_split, partition_indices
 
-__all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "LIBRARY_RUN_CONFIG", "library_run_config", "SEED_CNN_MIN_IMAGE_SIZE", "clear_data_cache",
+__all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "LIBRARY_RUN_CONFIG", "library_run_config",
+           "SEED_CNN_MIN_IMAGE_SIZE", "clear_data_cache",
            "client_partitions", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
 
 #: Binary chest X-ray tasks: class folders, negative class first.

@@ -16,7 +16,9 @@ from flwr_fedeval.testing import InProcessGrid
 
 
 def test_client_side_dp_defaults_equal_job_config_defaults():
-    defaults = JobConfig().as_dict()
+    from flwr_fedeval.app.task import library_run_config
+
+    defaults = library_run_config(JobConfig().as_dict())
     assert {k: defaults[k] for k in CLIENT_DP_DEFAULTS} == CLIENT_DP_DEFAULTS
 
 
