@@ -137,7 +137,8 @@ STATE_PARAMS = "fhe-auc.params"
 
 #: The run-config key a client reads (tightening only: ``false`` withholds the AUC whatever the
 #: node policy) and its default, equal to the demo App's ``share-auc-with-server`` (checked by a
-#: test). Whether the AUC leaves the node is the node policy's ``fedeval-share-auc`` (:mod:`flwr_fedeval.clients.policy`).
+#: test). Whether the AUC leaves the node is the node policy's ``fedeval-share-auc``
+#: (:mod:`flwr_fedeval.clients.policy`).
 CLIENT_FHE_DEFAULTS = {config_keys.SHARE_AUC: True}
 
 _LABEL = "FHE AUC"
