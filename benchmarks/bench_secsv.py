@@ -33,40 +33,19 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
-from flwr_fedeval.data.bank_marketing import load_bank_marketing
-from flwr_fedeval.data.partition import partition_indices
 from flwr_fedeval.shapley.fsv import federated_shapley
 from flwr_fedeval.shapley.secsv import SecSV, SecSVParams, quantize_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _train_federated():
+def _shapley_bank():
+    """``experiments/shapley_bank.py`` as a module: the benchmark uses its data split and training."""
     spec = importlib.util.spec_from_file_location("shapley_bank", ROOT / "experiments/shapley_bank.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.train_federated
-
-
-def _bank(csv: str, clients: int, seed: int):
-    """The test set, owners, training splits of ``experiments/shapley_bank.py`` (same seeds)."""
-    from sklearn.model_selection import train_test_split
-
-    X, y, _ = load_bank_marketing(csv)
-    X = X.astype(np.float64)
-    lo, hi = X.min(axis=0), X.max(axis=0)
-    X = (X - lo) / np.where(hi > lo, hi - lo, 1.0)
-    parts = partition_indices(y, clients, method="dirichlet", alpha=0.5, seed=seed)
-    train, test_idx, owners = [], [], []
-    for c, rows in enumerate(parts):
-        strat = y[rows] if np.bincount(y[rows], minlength=2).min() >= 2 else None
-        tr, te = train_test_split(rows, test_size=0.2, random_state=seed + c, stratify=strat)
-        train.append((X[tr], y[tr]))
-        test_idx.append(te)
-        owners.append(np.full(len(te), c))
-    idx = np.concatenate(test_idx)
-    return train, X[idx], y[idx], np.concatenate(owners)
+    return mod
 
 
 def _signature_costs(repeats: int) -> dict[str, float]:
@@ -103,8 +82,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/secsv_zero_test.json"))
     args = ap.parse_args()
 
-    train, Xt, yt, owners = _bank(args.csv, args.clients, args.seed)
-    history = _train_federated()(train, 2, args.rounds, seed=args.seed)
+    bank = _shapley_bank()
+    train, Xt, yt, owners = bank.load_bank(args.csv, args.clients, args.seed)
+    history = bank.train_federated(train, 2, args.rounds, seed=args.seed)
     counts = {c: len(train[c][1]) for c in range(args.clients)}
     w = quantize_weights(counts, bits=6)
     # the parameters of experiments/shapley_bank.py's reported run (--binary-margin --model-bound 4

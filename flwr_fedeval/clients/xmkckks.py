@@ -435,6 +435,15 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
     unchanged. The wrapped handler must reply with ``"arrays"`` (new weights, same
     layout as the received ones) and a ``"metrics"`` MetricRecord with ``"num-examples"``.
 
+    The mods inside it and the handler get Flower's own ``train`` message: the key set's record is
+    taken off (:meth:`~flwr_fedeval.protocol.xmk.TrainRequest.without`), so Flower's
+    ``fixedclipping_mod`` / ``adaptiveclipping_mod`` (which want exactly one ArrayRecord and one
+    ConfigRecord) clip the update that is then encrypted. List this mod **first** (outermost)::
+
+        @app.train(mods=[xmkckks_mod, fixedclipping_mod])
+
+    (the other order would clip a ciphertext; Flower refuses it with ``MOD_FAILED_PRECONDITION``).
+
     The reply (:class:`~flwr_fedeval.protocol.xmk.TrainReply`) carries the ciphertext of
     ``[n_i·(w_i − w), n_i] + r_i + u_i`` (float64, fixed point with Δ = 2^scale-bits of T, clipped
     to the bound B of T, plus the pairwise mask r_i and the self-mask u_i mod q) and the metrics
@@ -471,6 +480,8 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
         return error_reply(msg, exc, _LABEL)
     global_arrays = msg.content["arrays"].to_numpy_ndarrays()
 
+    # the inner mods and the handler get Flower's train message: one ArrayRecord, one ConfigRecord
+    msg.content = xmk.TrainRequest.without(msg.content)
     reply = call_next(msg, context)
     if reply.has_error():
         return reply

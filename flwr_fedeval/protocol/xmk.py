@@ -440,6 +440,13 @@ class TrainRequest(Payload):
         """Whether a ``train`` message carries the key set (else it is ordinary, plaintext training)."""
         return _K in content
 
+    @staticmethod
+    def without(content: RecordDict) -> RecordDict:
+        """``content`` without the key set's ``"xmk"`` ConfigRecord: Flower's own ``train`` message (the
+        model's ArrayRecord, the train config and any other record), as inner mods such as Flower's
+        ``fixedclipping_mod`` expect it (exactly one ArrayRecord and one ConfigRecord)."""
+        return RecordDict({key: record for key, record in content.items() if key != _K})
+
     def _to_record(self) -> RecordDict:
         return _config(params=self.params, key_id=self.key_id, round=self.round, signers=self.signers,
                        public_shares=self.public_shares, mask_keys=self.mask_keys,

@@ -2,6 +2,7 @@
 
 =============================  ===================================================
 ``XMKFedAvg``                  FedAvg under xMK-CKKS (instead of ``FedAvg``)
+``SecureAggregation``          xMK-CKKS around any FedAvg-family strategy (FedAdam, FedProx, ...)
 ``PlaintextAUCPhase``          global AUC from plaintext counts (the reference)
 ``FHEAUCPhase``                global AUC under FHE, known to the clients
 ``DPAUCLaplacePhase``, ...     DP AUC baselines (``DPAUCRRPhase``, ``FedAUCRRPhase``, ``FedAUCLaplacePhase``)
@@ -21,6 +22,7 @@ from typing import Any
 
 _EXPORTS = {
     "XMKFedAvg": "flwr_fedeval.strategies.xmk_fedavg",
+    "SecureAggregation": "flwr_fedeval.strategies.secure_aggregation",
     "AUCPhaseResult": "flwr_fedeval.strategies.auc_phase",
     "PlaintextAUCPhase": "flwr_fedeval.strategies.auc_phase",
     "FHEAUCPhase": "flwr_fedeval.strategies.fhe_phase",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from logging import INFO
 
 import numpy as np
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -114,6 +114,22 @@ class AUCPhaseResult:
     method: str = "plain"
     details: dict = field(default_factory=dict)
     resolution_bound: float = math.nan
+
+    def to_metric_record(self) -> MetricRecord:
+        """The result as Flower metrics (``Result.evaluate_metrics_serverapp``, see
+        :meth:`~flwr_fedeval.strategies.base.EvaluationPhase.evaluate_fn`).
+
+        Keys: ``auc`` (float in [0, 1]; absent when the phase does not reveal it, e.g. an FHE AUC not
+        shared with the server), ``auc-resolution-bound`` (float; absent when unknown),
+        ``auc-num-clients`` and ``auc-num-failed`` (int), ``auc-epsilon`` (float, per-client ε of the
+        DP phases). The full result (method, details, contributors) stays on this object.
+        """
+        out = MetricRecord({"auc-num-clients": len(self.contributors), "auc-num-failed": len(self.failed)})
+        for key, value in (("auc", self.auc), ("auc-resolution-bound", self.resolution_bound),
+                           ("auc-epsilon", self.details.get("epsilon", math.nan))):
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                out[key] = float(value)
+        return out
 
     @property
     def label(self) -> str:

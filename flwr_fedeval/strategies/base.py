@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from logging import DEBUG, INFO, WARNING
 from typing import Any, Generic, TypeVar
 
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
@@ -520,6 +520,8 @@ class EvaluationPhase(abc.ABC, Generic[ResultT]):
         ``timer.timings``: (step, seconds) of every step run so far.
     failures : Failures
         Failures of the last run (node → step, code, reason).
+    results : dict of int to ResultT
+        The results of the runs through :meth:`evaluate_fn`, by server round.
     """
 
     #: The ``auc-method`` (or phase name) this class implements.
@@ -541,6 +543,8 @@ class EvaluationPhase(abc.ABC, Generic[ResultT]):
         self.timeout = float(timeout)
         self.timer = StepTimer(self._log_label())
         self.failures = Failures()
+        #: Results of the runs through :meth:`evaluate_fn`, by server round.
+        self.results: dict[int, ResultT] = {}
 
     @abc.abstractmethod
     def run(self, grid: Grid, arrays: ArrayRecord) -> ResultT:
@@ -560,6 +564,42 @@ class EvaluationPhase(abc.ABC, Generic[ResultT]):
             Fewer than ``min_nodes`` clients are left after a step (:meth:`require`);
             each phase documents its own errors (``ShapleyPhaseError`` derives from it).
         """
+
+    def evaluate_fn(self, grid: Grid, *, rounds: Iterable[int]) -> Callable[[int, ArrayRecord], MetricRecord | None]:
+        """This phase as Flower's server-side ``evaluate_fn`` (``Strategy.start(..., evaluate_fn=...)``).
+
+        At each server round in ``rounds`` it runs the phase on that round's global model and returns
+        the result's ``to_metric_record()`` (e.g. ``auc``, ``auc-resolution-bound``), which Flower keeps
+        in ``Result.evaluate_metrics_serverapp[round]``; the full result is kept in ``results[round]``.
+        Other rounds return ``None`` (nothing recorded). Each run is one evaluation of that model by
+        every client (their ``fedeval-*`` policy counts it): name only the rounds you need, typically
+        ``rounds=[num_rounds]``.
+
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+            The run's grid (the one passed to ``start``).
+        rounds : iterable of int
+            Server rounds to evaluate (0 is the initial model).
+
+        Raises
+        ------
+        ValueError
+            ``rounds`` is empty or holds a negative round.
+        """
+        wanted = {int(r) for r in rounds}
+        if not wanted or min(wanted) < 0:
+            raise ValueError(f"rounds must name at least one server round >= 0, got {sorted(wanted)}")
+        self.results = {}
+
+        def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            if server_round not in wanted:
+                return None
+            result = self.run(grid, arrays)
+            self.results[server_round] = result
+            return result.to_metric_record()  # type: ignore[attr-defined]
+
+        return evaluate
 
     # --- description --------------------------------------------------------------
     def _log_label(self) -> str:

@@ -73,7 +73,7 @@ from flwr_fedeval.protocol.dp_auc import (
     ShuffledScores,
 )
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult, join_participants, with_model
-from flwr_fedeval.strategies.base import EvaluationPhase, Failures
+from flwr_fedeval.strategies.base import ARRAYS_KEY, EvaluationPhase, Failures
 
 __all__ = ["DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCLaplacePhase", "FedAUCRRPhase"]
 
@@ -119,8 +119,9 @@ class _ThresholdDPPhase(_DPPhase):
 
     message_type = ""
 
-    def __init__(self, num_decision_points: int = 100, *, spacing: str = "linear", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, num_decision_points: int = 100, *, spacing: str = "linear",
+                 min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600) -> None:
+        super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
         self.spacing = spacing
 
@@ -171,8 +172,10 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
     message_type = DPAUC_LAPLACE.message_type
 
     def __init__(self, num_decision_points: int = 100, *, epsilon: float = 1.0, clipping: str = "clip-sort",
-                 **kwargs: Any) -> None:
-        super().__init__(num_decision_points, **kwargs)
+                 spacing: str = "linear", min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY,
+                 timeout: float = 3600) -> None:
+        super().__init__(num_decision_points, spacing=spacing,
+                         min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         if clipping not in ("clip-sort", "no-clip"):
             raise ValueError(f"clipping must be 'clip-sort' or 'no-clip', got {clipping!r}")
         self.params = DPAUCLaplaceParams(epsilon, self.thresholds.size)  # validates epsilon
@@ -224,8 +227,10 @@ class DPAUCRRPhase(_ThresholdDPPhase):
     method = "dpauc-rr"
     message_type = DPAUC_RR.message_type
 
-    def __init__(self, num_decision_points: int = 100, *, epsilon: float = 1.0, **kwargs: Any) -> None:
-        super().__init__(num_decision_points, **kwargs)
+    def __init__(self, num_decision_points: int = 100, *, epsilon: float = 1.0, spacing: str = "linear",
+                 min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600) -> None:
+        super().__init__(num_decision_points, spacing=spacing,
+                         min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         self.params = RandomizedResponseParams(epsilon)
 
     def _summary_items(self) -> list[tuple[str, str]]:
@@ -258,8 +263,9 @@ class _FedAUCPhase(_DPPhase):
 
     mechanism = ""
 
-    def __init__(self, *, epsilon: float = 1.0, ties: str = "average", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, epsilon: float = 1.0, ties: str = "average",
+                 min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600) -> None:
+        super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         if ties not in ("average", "ordinal"):
             raise ValueError(f"ties must be 'average' or 'ordinal', got {ties!r}")
         self.ties = ties
@@ -344,8 +350,9 @@ class FedAUCRRPhase(_FedAUCPhase):
     method = "fedauc-rr"
     mechanism = "rr"
 
-    def __init__(self, *, epsilon: float = 1.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, epsilon: float = 1.0, ties: str = "average",
+                 min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600) -> None:
+        super().__init__(ties=ties, min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         self.params = RandomizedResponseParams(epsilon)
         self.epsilon = self.params.epsilon
 
@@ -384,8 +391,9 @@ class FedAUCLaplacePhase(_FedAUCPhase):
     mechanism = "laplace"
 
     def __init__(self, *, epsilon: float = 1.0, sensitivity: str = "local", allocation: str = "orthogonal",
-                 alpha: float = 0.5, beta: float | str = "adaptive", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+                 alpha: float = 0.5, beta: float | str = "adaptive", ties: str = "average",
+                 min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600) -> None:
+        super().__init__(ties=ties, min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         self.params = FedAUCLaplaceParams(epsilon, sensitivity=sensitivity, allocation=allocation,
                                           alpha=alpha, beta=beta)
         self.epsilon = self.params.epsilon

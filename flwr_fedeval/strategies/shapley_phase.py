@@ -51,7 +51,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -221,6 +221,15 @@ class ShapleyPhaseResult:
     leader: int
     sample_skip: bool
     stats: dict = field(default_factory=dict)
+
+    def to_metric_record(self) -> MetricRecord:
+        """The result as Flower metrics (see :meth:`~flwr_fedeval.strategies.base.EvaluationPhase.evaluate_fn`):
+        ``shapley-fsv`` (list of float, FSV_i in accuracy points, in the order of ``clients``),
+        ``shapley-fsv-sum`` (float) and ``shapley-rounds`` (int). Node IDs (unsigned 64-bit) stay in
+        ``clients`` and :meth:`to_json`."""
+        fsv = [float(self.fsv[n]) for n in self.clients]
+        return MetricRecord({"shapley-fsv": fsv, "shapley-fsv-sum": float(sum(fsv)),
+                             "shapley-rounds": len(self.rounds)})
 
     def to_json(self) -> dict:
         return {

@@ -326,11 +326,17 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         connected graph; stripping an honest client's mask needs its k
         neighbours to collude with the server. Each client refuses a degree
         below its own floor (config ``xmk-mask-degree``).
-    **kwargs
-        Passed to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``,
-        ``min_train_nodes``, ``min_available_nodes``, ...).
-        ``min_train_nodes`` (default 2) is also the fewest clients a key set
-        may have; it is raised to 2 if lower.
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes, \
+arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
+        As :class:`flwr.serverapp.strategy.FedAvg`. ``min_train_nodes``
+        (default 2) is also the fewest clients a key set may have; it is
+        raised to 2 if lower.
+    train_metrics_aggr_fn : None
+        Must be ``None``: the clients' train metrics are averaged unweighted
+        (n_i stays encrypted).
+    weighted_by_key : str, default="num-examples"
+        Must be ``"num-examples"``: the count :func:`~flwr_fedeval.clients.xmkckks.xmkckks_mod`
+        encrypts beside the update.
 
     Attributes
     ----------
@@ -357,7 +363,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         At construction: ``parameter_set`` is unknown or weaker than the
         128-bit HomomorphicEncryption.org bound, ``max_abs_value`` is not a
         finite number ≥ 1, ``rekey`` is not one of its choices,
-        ``max_attempts < 1``, or ``mask_degree`` is not an integer ≥ 0.
+        ``max_attempts < 1``, ``mask_degree`` is not an integer ≥ 0,
+        ``weighted_by_key`` is not ``"num-examples"``, or ``train_metrics_aggr_fn``
+        is given.
     flwr_fedeval.rlwe.NoiseBudgetError
         From ``configure_train``/``aggregate_train`` (and so from ``start``):
         ``scale_bits`` (or, when unset, any scale) does not fit the noise
@@ -372,6 +380,16 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     def __init__(
         self,
         *,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         parameter_set: str = DEFAULT_PARAMETER_SET,
         max_abs_value: float = 2.0**16,
         scale_bits: int | None = None,
@@ -380,9 +398,18 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         max_attempts: int = 3,
         mask_degree: int = masking.DEFAULT_MASK_DEGREE,
         threshold: int | None = None,
-        **kwargs,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+                         min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes, weighted_by_key=weighted_by_key,
+                         arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn, evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+        if train_metrics_aggr_fn is not None:
+            raise ValueError("train_metrics_aggr_fn: XMKFedAvg averages the clients' train metrics unweighted "
+                             "(n_i stays encrypted); pass it to the inner strategy of SecureAggregation instead")
+        if weighted_by_key != "num-examples":
+            raise ValueError(f"weighted_by_key must be 'num-examples' (the count xmkckks_mod encrypts beside the "
+                             f"update), got {weighted_by_key!r}")
         self.params = rlwe.get_parameter_set(parameter_set)
         rlwe.validate_security(self.params)
         if not (np.isfinite(max_abs_value) and max_abs_value >= 1):
@@ -461,9 +488,16 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         sample_size = max(num_nodes, self.min_train_nodes)
         node_ids, _ = sample_nodes(grid, self.min_available_nodes, sample_size)
         config["server-round"] = server_round
+        return self.configure_train_for(server_round, arrays, config, grid, node_ids)
+
+    def configure_train_for(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+                            node_ids: Iterable[int]) -> list[Message]:
+        """Steps 1 and 2 (request) with the sampled ``node_ids`` (``configure_train`` samples them;
+        :class:`~flwr_fedeval.strategies.secure_aggregation.SecureAggregation` takes the inner strategy's).
+        Returns the ``train`` messages, or ``[]`` when the key setup failed (recorded in ``aborted_attempts``)."""
         self._round = _RoundState(server_round, arrays, config, grid, known={int(n) for n in grid.get_node_ids()})
         try:
-            return self._start_attempt(sorted(node_ids))
+            return self._start_attempt(sorted(int(n) for n in node_ids))
         except RoundAborted as exc:
             self._record_abort(exc)
             return []

@@ -1,0 +1,227 @@
+"""Secure aggregation for any FedAvg-family strategy of ``flwr.serverapp.strategy``.
+
+A strategy wrapper, as Flower's DP wrappers are::
+
+    strategy = SecureAggregation(FedAdam(fraction_evaluate=0.0, eta=0.1), max_abs_value=2.0**10)
+    strategy = DifferentialPrivacyClientSideFixedClipping(strategy, noise_multiplier=1.0,
+                                                          clipping_norm=1.0, num_sampled_clients=3)
+
+The inner strategy samples the clients and writes the train config (FedProx's ``proximal-mu``,
+the DP wrapper's clipping norm, ...) as it would without secure aggregation; an
+:class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg` engine runs the xMK-CKKS protocol with
+those clients (DESIGN.md §3: key set, encrypted masked upload, signed contributor set,
+threshold decryption), so the server learns only the weighted mean
+``w + Σ n_i·Δw_i / Σ n_i`` over the contributors and ``Σ n_i`` (Walskaar et al. 2023, Eqs. 5-6).
+The inner strategy's ``aggregate_train`` is then handed that mean as the one reply of weight
+``Σ n_i``: FedAvg's weighted mean of it is the mean itself, so FedAdam, FedYogi, FedAdagrad and
+FedAvgM apply their server optimizer to exactly what plain FedAvg would have computed (within
+the decoding bound of XMKFedAvg: about M·B_smudge/Δ per value).
+
+Strategies whose aggregation needs each client's update (FedMedian, FedTrimmedAvg, Krum,
+MultiKrum, Bulyan, QFedAvg, the XGBoost strategies) cannot be wrapped: secure aggregation
+reveals only the sum; the constructor refuses them with a ``TypeError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import (
+    Bulyan,
+    FedAvg,
+    FedMedian,
+    FedTrimmedAvg,
+    FedXgbBagging,
+    FedXgbCyclic,
+    MultiKrum,
+    QFedAvg,
+    Strategy,
+)
+
+from flwr_fedeval.protocol import xmk
+from flwr_fedeval.rlwe import masking
+from flwr_fedeval.strategies.base import StepTimer
+from flwr_fedeval.strategies.collect import DetectingGrid
+from flwr_fedeval.strategies.xmk_fedavg import DEFAULT_PARAMETER_SET, RoundAborted, XMKFedAvg, _FoldingGrid
+
+__all__ = ["SecureAggregation"]
+
+#: Strategies of ``flwr.serverapp.strategy`` whose aggregate needs every client's update, not the sum.
+PER_CLIENT_AGGREGATORS: tuple[type, ...] = (Bulyan, FedMedian, FedTrimmedAvg, FedXgbBagging, FedXgbCyclic,
+                                            MultiKrum, QFedAvg)
+
+
+class SecureAggregation(Strategy):
+    """Wrap a FedAvg-family strategy so that its train updates are aggregated under xMK-CKKS.
+
+    Parameters
+    ----------
+    strategy : flwr.serverapp.strategy.FedAvg
+        FedAvg or a strategy that aggregates through FedAvg's weighted mean (FedProx, FedAdam,
+        FedYogi, FedAdagrad, FedAvgM, ...). It samples the clients, configures training and
+        evaluation and applies its server update to the securely aggregated mean. Its
+        ``weighted_by_key`` must be ``"num-examples"`` and its ``arrayrecord_key`` ``"arrays"``
+        (what :func:`~flwr_fedeval.clients.xmkckks.xmkckks_mod` reads and encrypts).
+    parameter_set, max_abs_value, scale_bits, rekey, step_timeout, max_attempts, mask_degree, threshold
+        The protocol's parameters, as :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg`
+        (``max_abs_value`` B bounds every ``|n_i·Δw|`` and ``n_i``; clients clip to it).
+
+    Attributes
+    ----------
+    strategy : FedAvg
+        The wrapped strategy.
+    engine : XMKFedAvg
+        Runs the protocol (its ``timer``, ``key_sets``, ``left_out``, ``lost_after_upload`` and
+        ``aborted_attempts`` are also this wrapper's).
+
+    Raises
+    ------
+    TypeError
+        ``strategy`` is not a FedAvg-family strategy, or its aggregate needs each client's update
+        (:data:`PER_CLIENT_AGGREGATORS`).
+    ValueError
+        ``strategy.weighted_by_key`` is not ``"num-examples"`` or ``strategy.arrayrecord_key`` is
+        not ``"arrays"``; or a protocol parameter is invalid (as :class:`XMKFedAvg`).
+    """
+
+    def __init__(
+        self,
+        strategy: FedAvg,
+        *,
+        parameter_set: str = DEFAULT_PARAMETER_SET,
+        max_abs_value: float = 2.0**16,
+        scale_bits: int | None = None,
+        rekey: str = "every-round",
+        step_timeout: float = 600.0,
+        max_attempts: int = 3,
+        mask_degree: int = masking.DEFAULT_MASK_DEGREE,
+        threshold: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(strategy, FedAvg) or isinstance(strategy, XMKFedAvg):
+            raise TypeError(f"SecureAggregation wraps a FedAvg-family strategy of flwr.serverapp.strategy "
+                            f"(FedAvg, FedProx, FedAdam, ...), got {type(strategy).__name__}")
+        if isinstance(strategy, PER_CLIENT_AGGREGATORS):
+            raise TypeError(f"{type(strategy).__name__} aggregates each client's update; secure aggregation "
+                            f"reveals only their weighted sum")
+        if strategy.arrayrecord_key != "arrays":
+            raise ValueError(f"the strategy's arrayrecord_key must be 'arrays' (what xmkckks_mod encrypts), "
+                             f"got {strategy.arrayrecord_key!r}")
+        self.strategy = strategy
+        self._first_node = 0  # a node of the round's sample: the handed-over mean is addressed as its reply
+        self.engine = XMKFedAvg(
+            fraction_train=strategy.fraction_train, fraction_evaluate=0.0,
+            min_train_nodes=strategy.min_train_nodes, min_available_nodes=strategy.min_available_nodes,
+            weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
+            configrecord_key=strategy.configrecord_key, parameter_set=parameter_set,
+            max_abs_value=max_abs_value, scale_bits=scale_bits, rekey=rekey, step_timeout=step_timeout,
+            max_attempts=max_attempts, mask_degree=mask_degree, threshold=threshold,
+        )
+
+    def __repr__(self) -> str:
+        return f"SecureAggregation({self.strategy!r})"
+
+    # the engine's records, read by Apps and tests as a strategy's
+    @property
+    def timer(self) -> StepTimer:
+        """The engine's :class:`~flwr_fedeval.strategies.base.StepTimer` (protocol step timings)."""
+        return self.engine.timer
+
+    @property
+    def key_sets(self) -> list[dict]:
+        """Every key set generated (public values only), as :attr:`XMKFedAvg.key_sets`."""
+        return self.engine.key_sets
+
+    @property
+    def aborted_attempts(self) -> list[tuple[int, RoundAborted]]:
+        """Every aborted key setup and failed round, as :attr:`XMKFedAvg.aborted_attempts`."""
+        return self.engine.aborted_attempts
+
+    @property
+    def left_out(self) -> list[tuple[int, dict[int, str]]]:
+        """Members left out of a round's contributor set, as :attr:`XMKFedAvg.left_out`."""
+        return self.engine.left_out
+
+    @property
+    def lost_after_upload(self) -> list[tuple[int, dict[int, str]]]:
+        """Contributors lost after their upload, as :attr:`XMKFedAvg.lost_after_upload`."""
+        return self.engine.lost_after_upload
+
+    def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
+        """Flower's ``Strategy.start`` (same parameters) over a grid that folds each encrypted update into
+        the round's running sum as it arrives (as :meth:`XMKFedAvg.start`)."""
+        if not callable(getattr(grid, "collect_replies", None)):
+            grid = DetectingGrid(grid)
+        return Strategy.start(self, _FoldingGrid(grid, self.engine), *args, **kwargs)  # type: ignore[arg-type]
+
+    def summary(self) -> None:
+        """Log the wrapper, the protocol's parameters and the inner strategy's summary."""
+        log(INFO, "\t├──> Secure aggregation (xMK-CKKS) of %s", type(self.strategy).__name__)
+        self.engine.summary()
+        self.strategy.summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The inner strategy's train messages (its sample, its config), then the key set (step 1) with
+        those clients and the step-2 messages: the same model and config plus the key set.
+
+        Raises
+        ------
+        ValueError
+            The inner strategy sent different models or configs to different clients (one key set
+            sums updates of one global model).
+        """
+        inner = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        if not inner:
+            return []
+        akey, ckey = self.strategy.arrayrecord_key, self.strategy.configrecord_key
+        first = inner[0].content
+        model = xmk.model_hash(first[akey])
+        for msg in inner[1:]:
+            if xmk.model_hash(msg.content[akey]) != model or dict(msg.content[ckey]) != dict(first[ckey]):
+                raise ValueError(f"{type(self.strategy).__name__} sent different models or configs to its "
+                                 f"clients; secure aggregation sums updates of one global model")
+        nodes = [int(m.metadata.dst_node_id) for m in inner]
+        self._first_node = nodes[0]
+        messages = self.engine.configure_train_for(server_round, first[akey], first[ckey], grid, nodes)
+        extra = {int(m.metadata.dst_node_id): m.content for m in inner}
+        for msg in messages:  # any other record the inner strategy sent travels too
+            for key, record in extra.get(int(msg.metadata.dst_node_id), RecordDict()).items():
+                if key not in msg.content:
+                    msg.content[key] = record
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Steps 2-4 (:meth:`XMKFedAvg.aggregate_train`), then the inner strategy's ``aggregate_train``
+        on the decrypted mean, handed over as one reply of weight ``Σ n_i``.
+
+        Returns ``(None, None)`` when the round failed (global model unchanged, no retry). The metrics
+        are the inner strategy's, with ``num-examples`` (Σ n_i) and ``num-clients`` (|C|).
+        """
+        mean, metrics = self.engine.aggregate_train(server_round, replies)
+        if mean is None or metrics is None:
+            return None, None
+        content = RecordDict({self.strategy.arrayrecord_key: mean, "metrics": MetricRecord(dict(metrics))})
+        as_reply = Message(content=content, dst_node_id=self._first_node, message_type=xmk.TRAIN.message_type)
+        arrays, inner_metrics = self.strategy.aggregate_train(server_round, [as_reply])
+        out = MetricRecord(dict(inner_metrics or {}))
+        out["num-examples"], out["num-clients"] = metrics["num-examples"], metrics["num-clients"]
+        return arrays, out
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The inner strategy's (evaluation replies are metrics, not updates: not encrypted)."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The inner strategy's."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
