@@ -27,7 +27,7 @@ from flwr_fedeval.app.harness import (
     write_fsv_chart,
     write_results,
 )
-from flwr_fedeval.app.task import ConfigError, JobConfig, build_model, library_run_config
+from flwr_fedeval.app.task import LIBRARY_RUN_CONFIG, ConfigError, JobConfig, build_model, library_run_config
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
 from flwr_fedeval.messages import ReplyCode
@@ -306,7 +306,8 @@ def main(grid: Grid, context: Context) -> None:
     try:
         _main(grid, cfg, roster)
     except NodeNotConfigured as exc:
-        log(ERROR, "run stopped: %s", exc)
+        app_name = {f"run config {lib}": f"run config {app}" for app, lib in LIBRARY_RUN_CONFIG.items()}
+        log(ERROR, "run stopped: %s (this App's keys: %s)", exc, " / ".join(app_name.get(k, k) for k in exc.keys))
         raise
 
 

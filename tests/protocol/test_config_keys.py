@@ -1,11 +1,12 @@
-"""Every run-config key the library reads carries the ``fedeval-`` prefix (issue 23 item 5).
+"""Every run-config (and node-config) key the library reads carries the ``fedeval-`` prefix (issue 23 item 5).
 
 A static check over the package, outside ``flwr_fedeval/app/`` (the demo App, whose short keys map
 onto the library's through ``LIBRARY_RUN_CONFIG``): every read of a run config (``x.run_config``,
 ``dict(x.run_config)``, a parameter named ``run_config`` and any name bound to one of those) with
 ``[key]``, ``.get(key)``, ``.pop(key)`` or ``key in ...`` must use a key that resolves (a string
 literal, or a constant of the module or of a module it imports) to a ``fedeval-`` string. A key the
-check cannot resolve fails it too: spell the key as a constant.
+check cannot resolve fails it too: spell the key as a constant. The same for node config, where
+Flower's own ``partition-id`` and ``num-partitions`` are allowed.
 """
 
 from __future__ import annotations
@@ -23,19 +24,23 @@ PACKAGE = Path(flwr_fedeval.__file__).parent
 APP = PACKAGE / "app"
 
 
-def _is_run_config(node: ast.AST, names: set[str]) -> bool:
-    if isinstance(node, ast.Attribute) and node.attr == "run_config":
+#: Flower's own node-config keys (simulation), which the library may read as they are.
+FLOWER_NODE_KEYS = {"partition-id", "num-partitions"}
+
+
+def _is_run_config(node: ast.AST, names: set[str], attr: str = "run_config") -> bool:
+    if isinstance(node, ast.Attribute) and node.attr == attr:
         return True
     if isinstance(node, ast.Name) and node.id in names:
         return True
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and node.args:
-        return _is_run_config(node.args[0], names)
+        return _is_run_config(node.args[0], names, attr)
     return False
 
 
-def _run_config_names(tree: ast.AST) -> set[str]:
-    """Names bound to a run config anywhere in the module (parameters ``run_config``, assignments)."""
-    names = {"run_config"}
+def _run_config_names(tree: ast.AST, attr: str = "run_config") -> set[str]:
+    """Names bound to a run config (``attr``) anywhere in the module (parameters named ``attr``, assignments)."""
+    names = {attr}
     changed = True
     while changed:
         changed = False
@@ -49,26 +54,27 @@ def _run_config_names(tree: ast.AST) -> set[str]:
                 else:
                     pairs.append((target, node.value))
             for target, value in pairs:
-                if isinstance(target, ast.Name) and target.id not in names and _is_run_config(value, names):
+                if isinstance(target, ast.Name) and target.id not in names and _is_run_config(value, names, attr):
                     names.add(target.id)
                     changed = True
     return names
 
 
-def run_config_reads(source: str) -> list[tuple[int, ast.AST]]:
-    """``[(line, key expression)]`` of every run-config read in ``source``."""
+def run_config_reads(source: str, attr: str = "run_config") -> list[tuple[int, ast.AST]]:
+    """``[(line, key expression)]`` of every read of a run config (``attr="node_config"``: a node
+    config) in ``source``."""
     tree = ast.parse(source)
-    names = _run_config_names(tree)
+    names = _run_config_names(tree, attr)
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Subscript) and _is_run_config(node.value, names):
+        if isinstance(node, ast.Subscript) and _is_run_config(node.value, names, attr):
             out.append((node.lineno, node.slice))
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in ("get", "pop", "setdefault") and _is_run_config(node.func.value, names)
+              and node.func.attr in ("get", "pop", "setdefault") and _is_run_config(node.func.value, names, attr)
               and node.args):
             out.append((node.lineno, node.args[0]))
         elif (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn))
-              and _is_run_config(node.comparators[0], names)):
+              and _is_run_config(node.comparators[0], names, attr)):
             out.append((node.lineno, node.left))
     return out
 
@@ -105,11 +111,13 @@ def test_the_check_sees_a_generic_key():
     assert sorted(keys) == ["bar", "baz", "foo", "qux"]
 
 
-def test_every_run_config_key_the_library_reads_has_the_prefix():
+@pytest.mark.parametrize("attr,allowed,least", [("run_config", set(), 8),
+                                                 ("node_config", FLOWER_NODE_KEYS, 10)])
+def test_every_config_key_the_library_reads_has_the_prefix(attr, allowed, least):
     checked, bad = 0, []
     for path in _library_modules():
         source = path.read_text(encoding="utf-8")
-        reads = run_config_reads(source)
+        reads = run_config_reads(source, attr)
         if not reads:
             continue
         rel = path.relative_to(PACKAGE.parent)
@@ -117,10 +125,10 @@ def test_every_run_config_key_the_library_reads_has_the_prefix():
         for line, expr in reads:
             key = _resolve(expr, module)
             checked += 1
-            if key is None or not key.startswith(config_keys.PREFIX):
-                bad.append(f"{rel}:{line}: run-config key {key if key is not None else ast.unparse(expr)!r}")
-    assert not bad, "run-config keys without the 'fedeval-' prefix (or not a constant):\n" + "\n".join(bad)
-    assert checked >= 8  # identity, policy and the ServerApp's roster read the run config
+            if key is None or not (key.startswith(config_keys.PREFIX) or key in allowed):
+                bad.append(f"{rel}:{line}: {attr} key {key if key is not None else ast.unparse(expr)!r}")
+    assert not bad, f"{attr} keys without the 'fedeval-' prefix (or not a constant):\n" + "\n".join(bad)
+    assert checked >= least  # identity, policy, the xMK ledger, roles and the ServerApp's roster read them
 
 
 @pytest.mark.parametrize("key", config_keys.RUN_CONFIG_KEYS)
