@@ -109,10 +109,12 @@ def node_identity(context: Context) -> tuple[NodeIdentity, Roster]:
 
     Raises
     ------
+    IdentityNotConfigured
+        Nothing configured, files missing, or this node's key not in the roster
+        under its name (an ``IdentityError`` and a configuration refusal naming
+        the keys to set).
     IdentityError
-        Nothing configured (the message names the config keys to set), files
-        missing or with unsafe permissions, or this node's key not in the
-        roster under its name.
+        A key or roster file that cannot be loaded (e.g. unsafe permissions).
     """
     key_path, roster_path = _paths(context)
     for p in (key_path, roster_path):
@@ -123,10 +125,10 @@ def node_identity(context: Context) -> tuple[NodeIdentity, Roster]:
         ident = NodeIdentity.load(key_path)
         roster = Roster.load(roster_path)
         if ident.name not in roster:
-            raise IdentityError(f"this node's name {ident.name!r} (from {key_path.name}) is not in the roster "
+            raise IdentityNotConfigured(f"this node's name {ident.name!r} (from {key_path.name}) is not in the roster "
                                 f"{roster_path}")
         if roster.public_key_bytes(ident.name) != ident.public_key_bytes():
-            raise IdentityError(f"the roster {roster_path} lists another public key for {ident.name!r} than "
+            raise IdentityNotConfigured(f"the roster {roster_path} lists another public key for {ident.name!r} than "
                                 f"{key_path}")
         _CACHE.clear()
         _CACHE[stamp] = (ident, roster)
@@ -144,8 +146,9 @@ def key_set_floor(context: Context) -> int:
     node, run = dict(context.node_config), dict(context.run_config)
     value = node.get(MIN_CLIENTS_CONFIG, run.get(config_keys.MIN_CLIENTS, 2))
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise IdentityError(f"key-set floor (node or run config '{MIN_CLIENTS_CONFIG}') must be an integer, "
-                            f"got {value!r}")
+        raise IdentityNotConfigured(f"key-set floor (node or run config '{MIN_CLIENTS_CONFIG}') must be an "
+                                    f"integer, got {value!r}", keys=(f"node config {MIN_CLIENTS_CONFIG}",
+                                                                     f"run config {config_keys.MIN_CLIENTS}"))
     return max(2, int(value))
 
 
@@ -162,7 +165,9 @@ def mask_degree_floor(context: Context) -> int:
     node, run = dict(context.node_config), dict(context.run_config)
     value = node.get(MASK_DEGREE_CONFIG, run.get(config_keys.XMK_MASK_DEGREE, DEFAULT_MASK_DEGREE))
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
-        raise IdentityError(f"{MASK_DEGREE_CONFIG} must be an integer >= 0 (0 = complete graph), got {value!r}")
+        raise IdentityNotConfigured(f"{MASK_DEGREE_CONFIG} must be an integer >= 0 (0 = complete graph), got "
+                                    f"{value!r}", keys=(f"node config {MASK_DEGREE_CONFIG}",
+                                                        f"run config {config_keys.XMK_MASK_DEGREE}"))
     return int(value)
 
 
