@@ -21,7 +21,8 @@ decryption, :mod:`flwr_fedeval.rlwe.threshold`; issue 21).
 
 Every node needs its roster identity (:func:`flwr_fedeval.clients.identity.node_identity`:
 node config ``fedeval-identity-key`` + ``fedeval-roster``, or run config
-``identity-dir`` in simulation); without one it refuses every step.
+``fedeval-identity-dir`` in simulation); without one it refuses every step with a configuration
+refusal (``NOT_CONFIGURED``), which stops the run naming the keys to set.
 
 What a client checks (▲, each refusal an error reply naming the reason;
 the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
@@ -32,8 +33,8 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
 * ``query.xmk_reveal``: ▲ every commitment signed by a distinct roster
   member, its own among them, at least its floor
   (:func:`~flwr_fedeval.clients.identity.key_set_floor`: node config
-  ``fedeval-min-clients`` / ``xmk-min-clients``, else run config
-  ``min-nodes``); ▲ one reveal per key set; ▲ k gives at least this client's
+  ``fedeval-min-clients``, raised by run config ``fedeval-min-clients``);
+  ▲ one reveal per key set; ▲ k gives at least this client's
   floor of neighbours (:func:`~flwr_fedeval.clients.identity.mask_degree_floor`);
   ▲ N/2 < t <= N; ▲ the scale fits the noise budget for N and the bound B;
   ▲ the limb count L' is at least the fewest that budget allows

@@ -18,7 +18,7 @@ from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg, _RoundState
 from flwr_fedeval.testing import InProcessGrid
 from flwr_fedeval.testing.grid import _roundtrip_message
 
-RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
+RUN_CONFIG = {"fedeval-identity-dir": IDENTITY_DIR}
 NODE = 12345678901234567890
 KID = "0123456789abcdef" * 2
 NAMES = ("node-0", "node-1")
