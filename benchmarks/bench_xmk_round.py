@@ -171,7 +171,7 @@ def run_secaggplus(shapes, clients: int) -> dict:
 
 def run_xmk(shapes, clients: int) -> dict:
     app = _Timed(_message_app(shapes, secure=True))
-    grid = InProcessGrid(app, clients, {"identity-dir": IDENTITY_DIR})
+    grid = InProcessGrid(app, clients, {"fedeval-identity-dir": IDENTITY_DIR})
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients)
     w0 = [np.zeros(s, dtype=np.float32) for s in shapes]
     c0, t0 = time.process_time(), time.perf_counter()

@@ -71,7 +71,7 @@ def _round(num_params: int, clients: int, limbs: int | None) -> dict:
                     sizes.setdefault(node, {})[field] = int(reply.content[key][field].numpy().nbytes)
         return reply
 
-    grid = InProcessGrid(_app(shapes), clients, {"identity-dir": IDENTITY_DIR})
+    grid = InProcessGrid(_app(shapes), clients, {"fedeval-identity-dir": IDENTITY_DIR})
     grid.fault = spy
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients,
                          max_abs_value=2.0**16, limbs=limbs)

@@ -155,7 +155,7 @@ def test_upload_at_another_level_than_t_is_left_out_naming_the_node(other):
             reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"] = bytes_to_array(wrong.to_bytes())
         return reply
 
-    grid = InProcessGrid(make_app(), 3, {"identity-dir": IDENTITY_DIR}, fault=fault)
+    grid = InProcessGrid(make_app(), 3, {"fedeval-identity-dir": IDENTITY_DIR}, fault=fault)
     bad["node"] = grid.node_ids[1]
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=1e4)
     bad["limbs"] = strategy.limbs_for(3, strategy.scale_bits_for(3))
