@@ -122,7 +122,7 @@ def _phase(n_clients: int, n_points: int) -> dict:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             create(tmp, [f"node-{i}" for i in range(n_clients)])
-            grid = InProcessGrid(app, n_clients, {"identity-dir": tmp, "share-auc-with-server": True})
+            grid = InProcessGrid(app, n_clients, {"fedeval-identity-dir": tmp, "fedeval-share-auc": True})
             roster = identity.Roster.load(Path(tmp) / "roster.json")
             phase = FHEAUCPhase(n_points, share_auc_with_server=True, min_nodes=2, roster=roster)
             t = time.perf_counter()

@@ -39,7 +39,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import xmk
-from flwr_fedeval.rlwe import threshold
+from flwr_fedeval.rlwe import compact, threshold
 from flwr_fedeval.strategies.collect import collect
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
 from flwr_fedeval.testing.grid import set_serverapp_identity
@@ -125,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     values = np.linspace(-1, 1, length)
     ct = rlwe.encrypt(params, public, a, rlwe.encode(params, values, scale_bits=scale_bits,
                                                      num_clients=max(args.clients)))
-    ct_bytes = ct.to_bytes()
-    share_bytes = rlwe.partial_decrypt(params, secret, ct.c1, num_clients=max(args.clients)).to_bytes()
+    # the compact wire format (issue 21 item 4): c0 and the share at L' limbs, c1 at L
+    limbs = compact.compact_limbs(params, num_clients=max(args.clients), scale_bits=scale_bits, max_abs_value=2.0**16)
+    ct_bytes = compact.compress_ciphertext(ct, limbs).to_bytes()
+    share_bytes = compact.compress_decryption_share(
+        params, rlwe.partial_decrypt(params, secret, ct.c1, num_clients=max(args.clients)), limbs).to_bytes()
     del ct, secret, a
     setup_s = time.perf_counter() - t0
     print(f"setup (one ciphertext of {length:,} values: {len(ct_bytes) / 2**20:.1f} MiB): {setup_s:.1f} s",
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes = tuple(range(1, m + 1))
         names = tuple(f"client-{i}" for i in nodes)
         state.key_set = _KeySet("bench", b"\0" * 32, 1, nodes, names, (b"",) * m, (b"",) * m, (b"",) * m,
-                                b"\0" * 32, threshold.min_threshold(m), scale_bits)
+                                b"\0" * 32, threshold.min_threshold(m), scale_bits, limbs)
         state.sent = [Message(RecordDict(), dst_node_id=n, message_type=xmk.TRAIN.message_type) for n in nodes]
         strategy._round = state
         return strategy
@@ -173,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         grid = _LazyGrid(xmk_reply)
         strategy = strategy_for(m, grid)
         replies = collect(grid, strategy._round.sent, timeout=None).replies  # every reply kept
-        cts = [rlwe.Ciphertext.from_bytes(xmk.TrainReply.from_record(r.content).ciphertext, params) for r in replies]
-        total = rlwe.add_ciphertexts(cts)
-        return total.num_summed
+        cts = [compact.CompactCiphertext.from_bytes(xmk.TrainReply.from_record(r.content).ciphertext, params, limbs)
+               for r in replies]
+        compact.add_compact_ciphertexts(cts)
+        return len(cts)
 
     def plain(m: int):
         rng = np.random.default_rng(0)  # test data, not key material

@@ -4,7 +4,7 @@
 file per node (``node-<i>.policy.toml``, :mod:`flwr_fedeval.clients.policy`) with the documented
 defaults except ``fedeval-share-auc = true`` (as the demo App's ``make run``), so that honest runs
 report a number; tests of the default policy make their own directory. Pass
-``{"identity-dir": IDENTITY_DIR}`` in a grid's run config. The test server never reads a private
+``{"fedeval-identity-dir": IDENTITY_DIR}`` in a grid's run config. The test server never reads a private
 key: it gets the roster at most.
 """
 

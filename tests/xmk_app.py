@@ -11,7 +11,7 @@ from identities import IDENTITY_DIR
 
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 
-RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
+RUN_CONFIG = {"fedeval-identity-dir": IDENTITY_DIR}
 SHAPES = [(30, 20), (20,), (20, 7), (7,)]  # 1,047 weights: one n=4096 polynomial
 
 

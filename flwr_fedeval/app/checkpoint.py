@@ -106,6 +106,8 @@ def strategy_state(strategy: Any) -> dict[str, Any]:
                                    for r, e in strategy.aborted_attempts]
     if hasattr(strategy, "key_sets"):
         out["key_sets"] = [dict(k) for k in strategy.key_sets]
+    if hasattr(strategy, "contributor_sets"):
+        out["contributor_sets"] = [dict(k) for k in strategy.contributor_sets]
     return out
 
 

@@ -10,18 +10,28 @@ fresh one per message (where the cache is simply empty).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_fedeval.app.harness import positive_scores
 from flwr_fedeval.app.node_cache import NodeCache
+from flwr_fedeval.app.task import library_run_config
 from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.clients.auc_handlers import register_auc_handlers, register_dp_handlers
 from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 
-app = ClientApp()
+
+def library_names_mod(msg: Message, context: Context, call_next) -> Message:
+    """Hand every handler the run config with the library's ``fedeval-`` names of this App's short
+    keys (:func:`~flwr_fedeval.app.task.library_run_config`); the node's state is the same object."""
+    return call_next(msg, dataclasses.replace(context, run_config=library_run_config(dict(context.run_config))))
+
+
+app = ClientApp(mods=[library_names_mod])
 #: This process's loaded data, models and scores (see :mod:`flwr_fedeval.app.node_cache`).
 CACHE = NodeCache()
 register_xmkckks_handlers(app)  # query.xmk_keygen, query.xmk_reveal, query.xmk_pdec (secure aggregation)

@@ -27,12 +27,12 @@ from flwr_fedeval.app.harness import (
     write_fsv_chart,
     write_results,
 )
-from flwr_fedeval.app.task import ConfigError, JobConfig, build_model
+from flwr_fedeval.app.task import LIBRARY_RUN_CONFIG, ConfigError, JobConfig, build_model, library_run_config
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
 from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
-from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid, ReadableFedAvg
+from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid, NodeNotConfigured, ReadableFedAvg
 from flwr_fedeval.strategies.collect import IDENTITY_TIMEOUT, Rejoin
 from flwr_fedeval.strategies.fhe_phase import FHEPhaseFailedError
 from flwr_fedeval.strategies.phases import make_auc_phase
@@ -141,10 +141,20 @@ def _write_failed_phase(cfg: JobConfig, fed: Any, strategy: FedAvg, folder, exc:
         **({"refused_nodes": {str(k): v for k, v in fed.refused.items()}} if fed.refused else {}),
         "train_metrics": train_hist,
         "evaluate_metrics": eval_hist,
-        **({"xmk_key_sets": strategy.key_sets} if hasattr(strategy, "key_sets") else {}),
+        **xmk_results(strategy),
         "wall_time_s": {"training": t_train, "total": wall},
     }, folder=folder)
     log(ERROR, "FHE AUC phase failed; results (without an AUC) written to %s", folder)
+
+
+def xmk_results(strategy: FedAvg) -> dict[str, Any]:
+    """The xMK-CKKS part of ``results.json`` (empty for another strategy): ``xmk_key_sets``, every key set
+    generated (round, key-set ID, member node IDs), and ``xmk_rounds``, per round its signed contributor
+    set by roster identity (size, ``left_out`` before uploading, ``lost_after_upload``, signers,
+    decryptors: :attr:`XMKFedAvg.contributor_sets <flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg>`)."""
+    if not hasattr(strategy, "contributor_sets"):  # XMKFedAvg or SecureAggregation
+        return {}
+    return {"xmk_key_sets": strategy.key_sets, "xmk_rounds": strategy.contributor_sets}
 
 
 def warn_resolution(bound: float) -> bool:
@@ -204,9 +214,10 @@ def require_identities(cfg: JobConfig, run_config: dict) -> Roster | None:
     ConfigError
         If the FHE AUC or SecSV is asked for and no roster is configured.
     """
-    roster = server_roster(run_config)
+    roster = server_roster(library_run_config(run_config))
     secure = [k for k, on in (("auc-method = 'fhe'", cfg.auc_method == "fhe"),
-                              (f"shapley = '{cfg.shapley}'", cfg.shapley != "none")) if on]
+                              (f"shapley = '{cfg.shapley}'", cfg.shapley != "none"),
+                              ("secure-aggregation = 'xmkckks'", cfg.secure_aggregation == "xmkckks")) if on]
     if secure and roster is None:
         raise ConfigError([f"{' and '.join(secure)} need node identities and a roster: set run config "
                            f"'identity-dir' (simulation) or 'fedeval-roster' (the ServerApp's copy of the "
@@ -290,9 +301,27 @@ def log_final_shapley(shapley: Any, seconds: float, y_true: np.ndarray, y_score:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Train with FedAvg (or XMKFedAvg) for ``num-server-rounds``, then run the AUC phase (and SecSV)."""
+    """Train with FedAvg (or XMKFedAvg) for ``num-server-rounds``, then run the AUC phase (and SecSV).
+
+    Raises
+    ------
+    ConfigError
+        The run config has problems (one line each), or a secure step lacks the roster.
+    flwr_fedeval.strategies.base.NodeNotConfigured
+        A node refused for its configuration (no identity, a run config looser than its policy):
+        the run stops at that step, logged as one ERROR line naming the keys to set.
+    """
     cfg = JobConfig.from_run_config(dict(context.run_config))  # ConfigError: one line per problem
     roster = require_identities(cfg, dict(context.run_config))
+    try:
+        _main(grid, cfg, roster)
+    except NodeNotConfigured as exc:
+        app_name = {f"run config {lib}": f"run config {app}" for app, lib in LIBRARY_RUN_CONFIG.items()}
+        log(ERROR, "run stopped: %s (this App's keys: %s)", exc, " / ".join(app_name.get(k, k) for k in exc.keys))
+        raise
+
+
+def _main(grid: Grid, cfg: JobConfig, roster: Roster | None) -> None:
     t_start = time.perf_counter()
     fed = discover_federation(grid, cfg, roster)
     grid = fed.grid
@@ -358,8 +387,7 @@ def main(grid: Grid, context: Context) -> None:
             "reference_score_histogram": score_histogram(y_true, y_score),
             "train_metrics": train_hist,
             "evaluate_metrics": eval_hist,
-            # xMK-CKKS: every key set generated in this run (round, key-set ID, member node IDs)
-            **({"xmk_key_sets": strategy.key_sets} if hasattr(strategy, "key_sets") else {}),
+            **xmk_results(strategy),
             "wall_time_s": {"training": t_train, "total": wall},
             **({"shapley": shapley.to_json()} if shapley is not None else {}),
         },

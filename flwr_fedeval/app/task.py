@@ -15,9 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from flwr_fedeval import config_keys
 from flwr_fedeval.data.partition import ClientSplit, client_split, partition_indices
 
-__all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "SEED_CNN_MIN_IMAGE_SIZE", "clear_data_cache",
+__all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "LIBRARY_RUN_CONFIG", "library_run_config",
+           "SEED_CNN_MIN_IMAGE_SIZE", "clear_data_cache",
            "client_partitions", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
 
 #: Binary chest X-ray tasks: class folders, negative class first.
@@ -73,6 +75,27 @@ LIBRARY_PARAMETERS: dict[str, tuple[str, str]] = {
     "shapley-feature-bound": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "feature_bound"),
     "shapley-frac-bits": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "data_frac_bits"),
 }
+
+
+#: This App's run-config key -> the library's run-config key it sets (:mod:`flwr_fedeval.config_keys`):
+#: the demo App keeps its short names; :func:`library_run_config` hands the library its own names
+#: (the ClientApp through a mod, the ServerApp for its roster). ``fedeval-roster`` is the same key in both.
+LIBRARY_RUN_CONFIG: dict[str, str] = {
+    "identity-dir": config_keys.IDENTITY_DIR,
+    "min-nodes": config_keys.MIN_CLIENTS,
+    "dp-epsilon": config_keys.DP_EPSILON,
+    "dp-budget": config_keys.DP_BUDGET,
+    "share-auc-with-server": config_keys.SHARE_AUC,
+    "xmk-mask-degree": config_keys.XMK_MASK_DEGREE,
+}
+
+
+def library_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
+    """``run_config`` plus the library's name of every App key in :data:`LIBRARY_RUN_CONFIG` it sets
+    (same value); the App's own keys stay (the App reads them)."""
+    out = dict(run_config)
+    out.update({lib: run_config[app] for app, lib in LIBRARY_RUN_CONFIG.items() if app in run_config})
+    return out
 
 
 class ConfigError(ValueError):
@@ -170,9 +193,14 @@ class JobConfig:
         """
         values: dict[str, Any] = {}
         known = {f.name.replace("_", "-"): f.name for f in fields(cls)}
+        mapped = {lib: app for app, lib in LIBRARY_RUN_CONFIG.items()}
         problems = []
         for key, value in run_config.items():
-            if key in known:
+            if key in mapped and mapped[key] in run_config and run_config[mapped[key]] == value:
+                continue  # the library's name of an App key, from library_run_config
+            if key in mapped:
+                problems.append(f"config '{key}' is set through this App's key '{mapped[key]}'")
+            elif key in known:
                 values[known[key]] = value
             else:
                 import difflib

@@ -118,7 +118,7 @@ def register_dp_handlers(app, *, test_scores: TestScores, test_labels: TestLabel
     """Register the four DP AUC handlers (DPAUC_Lap, DPAUC_RR, FedAUC rounds 1 and 2) on ``app``.
 
     Each client charges its own budget (node policy ``fedeval-dp-epsilon``,
-    ``fedeval-dp-budget``, which run config ``dp-epsilon``, ``dp-budget`` may only
+    ``fedeval-dp-budget``, which run config ``fedeval-dp-epsilon``, ``fedeval-dp-budget`` may only
     lower; see :mod:`flwr_fedeval.clients.dp_handlers`), refuses a request it
     cannot afford with a ``BUDGET_EXHAUSTED`` error reply
     (:class:`~flwr_fedeval.protocol.dp_auc.BudgetError`), a looser request with a

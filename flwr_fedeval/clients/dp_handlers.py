@@ -9,8 +9,9 @@ wraps them (``protocol.handler``) and registers them. The DP math is in
 Privacy budget (the node's policy, :mod:`flwr_fedeval.clients.policy`)
     Every client holds a diffprivlib ``BudgetAccountant`` whose total is its
     node policy's (``fedeval-dp-budget``, or ``fedeval-dp-epsilon`` when it is
-    0), which run config ``dp-budget`` / ``dp-epsilon`` may only lower; a run
-    config asking more is refused naming the node key. The server's request
+    0), which run config ``fedeval-dp-budget`` / ``fedeval-dp-epsilon`` may only
+    lower; a run config asking more is refused naming the node key (a configuration
+    refusal, ``NOT_CONFIGURED``: the server stops the run). The server's request
     names the ε of one evaluation: above the node's ``fedeval-dp-epsilon`` it
     is refused; otherwise the :mod:`flwr_fedeval.dp` client step charges it
     before any noise is drawn. The spends are kept in
@@ -62,6 +63,7 @@ import numpy as np
 from diffprivlib import BudgetAccountant
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
+from flwr_fedeval import config_keys
 from flwr_fedeval.clients import policy
 from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # also importable from here
 from flwr_fedeval.dp import (
@@ -106,9 +108,10 @@ STATE_FEDAUC = "fedauc-shuffle"
 _STATE_RNG = "dp-rng"
 
 
-#: The run-config keys a client reads (tightening its node policy only) and their defaults; the
-#: defaults equal ``JobConfig``'s (validated there, checked by a test).
-CLIENT_DP_DEFAULTS = {"dp-epsilon": 1.0, "dp-budget": 0.0}
+#: The run-config keys a client reads (tightening its node policy only) and the demo App's defaults
+#: for them (``JobConfig``'s ``dp-epsilon``, ``dp-budget``, mapped by ``LIBRARY_RUN_CONFIG``; checked
+#: by a test). Unset, the node's policy applies as it is.
+CLIENT_DP_DEFAULTS = {config_keys.DP_EPSILON: 1.0, config_keys.DP_BUDGET: 0.0}
 
 
 class SystemRandomState(np.random.RandomState):

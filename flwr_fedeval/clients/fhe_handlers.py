@@ -61,7 +61,7 @@ What a client reveals: its X25519 public key and a power-of-two upper bound
 on its test-set size (for the public count scale ``K``; the main job's FedAvg
 evaluation already reports the exact size). What it reports, when its node
 policy ``fedeval-share-auc`` is true (default false) and the run config does not
-set ``share-auc-with-server = false``: the AUC and, in the semi-honest protocol,
+set ``fedeval-share-auc = false``: the AUC and, in the semi-honest protocol,
 accuracy/precision/recall/F1 at ``fhe-metrics-threshold``. In the malicious
 protocol the threshold metrics are computed with the semi-honest aggregation
 (no double execution protects them), so the client logs them marked
@@ -80,7 +80,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.common.logger import log
 
-from flwr_fedeval import keyshare
+from flwr_fedeval import config_keys, keyshare
 from flwr_fedeval.clients import policy
 from flwr_fedeval.clients.identity import node_identity
 from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
@@ -136,9 +136,10 @@ STATE_SESSION = "fhe-auc.session"
 STATE_PARAMS = "fhe-auc.params"
 
 #: The run-config key a client reads (tightening only: ``false`` withholds the AUC whatever the
-#: node policy) and its default, equal to ``JobConfig``'s (checked by a test). Whether the AUC
-#: leaves the node is the node policy's ``fedeval-share-auc`` (:mod:`flwr_fedeval.clients.policy`).
-CLIENT_FHE_DEFAULTS = {"share-auc-with-server": True}
+#: node policy) and its default, equal to the demo App's ``share-auc-with-server`` (checked by a
+#: test). Whether the AUC leaves the node is the node policy's ``fedeval-share-auc``
+#: (:mod:`flwr_fedeval.clients.policy`).
+CLIENT_FHE_DEFAULTS = {config_keys.SHARE_AUC: True}
 
 _LABEL = "FHE AUC"
 #: Refused as error replies besides :class:`Refused` and a malformed request (UndefinedAUCError,
@@ -333,7 +334,7 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
     client's own from step 4 (its state), never the server's. The report carries the AUC and its
     resolution bound (and, semi-honest only, accuracy, precision, recall, F1) only when the node
     policy allows it (:func:`~flwr_fedeval.clients.policy.share_auc`: node ``fedeval-share-auc``,
-    default false; run config ``share-auc-with-server`` can only turn it off). The phase's state
+    default false; run config ``fedeval-share-auc`` can only turn it off). The phase's state
     is deleted whatever happens.
 
     Raises
@@ -373,7 +374,7 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
             params.metrics_threshold, " (unverified, not reported)" if malicious else "", *metrics)
     if not shared:
         log(INFO, "FHE AUC: the AUC stays on this node (node policy 'fedeval-share-auc' is false, or run config "
-            "'share-auc-with-server' is false)")
+            "'fedeval-share-auc' is false)")
         return fhe_auc.ResultReport(shared=False)
     reported = [float(v) for v in metrics] if metrics is not None and not malicious else [None] * 4
     return fhe_auc.ResultReport(True, float(out.auc), float(out.resolution_bound), *reported)

@@ -6,15 +6,19 @@ be ``--auth-supernode-private-key``) and ``fedeval-roster`` (path to the
 roster). The node's roster name is the key file's stem (``node-3.key`` →
 ``node-3``) and must be listed in the roster with this very key.
 
-Simulation: run config ``identity-dir``; node ``partition-id = i`` loads
-``<identity-dir>/node-<i>.key`` and ``<identity-dir>/roster.json``
+Simulation: run config ``fedeval-identity-dir``; node ``partition-id = i`` loads
+``<fedeval-identity-dir>/node-<i>.key`` and ``<fedeval-identity-dir>/roster.json``
 (``python -m flwr_fedeval.keys create --out DIR --nodes N`` writes them).
 Node config wins over the run config.
 
 Server side: :func:`server_roster` reads ``roster.json`` from the run
-config's ``identity-dir`` (or run config ``fedeval-roster``); the server only
+config's ``fedeval-identity-dir`` (or run config ``fedeval-roster``); the server only
 uses it to leave out nodes early and name them — the clients check everything
 themselves.
+
+A node without an identity refuses with :class:`IdentityNotConfigured`, a
+:class:`~flwr_fedeval.protocol.NotConfigured` refusal that names the keys to set:
+the server stops the run at the first such reply (issue 23 item 4).
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ from typing import Any
 
 from flwr.app import Context
 
+from flwr_fedeval import config_keys
 from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster, SignedKey, sign_key
+from flwr_fedeval.protocol import NotConfigured
 from flwr_fedeval.rlwe.masking import DEFAULT_MASK_DEGREE
 
 __all__ = [
     "CONFIG_HELP",
+    "IdentityNotConfigured",
     "check_participants",
     "has_identity",
     "serve_join",
@@ -42,8 +49,12 @@ __all__ = [
 ]
 
 KEY_CONFIG = "fedeval-identity-key"
-ROSTER_CONFIG = "fedeval-roster"
-DIR_CONFIG = "identity-dir"
+ROSTER_CONFIG = config_keys.ROSTER
+DIR_CONFIG = config_keys.IDENTITY_DIR
+#: Node config: this node's floor on the xMK-CKKS mask-graph degree (the run config may set it if unset).
+MASK_DEGREE_CONFIG = config_keys.XMK_MASK_DEGREE
+#: Node config: this node's floor on the parties of a key set (:mod:`flwr_fedeval.clients.policy`).
+MIN_CLIENTS_CONFIG = "fedeval-min-clients"
 
 #: What to set, quoted by every "no identity" error.
 CONFIG_HELP = (
@@ -51,6 +62,22 @@ CONFIG_HELP = (
     f"the roster), or, in simulation, run config '{DIR_CONFIG}' (a directory with node-<partition-id>.key "
     f"and roster.json; create one with: python -m flwr_fedeval.keys create --out DIR --nodes N)"
 )
+
+#: The keys :data:`CONFIG_HELP` names, for :class:`IdentityNotConfigured`.
+_HELP_KEYS = ("node config " + KEY_CONFIG, "node config " + ROSTER_CONFIG, "run config " + DIR_CONFIG)
+
+
+class IdentityNotConfigured(IdentityError, NotConfigured):
+    """This node has no usable identity key and roster: a configuration refusal (the run cannot
+    succeed until the node's operator sets :data:`CONFIG_HELP`'s keys).
+
+    An :class:`~flwr_fedeval.identity.IdentityError` (as before) and a
+    :class:`~flwr_fedeval.protocol.NotConfigured` (reply code ``NOT_CONFIGURED``, ``keys``).
+    """
+
+    def __init__(self, reason: str, keys: tuple[str, ...] = _HELP_KEYS) -> None:
+        NotConfigured.__init__(self, reason, keys=keys)
+
 
 _CACHE: dict[tuple, tuple[NodeIdentity, Roster]] = {}
 _ROSTER_CACHE: dict[tuple, Roster] = {}
@@ -65,13 +92,14 @@ def _paths(context: Context) -> tuple[Path, Path]:
     node, run = dict(context.node_config), dict(context.run_config)
     if node.get(KEY_CONFIG) or node.get(ROSTER_CONFIG):
         if not (node.get(KEY_CONFIG) and node.get(ROSTER_CONFIG)):
-            raise IdentityError(f"node config sets only one of '{KEY_CONFIG}' and '{ROSTER_CONFIG}': {CONFIG_HELP}")
+            raise IdentityNotConfigured(f"node config sets only one of '{KEY_CONFIG}' and '{ROSTER_CONFIG}': "
+                                        f"{CONFIG_HELP}")
         return Path(str(node[KEY_CONFIG])).expanduser(), Path(str(node[ROSTER_CONFIG])).expanduser()
     directory = str(run.get(DIR_CONFIG, "") or "")
     if not directory:
-        raise IdentityError(f"this node has no identity key and roster: {CONFIG_HELP}")
+        raise IdentityNotConfigured(f"this node has no identity key and roster: {CONFIG_HELP}")
     if "partition-id" not in node:
-        raise IdentityError(f"run config '{DIR_CONFIG}' needs the node config 'partition-id': {CONFIG_HELP}")
+        raise IdentityNotConfigured(f"run config '{DIR_CONFIG}' needs the node config 'partition-id': {CONFIG_HELP}")
     base = Path(directory).expanduser()
     return base / f"node-{int(node['partition-id'])}.key", base / "roster.json"
 
@@ -81,24 +109,26 @@ def node_identity(context: Context) -> tuple[NodeIdentity, Roster]:
 
     Raises
     ------
+    IdentityNotConfigured
+        Nothing configured, files missing, or this node's key not in the roster
+        under its name (an ``IdentityError`` and a configuration refusal naming
+        the keys to set).
     IdentityError
-        Nothing configured (the message names the config keys to set), files
-        missing or with unsafe permissions, or this node's key not in the
-        roster under its name.
+        A key or roster file that cannot be loaded (e.g. unsafe permissions).
     """
     key_path, roster_path = _paths(context)
     for p in (key_path, roster_path):
         if not p.is_file():
-            raise IdentityError(f"{p} does not exist: {CONFIG_HELP}")
+            raise IdentityNotConfigured(f"{p} does not exist: {CONFIG_HELP}")
     stamp = (_stamp(key_path), _stamp(roster_path))
     if stamp not in _CACHE:
         ident = NodeIdentity.load(key_path)
         roster = Roster.load(roster_path)
         if ident.name not in roster:
-            raise IdentityError(f"this node's name {ident.name!r} (from {key_path.name}) is not in the roster "
+            raise IdentityNotConfigured(f"this node's name {ident.name!r} (from {key_path.name}) is not in the roster "
                                 f"{roster_path}")
         if roster.public_key_bytes(ident.name) != ident.public_key_bytes():
-            raise IdentityError(f"the roster {roster_path} lists another public key for {ident.name!r} than "
+            raise IdentityNotConfigured(f"the roster {roster_path} lists another public key for {ident.name!r} than "
                                 f"{key_path}")
         _CACHE.clear()
         _CACHE[stamp] = (ident, roster)
@@ -109,31 +139,35 @@ def key_set_floor(context: Context) -> int:
     """This node's floor on the size of a key set it joins (never below 2).
 
     Node config ``fedeval-min-clients`` (set by the SuperNode's operator),
-    else node config ``xmk-min-clients``, else run config ``min-nodes``.
-    The run config comes from whoever starts the run; an operator who does
-    not trust it sets the node config.
+    else run config ``fedeval-min-clients``. The run config comes from whoever
+    starts the run; an operator who does not trust it sets the node config
+    (:func:`flwr_fedeval.clients.policy.min_clients` takes the larger of both).
     """
     node, run = dict(context.node_config), dict(context.run_config)
-    value = node.get("fedeval-min-clients", node.get("xmk-min-clients", run.get("min-nodes", 2)))
+    value = node.get(MIN_CLIENTS_CONFIG, run.get(config_keys.MIN_CLIENTS, 2))
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise IdentityError(f"key-set floor (fedeval-min-clients / min-nodes) must be an integer, got {value!r}")
+        raise IdentityNotConfigured(f"key-set floor (node or run config '{MIN_CLIENTS_CONFIG}') must be an "
+                                    f"integer, got {value!r}", keys=(f"node config {MIN_CLIENTS_CONFIG}",
+                                                                     f"run config {config_keys.MIN_CLIENTS}"))
     return max(2, int(value))
 
 
 def mask_degree_floor(context: Context) -> int:
     """This node's floor on the degree of the xMK-CKKS mask graph (0 = it requires the complete graph).
 
-    Node config ``xmk-mask-degree`` (the SuperNode operator's), else run
-    config ``xmk-mask-degree``, else
+    Node config ``fedeval-xmk-mask-degree`` (the SuperNode operator's), else run
+    config ``fedeval-xmk-mask-degree``, else
     :data:`flwr_fedeval.rlwe.masking.DEFAULT_MASK_DEGREE`. With degree k,
     stripping an honest client's mask needs all of its k neighbours to
     collude with the server (Bell et al. 2020); checked by
     :func:`flwr_fedeval.rlwe.masking.check_mask_degree`.
     """
     node, run = dict(context.node_config), dict(context.run_config)
-    value = node.get("xmk-mask-degree", run.get("xmk-mask-degree", DEFAULT_MASK_DEGREE))
+    value = node.get(MASK_DEGREE_CONFIG, run.get(config_keys.XMK_MASK_DEGREE, DEFAULT_MASK_DEGREE))
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
-        raise IdentityError(f"xmk-mask-degree must be an integer >= 0 (0 = complete graph), got {value!r}")
+        raise IdentityNotConfigured(f"{MASK_DEGREE_CONFIG} must be an integer >= 0 (0 = complete graph), got "
+                                    f"{value!r}", keys=(f"node config {MASK_DEGREE_CONFIG}",
+                                                        f"run config {config_keys.XMK_MASK_DEGREE}"))
     return int(value)
 
 
@@ -181,7 +215,7 @@ def signed_key_from_record(record: Any, key: bytes, *, prefix: str = "") -> Sign
 # --- who takes part in a plaintext or DP evaluation (issue 22) ------------------------------------
 def has_identity(context: Context) -> bool:
     """Whether this node is configured with a roster identity (node config ``fedeval-identity-key``
-    or ``fedeval-roster``, or, in simulation, run config ``identity-dir``)."""
+    or ``fedeval-roster``, or, in simulation, run config ``fedeval-identity-dir``)."""
     node, run = dict(context.node_config), dict(context.run_config)
     return bool(node.get(KEY_CONFIG) or node.get(ROSTER_CONFIG) or run.get(DIR_CONFIG))
 

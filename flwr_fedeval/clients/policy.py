@@ -29,17 +29,18 @@ Where the policy comes from, later entries overriding earlier ones:
 
 1. the defaults above (:data:`POLICY_DEFAULTS`);
 2. a TOML file next to the node's identity key, ``<name>.policy.toml`` (simulation:
-   ``<identity-dir>/node-<partition-id>.policy.toml``, written by ``python -m
+   ``<fedeval-identity-dir>/node-<partition-id>.policy.toml``, written by ``python -m
    flwr_fedeval.keys create`` with the defaults; deployment: next to
    ``fedeval-identity-key``). In simulation the node config holds only
    ``partition-id``/``num-partitions``, so the file is the policy there;
 3. node config ``fedeval-*`` keys.
 
-The run config may only **tighten** the policy: ``share-auc-with-server = false``
-withholds the AUC, a smaller ``dp-epsilon``/``dp-budget`` or a larger ``min-nodes``
-apply; a looser value (a larger ε or budget) is refused with one line naming the node
-key (:class:`~flwr_fedeval.protocol.Refused`). A server-set seed does nothing: the run
-config key ``dp-seed`` is not read.
+The run config may only **tighten** the policy, with keys of the same names
+(:mod:`flwr_fedeval.config_keys`): ``fedeval-share-auc = false`` withholds the AUC, a
+smaller ``fedeval-dp-epsilon``/``fedeval-dp-budget`` or a larger ``fedeval-min-clients``
+apply; a looser value (a larger ε or budget) is refused with one line naming the node key
+(:class:`~flwr_fedeval.protocol.NotConfigured`: a configuration refusal, which stops the
+run). A server-set seed does nothing: the run config key ``fedeval-dp-seed`` is not read.
 
 Evaluations per model: every handler that evaluates a global model (FHE AUC steps 3–4,
 DPAUC, FedAUC round 1, the plaintext AUC) calls :func:`record_evaluation` with the
@@ -58,8 +59,9 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
+from flwr_fedeval import config_keys
 from flwr_fedeval.identity import IdentityError
-from flwr_fedeval.protocol import Refused
+from flwr_fedeval.protocol import NotConfigured, Refused
 
 try:
     import tomllib
@@ -101,7 +103,7 @@ POLICY_SUFFIX = ".policy.toml"
 #: ``context.state`` record: ``{model digest (hex): evaluations answered}``.
 STATE_EVALUATED = "fedeval-policy.evaluated"
 
-_KEY_CONFIG, _DIR_CONFIG = "fedeval-identity-key", "identity-dir"
+_KEY_CONFIG, _DIR_CONFIG = "fedeval-identity-key", config_keys.IDENTITY_DIR
 _FILE_CACHE: dict[tuple, dict[str, Any]] = {}
 
 
@@ -149,13 +151,14 @@ class NodePolicy:
 
         Raises
         ------
-        flwr_fedeval.protocol.Refused
+        flwr_fedeval.protocol.NotConfigured
             A value of the wrong type or out of range (naming the key and ``source``).
         """
         v = {**POLICY_DEFAULTS, **{k: values[k] for k in POLICY_DEFAULTS if k in values}}
 
         def bad(key: str, want: str) -> Refused:
-            return Refused(f"node policy '{key}' ({source}) must be {want}, got {v[key]!r}")
+            return NotConfigured(f"node policy '{key}' ({source}) must be {want}, got {v[key]!r}",
+                                 keys=(f"node config {key}",))
 
         for key in (SHARE_AUC, SECSV_TRUST_PRINCIPAL):
             if isinstance(v[key], str) and v[key].lower() in ("true", "false"):  # --node-config "k='true'"
@@ -193,17 +196,19 @@ def policy_file(context: Context) -> Path | None:
 def _read_file(path: Path) -> dict[str, Any]:
     st = path.stat()
     if st.st_mode & 0o022:
-        raise Refused(f"node policy file {path} is writable by group or others (mode {st.st_mode & 0o777:04o}): "
-                      f"anyone on this machine could loosen it; run: chmod 644 {path}")
+        raise NotConfigured(f"node policy file {path} is writable by group or others (mode "
+                            f"{st.st_mode & 0o777:04o}): anyone on this machine could loosen it; run: chmod 644 {path}",
+                            keys=(f"file mode of {path}",))
     stamp = (str(path), st.st_mtime_ns, st.st_size)
     if stamp not in _FILE_CACHE:
         try:
             values = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise Refused(f"node policy file {path}: not TOML ({exc})") from None
+            raise NotConfigured(f"node policy file {path}: not TOML ({exc})", keys=(f"file {path}",)) from None
         unknown = sorted(set(values) - set(POLICY_DEFAULTS))
         if unknown:
-            raise Refused(f"node policy file {path}: unknown key(s) {unknown}; known: {sorted(POLICY_DEFAULTS)}")
+            raise NotConfigured(f"node policy file {path}: unknown key(s) {unknown}; known: {sorted(POLICY_DEFAULTS)}",
+                                keys=(f"file {path}",))
         _FILE_CACHE.clear()
         _FILE_CACHE[stamp] = values
     return dict(_FILE_CACHE[stamp])
@@ -261,17 +266,18 @@ def write_policy_file(path: str | Path, values: dict[str, Any] | None = None) ->
 # --- what a run config may ask --------------------------------------------------------------
 def share_auc(context: Context) -> bool:
     """Whether this node reports the AUC it decrypted: node policy ``fedeval-share-auc`` and
-    (tightening only) run config ``share-auc-with-server`` (default true).
+    (tightening only) run config ``fedeval-share-auc`` (default true).
 
     Raises
     ------
-    flwr_fedeval.protocol.Refused
-        Run config ``share-auc-with-server`` is not a bool, or a bad policy value.
+    flwr_fedeval.protocol.NotConfigured
+        Run config ``fedeval-share-auc`` is not a bool, or a bad policy value.
     """
     policy = node_policy(context)
-    asked = dict(context.run_config).get("share-auc-with-server", True)
+    asked = dict(context.run_config).get(config_keys.SHARE_AUC, True)
     if not isinstance(asked, bool):
-        raise Refused(f"config 'share-auc-with-server' must be true or false, got {asked!r}")
+        raise NotConfigured(f"run config '{config_keys.SHARE_AUC}' must be true or false, got {asked!r}",
+                            keys=(f"run config {config_keys.SHARE_AUC}",))
     return policy.share_auc and asked
 
 
@@ -279,39 +285,42 @@ def dp_limits(context: Context) -> tuple[float, float, int]:
     """``(ε per evaluation, total ε, seed)`` this node allows in this run.
 
     The node's ``fedeval-dp-epsilon`` and total (``fedeval-dp-budget``, 0 = one evaluation),
-    tightened by run config ``dp-epsilon`` / ``dp-budget`` when they are smaller; the seed is
-    node config ``fedeval-dp-seed`` only (0: CSPRNG).
+    tightened by run config ``fedeval-dp-epsilon`` / ``fedeval-dp-budget`` when they are smaller;
+    the seed is node config ``fedeval-dp-seed`` only (0: CSPRNG).
 
     Raises
     ------
-    flwr_fedeval.protocol.Refused
-        Run config ``dp-epsilon`` or ``dp-budget`` looser than the node's (naming the node key),
-        or not a number.
+    flwr_fedeval.protocol.NotConfigured
+        Run config ``fedeval-dp-epsilon`` or ``fedeval-dp-budget`` looser than the node's (naming
+        both keys), or not a number.
     """
     policy = node_policy(context)
     run = dict(context.run_config)
 
-    def asked(key: str, low: float) -> float | None:
-        if key not in run:
+    def asked(key: str, value: Any, low: float) -> float | None:
+        if value is None:
             return None
-        value = run[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or math.isnan(value):
-            raise Refused(f"run config '{key}' must be a number >= {low:g}, got {value!r}")
+            raise NotConfigured(f"run config '{key}' must be a number >= {low:g}, got {value!r}",
+                                keys=(f"run config {key}",))
         return float(value)
 
     epsilon, total = policy.dp_epsilon, policy.dp_total
-    run_epsilon, run_budget = asked("dp-epsilon", 0.0), asked("dp-budget", 0.0)
+    run_epsilon = asked(config_keys.DP_EPSILON, run.get(config_keys.DP_EPSILON), 0.0)
+    run_budget = asked(config_keys.DP_BUDGET, run.get(config_keys.DP_BUDGET), 0.0)
     if run_epsilon is not None:
         if run_epsilon == 0 or run_epsilon > epsilon:
-            raise Refused(f"run config 'dp-epsilon' = {run_epsilon:g} is looser than node config "
-                          f"'{DP_EPSILON}' = {epsilon:g} ({policy.source}): refused")
+            raise NotConfigured(f"run config '{config_keys.DP_EPSILON}' = {run_epsilon:g} is looser than node "
+                                f"config '{DP_EPSILON}' = {epsilon:g} ({policy.source}): refused",
+                                keys=(f"run config {config_keys.DP_EPSILON}", f"node config {DP_EPSILON}"))
         epsilon = run_epsilon
-    run_total = run_budget if run_budget else run_epsilon  # the run's total: dp-budget, 0 = one evaluation
+    run_total = run_budget if run_budget else run_epsilon  # the run's total: its budget, 0 = one evaluation
     if run_total is not None:
         if run_total > total:
-            raise Refused(f"run config 'dp-budget' = {run_budget or 0:g} (total ε {run_total:g}) is looser than "
-                          f"node config '{DP_BUDGET}' = {policy.dp_budget:g} (total ε {total:g}; "
-                          f"{policy.source}): refused")
+            raise NotConfigured(f"run config '{config_keys.DP_BUDGET}' = {run_budget or 0:g} (total ε "
+                                f"{run_total:g}) is looser than node config '{DP_BUDGET}' = {policy.dp_budget:g} "
+                                f"(total ε {total:g}; {policy.source}): refused",
+                                keys=(f"run config {config_keys.DP_BUDGET}", f"node config {DP_BUDGET}"))
         total = run_total
     return epsilon, total, policy.dp_seed
 
@@ -321,24 +330,25 @@ def check_epsilon(context: Context, epsilon: float) -> None:
 
     Raises
     ------
-    flwr_fedeval.protocol.Refused
-        Naming ``fedeval-dp-epsilon`` (or the run config that tightened it).
+    flwr_fedeval.protocol.NotConfigured
+        Naming ``fedeval-dp-epsilon`` (node config, or the run config that tightened it).
     """
     limit = dp_limits(context)[0]
     if epsilon > limit:
-        raise Refused(f"the request asks ε = {epsilon:g} per evaluation; node config '{DP_EPSILON}' "
-                      f"(tightened by run config 'dp-epsilon') allows {limit:g}: refused")
+        raise NotConfigured(f"the request asks ε = {epsilon:g} per evaluation; node config '{DP_EPSILON}' "
+                            f"(tightened by run config '{config_keys.DP_EPSILON}') allows {limit:g}: refused",
+                            keys=(f"node config {DP_EPSILON}", f"run config {config_keys.DP_EPSILON}"))
 
 
 def min_clients(context: Context) -> int:
     """The floor on the parties of an evaluation or key set this node joins: the largest of its
     policy's ``fedeval-min-clients`` (node config or policy file),
-    :func:`~flwr_fedeval.clients.identity.key_set_floor` and run config ``min-nodes`` (which can
-    only raise it); never below 2."""
+    :func:`~flwr_fedeval.clients.identity.key_set_floor` and run config ``fedeval-min-clients``
+    (which can only raise it); never below 2."""
     from flwr_fedeval.clients.identity import key_set_floor
 
     policy = node_policy(context)
-    run_floor = dict(context.run_config).get("min-nodes", 2)
+    run_floor = dict(context.run_config).get(config_keys.MIN_CLIENTS, 2)
     run_floor = run_floor if isinstance(run_floor, int) and not isinstance(run_floor, bool) else 2
     return max(policy.min_clients, key_set_floor(context), run_floor)
 

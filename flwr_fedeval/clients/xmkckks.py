@@ -21,7 +21,8 @@ decryption, :mod:`flwr_fedeval.rlwe.threshold`; issue 21).
 
 Every node needs its roster identity (:func:`flwr_fedeval.clients.identity.node_identity`:
 node config ``fedeval-identity-key`` + ``fedeval-roster``, or run config
-``identity-dir`` in simulation); without one it refuses every step.
+``fedeval-identity-dir`` in simulation); without one it refuses every step with a configuration
+refusal (``NOT_CONFIGURED``), which stops the run naming the keys to set.
 
 What a client checks (▲, each refusal an error reply naming the reason;
 the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
@@ -32,12 +33,14 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
 * ``query.xmk_reveal``: ▲ every commitment signed by a distinct roster
   member, its own among them, at least its floor
   (:func:`~flwr_fedeval.clients.identity.key_set_floor`: node config
-  ``fedeval-min-clients`` / ``xmk-min-clients``, else run config
-  ``min-nodes``); ▲ one reveal per key set; ▲ k gives at least this client's
+  ``fedeval-min-clients``, raised by run config ``fedeval-min-clients``);
+  ▲ one reveal per key set; ▲ k gives at least this client's
   floor of neighbours (:func:`~flwr_fedeval.clients.identity.mask_degree_floor`);
-  ▲ N/2 < t <= N; ▲ the scale fits the noise budget for N and the bound B.
+  ▲ N/2 < t <= N; ▲ the scale fits the noise budget for N and the bound B;
+  ▲ the limb count L' is at least the fewest that budget allows
+  (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`) and at most L.
   Replies (b_i, X_i) and its signature over the key-set transcript T, which
-  binds every public parameter (parameter set, a, round, k, scale, B, t).
+  binds every public parameter (parameter set, a, round, k, scale, B, t, L').
 * ``query.xmk_shares``: ▲ every opening matches its commitment and every member
   signed the same T; ▲ once per key set and round, the round after its last
   training round. Shamir-splits (t of N) s_i, its mask key and a fresh
@@ -53,7 +56,8 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   (the count is logged and kept in the ledger, never sent), encrypts
   m_i + r_i + u_i under b = Σ b_j, r_i over its neighbours in the mask graph it
   derives itself from T (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`),
-  u_i its self-mask.
+  u_i its self-mask, and sends c0 modulus-switched to the L' limbs of T
+  with c1 exact (:func:`~flwr_fedeval.rlwe.compact.compress_ciphertext`).
 * ``query.xmk_contributors``: ▲ C ⊆ K, |C| >= its floor and >= t, itself ∈ C
   iff it uploaded in the round, the model hash is the one it trained on;
   signs (key set, round, model hash, C) once per key set and round.
@@ -63,8 +67,10 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   active set A (>= t members of K, itself among them), C1 in the canonical
   encoding with the expected number of polynomials, C1 ≠ its own c1, and never
   the seed share and the mask-key share of one member (across the key set's
-  rounds). Replies D_j = λ_j·sk_j·C1 + e*_j and its shares of the seeds of C
-  and of the mask keys of K∖C.
+  rounds); ▲ the request's limb count is the L' of T. Replies
+  D_j = λ_j·sk_j·C1 + e*_j switched to L' limbs
+  (:func:`~flwr_fedeval.rlwe.compact.compress_decryption_share`) and its shares
+  of the seeds of C and of the mask keys of K∖C.
 
 The client's secrets live in ``context.state`` (a ConfigRecord under
 ``"xmk-state"``), never in module globals (the deployment engine starts a
@@ -88,7 +94,7 @@ from flwr_fedeval.clients.identity import key_set_floor, mask_degree_floor, node
 from flwr_fedeval.clients.keras_adapter import WeightLayout
 from flwr_fedeval.identity import IdentityError
 from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, error_reply, handler, register, xmk
-from flwr_fedeval.rlwe import keyset, masking, selfmask, threshold
+from flwr_fedeval.rlwe import compact, keyset, masking, selfmask, threshold
 
 __all__ = [
     "LEDGER_FILE_CONFIG",
@@ -238,14 +244,16 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
 
     Request :class:`~flwr_fedeval.protocol.xmk.RevealRequest` (``key-id``, ``round``, aligned
     ``signers``/``commitments``/``signatures`` as each member replied to step 1, ``mask-degree``
-    k, 0 = complete, ``scale-bits``, ``max-abs-value`` B, ``threshold`` t); reply
+    k, 0 = complete, ``scale-bits``, ``max-abs-value`` B, ``threshold`` t, ``limbs`` L'); reply
     :class:`~flwr_fedeval.protocol.xmk.RevealReply` (``public-share`` b_i, ``mask-key`` X_i,
     ``transcript`` T (32 bytes, binding every public parameter), ``transcript-signature``).
 
     Refuses (error reply) an unsigned, forged or duplicated entry, a key set
     without this client or with another commitment for it, fewer members
     than its floor, a mask degree below its floor, a threshold t <= N/2 or > N, a scale
-    that does not fit the noise budget for N clients and B, or a second reveal for the same key set.
+    that does not fit the noise budget for N clients and B, a limb count L' below the fewest that
+    budget allows after modulus switching (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`: the sum
+    would wrap around or lose its precision) or above L, or a second reveal for the same key set.
     """
     identity, roster = node_identity(context)
     state = _state(context)
@@ -270,10 +278,18 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
     if request.scale_bits > best:
         raise Refused(f"scale 2^{request.scale_bits} exceeds the noise budget for {n} clients and bound "
                       f"{request.max_abs_value:.4g} (at most 2^{best})")
+    fewest = compact.compact_limbs(params, num_clients=n, scale_bits=request.scale_bits,
+                                   max_abs_value=request.max_abs_value)
+    if not fewest <= request.limbs <= params.limbs:
+        raise Refused(f"limb count L'={request.limbs} must be in [{fewest}, {params.limbs}]: fewer limbs than "
+                      f"{fewest} do not hold the sum of {n} updates at scale 2^{request.scale_bits} and bound "
+                      f"{request.max_abs_value:.4g} after modulus switching")
     digest = keyset.transcript_digest(params, key_id=key_id, seed_a=bytes(state["seed-a"]), round_=request.round,
                                       members=members, mask_degree=degree, scale_bits=request.scale_bits,
-                                      max_abs_value=request.max_abs_value, threshold=request.threshold)
-    state.update({"mask-degree": degree, "scale-bits": request.scale_bits, "max-abs-value": request.max_abs_value,
+                                      max_abs_value=request.max_abs_value, threshold=request.threshold,
+                                      limbs=request.limbs)
+    state.update({"limbs": request.limbs, "mask-degree": degree, "scale-bits": request.scale_bits,
+                  "max-abs-value": request.max_abs_value,
                   "threshold": request.threshold, "members": [name for name, _ in members],
                   "member-commitments": [h for _, h in members], "transcript": digest})
     signature = keyset.sign_transcript(identity, key_id=key_id, round_=request.round, digest=digest)
@@ -508,6 +524,7 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
                                                                        plaintext.shape[0]))
         a = rlwe.expand_a(params, bytes(state["seed-a"]))
         ct = rlwe.encrypt(params, joint, a, masked)
+        upload = compact.compress_ciphertext(ct, int(state["limbs"]))  # c0 at L' limbs, c1 exact
     except (Refused, *_ERRORS) as exc:
         return error_reply(msg, exc, _LABEL)
     _record_model(context, model)  # one update per global model, whatever the key set
@@ -518,7 +535,7 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
     state["own-c1"] = _digest(rlwe.polys_to_bytes(params, ct.c1))
     del state["self-seed"]  # used once
     clear_metrics = MetricRecord({k: v for k, v in metrics.items() if k != "num-examples"})
-    return Message(content=xmk.TrainReply(ct.to_bytes(), clear_metrics).to_record(), reply_to=msg)
+    return Message(content=xmk.TrainReply(upload.to_bytes(), clear_metrics).to_record(), reply_to=msg)
 
 
 def _check_contributors(state: ConfigRecord, context: Context, contributors: tuple[str, ...], round_: int,
@@ -584,7 +601,8 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     * it has already decrypted once for this key set and round (whatever C1: ``ALREADY_CONTRIBUTED``),
     * C fails :func:`_check_contributors`, or fewer than t distinct members of K signed this C for
       this model hash (:func:`~flwr_fedeval.rlwe.keyset.check_contributor_signatures`),
-    * A is not a set of >= t members of K that includes this client, or ``num-clients`` disagrees,
+    * A is not a set of >= t members of K that includes this client, ``num-clients`` disagrees, or
+      ``limbs`` is not the L' signed in T,
     * C1 is not canonical (a header field other than expected, a count other
       than its own ciphertext's, a wrong length, an unreduced residue), or equals its own c1,
     * it would reveal, for one member, shares of both its seed and its mask key (across the rounds
@@ -607,6 +625,9 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     t = int(state["threshold"])
     if request.num_clients != len(members):
         raise Refused("num-clients disagrees with the key set")
+    if request.limbs != int(state["limbs"]):
+        raise Refused(f"limbs={request.limbs} is not the limb count L'={state['limbs']} signed in the key-set "
+                      f"transcript")
     contributors = request.contributors
     _check_contributors(state, context, contributors, round_, request.model_hash)
     if len(set(request.contributor_signers)) != len(request.contributor_signers):
@@ -636,6 +657,7 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     sk = threshold.SecretShare.from_bytes(bytes(state["sk-share"]), params)
     share = threshold.threshold_partial_decrypt(params, sk, [points[name] for name in active], c1,
                                                 num_clients=len(members))
+    share = compact.compress_decryption_share(params, share, int(state["limbs"]))  # D_j at L' limbs
     index = {name: i for i, name in enumerate(members)}
     return xmk.PdecReply(share.to_bytes(), tuple(bytes(state["seed-shares"][index[n]]) for n in contributors),
                          tuple(bytes(state["key-shares"][index[n]]) for n in dropped))

@@ -35,6 +35,7 @@ from flwr.common.logger import log
 
 __all__ = [
     "MalformedMessage",
+    "NotConfigured",
     "Payload",
     "Refused",
     "ReplyCode",
@@ -44,6 +45,7 @@ __all__ = [
     "array_record",
     "bytes_array",
     "config_bytes",
+    "config_keys_of",
     "config_field",
     "config_list",
     "config_of",
@@ -81,6 +83,11 @@ class ReplyCode(IntEnum):
     #: its share for this key set and round (xMK-CKKS, issue 21): a second contribution would be a
     #: differencing oracle.
     ALREADY_CONTRIBUTED = 1004
+    #: The node's configuration refuses the request: an identity or roster is missing, or the run
+    #: config asks for more than the node's policy allows. Nothing the server can do in this run
+    #: fixes it, so the server stops the run at once (issue 23 item 4); the reason names the
+    #: config keys to set (:func:`config_keys_of`).
+    NOT_CONFIGURED = 1005
     #: (server) No reply within the step's timeout.
     TIMEOUT = 1100
     #: (server) The reply could not be parsed or failed the server's checks.
@@ -142,6 +149,47 @@ class Refused(ValueError):
     def __init__(self, reason: str, *, code: ReplyCode = ReplyCode.REFUSED) -> None:
         self.code = ReplyCode(code)
         super().__init__(reason)
+
+
+#: How a :class:`NotConfigured` reason lists its keys: ``<reason> [set: <key>; <key>]`` at its end.
+_KEYS_OPEN, _KEYS_SEP = " [set: ", "; "
+
+
+class NotConfigured(Refused):
+    """A configuration refusal: this node cannot serve the request until its operator (or whoever
+    starts the run) sets a config key; code ``NOT_CONFIGURED``, terminal for the run.
+
+    Parameters
+    ----------
+    reason : str
+        One line saying why.
+    keys : tuple of str
+        What to set, e.g. ``("node config fedeval-identity-key", "run config fedeval-identity-dir")``;
+        at least one. ``str(exc)`` is ``reason`` followed by ``[set: key; key]``, which
+        :func:`config_keys_of` reads back from an error reply's reason.
+
+    Raises
+    ------
+    ValueError
+        ``keys`` is empty or a key contains ``;`` or ``]``.
+    """
+
+    def __init__(self, reason: str, *, keys: Sequence[str]) -> None:
+        keys = tuple(str(k) for k in keys)
+        if not keys or any(_KEYS_SEP.strip() in k or "]" in k for k in keys):
+            raise ValueError(f"NotConfigured needs one or more keys without ';' or ']', got {keys!r}")
+        self.keys = keys
+        super().__init__(f"{reason}{_KEYS_OPEN}{_KEYS_SEP.join(keys)}]", code=ReplyCode.NOT_CONFIGURED)
+
+
+def config_keys_of(reason: str) -> tuple[str, ...]:
+    """The keys a :class:`NotConfigured` reason names (``()`` if it names none), e.g. from the
+    ``Error.reason`` of a ``NOT_CONFIGURED`` reply."""
+    start = reason.rfind(_KEYS_OPEN)
+    if start < 0 or not reason.rstrip().endswith("]"):
+        return ()
+    inner = reason.rstrip()[start + len(_KEYS_OPEN):-1]
+    return tuple(k for k in inner.split(_KEYS_SEP) if k)
 
 
 # ------------------------------------------------------------------ checked fields

@@ -675,7 +675,7 @@ class ResultReport(Payload):
     ----------
     shared : bool
         ``shared``: whether the client's node policy (``fedeval-share-auc``, tightened by run
-        config ``share-auc-with-server``) lets the AUC leave the node; without it nothing else is sent.
+        config ``fedeval-share-auc``) lets the AUC leave the node; without it nothing else is sent.
     auc : float or None
         ``auc`` in [0, 1] (certified, :func:`flwr_fedeval.fhe.auc.certify`).
     resolution_bound : float or None

@@ -11,9 +11,10 @@ step        message type            request    reply
                                                     T binds every public parameter)
 1c          ``query.xmk_shares``        SharesRequest   SharesReply (Shamir shares of s_i, x_i and
                                                     the self-mask seed, sealed to each member)
-2           ``train``                   TrainRequest    TrainReply (Enc(n_i·Δw_i, n_i) + r_i + u_i)
+2           ``train``                   TrainRequest    TrainReply (Enc(n_i·Δw_i, n_i) + r_i + u_i,
+                                                    c0 switched to L' limbs, c1 exact)
 2b          ``query.xmk_contributors``  ContributorsRequest  ContributorsReply (signature over C)
-3           ``query.xmk_pdec``          PdecRequest     PdecReply (D_j = λ_j·sk_j·C1 + e*_j and
+3           ``query.xmk_pdec``          PdecRequest     PdecReply (D_j = λ_j·sk_j·C1 + e*_j at L' and
                                                     the seed / mask-key shares for C / K∖C)
 ==========  ======================  =========  ==========================================
 
@@ -242,6 +243,10 @@ class RevealRequest(Payload):
         The value bound B (finite, >= 1): every encrypted value n_i·Δw and n_i is clipped to [-B, B].
     threshold : int
         t of the t-out-of-N threshold decryption (>= 1; each member requires t > N/2).
+    limbs : int
+        L', the RNS limbs c0 and every decryption share are modulus-switched to before they are sent
+        (:func:`flwr_fedeval.rlwe.compact.compact_limbs`; >= 1, each member requires at least the
+        fewest its noise budget allows and at most the parameter set's L; c1 stays at L).
 
     The members sign all of these in the key-set transcript T: the server cannot vary them per
     request. ``from_record`` raises :class:`~flwr_fedeval.protocol.MalformedMessage` for misaligned
@@ -258,11 +263,12 @@ class RevealRequest(Payload):
     scale_bits: int
     max_abs_value: float
     threshold: int
+    limbs: int
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, round=self.round, signers=self.signers, commitments=self.commitments,
                        signatures=self.signatures, mask_degree=self.mask_degree, scale_bits=self.scale_bits,
-                       max_abs_value=self.max_abs_value, threshold=self.threshold)
+                       max_abs_value=self.max_abs_value, threshold=self.threshold, limbs=self.limbs)
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> RevealRequest:
@@ -281,7 +287,7 @@ class RevealRequest(Payload):
             raise MalformedMessage(f"{_K}.max-abs-value", f"must be finite, got {bound!r}")
         return cls(config_field(rec, _K, "key-id", str), _round(rec), tuple(signers), tuple(commitments),
                    tuple(signatures), degree, config_field(rec, _K, "scale-bits", int, minimum=1), bound,
-                   config_field(rec, _K, "threshold", int, minimum=1))
+                   config_field(rec, _K, "threshold", int, minimum=1), config_field(rec, _K, "limbs", int, minimum=1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,7 +478,10 @@ class TrainReply(Payload):
     Attributes
     ----------
     ciphertext : bytes
-        Enc(n_i·(w_i − w), n_i) + r_i under b = Σ b_j (Eq. 6), :meth:`flwr_fedeval.rlwe.Ciphertext.to_bytes`.
+        Enc(n_i·(w_i − w), n_i) + r_i + u_i under b = Σ b_j (Eq. 6) with c0 modulus-switched to the L' limbs
+        of T and c1 exact: :meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.to_bytes` (c0 then c1, each
+        with its own header; the receiver parses it strictly with
+        :meth:`~flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes` at T's L').
     metrics : MetricRecord or None
         The train handler's metrics without ``num-examples`` (n_i stays encrypted).
     """
@@ -570,8 +579,11 @@ class PdecRequest(Payload):
     num_clients : int
         |K| (>= 1).
     c1 : bytes
-        C1 = Σ_{j∈C} c1_j (Eq. 3), :func:`flwr_fedeval.rlwe.polys_to_bytes` (its canonical form is the
-        client's check).
+        C1 = Σ_{j∈C} c1_j (Eq. 3), :func:`flwr_fedeval.rlwe.polys_to_bytes` at the full L limbs (its
+        canonical form is the client's check).
+    limbs : int
+        L' (>= 1), the limbs of the decryption share the server will combine: a member refuses any
+        other value than the L' signed in T.
     model_hash : bytes
         The 32-byte :func:`model_hash` the contributor set was signed for.
     contributor_signers, contributor_signatures : tuple
@@ -587,6 +599,7 @@ class PdecRequest(Payload):
     contributors: tuple[str, ...]
     num_clients: int
     c1: bytes
+    limbs: int
     model_hash: bytes = bytes(DIGEST_BYTES)
     contributor_signers: tuple[str, ...] = ()
     contributor_signatures: tuple[bytes, ...] = ()
@@ -594,7 +607,7 @@ class PdecRequest(Payload):
 
     def _to_record(self) -> RecordDict:
         content = _config(params=self.params, key_id=self.key_id, round=self.round, contributors=self.contributors,
-                          num_clients=self.num_clients, model_hash=self.model_hash,
+                          num_clients=self.num_clients, limbs=self.limbs, model_hash=self.model_hash,
                           contributor_signers=self.contributor_signers,
                           contributor_signatures=self.contributor_signatures, active=self.active)
         content[XMK_C1_KEY] = _blob("c1", self.c1)
@@ -610,6 +623,7 @@ class PdecRequest(Payload):
                    tuple(config_list(rec, _K, "contributors", str)),
                    config_field(rec, _K, "num-clients", int, minimum=1),
                    array_bytes(array_record(content, XMK_C1_KEY), XMK_C1_KEY, "c1"),
+                   config_field(rec, _K, "limbs", int, minimum=1),
                    config_bytes(rec, _K, "model-hash", length=DIGEST_BYTES), tuple(signers), tuple(signatures),
                    tuple(config_list(rec, _K, "active", str)))
 
@@ -621,8 +635,10 @@ class PdecReply(Payload):
     Attributes
     ----------
     share : bytes
-        D_j = λ_j·sk_j·C1 + e*_j with smudging noise (Eq. 7, threshold form),
-        :meth:`flwr_fedeval.rlwe.DecryptionShare.to_bytes`.
+        D_j = λ_j·sk_j·C1 + e*_j with smudging noise (Eq. 7, threshold form), then modulus-switched to the
+        L' limbs of T (:func:`flwr_fedeval.rlwe.compact.compress_decryption_share`):
+        :meth:`flwr_fedeval.rlwe.DecryptionShare.to_bytes` under
+        :func:`~flwr_fedeval.rlwe.compact.level_parameter_set` (params, L'), parsed strictly at that level.
     seed_shares : tuple of bytes
         This member's Shamir shares of the self-mask seed of every i ∈ C, in the order of C.
     mask_shares : tuple of bytes

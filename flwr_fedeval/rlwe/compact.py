@@ -36,8 +36,12 @@ M decryption shares, Delta = 2^scale_bits, B_e = tail_cut):
 2. fresh noise: B_fresh(M) = 2 n M^2 B_e + M B_e (c1 exact: no rounding term);
 3. smudging: B_smudge(M) = 2^(40 + ceil log2 B_fresh(M)) per share, in units
    of q as today, B_total(M) = B_fresh(M) + M B_smudge(M);
-4. switching rounding: < 1 per switched term in units of q', M terms c0'_i
-   and M terms D'_j: R = 2M, i.e. 2 M Q in units of q (R = 0 if Q = 1);
+4. switching rounding: <= 1/2 + 1/min q_l per switched term in units of q',
+   M terms c0'_i, at most M terms D'_j and one more, the server's mask
+   correction in XMKFedAvg (the self-masks of C and the pairwise masks of
+   K minus C, summed at L limbs and switched once): 2M + 1 terms, together
+   < (2M + 1)(1/2 + 2^-30) < 2M for M >= 1. R = 2M, i.e. 2 M Q in units of q
+   (R = 0 if Q = 1);
 5. no wrap-around in Z_{q'}:  (M round(max|x| Delta) + B_total(M)) / Q + R
    <= (q' - 1) / 2;
 6. margin: the rounding may at most double the worst-case error,
@@ -59,10 +63,12 @@ bit_length(q_l) bits per residue by the existing format
   make the rounding 2^(81+4.3) > B_total ~ 2^67.3), 216 bits, 6.8 x (from
   10.1 x), error bound unchanged (1.8e-12 x M max|x| at M = 10).
 
-Reaching <= 5 x float32 therefore needs log2 q <= ~95 at M = 10 (c1 alone
-is log2 q bits): the sum is then good to ~23 bits below M max|x| (float32
-precision), the price of 2^40 smudging at n = 4096. Even with L' = 1,
-q108 would need 108 + 27 + 27 = 162 bits (5.07 x).
+Reaching <= 5 x float32 is not possible at a worst-case error of the sum of
+~1e-6 (M = 10, max|x| = 2^16): minimising log2 q + 2 log2 q' over Q with
+Delta = (B_total + 2MQ) / E gives 199.7 bits (6.25 x) for any choice of
+primes, and 160 bits only for E >= 1.3e-2 (docs/explanation/upload-size.md
+derives it bit by bit). Even with L' = 1, q108 would need 108 + 27 + 27 =
+162 bits (5.07 x), and its rounding would exceed the noise 2^18 times.
 
 Imports neither flwr nor TensorFlow.
 """
@@ -171,9 +177,8 @@ def switch_modulus(params: ParameterSet, x: NDArray[np.uint64], limbs: int) -> N
         q = np.array(params.primes[:top], dtype=np.int64)[:, None]
         p_inv = np.array([pow(p, -1, qi) for qi in params.primes[:top]], dtype=np.int64)[:, None]
         low = cur[..., :top, :] - r  # |.| < 2^31 + 2^30
-        low %= q
-        low *= p_inv  # < 2^62
-        low %= q
+        low *= p_inv  # |.| < (2^31 + 2^30) 2^31 < 2^63: no reduction needed before the product
+        low %= q  # floor mod: into [0, q_i) also for negative values
         cur = low
     out: NDArray[np.uint64] = cur.astype(np.uint64)
     return out

@@ -468,7 +468,7 @@ def check_mask_degree(degree: int, num_members: int, floor: int) -> int:
     if got < need:
         raise MaskKeyError(
             f"mask degree {degree} gives each of the {num_members} members {got} neighbours, this client requires "
-            f"at least {need} (its floor xmk-mask-degree = {floor}; 0 = complete graph)"
+            f"at least {need} (its floor fedeval-xmk-mask-degree = {floor}; 0 = complete graph)"
         )
     return got
 

@@ -176,6 +176,12 @@ def schoolbook_negacyclic(x: NDArray[np.integer], y: NDArray[np.integer], q: int
     return (out % q).astype(np.uint64)
 
 
+def _reduce_once(x: NDArray[np.uint64], q: NDArray[np.uint64], scratch: NDArray[np.uint64]) -> None:
+    """x <- x mod q in place for x in [0, 2q) (uint64): min(x, x - q), since x - q wraps around when x < q."""
+    np.subtract(x, q, out=scratch)
+    np.minimum(x, scratch, out=x)
+
+
 class Ring:
     """R_q = Z_q[X]/(X^n + 1) with q a product of NTT-friendly primes.
 
@@ -231,14 +237,14 @@ class Ring:
             raise ValueError(
                 f"{name} has shape {x.shape}, expected (..., {self.limbs}, {self.n})"
             )
-        if x.size and np.any(x >= self.q_col):
+        if x.size and np.any(x.reshape(-1, self.limbs, self.n).max(axis=(0, 2)) >= self.q_col[:, 0]):  # no mask
             raise ValueError(f"{name} has coefficients >= q_i")
         return x
 
     def add(self, x: NDArray[np.uint64], y: NDArray[np.uint64]) -> NDArray[np.uint64]:
         """x + y, shapes broadcast; returns uint64 ``(..., L, n)``."""
         s = x + y
-        np.subtract(s, self.q_col, out=s, where=s >= self.q_col)
+        _reduce_once(s, self.q_col, np.empty_like(s))
         return s
 
     def sum(self, xs: NDArray[np.uint64], axis: int = 0) -> NDArray[np.uint64]:
@@ -288,6 +294,9 @@ class Ring:
         self._psi_rev = psi_rev
         self._psi_inv_rev = psi_inv_rev
         self._n_inv = n_inv
+        self._psi_rev_u = psi_rev.astype(np.uint64)
+        self._psi_inv_rev_u = psi_inv_rev.astype(np.uint64)
+        self._n_inv_u = n_inv.astype(np.uint64)
 
     def ntt(self, x: np.ndarray) -> np.ndarray:
         """Forward negacyclic NTT (bit-reversed output order).
@@ -301,63 +310,83 @@ class Ring:
         ndarray of shape (..., L, n), uint64
             Evaluations at the odd powers psi^(2k+1) (bit-reversed order), so
             that ``intt(ntt(x) * ntt(y) mod q)`` is the negacyclic product.
+
+        Notes
+        -----
+        Cooley--Tukey butterflies in uint64, in place, one half-size scratch
+        buffer, lazy reduction: v = (hi * w) mod q, hi = u - v + q, u = u + v;
+        the values grow by q per stage and are reduced mod q only when the
+        next product hi * w could exceed 2^64 (never for primes < 2^27 and
+        n <= 2^13; every ~3 stages for 31-bit primes) and at the end: no
+        boolean masks, no int64 copies.
         """
-        q = self._q_i64[:, :, None]  # (L, 1, 1) against (..., L, m, t)
-        a = np.array(x, dtype=np.int64, copy=True)
+        qu = self.q_col[:, :, None]  # (L, 1, 1) against (..., L, m, t)
+        a = np.array(x, dtype=np.uint64, copy=True)
         lead = a.shape[:-1]
         n = self.n
+        v = np.empty(lead + (n // 2,), dtype=np.uint64)
+        q_max = max(self.primes)
+        bound = 1  # every value of a is < bound * q_i
         t, m = n, 1
         while m < n:
+            if (bound + 1) * q_max * q_max >= 2**64:  # hi * w must not wrap around
+                flat = a.reshape(lead + (n,))  # a view: a stays contiguous
+                flat %= self.q_col
+                bound = 1
             t //= 2
             a = a.reshape(lead + (m, 2, t))
-            w = self._psi_rev[:, m : 2 * m, None]  # (L, m, 1)
-            u = a[..., 0, :]
-            v = a[..., 1, :] * w
-            v %= q
-            hi = u - v
-            hi += q
-            u += v
-            a[..., 1, :] = hi
-            np.subtract(u, q, out=u, where=u >= q)
-            np.subtract(a[..., 1, :], q, out=a[..., 1, :], where=a[..., 1, :] >= q)
+            vv = v.reshape(lead + (m, t))
+            u, hi = a[..., 0, :], a[..., 1, :]
+            np.multiply(hi, self._psi_rev_u[:, m : 2 * m, None], out=vv)
+            np.remainder(vv, qu, out=vv)  # v in [0, q)
+            np.subtract(u, vv, out=hi)  # u - v + q in [1, (bound + 1) q) (wraps around, then back)
+            hi += qu
+            u += vv  # u + v in [0, (bound + 1) q)
+            bound += 1
             m *= 2
-        return a.reshape(lead + (n,)).astype(np.uint64)
+        out: NDArray[np.uint64] = a.reshape(lead + (n,))
+        out %= self.q_col
+        return out
 
     def intt(self, x: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`ntt`; shape ``(..., L, n)``, uint64."""
-        q = self._q_i64[:, :, None]
-        a = np.array(x, dtype=np.int64, copy=True)
+        """Inverse of :meth:`ntt`; shape ``(..., L, n)``, uint64 (Gentleman--Sande, in place, lazy as :meth:`ntt`)."""
+        qu = self.q_col[:, :, None]
+        a = np.array(x, dtype=np.uint64, copy=True)
         lead = a.shape[:-1]
         n = self.n
+        d = np.empty(lead + (n // 2,), dtype=np.uint64)
+        q_max = max(self.primes)
+        bound = 1  # every value of a is < bound * q_i
         t, m = 1, n
         while m > 1:
+            if 2 * bound * q_max * q_max >= 2**64:  # (u - v + bound q) * w must not wrap around
+                flat = a.reshape(lead + (n,))  # a view: a stays contiguous
+                flat %= self.q_col
+                bound = 1
             h = m // 2
             a = a.reshape(lead + (h, 2, t))
-            w = self._psi_inv_rev[:, h : 2 * h, None]
-            u = a[..., 0, :].copy()
-            v = a[..., 1, :]
-            s = u + v
-            np.subtract(s, q, out=s, where=s >= q)
-            d = u - v
-            d += q
-            d *= w
-            d %= q
-            a[..., 0, :] = s
-            a[..., 1, :] = d
+            dd = d.reshape(lead + (h, t))
+            u, v = a[..., 0, :], a[..., 1, :]
+            np.subtract(u, v, out=dd)  # u - v + bound q in [1, 2 bound q)
+            dd += qu * np.uint64(bound)
+            u += v  # [0, 2 bound q)
+            dd *= self._psi_inv_rev_u[:, h : 2 * h, None]
+            np.remainder(dd, qu, out=v)
+            bound *= 2
             t *= 2
             m = h
         a = a.reshape(lead + (n,))
-        a *= self._n_inv
-        a %= self._q_i64
-        return a.astype(np.uint64)
+        a %= self.q_col
+        a *= self._n_inv_u
+        a %= self.q_col
+        out: NDArray[np.uint64] = a
+        return out
 
     def mul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Negacyclic product x*y in R_q by NTT; shapes broadcast ``(..., L, n)``."""
-        fx = self.ntt(x).astype(np.int64)
-        fy = self.ntt(y).astype(np.int64)
-        prod = fx * fy
-        prod %= self._q_i64
-        return self.intt(prod.astype(np.uint64))
+        prod = self.ntt(x) * self.ntt(y)  # residues < 2^31: < 2^62
+        prod %= self.q_col
+        return self.intt(prod)
 
     # ---------------------------------------------------- exact FFT small path
     def _build_fft_tables(self) -> None:

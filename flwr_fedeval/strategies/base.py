@@ -26,6 +26,11 @@
   configuration validated at construction,
   ``summary()`` in Flower's style (a small tree at INFO), one reply exchange
   that checks replies before use, and the failure bookkeeping above.
+* :class:`NodeNotConfigured` — a node refused a step for its configuration
+  (``NOT_CONFIGURED``: no identity or roster, a run config looser than its
+  policy): no other node or attempt can fix that, so every exchange raises it
+  at the first such reply and the run stops there, naming the keys to set
+  (issue 23 item 4), instead of retrying every round.
 * :class:`ReadableFailuresMixin` — the same collapsed failure lines for
   Flower's FedAvg family (instead of one line, with a full remote traceback,
   per failing node).
@@ -51,6 +56,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import validate_message_reply_consistency
 
 from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
+from flwr_fedeval.protocol import config_keys_of
 
 __all__ = [
     "EvaluationPhase",
@@ -58,6 +64,8 @@ __all__ = [
     "FailureLog",
     "FailureRecordingGrid",
     "Failures",
+    "NodeNotConfigured",
+    "raise_if_not_configured",
     "ReadableFailuresMixin",
     "ReadableFedAvg",
     "StepTimer",
@@ -141,6 +149,42 @@ class Failure:
     def summary(self) -> str:
         """One line: ``"<ExceptionType>: <message>"``."""
         return one_line_reason(self.reason)
+
+
+class NodeNotConfigured(RuntimeError):
+    """Nodes refused a step for their configuration (reply code ``NOT_CONFIGURED``): the run stops.
+
+    ``str(error)`` is one line: the step, the nodes, the keys to set and the first node's reason.
+
+    Attributes
+    ----------
+    step : str
+        The step (message type or phase step) that was refused.
+    failures : dict of int to Failure
+        Node → its ``NOT_CONFIGURED`` failure.
+    keys : tuple of str
+        The config keys the refusals name (:func:`flwr_fedeval.protocol.config_keys_of`), e.g.
+        ``"node config fedeval-identity-key"``, in order of first appearance.
+    """
+
+    def __init__(self, step: str, failures: Mapping[int, Failure]) -> None:
+        self.step = step
+        self.failures = dict(failures)
+        keys: dict[str, None] = {}
+        for f in self.failures.values():
+            keys.update(dict.fromkeys(config_keys_of(f.summary) or config_keys_of(f.reason)))
+        self.keys = tuple(keys)
+        first = self.failures[min(self.failures)]
+        super().__init__(f"{step}: node(s) {_ids(sorted(self.failures))} refused for their configuration; set "
+                         f"{' / '.join(self.keys) or 'the keys the reason names'} ({first.summary})")
+
+
+def raise_if_not_configured(step: str, failures: Mapping[int, Failure | str]) -> None:
+    """Raise :class:`NodeNotConfigured` if any of ``failures`` has code ``NOT_CONFIGURED``."""
+    refused = {n: f for n, f in failures.items()
+               if isinstance(f, Failure) and f.code == int(ReplyCode.NOT_CONFIGURED)}
+    if refused:
+        raise NodeNotConfigured(step, refused)
 
 
 def code_name(code: int) -> str:
@@ -392,6 +436,12 @@ def exchange_replies(
     the protocol. The exchange is :func:`~flwr_fedeval.strategies.collect.collect`:
     a node that leaves the SuperLink's node list is given up at once, and
     ``TIMEOUT`` is named only for a node still silent when ``timeout`` ran out.
+
+    Raises
+    ------
+    NodeNotConfigured
+        A node refused for its configuration (``NOT_CONFIGURED``); after the
+        failures are logged and recorded.
     """
     from flwr_fedeval.strategies.collect import collect
 
@@ -420,6 +470,7 @@ def exchange_replies(
         failures.update(missing)
     else:  # a plain dict keeps the full reasons as strings
         failures.update({n: f.reason for n, f in missing.items()})
+    raise_if_not_configured(f"{label} {step}", missing)
     return valid
 
 
@@ -619,15 +670,17 @@ class ReadableFailuresMixin:
         return Strategy.start(self, grid, *args, **kwargs)  # type: ignore[arg-type]
 
     def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool, validate: bool = True):
-        """As Flower's ``FedAvg._check_and_log_replies``, with failures collapsed by reason."""
+        """As Flower's ``FedAvg._check_and_log_replies``, with failures collapsed by reason; a
+        ``NOT_CONFIGURED`` reply raises :class:`NodeNotConfigured` (the run stops)."""
         replies = list(replies)
         valid = [r for r in replies if not r.has_error()]
         errors = [r for r in replies if r.has_error()]
         step = "aggregate_train" if is_train else "aggregate_evaluate"
         log(INFO, "%s: Received %s results and %s failures", step, len(valid), len(errors))
         if errors:
-            log_failures(type(self).__name__, step, {
-                r.metadata.src_node_id: Failure(step, int(r.error.code), str(r.error.reason)) for r in errors})
+            failed = {r.metadata.src_node_id: Failure(step, int(r.error.code), str(r.error.reason)) for r in errors}
+            log_failures(type(self).__name__, step, failed)
+            raise_if_not_configured(f"{type(self).__name__} {step}", failed)
         if validate and valid:
             validate_message_reply_consistency(
                 replies=[r.content for r in valid],

@@ -505,7 +505,7 @@ class FHEAUCPhase(EvaluationPhase):
         -------
         AUCPhaseResult
             ``auc``: the median of the AUCs the clients chose to report
-            (``share-auc-with-server``), ``nan`` when none did (only the
+            (node policy and run config ``fedeval-share-auc``), ``nan`` when none did (only the
             clients know it then); ``counts`` is ``None`` (the server never
             sees counts); ``contributors``: the node IDs whose encrypted counts
             are in the result; ``failed``: node ID → reason for every node

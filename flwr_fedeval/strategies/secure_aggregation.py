@@ -148,6 +148,11 @@ class SecureAggregation(Strategy):
         return self.engine.left_out
 
     @property
+    def contributor_sets(self) -> list[dict]:
+        """Every round's signed contributor set by roster identity, as :attr:`XMKFedAvg.contributor_sets`."""
+        return self.engine.contributor_sets
+
+    @property
     def lost_after_upload(self) -> list[tuple[int, dict[int, str]]]:
         """Contributors lost after their upload, as :attr:`XMKFedAvg.lost_after_upload`."""
         return self.engine.lost_after_upload

@@ -32,7 +32,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import Payload, ReplyCode, Step, xmk
-from flwr_fedeval.rlwe import keyset, masking, selfmask
+from flwr_fedeval.rlwe import compact, keyset, masking, selfmask
 from flwr_fedeval.rlwe import threshold as shamir
 from flwr_fedeval.strategies.base import (
     Failures,
@@ -98,6 +98,7 @@ class _KeySet:
     transcript: bytes = b""  # T, as the members computed it (the mask graph is derived from it)
     threshold: int = 0  # t of the t-out-of-N decryption (signed in T)
     scale_bits: int = 0  # log2 Δ (signed in T)
+    limbs: int = 0  # L', the limbs of c0 and of the decryption shares on the wire (signed in T)
 
     def name_of(self, node: int) -> str:
         return self.names[self.nodes.index(node)]
@@ -201,33 +202,40 @@ class _FoldingGrid:
         return self.collect_replies(messages, timeout=timeout, on_reply=on_reply).replies
 
 
-class _RunningSum:
-    """Σ c_j of step 2 (Eq. 3), folded one ciphertext at a time, kept reduced mod q in uint32 (residues
-    < 2^31: half the bytes of a parsed ciphertext); ``folded`` maps each node to what its reply carried
-    besides the ciphertext."""
+def _active_set(signatures: dict[str, bytes], t: int) -> tuple[str, ...]:
+    """A of step 3: the first t signers of C by name (a loss outside A costs nothing)."""
+    return tuple(sorted(signatures)[:t])
 
-    def __init__(self, params: rlwe.ParameterSet) -> None:
+
+class _RunningSum:
+    """Σ c_j of step 2 (Eq. 3) over compact ciphertexts (C0' at L' limbs, C1 at L), folded one at a
+    time, kept reduced in uint32 (residues < 2^31: half the bytes of a parsed ciphertext); ``folded``
+    maps each node to what its reply carried besides the ciphertext."""
+
+    def __init__(self, params: rlwe.ParameterSet, limbs: int) -> None:
         self.params = params
+        self.limbs = limbs
         self.c0: np.ndarray | None = None
         self.c1: np.ndarray | None = None
         self.folded: dict[int, Any] = {}
 
-    def add(self, node: int, ct: rlwe.Ciphertext, extra: Any = None) -> None:
+    def add(self, node: int, ct: compact.CompactCiphertext, extra: Any = None) -> None:
         """Add ``ct`` (its arrays are used as scratch space: the caller drops it afterwards)."""
         if node in self.folded:
             raise ValueError(f"node {node}: a second ciphertext in one round")
+        if ct.params != self.params or ct.limbs != self.limbs:
+            raise ValueError(f"ciphertext at {ct.params.name}/L{ct.limbs}, expected {self.params.name}/L{self.limbs}")
         if self.c0 is None or self.c1 is None:
             self.c0, self.c1 = ct.c0.astype(np.uint32), ct.c1.astype(np.uint32)
         else:
-            q = self.params.ring.q_col
-            for acc, part in ((self.c0, ct.c0), (self.c1, ct.c1)):
+            for acc, part, q in ((self.c0, ct.c0, ct.level.ring.q_col), (self.c1, ct.c1, self.params.ring.q_col)):
                 np.add(part, acc, out=part)  # uint64 scratch: < 2^32
                 np.remainder(part, q, out=part)
                 acc[...] = part
         self.folded[node] = extra
 
-    def total(self, nodes: Iterable[int]) -> rlwe.Ciphertext:
-        """C = Σ_{j ∈ nodes} c_j (reduced mod q, uint64).
+    def total(self, nodes: Iterable[int]) -> compact.CompactCiphertext:
+        """C = Σ_{j ∈ nodes} c_j (C0' reduced mod q', C1 mod q; uint64).
 
         Raises
         ------
@@ -241,7 +249,7 @@ class _RunningSum:
         self.c0 = None
         c1 = self.c1.astype(np.uint64)
         self.c1 = None
-        return rlwe.Ciphertext(self.params, c0, c1, len(nodes))
+        return compact.CompactCiphertext(self.params, self.limbs, c0, c1)
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
@@ -259,12 +267,13 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     opening and the member's inbox: each client checks T, opens a valid share
     from every member, clips n_i·Δw_i and n_i to B and replies
     Enc(n_i·Δw_i, n_i) + r_i + u_i (Eq. 6; r_i its pairwise mask, u_i its
-    self-mask), at most once per global model; the server folds each ciphertext
+    self-mask) with c0 modulus-switched to the L' limbs signed in T (c1 exact,
+    :mod:`flwr_fedeval.rlwe.compact`), at most once per global model; the server folds each ciphertext
     into a running sum as it arrives; (2b) ``query.xmk_contributors``: the
     contributors still listed sign C, the set whose ciphertexts were summed;
     (3) ``query.xmk_pdec`` to t of the signers (the active set A) with
     C1 = Σ_{j∈C} c1_j, C and t signatures: each replies
-    D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7) and its shares of the seeds of C
+    D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7), switched to L' limbs, and its shares of the seeds of C
     and the mask keys of K∖C; (4) the server folds the D_j, reconstructs the
     seeds and mask keys, removes Σ u_i and the pairwise masks between C and
     K∖C, decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
@@ -317,6 +326,13 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     threshold : int, optional
         t of the t-out-of-N decryption; default floor(N/2) + 1 (each client
         refuses t <= N/2: two disjoint survivor groups must not both decrypt).
+    limbs : int, optional
+        L', the RNS limbs every client switches c0 and its decryption share
+        to before sending them (OpenFHE's ``Compress``; c1 stays at L):
+        default the fewest the noise budget allows for the key set's N, the
+        scale and ``max_abs_value`` (:func:`flwr_fedeval.rlwe.compact.compact_limbs`),
+        clamped up to that fewest; the parameter set's L sends the
+        uncompressed form. Signed in the key-set transcript.
     mask_degree : int, default=4
         Degree k of the pairwise-mask graph (SecAgg+, Bell et al. 2020):
         each client masks with k neighbours derived from the signed key-set
@@ -347,6 +363,17 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         Members left out of a round's contributor set: ``(round, {node: reason})``.
     lost_after_upload : list of (int, dict)
         Contributors lost after their upload (they cost nothing): ``(round, {node: reason})``.
+    contributor_sets : list of dict
+        Every round that got as far as its contributor set C, in order, by the members' roster
+        identities (the names signed in the key-set transcript, never node IDs):
+        ``{"round": int, "key_set": str, "threshold": int (t), "members": list of str (K),
+        "contributors": list of str (C, the set the members signed), "num_contributors": int (|C|),
+        "left_out": {name: reason} (members of K lost before uploading, not in C),
+        "lost_after_upload": {name: reason} (members of C that did not sign C),
+        "signers": list of str (the members that signed C), "decryptors": list of str (the t
+        members asked for a decryption share), "completed": bool}``. ``completed`` is false when the
+        round failed after C was fixed (its reason is in ``aborted_attempts``). The App writes them
+        to ``results.json`` (``xmk_rounds``).
     key_sets : list of dict
         Every key set this strategy generated, in order: ``{"round": int,
         "key_set": str (the key-set ID), "nodes": list of int (its members'
@@ -398,6 +425,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         max_attempts: int = 3,
         mask_degree: int = masking.DEFAULT_MASK_DEGREE,
         threshold: int | None = None,
+        limbs: int | None = None,
     ) -> None:
         super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
                          min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
@@ -432,6 +460,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 2):
             raise ValueError(f"threshold must be an integer >= 2 or None (floor(N/2) + 1), got {threshold!r}")
         self.threshold = threshold
+        if limbs is not None:
+            compact.level_parameter_set(self.params, limbs)  # ValueError unless 1 <= limbs <= L
+        self.limbs = limbs
         #: Members left out of a round's contributor set: (round, {node: reason}); no retry was run.
         self.left_out: list[tuple[int, dict[int, str]]] = []
         #: Contributors lost after their upload (no signature of C): (round, {node: reason}); they cost nothing.
@@ -444,6 +475,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         self.aborted_attempts: list[tuple[int, RoundAborted]] = []
         #: Every key set generated: {"round", "key_set" (ID), "nodes"}; public values only.
         self.key_sets: list[dict] = []
+        #: Every round that reached the contributor set, by roster identity (see Attributes).
+        self.contributor_sets: list[dict] = []
 
     # ------------------------------------------------------------------ info
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
@@ -478,6 +511,13 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                 f"and max |value| {self.max_abs_value} (at most 2^{best})"
             )
         return self.scale_bits
+
+    def limbs_for(self, num_clients: int, scale_bits: int) -> int:
+        """L' for a key set of ``num_clients`` members at scale 2^scale_bits: ``limbs``, raised to the fewest
+        the noise budget allows after modulus switching (:func:`flwr_fedeval.rlwe.compact.compact_limbs`)."""
+        fewest = compact.compact_limbs(self.params, num_clients=num_clients, scale_bits=scale_bits,
+                                       max_abs_value=self.max_abs_value)
+        return fewest if self.limbs is None else max(int(self.limbs), fewest)
 
     # ------------------------------------------------------------ training
     def configure_train(
@@ -583,8 +623,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         nodes = committed.nodes
         t = self.threshold_for(len(nodes))
         scale_bits = self.scale_bits_for(len(nodes))
+        limbs = self.limbs_for(len(nodes), scale_bits)
         request = xmk.RevealRequest(committed.key_id, committed.round, committed.names, committed.commitments,
-                                    committed.signatures, self.mask_degree, scale_bits, self.max_abs_value, t)
+                                    committed.signatures, self.mask_degree, scale_bits, self.max_abs_value, t,
+                                    limbs)
         expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
 
         def check(node: int, reply: xmk.RevealReply) -> xmk.RevealReply:
@@ -599,7 +641,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         parsed = self._exchange("key reveal", "opening", nodes, xmk.REVEAL, request, check)
         return _KeySet(committed.key_id, committed.seed_a, committed.round, nodes, committed.names,
                        tuple(r.public_share for r in parsed), tuple(r.mask_key for r in parsed),
-                       tuple(r.transcript_signature for r in parsed), parsed[0].transcript, t, scale_bits)
+                       tuple(r.transcript_signature for r in parsed), parsed[0].transcript, t, scale_bits, limbs)
 
     def threshold_for(self, num_clients: int) -> int:
         """t of a key set of ``num_clients`` members: ``threshold`` if set, else floor(N/2) + 1.
@@ -683,21 +725,23 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         reply.content = RecordDict()
         return reply
 
-    def _parse_ciphertext(self, data: bytes) -> rlwe.Ciphertext:
-        """One step-2 ciphertext, checked: canonical, fresh, of the model's size.
+    def _parse_ciphertext(self, data: bytes) -> compact.CompactCiphertext:
+        """One step-2 ciphertext, checked: canonical compact encoding (c0 at the key set's L', c1 at L), of
+        the model's size (:meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes`).
 
         Raises
         ------
         ValueError
-            The ciphertext is malformed, not fresh, or of another size.
+            The ciphertext is malformed, at another level, or of another size.
         """
         expected_polys = -(-self._plaintext_length() // self.params.n)
-        ct = rlwe.Ciphertext.from_bytes(data, self.params)
-        if ct.num_polys != expected_polys or ct.num_summed != 1:
-            raise ValueError(f"{ct.num_polys} polynomials (summed {ct.num_summed}), expected {expected_polys} fresh")
+        ct = compact.CompactCiphertext.from_bytes(data, self.params, self._current().keys.limbs)
+        if ct.c0.shape[0] != expected_polys:
+            raise ValueError(f"{ct.c0.shape[0]} polynomials, expected {expected_polys}")
         return ct
 
-    def _fold_ciphertext(self, node: int, ct: rlwe.Ciphertext, metrics: MetricRecord | None) -> MetricRecord | None:
+    def _fold_ciphertext(self, node: int, ct: compact.CompactCiphertext,
+                         metrics: MetricRecord | None) -> MetricRecord | None:
         """Add one checked ciphertext into the round's running sum; return the reply's metrics.
 
         Raises
@@ -707,11 +751,12 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         """
         state = self._current()
         if state.running is None:
-            state.running = _RunningSum(self.params)
+            state.running = _RunningSum(self.params, state.keys.limbs)
         state.running.add(node, ct, metrics)
         return metrics
 
-    def sum_ciphertexts(self, replies: list[Message]) -> tuple[rlwe.Ciphertext, list[MetricRecord], list[int]]:
+    def sum_ciphertexts(self, replies: list[Message]) -> tuple[compact.CompactCiphertext, list[MetricRecord],
+                                                               list[int]]:
         """Step 2 (replies) and Eq. 3: the sum of the well-formed fresh ciphertexts, one per contributor.
 
         The ciphertexts were folded into a running sum as they arrived (:meth:`fold_train_reply`, in
@@ -721,8 +766,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
         Returns
         -------
-        (Ciphertext, list of MetricRecord, list of int)
-            C = Σ_{j∈C} c_j, the contributors' metric records, the contributors' node IDs (key-set order).
+        (CompactCiphertext, list of MetricRecord, list of int)
+            C = Σ_{j∈C} c_j (C0' at L' limbs, C1 at L), the contributors' metric records, the contributors'
+            node IDs (key-set order).
 
         Raises
         ------
@@ -784,12 +830,15 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         """Step 3: ``query.xmk_pdec`` to the active decryptors A (the signers of C); each replies
         D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7) and its shares of the self-mask seeds of C and the
         mask keys of K∖C. Shares are folded into C0 + Σ D_j (Eq. 5) as they arrive; then the seeds
-        and mask keys are reconstructed (t shares each) and the masks removed.
+        and mask keys are reconstructed (t shares each) and the masks removed. C0' and the D'_j are at the
+        key set's L' limbs (modulus-switched, :mod:`flwr_fedeval.rlwe.compact`): the masks are summed at
+        L limbs and switched once (one more rounding term, counted in
+        :func:`~flwr_fedeval.rlwe.compact.compact_noise_bound`).
 
         Parameters
         ----------
-        c0 : ndarray of shape (k, L, n), uint64
-            C0 = Σ_{j∈C} c0_j; used as the accumulator (overwritten, not copied).
+        c0 : ndarray of shape (k, L', n), uint64
+            C0' = Σ_{j∈C} c0'_j; used as the accumulator (overwritten, not copied).
         c1 : bytes
             C1 = Σ_{j∈C} c1_j, :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent as is).
         contributors : list of int
@@ -799,8 +848,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
         Returns
         -------
-        ndarray of shape (k, L, n), uint64
-            Σ_{j∈C} m_j mod q plus bounded noise.
+        ndarray of shape (k, L', n), uint64
+            round(Σ_{j∈C} m_j / Q) mod q' plus bounded noise (Q = the dropped primes; 1 if L' = L).
 
         Raises
         ------
@@ -815,18 +864,19 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         points = dict(zip(order, shamir.member_points(len(order), params=self.params)))
         c_names = tuple(key_set.name_of(n) for n in contributors)
         dropped = tuple(name for name in order if name not in c_names)
-        active = tuple(sorted(signatures)[:t])  # t decryptors: a loss outside A costs nothing
+        active = _active_set(signatures, t)
         request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names, len(key_set.nodes),
-                                  c1, xmk.model_hash(state.arrays),
+                                  c1, key_set.limbs, xmk.model_hash(state.arrays),
                                   active, tuple(signatures[n] for n in active), active)
-        ring = self.params.ring
+        level = compact.level_parameter_set(self.params, key_set.limbs)
+        ring = level.ring
         acc = c0
         folded: list[int] = []
         seed_shares: dict[str, dict[int, bytes]] = {name: {} for name in c_names}
         key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
 
         def check(node: int, reply: xmk.PdecReply) -> None:
-            share = rlwe.DecryptionShare.from_bytes(reply.share, self.params)
+            share = rlwe.DecryptionShare.from_bytes(reply.share, level)  # strict, at L' limbs
             if share.d.shape != acc.shape:
                 raise ValueError(f"share has shape {share.d.shape}, expected {acc.shape}")
             if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
@@ -844,14 +894,16 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         self._exchange("partial decryption", "decryption share", [key_set.node_of(n) for n in active], xmk.PDEC,
                        request, check)
         np.remainder(acc, ring.q_col, out=acc)
+        full_q = self.params.ring.q_col
+        correction = np.zeros(acc.shape[:1] + (self.params.limbs, self.params.n), dtype=np.uint64)
         try:
-            for name in c_names:  # remove u_i = PRG(seed_i) of every contributor
+            for name in c_names:  # −u_i, u_i = PRG(seed_i), of every contributor (at L limbs)
                 seed = shamir.combine_bytes(seed_shares[name], threshold=t)
                 mask = selfmask.self_mask(self.params, seed, acc.shape[0])
-                np.subtract(ring.q_col, mask, out=mask)  # acc - u mod q, in place: acc + (q - u), reduced
-                np.add(acc, mask, out=acc)
+                np.subtract(full_q, mask, out=mask)  # −u mod q = q − u, reduced below
+                np.add(correction, mask, out=correction)
                 del mask
-                np.remainder(acc, ring.q_col, out=acc)
+                np.remainder(correction, full_q, out=correction)
             if dropped:  # remove the pairwise masks between C and the members left out of it
                 mask_keys = dict(zip(key_set.names, key_set.mask_keys))
                 graph = masking.mask_neighbours(order, self.mask_degree, key_set.transcript)
@@ -861,14 +913,19 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                     if not peers:
                         continue
                     private = shamir.combine_bytes(key_shares[name], threshold=t)
-                    acc = masking.mask_plaintext(self.params, acc, own_name=name, own_private=private, peers=peers,
-                                                 context=context)
+                    correction = masking.mask_plaintext(self.params, correction, own_name=name, own_private=private,
+                                                        peers=peers, context=context)
         except (ValueError, shamir.ThresholdError) as exc:
             raise RoundAborted("mask recovery", dict.fromkeys(key_set.nodes, f"{type(exc).__name__}: {exc}")) from None
+        switched = compact.switch_modulus(self.params, correction, key_set.limbs)  # one rounding, < 1 unit of q'
+        del correction
+        np.add(acc, switched, out=acc)
+        np.remainder(acc, ring.q_col, out=acc)
         return acc
 
     def decode(self, plaintext: np.ndarray, num_contributors: int | None = None) -> tuple[ArrayRecord, int]:
-        """Step 4: decode Σ m = C0 + Σ D_j minus the masks (:meth:`partial_decryptions`),
+        """Step 4: decode Σ m = C0' + Σ D'_j minus the masks (:meth:`partial_decryptions`, at the key
+        set's L' limbs, scale Δ / Q: :func:`flwr_fedeval.rlwe.compact.compact_combine_and_decode`'s rule),
         ``w ← w + Σ n_j·Δw_j / Σ n_j`` over the contributors.
 
         Returns ``(new global model, Σ n_j)``.
@@ -883,7 +940,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         count = len(nodes) if num_contributors is None else num_contributors
         layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
         scale_bits = state.keys.scale_bits or self.scale_bits_for(len(nodes))
-        decoded = rlwe.decode(self.params, plaintext, scale_bits=scale_bits, length=self._plaintext_length())
+        limbs = state.keys.limbs or self.params.limbs
+        decoded = rlwe.decode(compact.level_parameter_set(self.params, limbs), plaintext, scale_bits=scale_bits,
+                              length=self._plaintext_length()) * float(compact.dropped_modulus(self.params, limbs))
         total_examples = decoded[-1]
         if not (np.isfinite(total_examples) and total_examples >= count - 0.5
                 and abs(total_examples - round(total_examples)) < 1e-3):
@@ -1017,20 +1076,39 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
     def _finish_attempt(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """Steps 2 (replies), 2b, 3 and 4 of the round (no retry)."""
+        state = self._current()
+        key_set = state.keys
+        n_left, n_lost = len(self.left_out), len(self.lost_after_upload)
         with self.timer.step("step 2 (sum of the encrypted updates)"):
             total, metrics, contributors = self.sum_ciphertexts(replies)
-        if len(contributors) < len(self._current().keys.nodes):
+        if len(contributors) < len(key_set.nodes):
             self._key_cache = {}  # mask keys of K∖C are reconstructed: that key set is not used again
-        with self.timer.step("step 2b (contributor set)"):
-            signatures = self.sign_contributors(contributors)
+
+        def by_name(entries: list[tuple[int, dict[int, str]]]) -> dict[str, str]:
+            return {key_set.name_of(n): reason for _, failed in entries for n, reason in failed.items()
+                    if n in key_set.nodes}
+
+        record = {"round": int(state.server_round), "key_set": str(key_set.key_id), "threshold": key_set.threshold,
+                  "members": sorted(key_set.names), "contributors": sorted(key_set.name_of(n) for n in contributors),
+                  "num_contributors": len(contributors), "left_out": by_name(self.left_out[n_left:]),
+                  "lost_after_upload": {}, "signers": [], "decryptors": [], "completed": False}
+        self.contributor_sets.append(record)
+        try:
+            with self.timer.step("step 2b (contributor set)"):
+                signatures = self.sign_contributors(contributors)
+        finally:
+            record["lost_after_upload"] = by_name(self.lost_after_upload[n_lost:])
+        record["signers"] = sorted(signatures)
+        record["decryptors"] = list(_active_set(signatures, key_set.threshold))
         c0, c1 = total.c0, rlwe.polys_to_bytes(self.params, total.c1)
         del total  # C1 is only sent; C0 becomes the accumulator
         with self.timer.step("step 3 (partial decryption)"):
             plaintext = self.partial_decryptions(c0, c1, contributors, signatures)
         del c0, c1
-        self._current().running = None
+        state.running = None
         with self.timer.step("step 4 (decoding)"):
             arrays, total_examples = self.decode(plaintext, len(contributors))
+        record["completed"] = True
         log(INFO, "aggregate_train: %d encrypted updates summed and decrypted by %d members (Σ n_i = %d)",
             len(contributors), len(signatures), total_examples)
         agg_metrics = self._mean_metrics(metrics)

@@ -24,7 +24,7 @@ from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 from flwr_fedeval.testing import InProcessGrid
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "flower-strategies.md"
-RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
+RUN_CONFIG = {"fedeval-identity-dir": IDENTITY_DIR}
 ADAM_BOUND = 2e-5  # tests/secagg/test_secure_aggregation.py
 
 

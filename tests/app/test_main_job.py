@@ -146,3 +146,41 @@ def test_shapley_config_needs_a_linear_model():
         JobConfig.from_run_config({"shapley": "secsv", "model": "logreg", "secure-aggregation": "xmkckks"})
     with pytest.raises(ValueError, match="no fixed-point parameters fit"):
         JobConfig.from_run_config({"shapley": "secsv", "model": "logreg", "shapley-feature-bound": 1e9})
+
+
+@pytest.mark.slow
+def test_results_json_records_each_xmk_round_by_roster_identity(tmp_path):
+    """5 clients, one lost before its upload (no train reply) and one after it (killed at step 2b): results.json
+    lists, per xMK round, the signed contributor set (size 4), who was left out before uploading and who was
+    lost after, by roster identity (never node IDs), and that the round completed."""
+    run_config = {"num-server-rounds": 1, "local-epochs": 1, "model": "logreg", "learning-rate": 0.01,
+                  "secure-aggregation": "xmkckks", "output-dir": str(tmp_path), "identity-dir": IDENTITY_DIR}
+    lost = {}
+
+    def fault(node, msg, reply):
+        kind = msg.metadata.message_type
+        if node == lost["before"] and kind == "train":
+            return None
+        if node == lost["after"] and kind == "query.xmk_contributors":
+            grid.kill(node)
+            return None
+        return reply
+
+    grid = InProcessGrid(client_app, 5, run_config, fault=fault)
+    lost.update(before=grid.node_ids[1], after=grid.node_ids[3])
+    server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    (folder,) = list(tmp_path.iterdir())
+    result = json.loads((folder / "results.json").read_text())
+    (record,) = result["xmk_rounds"]
+    # InProcessGrid gives partition i the roster identity node-i (tests/identities.py)
+    assert record["round"] == 1 and record["completed"] is True and record["threshold"] == 3
+    assert record["members"] == [f"node-{i}" for i in range(5)]
+    assert record["num_contributors"] == 4 and record["contributors"] == ["node-0", "node-2", "node-3", "node-4"]
+    assert list(record["left_out"]) == ["node-1"] and list(record["lost_after_upload"]) == ["node-3"]
+    assert record["signers"] == ["node-0", "node-2", "node-4"] and record["decryptors"] == record["signers"]
+    node_ids = {str(n) for n in grid.node_ids}
+    names = [*record["members"], *record["contributors"], *record["left_out"], *record["lost_after_upload"]]
+    assert not node_ids & set(names)
+    assert result["train_metrics"]["1"]["num-clients"] == 4
+    state = json.loads((folder / "checkpoint" / "state.json").read_text())
+    assert state["strategy"]["contributor_sets"] == result["xmk_rounds"]

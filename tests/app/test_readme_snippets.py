@@ -31,7 +31,7 @@ README = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "own-app.md"
 W_TRUE = np.array([1.5, -1.0, 0.8, -0.5], dtype=np.float32)
 NUM_CLIENTS = 3
 #: Every node's roster identity (README: "every node needs its roster identity").
-RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
+RUN_CONFIG = {"fedeval-identity-dir": IDENTITY_DIR}
 
 
 def snippets() -> dict[str, str]:
@@ -173,7 +173,7 @@ def test_each_auc_phase_snippet_runs_as_written(task, name):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
     policy = node_configs(NUM_CLIENTS, fedeval_evaluations_per_model=2, fedeval_dp_budget=2.0)  # two DP phases
-    grid = InProcessGrid(_client(blocks, name, quick), NUM_CLIENTS, {**RUN_CONFIG, "dp-budget": 2.0},
+    grid = InProcessGrid(_client(blocks, name, quick), NUM_CLIENTS, {**RUN_CONFIG, "fedeval-dp-budget": 2.0},
                          node_configs=policy)
     result = _trained(grid)
     ns = _exec(blocks[f"{name}-server"], {"grid": grid, "result": result})

@@ -16,7 +16,9 @@ from flwr_fedeval.testing import InProcessGrid
 
 
 def test_client_side_dp_defaults_equal_job_config_defaults():
-    defaults = JobConfig().as_dict()
+    from flwr_fedeval.app.task import library_run_config
+
+    defaults = library_run_config(JobConfig().as_dict())
     assert {k: defaults[k] for k in CLIENT_DP_DEFAULTS} == CLIENT_DP_DEFAULTS
 
 
@@ -100,3 +102,19 @@ def test_main_job_with_noisy_fedauc_laplace_records_variant_and_budget(tmp_path)
     assert result["auc_details"]["epsilon"] == 1.0 and result["num_clients"] == 3
     assert math.isfinite(result["federated_auc"])
     assert result["config"]["dp-epsilon"] == 1.0
+
+
+def test_main_job_stops_at_a_run_config_looser_than_the_node_policy(tmp_path, caplog):
+    """Issue 23 item 4: the demo App's ``dp-epsilon = 8`` against nodes that allow 1 (the default
+    policy) is a configuration refusal: the run stops at the DP phase's first step, nothing is written,
+    and the exception names the library key and the node key; the ERROR record names the App's key."""
+    import logging
+
+    from flwr_fedeval.strategies.base import NodeNotConfigured
+
+    with caplog.at_level(logging.ERROR), pytest.raises(NodeNotConfigured) as info:
+        _main(tmp_path, 3, **{"auc-method": "dpauc-laplace", "dp-epsilon": 8.0})
+    assert {"run config fedeval-dp-epsilon", "node config fedeval-dp-epsilon"} <= set(info.value.keys)
+    assert list(tmp_path.glob("*/results.json")) == []
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and isinstance(r.args, tuple)]
+    assert any("run config dp-epsilon" in str(arg) for r in errors for arg in r.args)

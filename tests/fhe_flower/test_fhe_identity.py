@@ -239,7 +239,8 @@ def test_main_job_refuses_secure_phases_without_a_roster_before_training(tmp_pat
 
     from flwr_fedeval.app import server_app
 
-    for run_config in ({"auc-method": "fhe"}, {"shapley": "secsv", "model": "logreg"}):
+    for run_config in ({"auc-method": "fhe"}, {"shapley": "secsv", "model": "logreg"},
+                       {"secure-aggregation": "xmkckks"}):  # issue 23 item 4: no round to retry first
         grid = InProcessGrid(client_app, 2, run_config)
         ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                       run_config={**run_config, "output-dir": str(tmp_path)})

@@ -190,9 +190,11 @@ def test_without_sharing_only_the_clients_learn_the_auc(arrays):
 
 
 def test_client_defaults_match_job_config_and_bad_fhe_config_is_refused():
-    cfg = JobConfig()
+    from flwr_fedeval.app.task import library_run_config
+
+    defaults = library_run_config(JobConfig().as_dict())
     for key, value in fhe_handlers.CLIENT_FHE_DEFAULTS.items():
-        assert cfg.as_dict()[key] == value
+        assert defaults[key] == value
     try:
         import openfhe  # noqa: F401
     except ImportError:  # refused with the Python and the extra it needs

@@ -178,14 +178,14 @@ def test_the_default_policy_keeps_the_auc_on_the_nodes(tmp_path):
 
     create(tmp_path, ["node-0"])
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
-                  run_config={"identity-dir": str(tmp_path), "share-auc-with-server": True})
+                  run_config={"fedeval-identity-dir": str(tmp_path), "fedeval-share-auc": True})
     got = policy.node_policy(ctx)
     assert (got.share_auc, got.evaluations_per_model, got.dp_epsilon, got.dp_seed) == (False, 1, 1.0, 0)
     assert str(tmp_path / "node-0.policy.toml") in got.source
     assert policy.share_auc(ctx) is False
     ctx.node_config["fedeval-share-auc"] = True          # node config overrides the file ...
     assert policy.share_auc(ctx) is True
-    ctx.run_config["share-auc-with-server"] = False      # ... and the run config can only turn it off
+    ctx.run_config["fedeval-share-auc"] = False          # ... and the run config can only turn it off
     assert policy.share_auc(ctx) is False
     (tmp_path / "node-0.policy.toml").chmod(0o666)        # a file anyone could loosen is refused
     with pytest.raises(ValueError, match="writable by group or others"):

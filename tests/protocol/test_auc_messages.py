@@ -212,7 +212,7 @@ def test_dp_handlers_budget_refusal_and_malformed_request():
     register_dp_handlers(app, test_scores=lambda msg, ctx: (Y, S), test_labels=lambda ctx: Y)
     assert list(app.handlers) == [s.message_type for s in dp_auc.STEPS]
     serve = app.handlers["evaluate.dpauc_laplace"]
-    ctx = _context(**{"dp-epsilon": 1.0})
+    ctx = _context(**{"fedeval-dp-epsilon": 1.0})
     reply = serve(_message(dp_auc.DPAUCRequest(THETA, 1.0).to_record()), ctx)
     noisy = dp_auc.NoisyCounts.from_record(roundtrip(reply.content), node=5, num_points=THETA.size)
     assert all(np.isfinite(a).all() for a in noisy.values())
@@ -230,7 +230,7 @@ def test_dp_handlers_budget_refusal_and_malformed_request():
 def test_fedauc_handlers_round_trip_and_session_check():
     app = _App()
     register_dp_handlers(app, test_scores=lambda msg, ctx: (Y, S), test_labels=lambda ctx: Y)
-    ctx = _context({"fedeval-dp-epsilon": math.inf}, **{"dp-epsilon": math.inf})
+    ctx = _context({"fedeval-dp-epsilon": math.inf}, **{"fedeval-dp-epsilon": math.inf})
     reply = app.handlers["evaluate.fedauc_scores"](_message(dp_auc.FedAUCScoresRequest("s1", "rr", math.inf)
                                                             .to_record()), ctx)
     shuffled = dp_auc.ShuffledScores.from_record(roundtrip(reply.content), node=5).scores

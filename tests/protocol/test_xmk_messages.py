@@ -18,7 +18,7 @@ from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg, _RoundState
 from flwr_fedeval.testing import InProcessGrid
 from flwr_fedeval.testing.grid import _roundtrip_message
 
-RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
+RUN_CONFIG = {"fedeval-identity-dir": IDENTITY_DIR}
 NODE = 12345678901234567890
 KID = "0123456789abcdef" * 2
 NAMES = ("node-0", "node-1")
@@ -35,7 +35,7 @@ PAYLOADS = {
     "keygen-request": xmk.KeygenRequest("xmk-n4096-q108", bytes(range(32)), KID, 3),
     "keygen-reply": xmk.KeygenReply(KID, "node-0", b"\x07" * 32, b"s" * 64),
     "reveal-request": xmk.RevealRequest(KID, 3, NAMES, (b"\x01" * 32, b"\x02" * 32), (b"a" * 64, b"b" * 64), 4,
-                                        40, 65536.0, 2),
+                                        40, 65536.0, 2, 3),
     "reveal-reply": xmk.RevealReply(KID, "node-1", b"b_i bytes", b"\x03" * 32, b"\x04" * 32, b"t" * 64),
     "shares-request": xmk.SharesRequest("xmk-n4096-q108", KID, 3, NAMES, (b"b0", b"b1"),
                                         (b"\x05" * 32, b"\x06" * 32), (b"u" * 64, b"v" * 64)),
@@ -44,7 +44,7 @@ PAYLOADS = {
                                       (b"u" * 64, b"v" * 64), 2, ("node-1",), (b"sealed box",)),
     "contributors-request": xmk.ContributorsRequest(KID, 3, b"\x08" * 32, NAMES),
     "contributors-reply": xmk.ContributorsReply(KID, "node-0", b"s" * 64),
-    "pdec-request": xmk.PdecRequest("xmk-n4096-q108", KID, 3, NAMES, 2, b"C1 polynomials", b"\x08" * 32, NAMES,
+    "pdec-request": xmk.PdecRequest("xmk-n4096-q108", KID, 3, NAMES, 2, b"C1 polynomials", 2, b"\x08" * 32, NAMES,
                                     (b"s" * 64, b"t" * 64), NAMES),
     "pdec-reply": xmk.PdecReply(b"D_i polynomials", (b"seed share",), (b"key share",)),
 }
@@ -55,7 +55,7 @@ WIRE = {
     "keygen-reply": {"xmk": {"key-id": str, "signer": str, "commitment": bytes, "signature": bytes}},
     "reveal-request": {"xmk": {"key-id": str, "round": int, "signers": list, "commitments": list,
                                "signatures": list, "mask-degree": int, "scale-bits": int, "max-abs-value": float,
-                               "threshold": int}},
+                               "threshold": int, "limbs": int}},
     "reveal-reply": {"xmk": {"key-id": str, "signer": str, "public-share": bytes, "mask-key": bytes,
                              "transcript": bytes, "transcript-signature": bytes}},
     "shares-request": {"xmk": {"params": str, "key-id": str, "round": int, "signers": list, "public-shares": list,
@@ -68,8 +68,8 @@ WIRE = {
     "contributors-request": {"xmk": {"key-id": str, "round": int, "model-hash": bytes, "contributors": list}},
     "contributors-reply": {"xmk": {"key-id": str, "signer": str, "signature": bytes}},
     "pdec-request": {"xmk": {"params": str, "key-id": str, "round": int, "contributors": list, "num-clients": int,
-                             "model-hash": bytes, "contributor-signers": list, "contributor-signatures": list,
-                             "active": list},
+                             "limbs": int, "model-hash": bytes, "contributor-signers": list,
+                             "contributor-signatures": list, "active": list},
                      "xmk-c1": {"c1": Array}},
     "pdec-reply": {"xmk-share": {"share": Array}, "xmk": {"seed-shares": list, "mask-shares": list}},
 }
@@ -189,7 +189,7 @@ def test_client_answers_a_malformed_request_with_an_error_naming_the_field():
     assert reply.has_error() and reply.error.code == ReplyCode.REFUSED
     assert reply.error.reason == "MalformedMessage: field 'xmk.seed-a': 31 bytes, expected 32"
     # a refusal of the protocol (no key set) is the one Refused, with its code
-    pdec = xmk.PdecRequest("xmk-n4096-q108", KID, 1, NAMES, 2, b"c1").to_record()
+    pdec = xmk.PdecRequest("xmk-n4096-q108", KID, 1, NAMES, 2, b"c1", 2).to_record()
     (reply,) = grid.send_and_receive([Message(pdec, dst_node_id=node, message_type="query.xmk_pdec")])
     assert reply.error.code == ReplyCode.REFUSED and reply.error.reason == f"Refused: no key for key set {KID!r}"
 

@@ -163,3 +163,14 @@ def test_chunked_fft_products_match_ntt_for_batches_larger_than_a_chunk():
     s = v[0]
     got2 = ring.mul_small_spectrum(ring.fft_small(s), 64.0, y)
     assert np.array_equal(got2, ring.mul(ring.from_signed(s), y))
+
+
+@pytest.mark.parametrize("bits, count", [(27, 4), (31, 3)])
+def test_lazy_ntt_is_exact_at_the_largest_residues_for_both_prime_sizes(bits, count):
+    # the NTT reduces lazily (values grow by q per stage, reduced only before a product could
+    # pass 2^64): all residues q_i - 1 are the worst case for that growth, at n = 4096
+    ring = get_ring(4096, find_ntt_primes(4096, bits, count))
+    x = np.broadcast_to(ring.q_col - np.uint64(1), (count, 4096)).copy()
+    y = uniform_mod_q(ring.primes, ring.n, (), RandomStream(bytes(32)))
+    assert np.array_equal(ring.intt(ring.ntt(x)), x)
+    assert np.array_equal(ring.mul(x, y), _schoolbook(ring, x, y))

@@ -29,14 +29,15 @@ from flwr_fedeval.messages import (
     array_to_bytes,
     bytes_to_array,
 )
-from flwr_fedeval.protocol import xmk
+from flwr_fedeval.protocol import ReplyCode, xmk
 from flwr_fedeval.protocol.xmk import QUERY_XMK_CONTRIBUTORS, QUERY_XMK_SHARES
-from flwr_fedeval.rlwe import keyset, masking, selfmask, threshold
+from flwr_fedeval.rlwe import compact, keyset, masking, selfmask, threshold
 from flwr_fedeval.rlwe import serialization as ser
+from flwr_fedeval.strategies.base import NodeNotConfigured
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
 from flwr_fedeval.testing import InProcessGrid
 
-RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
+RUN_CONFIG = {"fedeval-identity-dir": IDENTITY_DIR}
 LENGTH = sum(int(np.prod(s)) for s in SHAPES) + 1
 
 
@@ -46,8 +47,9 @@ class Server:
     def __init__(self, num_nodes=3, node_configs=None):
         self.grid = InProcessGrid(make_app(), num_nodes, RUN_CONFIG, node_configs=node_configs)
         self.nodes = list(self.grid.node_ids)
+        # at the full L limbs (compaction is post-processing of c0 and D: tests/secagg/test_xmk_compact.py)
         self.strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=num_nodes,
-                                  max_abs_value=1e4)
+                                  max_abs_value=1e4, limbs=rlwe.DEFAULT_PARAMETER_SET.limbs)
         self.params = self.strategy.params
         self.set_round(1)
 
@@ -80,8 +82,13 @@ class Server:
         return self.replies
 
     def ciphertexts(self):
-        return {n: rlwe.Ciphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]),
-                                              self.params) for n, r in self.replies.items()}
+        """Every upload, parsed strictly as a compact ciphertext at the key set's L' (= L here)."""
+        out = {}
+        for n, r in self.replies.items():
+            ct = compact.CompactCiphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]),
+                                                      self.params, self.key_set.limbs)
+            out[n] = rlwe.Ciphertext(self.params, ct.c0, ct.c1)
+        return out
 
     def honest_round(self):
         self.keys()
@@ -108,7 +115,7 @@ class Server:
         return list(self.grid.send_and_receive([msg]))[0]
 
     def pdec(self, node, c1=None, *, raw=None, contributors=None, rnd=None, num_clients=None, active=None,
-             signatures=None):
+             signatures=None, limbs=None):
         """``query.xmk_pdec`` for polynomials ``c1``, or for ``raw`` (bytes, or an Array as is); signed by every
         member for the whole key set (step 2b, once per round) unless ``signatures`` says otherwise."""
         ks = self.key_set
@@ -118,6 +125,7 @@ class Server:
         config = {"params": self.params.name, "key-id": ks.key_id,
                   "round": self.strategy._round.server_round if rnd is None else rnd,
                   "contributors": names, "num-clients": len(ks.names) if num_clients is None else num_clients,
+                  "limbs": ks.limbs if limbs is None else limbs,
                   "model-hash": xmk.model_hash(self.arrays), "contributor-signers": list(signatures),
                   "contributor-signatures": list(signatures.values()),
                   "active": sorted(ks.names) if active is None else active}
@@ -129,7 +137,8 @@ class Server:
     def share(self, reply):
         assert not reply.has_error(), reply.error.reason
         self.last_replies = getattr(self, "last_replies", []) + [reply]
-        return rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), self.params)
+        level = compact.level_parameter_set(self.params, self.key_set.limbs)
+        return rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), level)
 
     def without_self_masks(self, raw, replies, only=None):
         """``raw`` minus the self-masks of the contributors (those in ``only``, default all), reconstructed from
@@ -202,6 +211,7 @@ def _reveal_config(committed, **changes):
     config.setdefault("scale-bits", rlwe.max_scale_bits(rlwe.DEFAULT_PARAMETER_SET, num_clients=n,
                                                         max_abs_value=config["max-abs-value"]))
     config.setdefault("threshold", n // 2 + 1)
+    config.setdefault("limbs", rlwe.DEFAULT_PARAMETER_SET.limbs)
     return config
 
 
@@ -264,7 +274,7 @@ def test_unsigned_duplicate_and_foreign_session_commitments_are_refused():
 
 
 def test_key_set_without_the_client_or_below_its_floor_is_refused():
-    configs = [{"partition-id": i, "num-partitions": 3, "xmk-min-clients": 3} for i in range(3)]
+    configs = [{"partition-id": i, "num-partitions": 3, "fedeval-min-clients": 3} for i in range(3)]
     server = Server(3, node_configs=configs)
     committed = server.commit()
     # only two members (the client and one other): below the client's own floor of 3
@@ -281,7 +291,7 @@ def test_floor_is_enforced_by_the_train_mod_too():
     server = Server(3)
     server.keys()
     for ctx in server.grid.contexts.values():
-        ctx.node_config["xmk-min-clients"] = 4  # the operator raised the floor after the reveal
+        ctx.node_config["fedeval-min-clients"] = 4  # the operator raised the floor after the reveal
     refusals = _train_refusals(server, server.train_messages())
     assert all(r and "requires at least 4" in r for r in refusals.values()), refusals
 
@@ -387,14 +397,18 @@ def test_keygen_with_a_key_id_not_derived_from_the_seed_or_reused_is_refused():
 
 
 def test_client_without_identity_refuses_with_the_config_keys_to_set():
-    grid = InProcessGrid(make_app(), 2)  # no identity-dir
+    """A configuration refusal (code NOT_CONFIGURED) is terminal, not a RoundAborted to retry (issue 23
+    item 4): the error names the keys to set."""
+    grid = InProcessGrid(make_app(), 2)  # no fedeval-identity-dir
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=2, max_abs_value=1e4,
                          max_attempts=1)
     strategy._round = _RoundState(1, ArrayRecord(_initial()), ConfigRecord({}), grid)
-    with pytest.raises(RoundAborted) as info:
+    with pytest.raises(NodeNotConfigured) as info:
         strategy.commit(list(grid.node_ids))
-    for reason in info.value.failed.values():
-        assert "fedeval-identity-key" in reason and "identity-dir" in reason
+    assert sorted(info.value.failures) == sorted(grid.node_ids)
+    assert {f.code for f in info.value.failures.values()} == {int(ReplyCode.NOT_CONFIGURED)}
+    assert set(info.value.keys) == {"node config fedeval-identity-key", "node config fedeval-roster",
+                                    "run config fedeval-identity-dir"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,7 +651,7 @@ def _configs(num_nodes, **extra):
 
 
 def test_honest_sparse_graph_round_equals_weighted_fedavg():
-    grid = InProcessGrid(make_app(), 7, {**RUN_CONFIG, "xmk-mask-degree": 2})
+    grid = InProcessGrid(make_app(), 7, {**RUN_CONFIG, "fedeval-xmk-mask-degree": 2})
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=7, max_abs_value=1e4,
                          mask_degree=2)
     result = run(grid, strategy)
@@ -661,7 +675,7 @@ def test_degree_below_the_client_floor_is_refused():
     del missing["mask-degree"]
     _refused(server.send(server.nodes[3], QUERY_XMK_REVEAL, missing), "mask-degree")
     # an operator who demands the complete graph (node config 0) refuses any sparse one
-    server = Server(6, node_configs=_configs(6, **{"xmk-mask-degree": 0}))
+    server = Server(6, node_configs=_configs(6, **{"fedeval-xmk-mask-degree": 0}))
     committed = server.commit()
     _refused(server.send(server.nodes[0], QUERY_XMK_REVEAL, _reveal_config(committed, **{"mask-degree": 4})),
              "requires at least 5")
@@ -692,7 +706,7 @@ def test_different_degrees_for_different_clients_are_refused_at_train():
 
 def test_partial_sum_over_a_closed_neighbourhood_is_uniform():
     """Sparse graph (M = 6, k = 2): the victim and all its neighbours still miss masks of edges leaving the set."""
-    server = Server(6, node_configs=_configs(6, **{"xmk-mask-degree": 2}))
+    server = Server(6, node_configs=_configs(6, **{"fedeval-xmk-mask-degree": 2}))
     server.strategy.mask_degree = 2
     committed = server.commit()
     server.use(server.strategy.reveal(committed))

@@ -9,7 +9,7 @@ from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, array_to_bytes, bytes_to_a
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
 
-RUN_CONFIG = {"identity-dir": IDENTITY_DIR}
+RUN_CONFIG = {"fedeval-identity-dir": IDENTITY_DIR}
 _update, _num_examples, _initial, _plain_fedavg, _flat, _run = update, num_examples, initial, plain_fedavg, flat, run
 
 

@@ -8,6 +8,7 @@ from xmk_app import RUN_CONFIG, flat, initial, make_app, plain_fedavg, run
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import xmk
+from flwr_fedeval.rlwe import compact
 from flwr_fedeval.strategies.collect import send_and_collect
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg, _RunningSum
 from flwr_fedeval.testing import InProcessGrid
@@ -35,7 +36,7 @@ def test_start_folds_every_ciphertext_before_aggregate_train_and_gets_the_exact_
 
     def counting_add(self, node, ct, extra=None):
         gc.collect()  # what earlier tests left in reference cycles is not this round's
-        alive.append(sum(isinstance(o, rlwe.Ciphertext) for o in gc.get_objects()))
+        alive.append(sum(isinstance(o, (rlwe.Ciphertext, compact.CompactCiphertext)) for o in gc.get_objects()))
         return add(self, node, ct, extra)
 
     class Spy(XMKFedAvg):

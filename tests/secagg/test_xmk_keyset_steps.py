@@ -62,10 +62,10 @@ def test_box_key_is_not_the_pairwise_mask_key():
 def test_transcript_binds_every_public_parameter():
     members = [(ident.name, bytes([i]) * 32) for i, ident in enumerate(IDS)]
     base = dict(key_id=KID, seed_a=bytes(32), round_=3, members=members, mask_degree=4, scale_bits=40,
-                max_abs_value=1e4, threshold=3)
+                max_abs_value=1e4, threshold=3, limbs=2)
     t0 = keyset.transcript_digest(P, **base)
     for change in ({"scale_bits": 41}, {"max_abs_value": 1e4 + 1}, {"threshold": 4}, {"mask_degree": 3},
-                   {"round_": 4}):
+                   {"round_": 4}, {"limbs": 3}):
         assert keyset.transcript_digest(P, **{**base, **change}) != t0, change
     with pytest.raises(keyset.KeySetError, match="finite"):
         keyset.transcript_digest(P, **{**base, "max_abs_value": float("inf")})

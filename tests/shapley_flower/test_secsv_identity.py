@@ -35,6 +35,7 @@ from flwr_fedeval.messages import (
     QUERY_SHAPLEY_SHARE,
     bytes_to_array,
 )
+from flwr_fedeval.strategies.base import NodeNotConfigured
 from flwr_fedeval.strategies.shapley_phase import SecSVPhase, ShapleyPhaseError
 
 
@@ -173,10 +174,11 @@ def test_without_identities_the_phase_refuses_naming_the_config_keys(trained):
     configs = [{"partition-id": i, "num-partitions": 3, **TRUST} for i in range(3)] + [
         {"fedeval-role": "shapley-aux", **TRUST}]
     grid = InProcessGrid(app, 4, {}, node_configs=configs)
-    with pytest.raises(ShapleyPhaseError) as info:
+    with pytest.raises(NodeNotConfigured) as info:  # a configuration refusal stops the run (issue 23 item 4)
         SecSVPhase().run(grid)
-    assert info.value.step == "hello"
-    assert all("fedeval-identity-key" in why and "identity-dir" in why for why in info.value.failed.values())
+    assert info.value.step.endswith("hello")
+    assert sorted(info.value.failures) == sorted(grid.node_ids)
+    assert {"node config fedeval-identity-key", "run config fedeval-identity-dir"} <= set(info.value.keys)
 
 
 # --- A reads raw arrays only ----------------------------------------------------------------------

@@ -67,7 +67,7 @@ TRUST = {"fedeval-secsv-trust-principal": True}   # every node accepts an honest
 def make_grid(fault=None, trust=TRUST):
     configs = [{"partition-id": i, "num-partitions": 3, **trust} for i in range(3)] + [
         {"fedeval-role": "shapley-aux", "partition-id": 3, **trust}]      # partition-id 3: its key node-3.key
-    return InProcessGrid(app, 4, {"identity-dir": IDENTITY_DIR}, node_configs=configs, fault=fault)
+    return InProcessGrid(app, 4, {"fedeval-identity-dir": IDENTITY_DIR}, node_configs=configs, fault=fault)
 
 
 def train_two_rounds(grid):

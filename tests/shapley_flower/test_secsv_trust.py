@@ -1,7 +1,7 @@
 """SecSV runs only where every node accepts an honest-but-curious principal server (issue 22, item 3).
 
 Node config ``fedeval-secsv-trust-principal`` (default false); in simulation the same key in
-``<identity-dir>/node-<partition-id>.policy.toml``. A node without it refuses at hello with one
+``<fedeval-identity-dir>/node-<partition-id>.policy.toml``. A node without it refuses at hello with one
 line naming the key; run config cannot switch it on.
 """
 
@@ -28,7 +28,7 @@ KEY = "fedeval-secsv-trust-principal"
 def _grid(trusting: list[bool], run_config=None):
     configs = [{"partition-id": i, "num-partitions": 3, **(TRUST if trusting[i] else {})} for i in range(3)]
     configs.append({"fedeval-role": "shapley-aux", "partition-id": 3, **(TRUST if trusting[3] else {})})
-    return InProcessGrid(app, 4, {"identity-dir": IDENTITY_DIR, **(run_config or {})}, node_configs=configs)
+    return InProcessGrid(app, 4, {"fedeval-identity-dir": IDENTITY_DIR, **(run_config or {})}, node_configs=configs)
 
 
 @pytest.mark.parametrize("who", [0, 3])          # a data client, the auxiliary server
@@ -51,7 +51,7 @@ def _context(node_config, run_config=None):
 
 
 def test_run_config_cannot_switch_trust_on():
-    assert not trusts_principal(_context({"partition-id": 0}, {KEY: True, "identity-dir": IDENTITY_DIR}))
+    assert not trusts_principal(_context({"partition-id": 0}, {KEY: True, "fedeval-identity-dir": IDENTITY_DIR}))
     assert trusts_principal(_context({KEY: True}))
     assert trusts_principal(_context({KEY: "true"}))
     assert not trusts_principal(_context({KEY: False}))
@@ -64,7 +64,7 @@ def test_simulation_reads_the_policy_file_next_to_the_node_key(tmp_path):
     shutil.copytree(IDENTITY_DIR, ids)
     (ids / "node-1.policy.toml").write_text(f"{KEY} = true\n")
     (ids / "node-2.policy.toml").write_text(f"{KEY} = 1\n")
-    run = {"identity-dir": str(ids)}
+    run = {"fedeval-identity-dir": str(ids)}
     assert trusts_principal(_context({"partition-id": 1}, run))
     assert not trusts_principal(_context({"partition-id": 0}, run))        # no file: default false
     with pytest.raises(Refused, match=KEY):

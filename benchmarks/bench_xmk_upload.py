@@ -1,0 +1,125 @@
+"""Upload per client per xMK-CKKS round through the real Flower messages: compact (L' limbs) vs uncompressed.
+
+One :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg` round over the serializing grid
+(:class:`~flwr_fedeval.testing.InProcessGrid`, every message through Flower's protobuf serialization)
+with the real client handlers and roster identities, once with the fewest limbs the noise budget allows
+(the default) and once with ``limbs = L`` (the uncompressed form). Per client: the bytes of its
+ciphertext (``xmk-ciphertext``) and its decryption share (``xmk-share``) as received by the server, and
+every serialized reply of the round; divided by 4 bytes per float32 weight. Also the max error of the
+decrypted weighted mean against plaintext FedAvg.
+
+    python benchmarks/bench_xmk_upload.py [--params 949002] [--clients 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from identities import IDENTITY_DIR  # noqa: E402  (the test roster: identities of node-0, node-1, ...)
+
+from flwr_fedeval import rlwe  # noqa: E402
+from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod  # noqa: E402
+from flwr_fedeval.protocol import xmk  # noqa: E402
+from flwr_fedeval.rlwe import compact  # noqa: E402
+from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg  # noqa: E402
+from flwr_fedeval.testing import InProcessGrid  # noqa: E402
+
+
+def _shapes(num_params: int) -> list[tuple[int, ...]]:
+    big = num_params // 4
+    return [(big,), (big,), (big,), (num_params - 3 * big,)]
+
+
+def _update(pid: int, shapes) -> list[np.ndarray]:
+    rng = np.random.default_rng(1000 + pid)  # test data, not key material
+    return [rng.uniform(-1e-2, 1e-2, s).astype(np.float32) for s in shapes]
+
+
+def _app(shapes) -> ClientApp:
+    app = ClientApp()
+    register_xmkckks_handlers(app)
+
+    @app.train(mods=[xmkckks_mod])
+    def train(msg, context):
+        pid = int(context.node_config["partition-id"])
+        w = msg.content["arrays"].to_numpy_ndarrays()
+        new = [a + d for a, d in zip(w, _update(pid, shapes))]
+        metrics = MetricRecord({"num-examples": 10 + pid})
+        return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics}), reply_to=msg)
+
+    return app
+
+
+def _round(num_params: int, clients: int, limbs: int | None) -> dict:
+    shapes = _shapes(num_params)
+    sizes: dict[int, dict[str, int]] = {}
+
+    def spy(node, delivered, reply):
+        if not reply.has_error():
+            for key, field in ((xmk.XMK_CIPHERTEXT_KEY, "ciphertext"), (xmk.XMK_SHARE_KEY, "share")):
+                if key in reply.content:
+                    sizes.setdefault(node, {})[field] = int(reply.content[key][field].numpy().nbytes)
+        return reply
+
+    grid = InProcessGrid(_app(shapes), clients, {"fedeval-identity-dir": IDENTITY_DIR})
+    grid.fault = spy
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients,
+                         max_abs_value=2.0**16, limbs=limbs)
+    w0 = [np.zeros(s, dtype=np.float32) for s in shapes]
+    t0 = time.perf_counter()
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(w0), num_rounds=1,
+                            train_config=ConfigRecord({}), timeout=3600)
+    seconds = time.perf_counter() - t0
+    got = np.concatenate([a.ravel() for a in result.arrays.to_numpy_ndarrays()]).astype(np.float64)
+    n = np.array([10 + p for p in range(clients)], dtype=np.float64)
+    ups = [np.concatenate([u.ravel() for u in _update(p, shapes)]).astype(np.float64) for p in range(clients)]
+    expected = np.sum([ni * u for ni, u in zip(n, ups)], axis=0) / n.sum()
+    key_limbs = strategy.limbs_for(clients, strategy.scale_bits_for(clients))
+    per_client = [s["ciphertext"] + s.get("share", 0) for s in sizes.values()]
+    return {
+        "limbs": key_limbs, "parameter_set": strategy.params.name, "params": num_params, "clients": clients,
+        "ciphertext_bytes": sorted({s["ciphertext"] for s in sizes.values()}),
+        "share_bytes": sorted({s["share"] for s in sizes.values() if "share" in s}),
+        "upload_bytes_per_client_max": max(per_client),
+        "upload_per_float32": max(per_client) / (4 * num_params),
+        "all_replies_bytes_per_client_max": max(grid.bytes_up.values()),
+        "all_replies_per_float32": max(grid.bytes_up.values()) / (4 * num_params),
+        "max_error_of_mean": float(np.max(np.abs(got - expected))),
+        "round_seconds": seconds,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--params", type=int, default=949_002)
+    ap.add_argument("--clients", type=int, default=5)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_xmk_upload.json"))
+    args = ap.parse_args(argv)
+    full = rlwe.DEFAULT_PARAMETER_SET.limbs
+    rows = [_round(args.params, args.clients, None), _round(args.params, args.clients, full)]
+    for row in rows:
+        print(f"L'={row['limbs']}: ciphertext {row['ciphertext_bytes']} B + share {row['share_bytes']} B = "
+              f"{row['upload_per_float32']:.2f}x float32 (every reply: {row['all_replies_per_float32']:.2f}x), "
+              f"max err {row['max_error_of_mean']:.2e}, {row['round_seconds']:.1f} s")
+    predicted = compact.compact_limbs(rlwe.DEFAULT_PARAMETER_SET, num_clients=args.clients,
+                                      scale_bits=rlwe.max_scale_bits(rlwe.DEFAULT_PARAMETER_SET,
+                                                                     num_clients=args.clients,
+                                                                     max_abs_value=2.0**16),
+                                      max_abs_value=2.0**16)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"predicted_limbs": predicted, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
