@@ -73,5 +73,6 @@ a newer Flower may need a new release of this package.
 """
 
 from flwr_fedeval.testing.grid import Fault, InProcessGrid
+from flwr_fedeval.testing.lazy_grid import LazyInProcessGrid
 
-__all__ = ["Fault", "InProcessGrid"]
+__all__ = ["Fault", "InProcessGrid", "LazyInProcessGrid"]

@@ -170,20 +170,9 @@ class InProcessGrid(Grid):
                 self._waiting[msg_id] = msg
                 self.log.append((node, msg.metadata.message_type, False))
                 continue
-            delivered, size = _roundtrip_message(msg)
-            self.bytes_down[node] += size
-            reply: Message | None = self._execute(node, delivered)
-            if self.fault is not None and reply is not None:
-                reply = self.fault(node, delivered, reply)
-            if node in self._dead:  # killed while it worked on the message (e.g. by the fault hook)
-                self._waiting[msg_id] = msg
-                reply = None
-            if reply is not None:
-                reply.metadata.__dict__["_message_id"] = f"reply-{msg_id}"
-                received, size = _roundtrip_message(reply)
-                self.bytes_up[node] += size
+            received = self._deliver(msg_id, msg)
+            if received is not None:
                 self._replies[msg_id] = received
-            self.log.append((node, msg.metadata.message_type, reply is not None and not reply.has_error()))
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -252,6 +241,28 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
     # --- internals ----------------------------------------------------------
+    def _deliver(self, msg_id: str, msg: Message) -> Message | None:
+        """Serialize ``msg`` to its node, run the ClientApp, serialize the reply back; ``None`` if none came."""
+        node = msg.metadata.dst_node_id
+        delivered, size = _roundtrip_message(msg)
+        self.bytes_down[node] += size
+        reply: Message | None = self._execute(node, delivered)
+        if self.fault is not None and reply is not None:
+            reply = self.fault(node, delivered, reply)
+        del delivered
+        if node in self._dead:  # killed while it worked on the message (e.g. by the fault hook)
+            self._waiting[msg_id] = msg
+            reply = None
+        ok = reply is not None and not reply.has_error()
+        received = None
+        if reply is not None:
+            reply.metadata.__dict__["_message_id"] = f"reply-{msg_id}"
+            received, size = _roundtrip_message(reply)
+            del reply
+            self.bytes_up[node] += size
+        self.log.append((node, msg.metadata.message_type, ok))
+        return received
+
     def _execute(self, node: int, msg: Message) -> Message:
         context = _roundtrip_context(self.contexts[node])
         try:
