@@ -45,7 +45,8 @@ class LazyInProcessGrid(InProcessGrid):
     max_replies_per_pull : int
         Most replies one pull returned.
     alive, max_alive : int
-        Reply contents handed out and still referenced (by anyone), now and at most.
+        Reply contents handed out and still referenced (by anyone), now and at most (error
+        replies, which have no content, are not counted).
     max_alive_by_type : dict of str to int
         ``max_alive`` per message type.
 
@@ -117,6 +118,8 @@ class LazyInProcessGrid(InProcessGrid):
             super().sleep(seconds)
 
     def _track(self, reply: Message, message_type: str) -> None:
+        if not reply.has_content():  # an error reply: no content to hold
+            return
         self.alive += 1
         self.max_alive = max(self.max_alive, self.alive)
         by = self._alive_by_type
