@@ -54,6 +54,15 @@ new node ID; the old ID leaves the node list when its 60 s heartbeat expires
 
     grid.fault = fault
 
+Many nodes with big replies: :class:`LazyInProcessGrid` (same arguments, plus
+``per_pull``) runs a node only when the server pulls its reply, ``per_pull`` per
+pull, so it holds no reply (``InProcessGrid`` runs every node at push time and
+holds every reply: 100 encrypted ResNet-18 updates would not fit in memory);
+``grid.max_alive`` counts the reply contents alive at once
+(``benchmarks/bench_xmk_100.py``)::
+
+    grid = LazyInProcessGrid(client_app, num_nodes=100, run_config=run_config, per_pull=1)
+
 Each node sees ``node_config = {"partition-id": i, "num-partitions": num_nodes}``
 unless ``node_configs`` is given, and the same ``run_config``.
 
