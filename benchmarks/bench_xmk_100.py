@@ -36,7 +36,8 @@ Small runs (seconds to minutes)::
     python benchmarks/bench_xmk_100.py --clients 5 --params 949002 --out /tmp/b5.json
     python benchmarks/bench_xmk_100.py --clients 12 --params 11689512 --out /tmp/b12.json
 
-``--docs`` also publishes the table in ``docs/results.md`` (:func:`flwr_fedeval.reporting.publish`).
+``--docs`` also publishes the table in ``docs/results.md`` (:func:`flwr_fedeval.reporting.publish`);
+``--from-json FILE --docs`` publishes an earlier run's JSON without running anything.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import argparse
 import json
 import logging
 import resource
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -59,7 +59,7 @@ from flwr.clientapp import ClientApp
 
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 from flwr_fedeval.keys import create
-from flwr_fedeval.reporting import markdown_table, publish
+from flwr_fedeval.reporting import markdown_table, provenance, publish
 from flwr_fedeval.strategies.base import StepTimer
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import LazyInProcessGrid
@@ -67,6 +67,7 @@ from flwr_fedeval.testing import LazyInProcessGrid
 GIB = 2.0**30
 MIB = 2.0**20
 RESNET18 = 11_689_512
+TITLE = "xMK-CKKS round at scale: M clients × P parameters (benchmarks/bench_xmk_100.py)"
 
 
 def _shapes(num_params: int) -> list[tuple[int, ...]]:
@@ -270,7 +271,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_xmk_100.json"))
     ap.add_argument("--docs", nargs="?", const=str(Path(__file__).resolve().parents[1] / "docs"),
                     help="also publish the table in DOCS/results.md")
+    ap.add_argument("--from-json", help="publish (--docs) the rows of this earlier --out file; run nothing")
     args = ap.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        run_info = saved.get("provenance", {})
+        note = (f"*Published from `{args.from_json}`: the run itself was measured {run_info.get('date', '?')} "
+                f"on {run_info.get('machine', '?')}, commit {run_info.get('commit', '?')}.*\n\n")
+        where = publish("bench-xmk-100", TITLE, note + _docs_body(saved["rows"]), command=saved["command"],
+                        docs_dir=args.docs or str(Path(__file__).resolve().parents[1] / "docs"))
+        print(f"published {where}")
+        return 0
     logging.getLogger("flwr").setLevel(logging.ERROR)
     rows: list[dict] = []
     out = Path(args.out)
@@ -282,12 +293,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['peak_rss_gib']:.2f} GiB, up {row['bytes_up_per_client_max'] / MIB:.1f} MiB/client, "
               f"max err {row['max_error_of_mean']:.1e}, replies alive <= {row['max_reply_contents_alive']}",
               flush=True)
-        out.write_text(json.dumps({"benchmark": "bench_xmk_100", "command": " ".join(sys.argv), "rows": rows},
+        info = provenance()
+        out.write_text(json.dumps({"benchmark": "bench_xmk_100", "command": info["command"], "provenance": info,
+                                   "rows": rows},
                                   indent=1) + "\n")  # after every M: a long run keeps what it measured
     print(f"wrote {out}")
     if args.docs:
-        where = publish("bench-xmk-100", "xMK-CKKS round at scale: M clients × P parameters "
-                        "(benchmarks/bench_xmk_100.py)", _docs_body(rows), docs_dir=args.docs)
+        where = publish("bench-xmk-100", TITLE, _docs_body(rows), docs_dir=args.docs)
         print(f"published {where}")
     return 0
 
