@@ -278,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         run_info = saved.get("provenance", {})
         note = (f"*Published from `{args.from_json}`: the run itself was measured {run_info.get('date', '?')} "
                 f"on {run_info.get('machine', '?')}, commit {run_info.get('commit', '?')}.*\n\n")
-        where = publish("bench-xmk-100", TITLE, note + _docs_body(saved["rows"]), command=saved["command"],
+        command = saved["command"]
+        if "--docs" not in command:  # the runs, then this publication
+            command += f"; python benchmarks/bench_xmk_100.py --from-json {args.from_json} --docs"
+        where = publish("bench-xmk-100", TITLE, note + _docs_body(saved["rows"]), command=command,
                         docs_dir=args.docs or str(Path(__file__).resolve().parents[1] / "docs"))
         print(f"published {where}")
         return 0
