@@ -27,7 +27,8 @@ and down per client (serialized messages; max and mean); the most reply contents
 (:attr:`~flwr_fedeval.testing.LazyInProcessGrid.max_alive`); max |error| of the decrypted weighted
 mean against the exact float64 mean.
 
-Issue 21's configuration (~30–40 CPU minutes on a quiet machine; the coordinator schedules it)::
+Issue 21's configuration (estimated ~53 CPU minutes and ~4 GiB peak RSS from the M = 12 run at 11.7M; see
+docs/results.md; the coordinator schedules it)::
 
     nice python benchmarks/bench_xmk_100.py --clients 100 --params 11689512 --trace --docs
 
