@@ -44,6 +44,7 @@ Small runs (seconds to minutes)::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import resource
@@ -71,18 +72,17 @@ RESNET18 = 11_689_512
 TITLE = "xMK-CKKS round at scale: M clients × P parameters (benchmarks/bench_xmk_100.py)"
 
 
-def _shapes(num_params: int) -> list[tuple[int, ...]]:
-    big = num_params // 4
-    return [(big,), (big,), (big,), (num_params - 3 * big,)]
+def _round_bench():
+    """``benchmarks/bench_xmk_round.py`` as a module: the same model shapes, updates and example counts."""
+    spec = importlib.util.spec_from_file_location("bench_xmk_round", Path(__file__).with_name("bench_xmk_round.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def _update(pid: int, shapes) -> list[np.ndarray]:
-    rng = np.random.default_rng(1000 + pid)  # test data, not key material
-    return [rng.uniform(-1e-2, 1e-2, s).astype(np.float32) for s in shapes]
-
-
-def _examples(pid: int) -> int:
-    return 10 + pid
+_ROUND = _round_bench()
+_shapes, _update, _examples = _ROUND._shapes, _ROUND._update, _ROUND._examples
 
 
 class _CPUStepTimer(StepTimer):
