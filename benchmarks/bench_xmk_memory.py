@@ -34,7 +34,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_fedeval import rlwe
@@ -45,6 +45,20 @@ from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet,
 from flwr_fedeval.testing.grid import set_serverapp_identity
 
 GIB = 2.0**30
+
+
+def _delivered(template: RecordDict) -> RecordDict:
+    """``template`` as a grid hands over a pulled message: every array's bytes in a buffer of its own
+    (one allocation per array, as Flower's deserialization of a pulled message makes), the rest shared.
+    The templates are made before tracing: what a client's ``to_record`` allocates is not the server's."""
+    out = RecordDict()
+    for key, record in template.items():
+        if isinstance(record, ArrayRecord):
+            record = ArrayRecord({name: Array(dtype=a.dtype, shape=a.shape, stype=a.stype,
+                                              data=np.frombuffer(a.data, dtype=np.uint8).tobytes())
+                                  for name, a in record.items()})
+        out[key] = record
+    return out
 
 
 class _LazyGrid:
@@ -135,12 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"setup (one ciphertext of {length:,} values: {len(ct_bytes) / 2**20:.1f} MiB): {setup_s:.1f} s",
           flush=True)
 
-    def xmk_reply(msg: Message) -> RecordDict:
+    train_reply = xmk.TrainReply(ct_bytes, MetricRecord({"train-loss": 0.5})).to_record()
+    pdec_replies = {m: xmk.PdecReply(share_bytes, (bytes(threshold.BYTES_SHARE_SIZE),) * m, ()).to_record()
+                    for m in args.clients}
+
+    def xmk_reply(msg: Message, m: int) -> RecordDict:  # the request is not parsed: that is the client's work
         if msg.metadata.message_type == xmk.PDEC.message_type:
-            request = xmk.PdecRequest.from_record(msg.content)
-            seed_shares = (bytes(threshold.BYTES_SHARE_SIZE),) * len(request.contributors)
-            return xmk.PdecReply(share_bytes, seed_shares, ()).to_record()
-        return xmk.TrainReply(ct_bytes, MetricRecord({"train-loss": 0.5})).to_record()
+            return _delivered(pdec_replies[m])  # every member contributed: m seed shares
+        return _delivered(train_reply)
 
     def strategy_for(m: int, grid) -> XMKFedAvg:
         strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=m,
@@ -155,12 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         return strategy
 
     def fold(m: int):
-        grid = _LazyGrid(xmk_reply)
+        grid = _LazyGrid(lambda msg: xmk_reply(msg, m))
         strategy = strategy_for(m, grid)
         state = strategy._round
         replies = collect(grid, state.sent, timeout=None, on_reply=strategy.fold_train_reply).replies
         total, _, contributors = strategy.sum_ciphertexts(replies)
-        c0, c1 = total.c0, rlwe.polys_to_bytes(params, total.c1)
+        c0, c1 = total.c0, total.c1  # C0' (the accumulator) and C1's bytes (sent as is)
         del total
         signatures = dict.fromkeys(state.key_set.names, b"")  # the clients check them; the server only relays
         plaintext = strategy.partial_decryptions(c0, c1, contributors, signatures)  # t shares, M self-masks removed
@@ -173,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         return len(replies)
 
     def hold(m: int):
-        grid = _LazyGrid(xmk_reply)
+        grid = _LazyGrid(lambda msg: xmk_reply(msg, m))
         strategy = strategy_for(m, grid)
         replies = collect(grid, strategy._round.sent, timeout=None).replies  # every reply kept
         cts = [compact.CompactCiphertext.from_bytes(xmk.TrainReply.from_record(r.content).ciphertext, params, limbs)
@@ -182,14 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         return len(cts)
 
     def plain(m: int):
-        rng = np.random.default_rng(0)  # test data, not key material
-        base = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
-        grid = _LazyGrid(lambda msg: RecordDict({"arrays": ArrayRecord(base),
-                                                 "metrics": MetricRecord({"num-examples": 10})}))
+        grid = _LazyGrid(lambda msg: _delivered(plain_reply))
         msgs = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in range(1, m + 1)]
         replies = collect(grid, msgs, timeout=None).replies  # Flower's loop holds every reply
         agg, _ = FedAvg().aggregate_train(1, replies)
         return len(agg)
+
+    rng = np.random.default_rng(0)  # test data, not key material
+    plain_reply = RecordDict({"arrays": ArrayRecord([rng.standard_normal(s, dtype=np.float32) for s in shapes]),
+                              "metrics": MetricRecord({"num-examples": 10})})
 
     def write(rows: list[dict]) -> None:
         out = {"benchmark": "bench_xmk_memory", "parameters": args.params, "parameter_set": params.name,

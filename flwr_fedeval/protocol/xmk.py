@@ -637,7 +637,8 @@ class PdecReply(Payload):
 
     Attributes
     ----------
-    share : bytes
+    share : bytes or memoryview
+        (Parsed: a read-only view into the message's buffer.)
         D_j = λ_j·sk_j·C1 + e*_j with smudging noise (Eq. 7, threshold form), then modulus-switched to the
         L' limbs of T (:func:`flwr_fedeval.rlwe.compact.compress_decryption_share`):
         :meth:`flwr_fedeval.rlwe.DecryptionShare.to_bytes` under
@@ -649,7 +650,7 @@ class PdecReply(Payload):
     """
 
     LABEL = "xMK partial decryption reply"
-    share: bytes
+    share: bytes | memoryview
     seed_shares: tuple[bytes, ...] = ()
     mask_shares: tuple[bytes, ...] = ()
 
@@ -661,7 +662,8 @@ class PdecReply(Payload):
     @classmethod
     def _from_record(cls, content: RecordDict) -> PdecReply:
         rec = config_record(content, _K)
-        return cls(array_bytes(array_record(content, XMK_SHARE_KEY), XMK_SHARE_KEY, "share"),
+        # a view into the message's own buffer, not a copy (issue 21 item 3)
+        return cls(array_bytes_view(array_record(content, XMK_SHARE_KEY), XMK_SHARE_KEY, "share"),
                    tuple(config_list(rec, _K, "seed-shares", bytes)), tuple(config_list(rec, _K, "mask-shares", bytes)))
 
 

@@ -93,6 +93,8 @@ __all__ = [
     "compact_combine_and_decode",
     "compact_count",
     "compact_rows",
+    "share_count",
+    "share_rows",
     "compact_limbs",
     "compact_noise_bound",
     "compress_ciphertext",
@@ -362,6 +364,51 @@ def compact_rows(
         c0 = ser.unpack_rows(level, c0_payload, count, start, stop, "c0")
         c1 = ser.unpack_rows(params, c1_payload, count, start, stop, "c1")
         yield start, c0, c1
+
+
+def share_count(data: bytes | memoryview, params: ParameterSet, limbs: int) -> int:
+    """k, the polynomials of a decryption share's bytes at L' limbs, after checking its header and length.
+
+    What :meth:`~flwr_fedeval.rlwe.xmkckks.DecryptionShare.from_bytes` under :func:`level_parameter_set`
+    (params, L') checks besides the residues (:func:`share_rows` checks those): magic, version, kind,
+    parameter set, n, limbs, count, aux = 0, payload length.
+
+    Raises
+    ------
+    ValueError
+        Naming the bad field.
+    """
+    level = level_parameter_set(params, limbs)
+    _, count, aux = ser.unpack_header(data, ser.KIND_DECRYPTION_SHARE, level)
+    if aux != 0:
+        raise ValueError(f"aux is {aux}, expected 0")
+    expected = ser.packed_size(level, count, 1)
+    if len(data) - ser.HEADER_SIZE != expected:
+        raise ValueError(f"payload length is {len(data) - ser.HEADER_SIZE} bytes, expected {expected} "
+                         f"for count = {count}")
+    return count
+
+
+def share_rows(
+    data: bytes | memoryview, params: ParameterSet, limbs: int, *, chunk_polys: int
+) -> Iterator[tuple[int, NDArray[np.uint64]]]:
+    """A decryption share's bytes read ``chunk_polys`` polynomials at a time: ``(start, d[start:stop])``,
+    rows of shape (r, L', n) uint64, each range's residues checked before it is yielded (as
+    :func:`compact_rows` does for a ciphertext; header and length first, :func:`share_count`).
+
+    Raises
+    ------
+    ValueError
+        ``chunk_polys`` < 1, or naming the bad field (header, length, ``d limb i`` >= q_i).
+    """
+    if isinstance(chunk_polys, bool) or not isinstance(chunk_polys, (int, np.integer)) or chunk_polys < 1:
+        raise ValueError(f"chunk_polys must be an integer >= 1, got {chunk_polys!r}")
+    count = share_count(data, params, limbs)
+    level = level_parameter_set(params, limbs)
+    payload = memoryview(data)[ser.HEADER_SIZE :]
+    for start in range(0, count, int(chunk_polys)):
+        stop = min(start + int(chunk_polys), count)
+        yield start, ser.unpack_rows(level, payload, count, start, stop, "d")
 
 
 def compress_ciphertext(ciphertext: Ciphertext, limbs: int) -> CompactCiphertext:

@@ -18,7 +18,7 @@ node early.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from typing import Any
@@ -213,6 +213,39 @@ def _active_set(signatures: dict[str, bytes], t: int) -> tuple[str, ...]:
 CHUNK_POLYS = 64
 
 
+def _add_ranges(accs: Sequence[tuple[np.ndarray, np.ndarray]],
+                ranges: Callable[[], Iterator[tuple[Any, ...]]]) -> None:
+    """acc[start:stop] ← acc[start:stop] + part mod q for every range ``(start, part, ...)`` of ``ranges()``
+    (one part per ``(acc, q_col)`` of ``accs``; reduced accumulators, parts reduced uint64, used as scratch).
+
+    ``ranges()`` checks each range before yielding it; if one raises ``ValueError``, the ranges already
+    added are read again and subtracted (exactly: arithmetic mod q), so the accumulators are left as
+    they were, then the error is raised: nothing is lost and nothing half-added.
+    """
+
+    def fold(start: int, parts: Sequence[np.ndarray], negate: bool) -> None:
+        for (acc, q), part in zip(accs, parts):
+            rows = acc[start : start + part.shape[0]]
+            if negate:
+                np.subtract(q, part, out=part)  # −x mod q = q − x
+            np.add(part, rows, out=part)  # < 2q < 2^32: no overflow in uint64
+            np.remainder(part, q, out=part)
+            rows[...] = part
+
+    done = 0
+    try:
+        for start, *parts in ranges():
+            fold(start, parts, False)
+            done = start + parts[0].shape[0]
+            del parts  # not alive while the next range is read
+    except ValueError:
+        for start, *parts in ranges():
+            if start >= done:
+                break
+            fold(start, parts, True)
+        raise
+
+
 class _RunningSum:
     """Σ c_j of step 2 (Eq. 3) over compact ciphertexts (C0' at L' limbs, C1 at L), folded one at a
     time straight from the wire bytes, ``chunk_polys`` polynomials at a time, kept reduced in uint32
@@ -254,33 +287,14 @@ class _RunningSum:
         if fresh:
             self.c0 = np.zeros((count, self.limbs, self.params.n), dtype=np.uint32)
             self.c1 = np.zeros((count, self.params.limbs, self.params.n), dtype=np.uint32)
-        done = 0
         try:
-            for start, c0, c1 in compact.compact_rows(data, self.params, self.limbs, chunk_polys=self.chunk_polys):
-                self._fold(start, c0, c1, negate=False)
-                done = start + c0.shape[0]
+            _add_ranges(((self.c0, self.level.ring.q_col), (self.c1, self.params.ring.q_col)),
+                        lambda: compact.compact_rows(data, self.params, self.limbs, chunk_polys=self.chunk_polys))
         except ValueError:
             if fresh:
                 self.c0 = self.c1 = None
-            else:  # take back the ranges already added (they were checked)
-                for start, c0, c1 in compact.compact_rows(data, self.params, self.limbs,
-                                                          chunk_polys=self.chunk_polys):
-                    if start >= done:
-                        break
-                    self._fold(start, c0, c1, negate=True)
             raise
         self.folded[node] = extra
-
-    def _fold(self, start: int, c0: np.ndarray, c1: np.ndarray, *, negate: bool) -> None:
-        """acc[start:stop] ← acc[start:stop] ± part mod q (``part``, uint64 and reduced, is scratch)."""
-        assert self.c0 is not None and self.c1 is not None
-        stop = start + c0.shape[0]
-        for acc, part, q in ((self.c0, c0, self.level.ring.q_col), (self.c1, c1, self.params.ring.q_col)):
-            if negate:
-                np.subtract(q, part, out=part)  # −x mod q = q − x, < 2^31
-            np.add(part, acc[start:stop], out=part)  # < 2^32
-            np.remainder(part, q, out=part)
-            acc[start:stop] = part
 
     def _check_total(self, nodes: Iterable[int]) -> None:
         nodes = set(nodes)
@@ -937,24 +951,23 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
 
         def check(node: int, reply: xmk.PdecReply) -> None:
-            share = rlwe.DecryptionShare.from_bytes(reply.share, level)  # strict, at L' limbs
-            if share.d.shape != acc.shape:
-                raise ValueError(f"share has shape {share.d.shape}, expected {acc.shape}")
+            count = compact.share_count(reply.share, self.params, key_set.limbs)  # strict, at L' limbs
+            if count != acc.shape[0]:
+                raise ValueError(f"share has {count} polynomials, expected {acc.shape[0]}")
             if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
                 raise ValueError("recovery shares are not one per contributor and one per dropped member")
+            # Eq. 5, a range of polynomials at a time straight from the bytes (a malformed share adds nothing)
+            _add_ranges(((acc, ring.q_col),), lambda: compact.share_rows(reply.share, self.params, key_set.limbs,
+                                                                           chunk_polys=self.chunk_polys))
             x = points[key_set.name_of(node)]
             for name, part in zip(c_names, reply.seed_shares):
                 seed_shares[name][x] = part
             for name, part in zip(dropped, reply.mask_shares):
                 key_shares[name][x] = part
-            np.add(acc, share.d, out=acc)  # residues < 2^31: reduced every 4 terms (Eq. 5)
             folded.append(node)
-            if len(folded) % 4 == 0:
-                np.remainder(acc, ring.q_col, out=acc)
 
         self._exchange("partial decryption", "decryption share", [key_set.node_of(n) for n in active], xmk.PDEC,
                        request, check)
-        np.remainder(acc, ring.q_col, out=acc)
         # −Σ_{i∈C} u_i (u_i = PRG(seed_i)) and the pairwise masks between C and K∖C, expanded at L limbs a
         # range of polynomials at a time (the clients' streams, :class:`~flwr_fedeval.rlwe.masking.MaskSum`),
         # each range switched to L' once and added into the accumulator
