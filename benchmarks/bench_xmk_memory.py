@@ -15,7 +15,10 @@ Measures, side by side in one run, the traced peak (``tracemalloc``; numpy's buf
 
 The replies are made by a fake grid when pulled (one real ciphertext and one share, made once, are reused
 as every client's: the server's cost does not depend on their values), so the grid itself holds none:
-what is measured is the server's aggregation, the messages it keeps included.
+what is measured is the server's aggregation, the messages it keeps included. Each pulled reply is handed
+over as a deserializing grid hands it over: its records built once before tracing (the client's
+``to_record`` is not the server's work), every array's bytes copied into a buffer of its own when pulled
+(the reply in flight, traced). Each row also gives the wall and CPU seconds of the server's aggregation.
 
 Usage::
 
@@ -106,16 +109,17 @@ def _shapes(num_params: int) -> list[tuple[int, ...]]:
     return [(big,), (big,), (big,), (num_params - 3 * big,)]
 
 
-def _peak(fn) -> tuple[float, float, object]:
+def _peak(fn) -> tuple[float, float, float, object]:
+    """(traced peak in GiB, wall seconds, CPU seconds of this process, fn's result)."""
     gc.collect()
     tracemalloc.start()
     tracemalloc.reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return peak / GIB, seconds, out
+    return peak / GIB, seconds, cpu, out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in (("plain_fedavg", plain), ("xmk_fold", fold), ("xmk_hold", hold)):
             if name == "xmk_hold" and m > args.hold_max:
                 continue
-            peak, seconds, _ = _peak(lambda fn=fn, m=m: fn(m))
-            rows.append({"clients": m, "method": name, "peak_gib": round(peak, 3), "seconds": round(seconds, 1)})
+            peak, seconds, cpu, _ = _peak(lambda fn=fn, m=m: fn(m))
+            rows.append({"clients": m, "method": name, "peak_gib": round(peak, 3), "seconds": round(seconds, 1),
+                         "cpu_seconds": round(cpu, 1)})
             print(rows[-1], flush=True)
             write(rows)  # after every row: a long run keeps what it measured
     by = {(r["clients"], r["method"]): r["peak_gib"] for r in rows}
