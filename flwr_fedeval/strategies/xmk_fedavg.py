@@ -302,7 +302,7 @@ class _RunningSum:
             raise ValueError(f"the running sum holds nodes {sorted(self.folded)}, not {sorted(nodes)}")
 
     def total(self, nodes: Iterable[int]) -> _CiphertextSum:
-        """C = Σ_{j ∈ nodes} c_j: C0' (uint64, the decryption's accumulator) and C1's bytes
+        """C = Σ_{j ∈ nodes} c_j: C0' (uint32, the decryption's accumulator) and C1's bytes
         (:func:`flwr_fedeval.rlwe.polys_to_bytes`, packed a range at a time from the uint32 sum).
         The running sum is released.
 
@@ -313,8 +313,7 @@ class _RunningSum:
         """
         self._check_total(nodes)
         assert self.c0 is not None and self.c1 is not None
-        c0 = self.c0.astype(np.uint64)
-        self.c0 = None
+        c0, self.c0 = self.c0, None
         params, count = self.params, self.num_polys
         header = ser.pack_header(ser.KIND_POLYNOMIALS, params, count)
         out = bytearray(len(header) + ser.packed_size(params, count, 1))
@@ -329,7 +328,7 @@ class _RunningSum:
 
 @dataclass(frozen=True, eq=False)
 class _CiphertextSum:
-    """C = Σ_{j∈C} c_j of step 2 as step 3 uses it: C0' of shape (k, L', n) uint64 (reduced mod q'), C1 as
+    """C = Σ_{j∈C} c_j of step 2 as step 3 uses it: C0' of shape (k, L', n) uint32 (reduced mod q'), C1 as
     :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent to the decryptors as is)."""
 
     c0: np.ndarray
@@ -842,7 +841,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         Returns
         -------
         (_CiphertextSum, list of MetricRecord, list of int)
-            C = Σ_{j∈C} c_j (C0' at L' limbs, uint64; C1 at L as bytes), the contributors' metric records,
+            C = Σ_{j∈C} c_j (C0' at L' limbs, uint32; C1 at L as bytes), the contributors' metric records,
             the contributors' node IDs (key-set order).
 
         Raises
@@ -912,8 +911,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
         Parameters
         ----------
-        c0 : ndarray of shape (k, L', n), uint64
-            C0' = Σ_{j∈C} c0'_j; used as the accumulator (overwritten, not copied).
+        c0 : ndarray of shape (k, L', n), uint32 or uint64, reduced
+            C0' = Σ_{j∈C} c0'_j; used as the accumulator (overwritten, not copied; uint32 from
+            :meth:`sum_ciphertexts`: residues < 2^31, half the bytes).
         c1 : bytes
             C1 = Σ_{j∈C} c1_j, :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent as is).
         contributors : list of int
@@ -993,9 +993,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             rows = acc[start : start + chunk]
             correction = masks.next_rows(zero[: rows.shape[0]])
             switched = compact.switch_modulus(self.params, correction, key_set.limbs)  # one rounding, < 1 unit of q'
-            np.add(rows, switched, out=rows)
-            np.remainder(rows, ring.q_col, out=rows)
-        return acc
+            np.add(switched, rows, out=switched)  # < 2q' (uint64)
+            np.remainder(switched, ring.q_col, out=switched)
+            rows[...] = switched
+        return acc.astype(np.uint64, copy=False)
 
     def decode(self, plaintext: np.ndarray, num_contributors: int | None = None) -> tuple[ArrayRecord, int]:
         """Step 4: decode Σ m = C0' + Σ D'_j minus the masks (:meth:`partial_decryptions`, at the key

@@ -51,7 +51,7 @@ def test_chunked_fold_is_bit_identical_to_the_whole_and_to_the_parsed_sum():
         total = running.total(range(len(cts)))
         sums[chunk] = (total.c0, total.c1)
     reference = compact.add_compact_ciphertexts([compact.CompactCiphertext.from_bytes(d, PARAMS, LIMBS) for d in cts])
-    assert reference.c0.dtype == sums[1][0].dtype == np.uint64
+    assert sums[1][0].dtype == np.uint32  # residues < 2^31: the running sum keeps half the bytes
     for c0, c1 in sums.values():
         assert np.array_equal(c0, reference.c0)
         assert c1 == rlwe.polys_to_bytes(PARAMS, reference.c1)
