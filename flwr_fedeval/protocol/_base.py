@@ -340,8 +340,10 @@ def array_bytes_view(record: ArrayRecord, key: str, name: str) -> memoryview:
         raise MalformedMessage(_field(key, name), "missing")
     array = record[name]
     data = array.data
-    if array.stype != SType.NUMPY or not isinstance(data, bytes):
+    if array.stype != SType.NUMPY or not isinstance(data, (bytes, bytearray, memoryview)):
         raise MalformedMessage(_field(key, name), f"not a numpy array (stype {array.stype!r})")
+    if not isinstance(data, bytes):  # Flower's are bytes; anything mutable is copied once (then it cannot change)
+        data = bytes(data)
     fp = io.BytesIO(data)  # shares ``data``'s buffer: nothing is copied
     try:
         version = np.lib.format.read_magic(fp)
