@@ -64,12 +64,13 @@ Imports neither flwr nor TensorFlow.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
+from . import masking
 from . import serialization as ser
 from .params import PARAMETER_SETS, ParameterSet, get_parameter_set, smudging_bound
 from .sampling import RandomStream, uniform_mod_q, uniform_smudging
@@ -95,8 +96,10 @@ __all__ = [
     "aggregate_shares",
     "combine_bytes",
     "lagrange_at_zero",
+    "mask_decryption_share",
     "member_points",
     "min_threshold",
+    "pdec_mask_context",
     "split_bytes",
     "split_secret",
     "threshold_partial_decrypt",
@@ -492,3 +495,90 @@ def _smudging_noise(
     bits = smudging_bound(params, num_clients).bit_length() - 1
     noise: NDArray[np.uint64] = uniform_smudging(params.primes, params.n, bits, (num_polys,), rng)
     return noise
+
+
+# --------------------------------------------------------------------------- masked shares
+_PDEC_MASK_DOMAIN = b"flwr-fedeval/xmkckks/pdec-mask/v1"
+
+
+def pdec_mask_context(transcript: bytes, round_: int, model_hash: bytes, active: Sequence[str]) -> bytes:
+    """Context of the pairwise masks of one decryption attempt: (domain, T, round, model hash, sorted A).
+
+    Fed to :func:`~flwr_fedeval.rlwe.masking.pairwise_mask_key` as its ``context``, so the keys
+    K_jk of an attempt differ from the encryption masks' (another domain and length) and from every
+    other attempt's (another A): the masks of two attempts are independent.
+
+    Parameters
+    ----------
+    transcript : bytes
+        T, the key-set transcript digest (32 bytes).
+    round_ : int
+        The round (>= 0).
+    model_hash : bytes
+        The 32-byte hash of the global model the contributor set was signed for.
+    active : sequence of str
+        A, the decryptors' roster names (any order; sorted here, duplicates refused).
+
+    Raises
+    ------
+    ThresholdError
+        If ``active`` is empty or has duplicates.
+    ValueError
+        If ``round_`` is not an integer >= 0.
+    """
+    names = sorted(str(a) for a in active)
+    if not names or len(set(names)) != len(names):
+        raise ThresholdError(f"the active set must be non-empty without duplicates, got {names}")
+    parts = [struct.pack(">Q", len(_PDEC_MASK_DOMAIN)), _PDEC_MASK_DOMAIN,
+             masking.mask_context(bytes(transcript), round_), struct.pack(">Q", len(model_hash)), bytes(model_hash),
+             struct.pack(">Q", len(names))]
+    for name in names:
+        raw = name.encode()
+        parts += [struct.pack(">Q", len(raw)), raw]
+    return b"".join(parts)
+
+
+def mask_decryption_share(
+    share: DecryptionShare,
+    *,
+    own_name: str,
+    own_private: bytes,
+    peers: Mapping[str, bytes],
+    context: bytes,
+) -> DecryptionShare:
+    """D_j + sum_{k in A, k != j} sign(j, k) PRG(K_jk)  (mod q' of ``share.params``): a masked share.
+
+    K_jk = HKDF(X25519(x_j, X_k), context) (:func:`~flwr_fedeval.rlwe.masking.pairwise_mask_key`,
+    the X25519 mask keys signed in the key-set transcript), sign +1 if j's name sorts before k's,
+    -1 otherwise, PRG the AES-256-CTR expansion of :mod:`~flwr_fedeval.rlwe.masking`. Added after
+    the modulus switch, so the masks of the members of A cancel exactly in sum_{j in A} D_j mod q'
+    (Bonawitz et al. 2017, §4, applied to the decryption shares), while any strict subset of the
+    shares -- an attempt a member of A did not answer -- is uniform mod q' as long as the server
+    knows neither private key of a pair across it.
+
+    Parameters
+    ----------
+    share : DecryptionShare
+        D_j at the level it is sent at (``share.params``: the parameter set, or
+        :func:`~flwr_fedeval.rlwe.compact.level_parameter_set`), shape (k, L', n).
+    own_name : str
+        j's roster name.
+    own_private : bytes
+        j's X25519 mask private key (32 bytes).
+    peers : mapping of str to bytes
+        Every other member k of A -> its X25519 mask public key (as signed in T).
+    context : bytes
+        :func:`pdec_mask_context` of the attempt.
+
+    Returns
+    -------
+    DecryptionShare of the same shape and level.
+
+    Raises
+    ------
+    ~flwr_fedeval.rlwe.masking.MaskKeyError
+        ``peers`` is empty or contains ``own_name``, or an agreement fails.
+    """
+    masked = masking.mask_plaintext(share.params, share.d, own_name=own_name, own_private=own_private,
+                                    peers=peers, context=context)
+    return DecryptionShare(share.params, masked)
