@@ -895,6 +895,25 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         seed_shares: dict[str, dict[int, bytes]] = {name: {} for name in c_names}
         key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
         lost: dict[int, str] = {}
+        acc = np.zeros_like(c0)  # Σ_{j∈A} D_j in its own accumulator: the masks cancel only over all of A
+        folded: list[int] = []
+
+        def check(node: int, reply: xmk.PdecReply) -> None:
+            share = rlwe.DecryptionShare.from_bytes(reply.share, level)  # strict, at L' limbs
+            if share.d.shape != acc.shape:
+                raise ValueError(f"share has shape {share.d.shape}, expected {acc.shape}")
+            if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
+                raise ValueError("recovery shares are not one per contributor and one per dropped member")
+            x = points[key_set.name_of(node)]
+            for name, part in zip(c_names, reply.seed_shares):  # the same Shamir shares in every attempt
+                seed_shares[name][x] = part
+            for name, part in zip(dropped, reply.mask_shares):
+                key_shares[name][x] = part
+            np.add(acc, share.d, out=acc)  # residues < 2^31: reduced every 4 terms (Eq. 5)
+            folded.append(node)
+            if len(folded) % 4 == 0:
+                np.remainder(acc, ring.q_col, out=acc)
+
         attempts = max(int(key_set.decryption_attempts), 1)
         for attempt in range(1, attempts + 1):
             active = _active_set({n: sig for n, sig in signatures.items() if key_set.node_of(n) not in lost}, t)
@@ -905,31 +924,13 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names,
                                       len(key_set.nodes), c1, key_set.limbs, xmk.model_hash(state.arrays),
                                       active, tuple(signatures[n] for n in active), active)
-            acc = np.zeros_like(c0)  # Σ_{j∈A} D_j: its own accumulator (the masks cancel only over all of A)
-            folded: list[int] = []
-
-            def check(node: int, reply: xmk.PdecReply) -> None:
-                share = rlwe.DecryptionShare.from_bytes(reply.share, level)  # strict, at L' limbs
-                if share.d.shape != acc.shape:
-                    raise ValueError(f"share has shape {share.d.shape}, expected {acc.shape}")
-                if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
-                    raise ValueError("recovery shares are not one per contributor and one per dropped member")
-                x = points[key_set.name_of(node)]
-                for name, part in zip(c_names, reply.seed_shares):
-                    seed_shares[name][x] = part
-                for name, part in zip(dropped, reply.mask_shares):
-                    key_shares[name][x] = part
-                np.add(acc, share.d, out=acc)  # residues < 2^31: reduced every 4 terms (Eq. 5)
-                folded.append(node)
-                if len(folded) % 4 == 0:
-                    np.remainder(acc, ring.q_col, out=acc)
-
+            acc.fill(0)
+            folded.clear()
             _, failed = self._exchange_some("partial decryption", "decryption share",
                                             [key_set.node_of(n) for n in active], xmk.PDEC, request, check)
             if not failed:
                 break
             lost.update(failed)
-            del acc
             if attempt == attempts:
                 raise RoundAborted("partial decryption", {n: f"{r} (all {attempts} decryption attempts failed)"
                                                           for n, r in lost.items()})
