@@ -597,16 +597,25 @@ def _active_key(active) -> str:
     return json.dumps(sorted(str(a) for a in active))
 
 
-def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str, model: bytes, active) -> list[str]:
+def _passed_over(contributors, active) -> set[str]:
+    """L(A): the members of C that sort before A's last member and are not in A (those a server that picks
+    "the first t signers not lost" has passed over: lost, or no signature)."""
+    last = max(active)
+    return {name for name in contributors if name < last and name not in active}
+
+
+def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str, model: bytes, active,
+                   contributors) -> list[str]:
     """▲ the decryption ledger of (key set, round): one C1 and model hash, one share per active set A, at most
-    a (signed in T) active sets. Returns the active sets already answered in ``round_`` (the ledger
-    ``pdec-active`` of the state, as :func:`_active_key` strings).
+    a (signed in T) active sets, and a passed-over set L(A) (:func:`_passed_over`) that strictly grows from
+    each A to the next (a member passed over as lost stays lost). Returns the active sets already answered
+    in ``round_`` (the ledger ``pdec-active`` of the state, as :func:`_active_key` strings).
 
     Raises
     ------
     Refused
         ``ALREADY_CONTRIBUTED``: another C1 or model than the round's first request, an A already answered,
-        or a + 1 distinct A.
+        a + 1 distinct A, or an A whose passed-over set does not strictly contain an earlier one's.
     """
     if int(state["pdec-round"]) != round_:
         return []
@@ -621,6 +630,13 @@ def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str
     if len(used) >= attempts:
         raise Refused(f"already decrypted for {len(used)} active sets of key set {key_id} in round {round_}: at "
                       f"most a = {attempts} (signed in the key-set transcript)", code=ReplyCode.ALREADY_CONTRIBUTED)
+    passed = _passed_over(contributors, active)
+    for earlier in used:
+        before = _passed_over(contributors, json.loads(earlier))
+        if not before < passed:
+            raise Refused(f"already decrypted for the active set {json.loads(earlier)}: a later active set must pass "
+                          f"over every member it passed over ({sorted(before)}) and more, got {sorted(passed)} "
+                          f"(members lost stay lost)", code=ReplyCode.ALREADY_CONTRIBUTED)
     return used
 
 
@@ -685,7 +701,7 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     c1_digest = _digest(request.c1)
     if "own-c1" in state and c1_digest == state["own-c1"]:
         raise Refused("C1 equals this client's own c1")
-    used = _check_attempt(state, key_id, round_, c1_digest, request.model_hash, active)
+    used = _check_attempt(state, key_id, round_, c1_digest, request.model_hash, active, contributors)
     dropped = [name for name in members if name not in contributors]
     seeds, keys = list(state.get("revealed-seeds", [])), list(state.get("revealed-keys", []))
     both = sorted(set(contributors) & set(keys) | set(dropped) & set(seeds))

@@ -13,9 +13,9 @@ from flwr_fedeval.rlwe.params import (
     check_noise_budget,
     fresh_noise_bound,
     get_parameter_set,
+    max_decryptions,
     max_plaintext_int,
     max_scale_bits,
-    max_decryptions,
     smudging_bound,
     total_noise_bound,
 )

@@ -211,12 +211,14 @@ def test_decryption_share_once_per_active_set_and_at_most_a_active_sets():
     assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
     other = rlwe.add_ciphertexts([cts[n] for n in server.nodes[:2]]).c1
     _refused(server.pdec(node, other, active=names), "already decrypted once", "another C1")  # new A, other C1
-    server.share(server.pdec(node, total.c1, active=names))  # a second A for the same C1: a = 2 allows it
-    for active in ([names[0], names[2]], names, names[:2]):  # a third A, or either earlier one
+    reply = server.pdec(node, total.c1, active=names)  # passes over nobody, as the first A did
+    _refused(reply, "must pass over every member it passed over", "members lost stay lost")
+    server.share(server.pdec(node, total.c1, active=[names[0], names[2]]))  # names[1] lost: a = 2 allows it
+    for active in (names, [names[0], names[2]], names[:2]):  # a third A, or either earlier one
         reply = server.pdec(node, total.c1, active=active)
         _refused(reply, "already decrypted")
         assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
-    assert "at most a = 2" in server.pdec(node, total.c1, active=[names[0], names[2]]).error.reason
+    assert "at most a = 2" in server.pdec(node, total.c1, active=names).error.reason
 
 
 def test_active_set_without_the_member_or_below_t_is_refused():

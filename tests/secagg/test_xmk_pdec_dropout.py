@@ -172,3 +172,23 @@ def test_an_active_set_outside_the_signers_of_c_is_refused():
     _refused(reply, "['node-3'] are not contributors that signed C")
     # nothing was spent on the refusal: the same member answers a valid A
     server.share(server.pdec(server.key_set.node_of(names[0]), total.c1, signatures=three, active=names[:3]))
+
+
+def test_three_attempts_that_would_corner_two_honest_members_are_refused():
+    """N = 5, t = 3, colluders S = {node-0, node-1} (t - 1). Three complete attempts A1 = S + node-2, A2 = S + node-3,
+    A3 = {node-1, node-2, node-3} would give the server (which subtracts the colluders' shares) three linear
+    equations in the two honest shares λ F(x_2) C1, λ F(x_3) C1 with small errors, each honest member answering
+    only two active sets (a = 2). The passed-over rule stops it: node-3 passed over node-2 in A2, and A3 passes
+    over node-0 instead, so node-3 refuses A3 (and A2 after A3)."""
+    server = Server(5)
+    cts = server.honest_round()
+    total = rlwe.add_ciphertexts(list(cts.values()))
+    names = sorted(server.key_set.names)
+    node = server.key_set.node_of
+    a1, a2, a3 = names[:3], [names[0], names[1], names[3]], [names[1], names[2], names[3]]
+    server.share(server.pdec(node(names[2]), total.c1, active=a1))
+    server.share(server.pdec(node(names[2]), total.c1, active=a3))  # node-2: passed over {} then {node-0}
+    server.share(server.pdec(node(names[3]), total.c1, active=a2))  # node-3: passed over {node-2}
+    reply = server.pdec(node(names[3]), total.c1, active=a3)  # ... then {node-0}: node-2 is back
+    _refused(reply, "members lost stay lost")
+    assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
