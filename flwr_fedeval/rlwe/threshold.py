@@ -34,10 +34,14 @@ Decryption of an aggregate C = (C0, C1), active set A (|A| >= t, signed):
 5. ▲ own point in A, no duplicate points, |A| >= t;
    ★ D_j = threshold_partial_decrypt(...) = lambda_j F(x_j) C1 + e*_j with
    lambda_j = prod_{k in A, k != j} x_k / (x_k - x_j) (:func:`lagrange_at_zero`)
-   and e*_j the smudging noise of :func:`~flwr_fedeval.rlwe.xmkckks.partial_decrypt`.
+   and e*_j the smudging noise of :func:`~flwr_fedeval.rlwe.xmkckks.partial_decrypt`;
+   sent (after the modulus switch of :mod:`~flwr_fedeval.rlwe.compact`) as
+   D_j + sum_{k in A, k != j} sign(j, k) PRG(K_jk) mod q' (:func:`mask_decryption_share`,
+   K_jk from the X25519 mask keys of the key set under :func:`pdec_mask_context`).
 6. server: sum_{j in A} D_j = (sum_j lambda_j F(x_j)) C1 + sum_j e*_j
    = s C1 + sum_j e*_j, since sum_j lambda_j F(x_j) = F(0) = s exactly in
-   R_q (Lagrange interpolation at 0, coefficient-wise mod every q_l). So
+   R_q (Lagrange interpolation at 0, coefficient-wise mod every q_l), and the
+   masks cancel exactly in the sum over all of A. So
    :func:`~flwr_fedeval.rlwe.xmkckks.combine_and_decode` (C0, [D_j]) decodes
    exactly as the N-out-of-N protocol, with |A| smudging terms instead of N.
 
@@ -48,10 +52,24 @@ N < min_l q_l are. Any t - 1 shares F(x_j) are jointly uniform in R_q^{t-1}
 
 Noise: the decryption noise is B_fresh(M) + |A| B_smudge(M) <= B_total(M)
 for |A| <= M (:func:`~flwr_fedeval.rlwe.params.total_noise_bound`); the
-smudging hides B_fresh(M) as in the N-out-of-N case. Give at most one
-decryption share per key set and round: the Lagrange coefficient depends on
-A, so two shares of one C1 for two active sets are two different linear
-combinations of the same secret share.
+smudging hides B_fresh(M) as in the N-out-of-N case.
+
+A decryptor lost during step 5 (issue 21): the server asks a new active set
+A' (the caller's rules, :mod:`flwr_fedeval.clients.xmkckks`: one share per A,
+at most a <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS` active
+sets and one C1 per key set and round, the members passed over as lost only
+grow). Unmasked, two shares of one C1 for two active sets would be two
+different linear combinations of the same secret share,
+lambda D' - lambda' D = lambda' e - lambda e' (mod q) with e, e' small: a
+2-dimensional lattice problem per coefficient that gives F(x_j) C1, i.e.
+F(x_j). Masked, a share of an attempt the server does not complete is
+uniform mod q' to it (the pairwise PRG with the missing member, whose X25519
+private key it never gets); a complete attempt reveals C0 + s C1 + sum e*_j
+as before. Up to W = 2a - 1 complete attempts (every A has > N/2 members,
+each member answers a of them) reveal W independently smudged copies of the
+same B_fresh: the smudging is sized for W
+(:func:`~flwr_fedeval.rlwe.params.smudging_bound`), so they stay within 2^-40
+of the ideal view together (hybrid argument).
 
 32-byte secrets (X25519 mask private keys, self-mask seeds: the SecAgg
 recovery of Bonawitz et al. 2017, §4) are shared over GF(2^521 - 1) by
