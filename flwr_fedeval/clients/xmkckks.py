@@ -38,9 +38,11 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   floor of neighbours (:func:`~flwr_fedeval.clients.identity.mask_degree_floor`);
   ▲ N/2 < t <= N; ▲ the scale fits the noise budget for N and the bound B;
   ▲ the limb count L' is at least the fewest that budget allows
-  (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`) and at most L.
+  (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`) and at most L;
+  ▲ 1 <= a (decryption attempts) <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`.
   Replies (b_i, X_i) and its signature over the key-set transcript T, which
-  binds every public parameter (parameter set, a, round, k, scale, B, t, L').
+  binds every public parameter (parameter set, a, round, k, scale, B, t, L',
+  decryption attempts).
 * ``query.xmk_shares``: ▲ every opening matches its commitment and every member
   signed the same T; ▲ once per key set and round, the round after its last
   training round. Shamir-splits (t of N) s_i, its mask key and a fresh
@@ -61,16 +63,20 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
 * ``query.xmk_contributors``: ▲ C ⊆ K, |C| >= its floor and >= t, itself ∈ C
   iff it uploaded in the round, the model hash is the one it trained on;
   signs (key set, round, model hash, C) once per key set and round.
-* ``query.xmk_pdec``: ▲ the key set and a round it holds a share for, at
-  most **one** partial decryption per key set and round (a second request
-  is refused whatever C1), C as above signed by >= t distinct members of K, the
-  active set A (>= t members of K, itself among them), C1 in the canonical
-  encoding with the expected number of polynomials, C1 ≠ its own c1, and never
-  the seed share and the mask-key share of one member (across the key set's
-  rounds); ▲ the request's limb count is the L' of T. Replies
-  D_j = λ_j·sk_j·C1 + e*_j switched to L' limbs
-  (:func:`~flwr_fedeval.rlwe.compact.compress_decryption_share`) and its shares
-  of the seeds of C and of the mask keys of K∖C.
+* ``query.xmk_pdec``: ▲ the key set and a round it holds a share for, C as
+  above signed by >= t distinct members of K, the active set A (>= t members of
+  K, itself among them, A ⊆ C ∩ the signers), C1 in the canonical encoding with
+  the expected number of polynomials, C1 ≠ its own c1, and never the seed share
+  and the mask-key share of one member (across the key set's rounds); ▲ the
+  request's limb count is the L' of T; ▲ its decryption ledger of the key set
+  and round (``ALREADY_CONTRIBUTED`` otherwise): one C1 and model hash, **one
+  share per active set A**, at most **a** active sets (signed in T,
+  ``decryption-attempts`` <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`),
+  and the members of C that an A passes over as lost only grow from one A to
+  the next. Replies D_j = λ_j·sk_j·C1 + e*_j switched to L' limbs
+  (:func:`~flwr_fedeval.rlwe.compact.compress_decryption_share`) plus its
+  pairwise masks over A (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`),
+  and its shares of the seeds of C and of the mask keys of K∖C.
 
 The client's secrets live in ``context.state`` (a ConfigRecord under
 ``"xmk-state"``), never in module globals (the deployment engine starts a
@@ -244,7 +250,8 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
 
     Request :class:`~flwr_fedeval.protocol.xmk.RevealRequest` (``key-id``, ``round``, aligned
     ``signers``/``commitments``/``signatures`` as each member replied to step 1, ``mask-degree``
-    k, 0 = complete, ``scale-bits``, ``max-abs-value`` B, ``threshold`` t, ``limbs`` L'); reply
+    k, 0 = complete, ``scale-bits``, ``max-abs-value`` B, ``threshold`` t, ``limbs`` L',
+    ``decryption-attempts`` a); reply
     :class:`~flwr_fedeval.protocol.xmk.RevealReply` (``public-share`` b_i, ``mask-key`` X_i,
     ``transcript`` T (32 bytes, binding every public parameter), ``transcript-signature``).
 
@@ -253,7 +260,9 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
     than its floor, a mask degree below its floor, a threshold t <= N/2 or > N, a scale
     that does not fit the noise budget for N clients and B, a limb count L' below the fewest that
     budget allows after modulus switching (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`: the sum
-    would wrap around or lose its precision) or above L, or a second reveal for the same key set.
+    would wrap around or lose its precision) or above L, a number of decryption attempts a outside
+    [1, :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`] (the smudging is sized for that
+    maximum), or a second reveal for the same key set.
     """
     identity, roster = node_identity(context)
     state = _state(context)
@@ -641,8 +650,10 @@ def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str
 
 
 def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -> xmk.PdecReply:
-    """Step 3: D_j = λ_j·sk_j·C1 + e*_j (threshold form of Walskaar et al. 2023, Eq. 7), once, and the
-    recovery shares: of the self-mask seed of every i ∈ C, of the mask key of every i ∈ K∖C.
+    """Step 3: D_j = λ_j·sk_j·C1 + e*_j (threshold form of Walskaar et al. 2023, Eq. 7) at L' limbs plus
+    Σ_{k∈A∖{j}} ±PRG(K_jk) mod q' (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`), once per
+    active set A, and the recovery shares: of the self-mask seed of every i ∈ C, of the mask key of every
+    i ∈ K∖C.
 
     Request :class:`~flwr_fedeval.protocol.xmk.PdecRequest` (``params``, ``key-id``, ``round``,
     ``contributors`` C, ``num-clients``, ``model-hash``, the members' signatures over C, the active
@@ -652,10 +663,13 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     Refuses (:class:`~flwr_fedeval.protocol.Refused`, an error reply, nothing decrypted) when
 
     * the key set is not the one this client holds, or it holds no share for the round,
-    * it has already decrypted once for this key set and round (whatever C1: ``ALREADY_CONTRIBUTED``),
+    * (``ALREADY_CONTRIBUTED``) it has already decrypted for this key set and round another C1 or model
+      hash, or this A, or a (signed in T) active sets, or an A that passed over a member this A
+      does not pass over (:func:`_check_attempt`),
     * C fails :func:`_check_contributors`, or fewer than t distinct members of K signed this C for
       this model hash (:func:`~flwr_fedeval.rlwe.keyset.check_contributor_signatures`),
-    * A is not a set of >= t members of K that includes this client, ``num-clients`` disagrees, or
+    * A is not a set of >= t members of K that includes this client and lies within C and the signers
+      of C, ``num-clients`` disagrees, or
       ``limbs`` is not the L' signed in T,
     * C1 is not canonical (a header field other than expected, a count other
       than its own ciphertext's, a wrong length, an unreduced residue), or equals its own c1,
