@@ -1138,7 +1138,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         record = {"round": int(state.server_round), "key_set": str(key_set.key_id), "threshold": key_set.threshold,
                   "members": sorted(key_set.names), "contributors": sorted(key_set.name_of(n) for n in contributors),
                   "num_contributors": len(contributors), "left_out": by_name(self.left_out[n_left:]),
-                  "lost_after_upload": {}, "signers": [], "decryptors": [], "completed": False}
+                  "lost_after_upload": {}, "signers": [], "decryptors": [], "decryption_attempts": [],
+                  "completed": False}
         self.contributor_sets.append(record)
         try:
             with self.timer.step("step 2b (contributor set)"):
