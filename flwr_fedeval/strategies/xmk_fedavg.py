@@ -917,6 +917,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
         attempts = max(int(key_set.decryption_attempts), 1)
         for attempt in range(1, attempts + 1):
+            listed = {int(n) for n in state.grid.get_node_ids()}
+            lost.update({key_set.node_of(n): "left the SuperLink's node list before its partial decryption"
+                         for n in signatures if key_set.node_of(n) not in listed | set(lost)})
             active = _active_set({n: sig for n, sig in signatures.items() if key_set.node_of(n) not in lost}, t)
             if len(active) < t:
                 raise RoundAborted("partial decryption", {**lost, **{key_set.node_of(n): "fewer than t signers of C "

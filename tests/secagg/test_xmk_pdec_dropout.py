@@ -192,3 +192,25 @@ def test_three_attempts_that_would_corner_two_honest_members_are_refused():
     reply = server.pdec(node(names[3]), total.c1, active=a3)  # ... then {node-0}: node-2 is back
     _refused(reply, "members lost stay lost")
     assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
+
+
+def test_a_signer_that_left_the_node_list_is_passed_over_before_it_is_asked():
+    """node-1 signs C and then leaves the SuperLink's node list: the first active set already skips it, so the
+    round completes in one attempt (even with a = 1) and node-1 is never asked for a share."""
+    state = {}
+
+    def fault(node, msg, reply):
+        if msg.metadata.message_type == "query.xmk_contributors":
+            state["signed"].append(node)
+            if node != state["victim"] and state["victim"] in state["signed"]:
+                state["grid"].kill(state["victim"])  # its signature arrived; then it is gone
+        return reply
+
+    grid = InProcessGrid(make_app(), 5, RUN_CONFIG, fault=fault)
+    state.update(grid=grid, victim=grid.node_ids[1], signed=[])
+    strategy = _strategy(5, decryption_attempts=1)
+    result = run(grid, strategy)
+    assert not strategy.aborted_attempts and result.train_metrics_clientapp[1]["num-clients"] == 5
+    record = strategy.contributor_sets[0]
+    assert "node-1" in record["signers"] and record["decryption_attempts"] == [["node-0", "node-2", "node-3"]]
+    assert state["victim"] not in [n for n, kind, _ in grid.log if kind == QUERY_XMK_PDEC]
