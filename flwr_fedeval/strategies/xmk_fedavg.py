@@ -864,7 +864,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         Parameters
         ----------
         c0 : ndarray of shape (k, L', n), uint64
-            C0' = Σ_{j∈C} c0'_j; used as the accumulator once an attempt is complete (overwritten).
+            C0' = Σ_{j∈C} c0'_j; kept intact until an attempt is complete, then the result is computed in
+            its buffer (overwritten).
         c1 : bytes
             C1 = Σ_{j∈C} c1_j, :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent as is).
         contributors : list of int
@@ -896,8 +897,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         seed_shares: dict[str, dict[int, bytes]] = {name: {} for name in c_names}
         key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
         lost: dict[int, str] = {}
-        acc = np.zeros_like(c0)  # Σ_{j∈A} D_j in its own accumulator: the masks cancel only over all of A
-        folded: list[int] = []
+        # Σ_{j∈A} D_j in its own accumulator (the masks cancel only over all of A; C0 stays intact for the next
+        # attempt), kept reduced in uint32 as the running sum of step 2: half the bytes of C0
+        acc = np.zeros(c0.shape, dtype=np.uint32)
 
         def check(node: int, reply: xmk.PdecReply) -> None:
             share = rlwe.DecryptionShare.from_bytes(reply.share, level)  # strict, at L' limbs
@@ -910,10 +912,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                 seed_shares[name][x] = part
             for name, part in zip(dropped, reply.mask_shares):
                 key_shares[name][x] = part
-            np.add(acc, share.d, out=acc)  # residues < 2^31: reduced every 4 terms (Eq. 5)
-            folded.append(node)
-            if len(folded) % 4 == 0:
-                np.remainder(acc, ring.q_col, out=acc)
+            d = share.d  # uint64 scratch, dropped afterwards
+            np.add(d, acc, out=d)  # residues < 2^31: the sum < 2^32
+            np.remainder(d, ring.q_col, out=d)
+            acc[...] = d
 
         attempts = max(int(key_set.decryption_attempts), 1)
         for attempt in range(1, attempts + 1):
@@ -929,7 +931,6 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                                       len(key_set.nodes), c1, key_set.limbs, xmk.model_hash(state.arrays),
                                       active, tuple(signatures[n] for n in active), active)
             acc.fill(0)
-            folded.clear()
             _, failed = self._exchange_some("partial decryption", "decryption share",
                                             [key_set.node_of(n) for n in active], xmk.PDEC, request, check)
             if not failed:
@@ -941,8 +942,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             log(WARNING, "Round %d: decryptor(s) %s lost during the partial decryption (attempt %d of %d); "
                 "asking the next signers of C", state.server_round, sorted(key_set.name_of(n) for n in failed),
                 attempt, attempts)
-        np.add(acc, c0, out=acc)  # C0' + Σ_{j∈A} D'_j (Eq. 5)
-        del c0
+        np.add(c0, acc, out=c0)  # C0' + Σ_{j∈A} D'_j (Eq. 5), in C0's buffer
+        del acc
+        acc = c0
         np.remainder(acc, ring.q_col, out=acc)
         full_q = self.params.ring.q_col
         correction = np.zeros(acc.shape[:1] + (self.params.limbs, self.params.n), dtype=np.uint64)

@@ -195,22 +195,26 @@ def test_three_attempts_that_would_corner_two_honest_members_are_refused():
 
 
 def test_a_signer_that_left_the_node_list_is_passed_over_before_it_is_asked():
-    """node-1 signs C and then leaves the SuperLink's node list: the first active set already skips it, so the
-    round completes in one attempt (even with a = 1) and node-1 is never asked for a share."""
-    state = {}
+    """node-0 (node-1 if node-0 signs last) leaves the SuperLink's node list once all five have signed C: the
+    first active set already skips it, so the round completes in one attempt (even with a = 1) and it is never
+    asked for a share."""
+    signed = []
 
     def fault(node, msg, reply):
         if msg.metadata.message_type == "query.xmk_contributors":
-            state["signed"].append(node)
-            if node != state["victim"] and state["victim"] in state["signed"]:
-                state["grid"].kill(state["victim"])  # its signature arrived; then it is gone
+            signed.append(node)
+            if len(signed) == 5:  # every signature is in; one of the first t names leaves
+                signed.insert(0, grid.node_ids[0] if node != grid.node_ids[0] else grid.node_ids[1])
+                grid.kill(signed[0])
         return reply
 
     grid = InProcessGrid(make_app(), 5, RUN_CONFIG, fault=fault)
-    state.update(grid=grid, victim=grid.node_ids[1], signed=[])
     strategy = _strategy(5, decryption_attempts=1)
     result = run(grid, strategy)
     assert not strategy.aborted_attempts and result.train_metrics_clientapp[1]["num-clients"] == 5
+    victim = f"node-{grid.node_ids.index(signed[0])}"
     record = strategy.contributor_sets[0]
-    assert "node-1" in record["signers"] and record["decryption_attempts"] == [["node-0", "node-2", "node-3"]]
-    assert state["victim"] not in [n for n, kind, _ in grid.log if kind == QUERY_XMK_PDEC]
+    expected = [n for n in sorted(record["signers"]) if n != victim][:3]
+    assert victim in ("node-0", "node-1") and victim in record["signers"]
+    assert record["decryption_attempts"] == [expected]
+    assert signed[0] not in [n for n, kind, _ in grid.log if kind == QUERY_XMK_PDEC]
