@@ -292,8 +292,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     ``decryption_attempts`` active sets in all. The round fails (global model
     unchanged, **no retry**: the clients that uploaded refuse that model again)
     only when fewer than t members upload or sign, or fewer than t signers are
-    left or the a attempts are used up in the partial decryption. Failures before training (key generation, reveal, key
-    shares) drop the failing nodes and re-key, at most ``max_attempts`` times
+    left or the a attempts are used up in the partial decryption. Failures
+    before training (key generation, reveal, key shares) drop the failing nodes and re-key, at most ``max_attempts`` times
     (nobody trained yet: a re-key leaks nothing). A node is given up as soon as
     it leaves the SuperLink's node list (or, over a
     :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` with a
