@@ -293,8 +293,9 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     unchanged, **no retry**: the clients that uploaded refuse that model again)
     only when fewer than t members upload or sign, or fewer than t signers are
     left or the a attempts are used up in the partial decryption. Failures
-    before training (key generation, reveal, key shares) drop the failing nodes and re-key, at most ``max_attempts`` times
-    (nobody trained yet: a re-key leaks nothing). A node is given up as soon as
+    before training (key generation, reveal, key shares) drop the failing
+    nodes and re-key, at most ``max_attempts`` times (nobody trained yet: a
+    re-key leaks nothing). A node is given up as soon as
     it leaves the SuperLink's node list (or, over a
     :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` with a
     :class:`~flwr_fedeval.strategies.collect.Rejoin`, as soon as its identity
