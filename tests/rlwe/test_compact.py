@@ -115,9 +115,10 @@ def test_compact_round_with_threshold_shares_at_q108():
 
 
 def test_compact_limbs_stops_where_the_rounding_would_exceed_the_noise():
-    # at q93 with M = 3 the budget keeps 2 limbs: one limb would let the rounding (2 M Q) more than
-    # double the worst-case error (condition 6), two limbs do not
-    M = 3
+    # at q93 with M = 2 the budget keeps 2 limbs: one limb would let the rounding (2 M Q) more than
+    # double the worst-case error (condition 6), two limbs do not (M = 3 until the smudging was sized for
+    # W = 3 decryptions of one sum, issue 21: the noise grew by 2 bits and one limb now holds M = 3)
+    M = 2
     k = rlwe.max_scale_bits(Q93, num_clients=M, max_abs_value=1.0)
     assert compact.compact_limbs(Q93, num_clients=M, scale_bits=k, max_abs_value=1.0) == 2
     bound_2 = compact.compact_noise_bound(Q93, 2, num_clients=M)
