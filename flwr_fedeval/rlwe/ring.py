@@ -55,6 +55,12 @@ _EPS = 2.0**-53
 _FFT_ERROR_LIMIT = 0.25
 # polynomials per chunk in the batched FFT product (keeps temporaries in cache)
 _CHUNK = 32
+# Shoup's modular product takes inputs below 2^_SHOUP_SHIFT (w' = floor(w 2^32 / q))
+_SHOUP_SHIFT = 32
+# uint64 values per block of the NTT (a few polynomials: the working set stays in cache)
+_NTT_BLOCK = 2**16
+# stages with half-width t < _NTT_T run on a transposed copy (long inner loops for numpy)
+_NTT_T = 64
 
 
 def is_prime(p: int) -> bool:
@@ -297,6 +303,96 @@ class Ring:
         self._psi_rev_u = psi_rev.astype(np.uint64)
         self._psi_inv_rev_u = psi_inv_rev.astype(np.uint64)
         self._n_inv_u = n_inv.astype(np.uint64)
+        # Shoup companions w' = floor(w 2^32 / q_i) < 2^32: w < q_i < 2^31, so w 2^32 < 2^63 is exact
+        shift = np.uint64(_SHOUP_SHIFT)
+        self._psi_rev_shoup = (self._psi_rev_u << shift) // self.q_col
+        self._psi_inv_rev_shoup = (self._psi_inv_rev_u << shift) // self.q_col
+        self._n_inv_shoup = (self._n_inv_u << shift) // self.q_col
+        # lazy NTT values stay < b q_i with b <= _lazy_max, so below 2^32 (Shoup's input range)
+        self._lazy_max = 2**_SHOUP_SHIFT // max(self.primes)
+        self._tw_cache: dict[tuple[bool, int, int], tuple[NDArray[np.uint64], NDArray[np.uint64]]] = {}
+
+    def _blocks(self, x: np.ndarray) -> tuple[NDArray[np.uint64], tuple[int, ...]]:
+        """A C-contiguous uint64 copy of ``x`` viewed as (B, L, n), and its shape."""
+        a = np.array(x, dtype=np.uint64, copy=True, order="C")
+        if a.shape[-2:] != (self.limbs, self.n):
+            raise ValueError(f"x has shape {a.shape}, expected (..., {self.limbs}, {self.n})")
+        return a.reshape((-1, self.limbs, self.n)), a.shape
+
+    def _fit(self, blk: NDArray[np.uint64], bound: int, need: int, scratch: NDArray[np.uint64]) -> int:
+        """Halve the range of ``blk`` (values < bound * q_i) until bound <= need; returns the new bound.
+
+        One step: x <- min(x, x - c q_i), c = ceil(bound / 2): x - c q wraps around (is huge) when
+        x < c q, so the minimum is x mod-reduced by c q exactly when x >= c q; x < 2 c q gives x < c q.
+        """
+        while bound > need:
+            c = (bound + 1) // 2
+            sc = scratch[: blk.size].reshape(blk.shape)
+            np.subtract(blk, self.q_col * np.uint64(c), out=sc)
+            np.minimum(blk, sc, out=blk)
+            bound = c
+        return bound
+
+    def _shoup_mul(
+        self,
+        h: NDArray[np.uint64],
+        w: tuple[NDArray[np.uint64], NDArray[np.uint64]],
+        tmp: NDArray[np.uint64],
+        out: NDArray[np.uint64],
+    ) -> None:
+        """out <- h w mod q_i, in [0, 2 q_i), for h < 2^32 (Shoup; Harvey 2014, Alg. 2); out may be h.
+
+        ``w`` = (twiddles, their Shoup companions w' = floor(w 2^32 / q_i)) broadcast against ``h``
+        (limb axis 1). 0 <= h w / q - floor(h w' / 2^32) < h / 2^32 + 1 < 2, so
+        h w - floor(h w' / 2^32) q is in [0, 2q); h w' < 2^64 and the difference is taken mod 2^64.
+        """
+        q = self.q_col.reshape((self.limbs,) + (1,) * (h.ndim - 2))
+        np.multiply(h, w[1], out=tmp)
+        tmp >>= _SHOUP_SHIFT
+        tmp *= q
+        np.multiply(h, w[0], out=out)
+        out -= tmp
+
+    def _stage(
+        self, arr: NDArray[np.uint64], m: int, t: int, inverse: bool, scratch: NDArray[np.uint64]
+    ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], tuple[NDArray[np.uint64], NDArray[np.uint64]],
+               NDArray[np.uint64], NDArray[np.uint64]]:
+        """Views for one butterfly stage: u, h (the pairs), twiddles, and two scratch arrays.
+
+        ``arr`` is (k, L, n) in natural order, or (k, L, T, n / T) transposed (element j at
+        [j mod T, j div T]) for the stages with 2t <= T, where it gives numpy long inner loops.
+        Pairs are (j, j + t) for j = i 2t + r, 0 <= r < t, twiddle index m + i.
+        """
+        k, L, n = arr.shape[0], self.limbs, self.n
+        size = k * L * n // 2
+        table = self._psi_inv_rev_u if inverse else self._psi_rev_u
+        shoup = self._psi_inv_rev_shoup if inverse else self._psi_rev_shoup
+        if arr.ndim == 3:
+            pairs = arr.reshape(k, L, m, 2, t)
+            u, h = pairs[..., 0, :], pairs[..., 1, :]
+            w = (table[:, m : 2 * m, None], shoup[:, m : 2 * m, None])
+        else:
+            T = arr.shape[2]
+            pairs = arr.reshape(k, L, T // (2 * t), 2, t, n // T)
+            u, h = pairs[:, :, :, 0], pairs[:, :, :, 1]
+            key = (inverse, m, t)
+            if key not in self._tw_cache:  # i = (j div T) (T / 2t) + (j mod T) div 2t
+                def tw(tab: NDArray[np.uint64]) -> NDArray[np.uint64]:
+                    grid = tab[:, m : 2 * m].reshape(L, n // T, T // (2 * t)).transpose(0, 2, 1)
+                    return np.ascontiguousarray(grid)[:, :, None, :]
+
+                self._tw_cache[key] = (tw(table), tw(shoup))
+            w = self._tw_cache[key]
+        tmp = scratch[:size].reshape(u.shape)
+        other = scratch[size : 2 * size].reshape(u.shape)
+        return u, h, w, tmp, other
+
+    def _transposed(self, a: NDArray[np.uint64], out: NDArray[np.uint64]) -> NDArray[np.uint64]:
+        """(k, L, n) -> (k, L, T, n / T), element j at [j mod T, j div T]; ``out`` is the buffer."""
+        k, L, n = a.shape
+        t_ = out[: a.size].reshape(k, L, _NTT_T, n // _NTT_T)
+        np.copyto(t_, a.reshape(k, L, n // _NTT_T, _NTT_T).transpose(0, 1, 3, 2))
+        return t_
 
     def ntt(self, x: np.ndarray) -> np.ndarray:
         """Forward negacyclic NTT (bit-reversed output order).
@@ -311,76 +407,103 @@ class Ring:
             Evaluations at the odd powers psi^(2k+1) (bit-reversed order), so
             that ``intt(ntt(x) * ntt(y) mod q)`` is the negacyclic product.
 
+        Raises
+        ------
+        ValueError
+            If the trailing shape is not (L, n).
+
         Notes
         -----
-        Cooley--Tukey butterflies in uint64, in place, one half-size scratch
-        buffer, lazy reduction: v = (hi * w) mod q, hi = u - v + q, u = u + v;
-        the values grow by q per stage and are reduced mod q only when the
-        next product hi * w could exceed 2^64 (never for primes < 2^27 and
-        n <= 2^13; every ~3 stages for 31-bit primes) and at the end: no
-        boolean masks, no int64 copies.
+        Cooley--Tukey butterflies (Longa--Naehrig 2016, Alg. 1) in uint64, in
+        place, a few polynomials at a time so that the working set stays in
+        cache; the stages with half-width t < T = 16 run on a transposed copy
+        so that every numpy call has a long inner loop. Twiddle products by
+        Shoup's method (:meth:`_shoup_mul`, no division), lazy reduction:
+        values < b q_i; the butterfly (u, h) -> (u + v, u - v + 2q) with
+        v = h w in [0, 2q) raises b by 2; before a stage whose inputs could
+        reach 2^32 (b q_max > 2^32) the range is halved by :meth:`_fit`.
+        Primes below 2^27: no reduction inside at n = 4096 (b <= 23 < 32);
+        31-bit primes: one per stage. ``%`` once at the end.
         """
-        qu = self.q_col[:, :, None]  # (L, 1, 1) against (..., L, m, t)
-        a = np.array(x, dtype=np.uint64, copy=True)
-        lead = a.shape[:-1]
-        n = self.n
-        v = np.empty(lead + (n // 2,), dtype=np.uint64)
-        q_max = max(self.primes)
-        bound = 1  # every value of a is < bound * q_i
-        t, m = n, 1
-        while m < n:
-            if (bound + 1) * q_max * q_max >= 2**64:  # hi * w must not wrap around
-                flat = a.reshape(lead + (n,))  # a view: a stays contiguous
-                flat %= self.q_col
-                bound = 1
-            t //= 2
-            a = a.reshape(lead + (m, 2, t))
-            vv = v.reshape(lead + (m, t))
-            u, hi = a[..., 0, :], a[..., 1, :]
-            np.multiply(hi, self._psi_rev_u[:, m : 2 * m, None], out=vv)
-            np.remainder(vv, qu, out=vv)  # v in [0, q)
-            np.subtract(u, vv, out=hi)  # u - v + q in [1, (bound + 1) q) (wraps around, then back)
-            hi += qu
-            u += vv  # u + v in [0, (bound + 1) q)
-            bound += 1
-            m *= 2
-        out: NDArray[np.uint64] = a.reshape(lead + (n,))
-        out %= self.q_col
-        return out
+        a, shape = self._blocks(x)
+        B, L, n = a.shape
+        q2 = self.q_col[:, :, None] * np.uint64(2)
+        k = max(1, min(B, _NTT_BLOCK // (L * n)))
+        scratch = np.empty(k * L * n, dtype=np.uint64)
+        tbuf = np.empty(k * L * n, dtype=np.uint64)
+        for lo in range(0, B, k):
+            blk = a[lo : lo + k]
+            kb = blk.shape[0]
+            arr = blk
+            bound = 1  # every value is < bound * q_i
+            t, m = n, 1
+            while m < n:
+                t //= 2
+                if arr.ndim == 3 and 2 * t <= _NTT_T < n:
+                    arr = self._transposed(blk, tbuf)
+                bound = self._fit(arr.reshape(kb, L, n), bound, self._lazy_max, scratch)
+                u, h, w, tmp, v = self._stage(arr, m, t, False, scratch)
+                self._shoup_mul(h, w, tmp, v)
+                np.subtract(u, v, out=h)  # u - v + 2q < (bound + 2) q (wraps around, then back)
+                h += q2.reshape((L,) + (1,) * (h.ndim - 2))
+                u += v  # < (bound + 2) q
+                bound += 2
+                m *= 2
+            if arr.ndim == 4:
+                np.copyto(blk.reshape(kb, L, n // _NTT_T, _NTT_T), arr.transpose(0, 1, 3, 2))
+            blk %= self.q_col
+        return a.reshape(shape)
 
     def intt(self, x: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`ntt`; shape ``(..., L, n)``, uint64 (Gentleman--Sande, in place, lazy as :meth:`ntt`)."""
-        qu = self.q_col[:, :, None]
-        a = np.array(x, dtype=np.uint64, copy=True)
-        lead = a.shape[:-1]
-        n = self.n
-        d = np.empty(lead + (n // 2,), dtype=np.uint64)
-        q_max = max(self.primes)
-        bound = 1  # every value of a is < bound * q_i
-        t, m = 1, n
-        while m > 1:
-            if 2 * bound * q_max * q_max >= 2**64:  # (u - v + bound q) * w must not wrap around
-                flat = a.reshape(lead + (n,))  # a view: a stays contiguous
-                flat %= self.q_col
-                bound = 1
-            h = m // 2
-            a = a.reshape(lead + (h, 2, t))
-            dd = d.reshape(lead + (h, t))
-            u, v = a[..., 0, :], a[..., 1, :]
-            np.subtract(u, v, out=dd)  # u - v + bound q in [1, 2 bound q)
-            dd += qu * np.uint64(bound)
-            u += v  # [0, 2 bound q)
-            dd *= self._psi_inv_rev_u[:, h : 2 * h, None]
-            np.remainder(dd, qu, out=v)
-            bound *= 2
-            t *= 2
-            m = h
-        a = a.reshape(lead + (n,))
-        a %= self.q_col
-        a *= self._n_inv_u
-        a %= self.q_col
-        out: NDArray[np.uint64] = a
-        return out
+        """Inverse of :meth:`ntt`; shape ``(..., L, n)``, uint64.
+
+        Raises
+        ------
+        ValueError
+            If the trailing shape is not (L, n).
+
+        Notes
+        -----
+        Gentleman--Sande butterflies (Longa--Naehrig 2016, Alg. 2), blocked,
+        transposed for t < 16 and lazy as :meth:`ntt`:
+        (u, v) -> (u + v, (u - v + b q) w) with the product by Shoup's method
+        in [0, 2q), so b -> max(2b, 2); the range is halved (:meth:`_fit`)
+        before a stage where u - v + b q could reach 2^32. The final scaling by
+        n^-1 is one more Shoup product, then one conditional subtraction.
+        """
+        a, shape = self._blocks(x)
+        B, L, n = a.shape
+        k = max(1, min(B, _NTT_BLOCK // (L * n)))
+        scratch = np.empty(k * L * n, dtype=np.uint64)
+        tbuf = np.empty(k * L * n, dtype=np.uint64)
+        for lo in range(0, B, k):
+            blk = a[lo : lo + k]
+            kb = blk.shape[0]
+            arr = self._transposed(blk, tbuf) if n > _NTT_T else blk
+            bound = 1  # every value is < bound * q_i
+            t, m = 1, n
+            while m > 1:
+                if arr.ndim == 4 and 2 * t > _NTT_T:
+                    np.copyto(blk.reshape(kb, L, n // _NTT_T, _NTT_T), arr.transpose(0, 1, 3, 2))
+                    arr = blk
+                bound = self._fit(arr.reshape(kb, L, n), bound, self._lazy_max // 2, scratch)
+                h_ = m // 2
+                u, v, w, d, tmp = self._stage(arr, h_, t, True, scratch)
+                np.subtract(u, v, out=d)  # u - v + bound q in [1, 2 bound q), <= 2^32
+                d += (self.q_col * np.uint64(bound)).reshape((L,) + (1,) * (d.ndim - 2))
+                u += v  # < 2 bound q
+                self._shoup_mul(d, w, tmp, v)
+                bound = max(2 * bound, 2)
+                t *= 2
+                m = h_
+            if arr.ndim == 4:
+                np.copyto(blk.reshape(kb, L, n // _NTT_T, _NTT_T), arr.transpose(0, 1, 3, 2))
+            self._fit(blk, bound, self._lazy_max, scratch)
+            flat = blk.reshape(kb, L, 1, n)
+            tmp = scratch[: blk.size].reshape(flat.shape)
+            self._shoup_mul(flat, (self._n_inv_u[:, :, None], self._n_inv_shoup[:, :, None]), tmp, flat)
+            self._fit(blk, 2, 1, scratch)
+        return a.reshape(shape)
 
     def mul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Negacyclic product x*y in R_q by NTT; shapes broadcast ``(..., L, n)``."""
