@@ -339,14 +339,16 @@ class Ring:
         w: tuple[NDArray[np.uint64], NDArray[np.uint64]],
         tmp: NDArray[np.uint64],
         out: NDArray[np.uint64],
+        trailing: int | None = None,
     ) -> None:
         """out <- h w mod q_i, in [0, 2 q_i), for h < 2^32 (Shoup; Harvey 2014, Alg. 2); out may be h.
 
         ``w`` = (twiddles, their Shoup companions w' = floor(w 2^32 / q_i)) broadcast against ``h``
-        (limb axis 1). 0 <= h w / q - floor(h w' / 2^32) < h / 2^32 + 1 < 2, so
-        h w - floor(h w' / 2^32) q is in [0, 2q); h w' < 2^64 and the difference is taken mod 2^64.
+        (limb axis followed by ``trailing`` axes, default: limb axis 1).
+        0 <= h w / q - floor(h w' / 2^32) < h / 2^32 + 1 < 2, so h w - floor(h w' / 2^32) q is in
+        [0, 2q); h w' < 2^64 and the difference is taken mod 2^64.
         """
-        q = self.q_col.reshape((self.limbs,) + (1,) * (h.ndim - 2))
+        q = self.q_col.reshape((self.limbs,) + (1,) * (h.ndim - 2 if trailing is None else trailing))
         np.multiply(h, w[1], out=tmp)
         tmp >>= _SHOUP_SHIFT
         tmp *= q
@@ -425,6 +427,10 @@ class Ring:
         Primes below 2^27: no reduction inside at n = 4096 (b <= 23 < 32);
         31-bit primes: one per stage. ``%`` once at the end.
         """
+        return self._ntt(x, lazy=False)
+
+    def _ntt(self, x: np.ndarray, lazy: bool) -> np.ndarray:
+        """:meth:`ntt`; with ``lazy`` the result is only reduced below self._lazy_max * q_i (<= 2^32)."""
         a, shape = self._blocks(x)
         B, L, n = a.shape
         q2 = self.q_col[:, :, None] * np.uint64(2)
@@ -451,7 +457,10 @@ class Ring:
                 m *= 2
             if arr.ndim == 4:
                 np.copyto(blk.reshape(kb, L, n // _NTT_T, _NTT_T), arr.transpose(0, 1, 3, 2))
-            blk %= self.q_col
+            if lazy:
+                self._fit(blk, bound, self._lazy_max, scratch)
+            else:
+                blk %= self.q_col
         return a.reshape(shape)
 
     def intt(self, x: np.ndarray) -> np.ndarray:
@@ -471,6 +480,10 @@ class Ring:
         before a stage where u - v + b q could reach 2^32. The final scaling by
         n^-1 is one more Shoup product, then one conditional subtraction.
         """
+        return self._intt(x, 1)
+
+    def _intt(self, x: np.ndarray, start: int) -> np.ndarray:
+        """:meth:`intt` of values below ``start * q_i`` (<= 2^32), reduced on output."""
         a, shape = self._blocks(x)
         B, L, n = a.shape
         k = max(1, min(B, _NTT_BLOCK // (L * n)))
@@ -480,7 +493,7 @@ class Ring:
             blk = a[lo : lo + k]
             kb = blk.shape[0]
             arr = self._transposed(blk, tbuf) if n > _NTT_T else blk
-            bound = 1  # every value is < bound * q_i
+            bound = start  # every value is < bound * q_i
             t, m = 1, n
             while m > 1:
                 if arr.ndim == 4 and 2 * t > _NTT_T:
@@ -493,7 +506,12 @@ class Ring:
                 d += (self.q_col * np.uint64(bound)).reshape((L,) + (1,) * (d.ndim - 2))
                 u += v  # < 2 bound q
                 self._shoup_mul(d, w, tmp, v)
-                bound = max(2 * bound, 2)
+                if 4 * bound > self._lazy_max:  # 2 bound would need a _fit of the whole block next
+                    np.subtract(u, (self.q_col * np.uint64(bound)).reshape((L,) + (1,) * (u.ndim - 2)), out=d)
+                    np.minimum(u, d, out=u)  # u < 2 bound q -> u < bound q
+                    bound = max(bound, 2)
+                else:
+                    bound = max(2 * bound, 2)
                 t *= 2
                 m = h_
             if arr.ndim == 4:
@@ -506,10 +524,23 @@ class Ring:
         return a.reshape(shape)
 
     def mul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Negacyclic product x*y in R_q by NTT; shapes broadcast ``(..., L, n)``."""
-        prod = self.ntt(x) * self.ntt(y)  # residues < 2^31: < 2^62
-        prod %= self.q_col
-        return self.intt(prod)
+        """Negacyclic product x*y in R_q by NTT; shapes broadcast ``(..., L, n)``.
+
+        The pointwise product is Shoup's (:meth:`_shoup_mul`) of the larger operand's lazy
+        transform (< 2^32) by the smaller's reduced one; the inverse starts from [0, 2q).
+        """
+        x, y = np.asarray(x), np.asarray(y)
+        if x.size < y.size:
+            x, y = y, x
+        # the larger operand stays lazy (< 2^32); the smaller is reduced and gets Shoup companions
+        wide = self._ntt(x, lazy=True)
+        fixed = self.ntt(y)
+        companion = (fixed << np.uint64(_SHOUP_SHIFT)) // self.q_col
+        shape = np.broadcast_shapes(wide.shape, fixed.shape)
+        prod = wide if wide.shape == shape else np.array(np.broadcast_to(wide, shape))
+        tmp = np.empty(shape, dtype=np.uint64)
+        self._shoup_mul(prod, (fixed, companion), tmp, prod, trailing=1)  # in [0, 2q)
+        return self._intt(prod, 2)
 
     # ---------------------------------------------------- exact FFT small path
     def _build_fft_tables(self) -> None:
