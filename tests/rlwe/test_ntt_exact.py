@@ -1,4 +1,5 @@
-"""The blocked, transposed, Shoup-lazy NTT and INTT against a slow reference (issue 21, speed).
+"""The fast ring paths against slow references (issue 21, speed): the blocked, transposed,
+Shoup-lazy NTT and INTT, and the FFT product's reduction of s*y + addend.
 
 The reference evaluates the definition with Python integers: the forward NTT in bit-reversed
 order is x(psi^(2 rev(k) + 1)) (Longa--Naehrig 2016, Eq. 1 with the twist by psi), the inverse
@@ -79,3 +80,34 @@ def test_ntt_rejects_a_wrong_trailing_shape():
     ring = Ring(128, find_ntt_primes(128, 31, 2))
     with pytest.raises(ValueError, match="expected"):
         ring.ntt(np.zeros((3, 128), dtype=np.uint64))
+
+
+@pytest.mark.parametrize("name", ["xmk-n4096-q108", "xmk-n4096-q93", "split-24-23-31-31"])
+def test_fft_product_with_signed_addend_reduces_like_python_ints(name):
+    # _from_spectrum reduces s*y + addend by an unsigned remainder after an offset: check it
+    # against exact Python integers, with addends of both signs up to the documented 2^62 - n 2^31
+    n = 128
+    ring = Ring(n, PRIME_SETS[name])
+    rs = RandomStream(b"\x09" * 32)
+    y = uniform_mod_q(ring.primes, n, (3,), rs)
+    y[0] = ring.q_col - np.uint64(1)
+    s = (rs.uint64(3 * n) % np.uint64(3)).astype(np.int64).reshape(3, n) - 1
+    s[0] = -1  # the most negative convolution against the largest residues
+    addend = (rs.uint64(3 * ring.limbs * n) >> np.uint64(2)).view(np.int64).reshape(3, ring.limbs, n)
+    addend[1] = -addend[1]
+    addend[2] //= 2**30
+    addend[0] = -(2**62 - n * 2**31) + 1
+    s_norm = float(np.sqrt(np.max(np.sum(s.astype(np.float64) ** 2, axis=-1))))
+    got = ring.mul_small_spectrum(ring.fft_small(s), s_norm, y, addend=addend)
+    for b in range(3):
+        for i, q in enumerate(ring.primes):
+            conv = [0] * n
+            for j in range(n):
+                for k in range(n):
+                    v = int(s[b, j]) * int(y[b, i, k])
+                    if j + k < n:
+                        conv[j + k] += v
+                    else:
+                        conv[j + k - n] -= v
+            want = [(c + int(a)) % q for c, a in zip(conv, addend[b, i])]
+            assert got[b, i].tolist() == want
