@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .params import ParameterSet, max_plaintext_int
+from .ring import mod_signed
 
 __all__ = ["EncodingRangeError", "encode", "decode", "num_polys"]
 
@@ -72,28 +73,27 @@ def float_ints_to_rns(params: ParameterSet, ints: np.ndarray) -> np.ndarray:
     if peak < 2.0**62:
         iv = ints.astype(np.int64)
         for i, p in enumerate(params.primes):
-            out[..., i, :] = iv % p
+            mod_signed(iv, p, out=out[..., i, :])
         return out
     if peak < 2.0**96:
         h = np.floor(ints * 2.0**-44)
         low = (ints - h * 2.0**44).astype(np.int64)
         hi = h.astype(np.int64)
+        low_u = low.view(np.uint64)  # in [0, 2^44)
         for i, p in enumerate(params.primes):
-            r = hi % p
-            r *= pow(2, 44, p)
-            r += low
-            r %= p
-            out[..., i, :] = r
+            r = mod_signed(hi, p)
+            r *= np.uint64(pow(2, 44, p))
+            r += low_u
+            np.remainder(r, np.uint64(p), out=out[..., i, :])
         return out
     mant, exp = np.frexp(ints)
     shift = np.maximum(exp - 53, 0)
     m = np.where(exp > 53, np.ldexp(mant, 53), ints).astype(np.int64)
     tab = _pow2_table(params.primes)
     for i, p in enumerate(params.primes):
-        r = m % p
-        r *= tab[i][shift]
-        r %= p
-        out[..., i, :] = r
+        r = mod_signed(m, p)
+        r *= tab[i].view(np.uint64)[shift]
+        np.remainder(r, np.uint64(p), out=out[..., i, :])
     return out
 
 

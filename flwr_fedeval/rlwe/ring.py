@@ -47,6 +47,7 @@ __all__ = [
     "validate_primes",
     "find_ntt_primes",
     "schoolbook_negacyclic",
+    "mod_signed",
 ]
 
 _MAX_PRIME_BITS = 31
@@ -182,6 +183,23 @@ def schoolbook_negacyclic(x: NDArray[np.integer], y: NDArray[np.integer], q: int
     return (out % q).astype(np.uint64)
 
 
+def mod_signed(
+    v: NDArray[np.int64], q: int | NDArray[np.integer], out: NDArray[np.uint64] | None = None
+) -> NDArray[np.uint64]:
+    """v mod q in [0, q) as uint64, for int64 ``v`` > -2^63 + q and moduli 1 <= q < 2^63.
+
+    Adds the multiple (2^63 div q) q (< 2^63 + 1, so v plus it is in [0, 2^64)) in uint64 and takes
+    the unsigned remainder: numpy's signed floor-mod is about twice as slow on values of mixed sign.
+    ``q`` broadcasts against ``v``; ``out`` (uint64, v's shape) may be ``v.view(np.uint64)``.
+    """
+    qu = np.asarray(q, dtype=np.uint64)
+    if out is None:
+        out = np.empty(v.shape, dtype=np.uint64)
+    np.add(v.view(np.uint64), (np.uint64(2**63) // qu) * qu, out=out)
+    np.remainder(out, qu, out=out)
+    return out
+
+
 def _reduce_once(x: NDArray[np.uint64], q: NDArray[np.uint64], scratch: NDArray[np.uint64]) -> None:
     """x <- x mod q in place for x in [0, 2q) (uint64): min(x, x - q), since x - q wraps around when x < q."""
     np.subtract(x, q, out=scratch)
@@ -278,7 +296,7 @@ class Ring:
         ndarray of shape (..., L, n), dtype uint64
         """
         v = np.asarray(v, dtype=np.int64)
-        return (v[..., None, :] % self._q_i64).astype(np.uint64)
+        return mod_signed(np.broadcast_to(v[..., None, :], v.shape[:-1] + (self.limbs, self.n)), self._q_i64)
 
     # --------------------------------------------------------------------- NTT
     def _build_ntt_tables(self) -> None:
@@ -626,14 +644,8 @@ class Ring:
             res = out
         if addend is not None:
             res += addend
-        # res mod q by an unsigned remainder (twice as fast as numpy's signed floor-mod on mixed
-        # signs): res + (2^63 div q) q is >= 0 and < 2^64 for |res| < 2^63 - 2^31, which the
-        # contract gives (|conv| < 2^59 where the FFT is exact, |addend| < 2^62)
-        out_u: NDArray[np.uint64] = res.view(np.uint64)
-        q_u = q_signal.astype(np.uint64)
-        out_u += (np.uint64(2**63) // q_u) * q_u
-        np.remainder(out_u, q_u, out=out_u)
-        return out_u
+        # |conv| < 2^59 where the FFT is exact and |addend| < 2^62: mod_signed's range
+        return mod_signed(res, q_signal, out=res.view(np.uint64))
 
     def mul_small(self, s: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Exact negacyclic product of small polynomials ``s`` with elements ``y``.
@@ -728,7 +740,7 @@ class Ring:
             acc = xs[..., i, :].copy()
             for j in range(i):
                 acc -= digits[j] * self._garner_pmod[i, j] % p[i]
-            acc %= p[i]
+            mod_signed(acc, p[i], out=acc.view(np.uint64))  # acc > -i p_i
             acc *= self._garner_inv[i]
             acc %= p[i]
             digits.append(acc)
