@@ -231,8 +231,7 @@ def _add_ranges(accs: Sequence[tuple[np.ndarray, np.ndarray]],
             if negate:
                 np.subtract(q, part, out=part)  # −x mod q = q − x
             np.add(part, rows, out=part)  # < 2q < 2^32: no overflow in uint64
-            np.remainder(part, q, out=part)
-            rows[...] = part
+            np.minimum(part, part - q, out=rows, casting="unsafe")  # part - q wraps around below q: mod q
 
     done = 0
     try:
