@@ -1018,7 +1018,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         np.add(c0, acc, out=c0)  # C0' + Σ_{j∈A} D'_j (Eq. 5), in C0's buffer (both < 2^31: no overflow)
         del acc
         acc = c0
-        np.remainder(acc, ring.q_col, out=acc)
+        np.minimum(acc, acc - ring.q_col, out=acc, casting="unsafe")  # < 2q -> mod q (x - q wraps around below q)
         # −Σ_{i∈C} u_i (u_i = PRG(seed_i)) and the pairwise masks between C and K∖C, expanded at L limbs a
         # range of polynomials at a time (the clients' streams, :class:`~flwr_fedeval.rlwe.masking.MaskSum`),
         # each range switched to L' once and added into the accumulator
@@ -1045,8 +1045,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             correction = masks.next_rows(zero[: rows.shape[0]])
             switched = compact.switch_modulus(self.params, correction, key_set.limbs)  # one rounding, < 1 unit of q'
             np.add(switched, rows, out=switched)  # < 2q' (uint64)
-            np.remainder(switched, ring.q_col, out=switched)
-            rows[...] = switched
+            np.minimum(switched, switched - ring.q_col, out=rows, casting="unsafe")  # mod q' (wraps around below q')
         return acc.astype(np.uint64, copy=False)
 
     def decode(self, plaintext: np.ndarray, num_contributors: int | None = None) -> tuple[ArrayRecord, int]:
