@@ -299,12 +299,16 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
 
     Parameters
     ----------
-    parameter_set : str, default="xmk-n4096-q108"
+    parameter_set : str, default="xmk-n4096-q109"
         Name of an :data:`flwr_fedeval.rlwe.PARAMETER_SETS` entry (all are
         128-bit secure under the HomomorphicEncryption.org standard). The
-        decoding error of the sum is about M·B_smudge/Δ (smudging dominates);
-        with 10 clients and ``max_abs_value=2**16`` it is 8e-7 at q≈2^108 but
-        3e-2 at q≈2^93 (measured), hence the default.
+        decoding error of the sum is about M·B_smudge/Δ (smudging dominates)
+        plus the switching rounding 2MQ/Δ; with 10 clients and
+        ``max_abs_value=2**16`` its worst-case bound is 8.9e-7 at the default
+        (q≈2^109, primes of 24, 23, 31, 31 bits, the 31-bit ones dropped before
+        sending: 203 bits per coefficient uploaded), 1.19e-6 at q108 (four
+        27-bit primes, 216 bits) and 3e-2 at q≈2^93 (measured), hence the
+        default (:data:`flwr_fedeval.rlwe.DEFAULT_PARAMETER_SET`).
     max_abs_value : float, default=2**16
         Public bound B on every encrypted value ``|n_i·Δw|`` and ``n_i``,
         signed in the key-set transcript: clients clip to [-B, B] (as Flower's

@@ -114,15 +114,24 @@ def test_compact_round_with_threshold_shares_at_q108():
     assert np.max(np.abs(got - fixed)) <= bound
 
 
-def test_compact_limbs_stops_where_the_rounding_would_exceed_the_noise():
-    # at q93 with M = 3 the budget keeps 2 limbs: one limb would let the rounding (2 M Q) more than
-    # double the worst-case error (condition 6), two limbs do not
+def test_compact_limbs_stops_where_the_rounding_would_exceed_the_noise_and_the_error_target():
+    # at q93 with M = 3: one limb lets the rounding (2 M Q) more than double the worst-case error
+    # (condition 6, first branch), two limbs do not; one limb still keeps the error of the sum
+    # within the 1e-6 target at this scale (second branch), so the default takes it, and a target
+    # just below its bound does not
     M = 3
     k = rlwe.max_scale_bits(Q93, num_clients=M, max_abs_value=1.0)
-    assert compact.compact_limbs(Q93, num_clients=M, scale_bits=k, max_abs_value=1.0) == 2
     bound_2 = compact.compact_noise_bound(Q93, 2, num_clients=M)
     bound_1 = compact.compact_noise_bound(Q93, 1, num_clients=M)
     assert bound_1 > 2 * rlwe.total_noise_bound(Q93, M) >= bound_2
+    error_1 = (bound_1 + M / 2) / 2.0**k
+    assert error_1 <= compact.ERROR_TARGET
+    assert compact.compact_limbs(Q93, num_clients=M, scale_bits=k, max_abs_value=1.0) == 1
+    assert compact.compact_limbs(Q93, num_clients=M, scale_bits=k, max_abs_value=1.0, max_error=0.0) == 2
+    assert compact.compact_limbs(Q93, num_clients=M, scale_bits=k, max_abs_value=1.0,
+                                 max_error=error_1 * 0.99) == 2
+    with pytest.raises(ValueError, match="max_error"):
+        compact.compact_limbs(Q93, num_clients=M, scale_bits=k, max_abs_value=1.0, max_error=-1.0)
 
 
 def test_compact_limbs_refuses_what_the_full_modulus_cannot_hold():

@@ -102,7 +102,7 @@ def test_limb_count_below_the_noise_budget_or_above_l_is_refused_at_the_reveal()
     server = _compact_server()
     committed = server.commit()
     fewest = compact.compact_limbs(P, num_clients=3, scale_bits=server.strategy.scale_bits_for(3), max_abs_value=1e4)
-    assert fewest > 1  # at q108 and M = 3 one limb would not hold the sum
+    assert fewest > 1  # at the default set and M = 3 one limb (q' < 2^24) would not hold the sum
     node = server.nodes[0]
     _refused(server.send(node, "query.xmk_reveal", _reveal_config(committed, limbs=fewest - 1)),
              f"L'={fewest - 1}", f"[{fewest}, {P.limbs}]")
