@@ -185,3 +185,61 @@ def test_upload_size_per_float32_weight_for_the_seed_cnn():
     keep = compact.compact_limbs(Q108, num_clients=10, scale_bits=k, max_abs_value=2.0**16)
     ratio_108 = _upload_bytes(Q108, keep, weights) / (4 * weights)
     assert keep == 2 and ratio_108 < 0.67 * 10.2  # from 10.1 x: c0 and D at 54 of 108 bits
+
+
+Q109 = get_parameter_set("xmk-n4096-q109")
+
+
+def test_split_set_passes_the_security_check_and_keeps_two_limbs_for_2_to_100_clients():
+    # the split set of docs/explanation/upload-size.md: NTT primes at the top of 24, 23, 31, 31 bits
+    assert [p.bit_length() for p in Q109.primes] == [24, 23, 31, 31]
+    assert all(p % (2 * Q109.n) == 1 and p > 2 ** (p.bit_length() - 1) * 0.99 * 2 for p in Q109.primes)
+    assert Q109.q.bit_length() == rlwe.HE_STANDARD_128_MAX_LOG2Q[4096] == 109
+    rlwe.validate_security(Q109)
+    with pytest.raises(ValueError, match="log2 q"):  # one more bit would fail the HE-Standard check
+        rlwe.ParameterSet(name="x", n=4096, primes=(Q109.primes[0], rlwe.find_ntt_primes(4096, 24, 2)[1])
+                          + Q109.primes[2:])
+    assert rlwe.DEFAULT_PARAMETER_SET is Q109
+    for M in range(2, 101):
+        k = rlwe.max_scale_bits(Q109, num_clients=M, max_abs_value=2.0**16)
+        keep = compact.compact_limbs(Q109, num_clients=M, scale_bits=k, max_abs_value=2.0**16)
+        assert keep == 2, M
+        error = (compact.compact_noise_bound(Q109, keep, num_clients=M) + M / 2) / 2.0**k
+        k108 = rlwe.max_scale_bits(Q108, num_clients=M, max_abs_value=2.0**16)
+        keep108 = compact.compact_limbs(Q108, num_clients=M, scale_bits=k108, max_abs_value=2.0**16)
+        error108 = (compact.compact_noise_bound(Q108, keep108, num_clients=M) + M / 2) / 2.0**k108
+        # never worse than q108 where q108 misses the target, within the target where it meets it
+        assert error <= max(error108, compact.ERROR_TARGET), M
+
+
+@pytest.mark.parametrize("M", [2, 5, 10])
+def test_compact_round_at_q109_decodes_within_the_bound(M):
+    # M = 2 and 5: the rounding more than doubles the noise (2MQ = 8 and 2 B_total) but keeps the error
+    # of the sum within ERROR_TARGET; M = 10: at most doubles it
+    gen = np.random.default_rng(9)  # test data, not key material
+    values = gen.uniform(-2.0**16, 2.0**16, (M, 300))
+    values[:, :20] = 2.0**16  # every client at +max: the M-fold sum at the top of Z_q'
+    values[:, 20:40] = -(2.0**16)
+    keep, got, fixed, bound, uploads, shares = _round(Q109, M, values, threshold=True)
+    assert keep == 2
+    assert uploads[0].c0.shape == (1, 2, Q109.n) and shares[0].d.shape == (1, 2, Q109.n)
+    assert bound <= max(compact.ERROR_TARGET, 2 * rlwe.check_noise_budget(
+        Q109, num_clients=M, scale_bits=rlwe.max_scale_bits(Q109, num_clients=M, max_abs_value=2.0**16),
+        max_abs_value=2.0**16).error_bound)
+    assert np.max(np.abs(got - fixed)) <= bound
+    assert np.allclose(got[:20], M * 2.0**16) and np.allclose(got[20:40], -M * 2.0**16)
+
+
+def test_upload_size_per_float32_weight_at_q109_is_203_bits_per_coefficient():
+    weights = SEED_CNN_WEIGHTS
+    coefficients = rlwe.num_polys(Q109, weights + 1) * Q109.n
+    ratios = {}
+    for M in (2, 5, 10, 100):
+        k = rlwe.max_scale_bits(Q109, num_clients=M, max_abs_value=2.0**16)
+        keep = compact.compact_limbs(Q109, num_clients=M, scale_bits=k, max_abs_value=2.0**16)
+        ratios[M] = _upload_bytes(Q109, keep, weights) / (4 * weights)
+        assert ratios[M] == pytest.approx((109 + 2 * 47) / 8 * coefficients / (4 * weights), rel=1e-4)
+    k = rlwe.max_scale_bits(Q108, num_clients=10, max_abs_value=2.0**16)
+    keep = compact.compact_limbs(Q108, num_clients=10, scale_bits=k, max_abs_value=2.0**16)
+    assert ratios[10] < 0.95 * _upload_bytes(Q108, keep, weights) / (4 * weights)  # 203 vs 216 bits
+    assert ratios[10] < 6.36
