@@ -103,7 +103,8 @@ def _round(num_params: int, clients: int, limbs: int | None, parameter_set: str)
         "all_replies_bytes_per_client_max": max(grid.bytes_up.values()),
         "all_replies_per_float32": max(grid.bytes_up.values()) / (4 * num_params),
         "max_error_of_mean": float(np.max(np.abs(got - expected))),
-        "scale_bits": scale_bits, "error_bound_of_sum": bound_sum, "error_bound_of_mean": bound_sum / n.sum() + float(np.max(np.abs(expected))) * 2.0**-24,
+        "scale_bits": scale_bits, "error_bound_of_sum": bound_sum,
+        "error_bound_of_mean": bound_sum / n.sum() + float(np.max(np.abs(expected))) * 2.0**-24,
         "bits_per_coefficient": sum(p.bit_length() for p in strategy.params.primes)
         + 2 * sum(p.bit_length() for p in strategy.params.primes[:key_limbs]),
         "round_seconds": seconds,

@@ -89,9 +89,9 @@ from __future__ import annotations
 
 import functools
 import math
-from fractions import Fraction
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from numpy.typing import NDArray
