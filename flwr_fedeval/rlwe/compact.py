@@ -40,7 +40,8 @@ M decryption shares, Delta = 2^scale_bits, B_e = tail_cut):
    M terms c0'_i, at most M terms D'_j and one more, the server's mask
    correction in XMKFedAvg (the self-masks of C and the pairwise masks of
    K minus C, summed at L limbs and switched once): 2M + 1 terms, together
-   < (2M + 1)(1/2 + 2^-30) < 2M for M >= 1. R = 2M, i.e. 2 M Q in units of q
+   <= (2M + 1)(1/2 + 1/min q_l) < 2M for M >= 1 and every min q_l > 6
+   (2^-22.99 for the default set's smallest prime, 8380417). R = 2M, i.e. 2 M Q in units of q
    (R = 0 if Q = 1);
 5. no wrap-around in Z_{q'}:  (M round(max|x| Delta) + B_total(M)) / Q + R
    <= (q' - 1) / 2;
