@@ -151,7 +151,8 @@ def xmk_results(strategy: FedAvg) -> dict[str, Any]:
     """The xMK-CKKS part of ``results.json`` (empty for another strategy): ``xmk_key_sets``, every key set
     generated (round, key-set ID, member node IDs), and ``xmk_rounds``, per round its signed contributor
     set by roster identity (size, ``left_out`` before uploading, ``lost_after_upload``, signers,
-    decryptors: :attr:`XMKFedAvg.contributor_sets <flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg>`)."""
+    decryptors, every decryption attempt's active set:
+    :attr:`XMKFedAvg.contributor_sets <flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg>`)."""
     if not hasattr(strategy, "contributor_sets"):  # XMKFedAvg or SecureAggregation
         return {}
     return {"xmk_key_sets": strategy.key_sets, "xmk_rounds": strategy.contributor_sets}

@@ -38,9 +38,11 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   floor of neighbours (:func:`~flwr_fedeval.clients.identity.mask_degree_floor`);
   ▲ N/2 < t <= N; ▲ the scale fits the noise budget for N and the bound B;
   ▲ the limb count L' is at least the fewest that budget allows
-  (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`) and at most L.
+  (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`) and at most L;
+  ▲ 1 <= a (decryption attempts) <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`.
   Replies (b_i, X_i) and its signature over the key-set transcript T, which
-  binds every public parameter (parameter set, a, round, k, scale, B, t, L').
+  binds every public parameter (parameter set, a, round, k, scale, B, t, L',
+  decryption attempts).
 * ``query.xmk_shares``: ▲ every opening matches its commitment and every member
   signed the same T; ▲ once per key set and round, the round after its last
   training round. Shamir-splits (t of N) s_i, its mask key and a fresh
@@ -61,16 +63,20 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
 * ``query.xmk_contributors``: ▲ C ⊆ K, |C| >= its floor and >= t, itself ∈ C
   iff it uploaded in the round, the model hash is the one it trained on;
   signs (key set, round, model hash, C) once per key set and round.
-* ``query.xmk_pdec``: ▲ the key set and a round it holds a share for, at
-  most **one** partial decryption per key set and round (a second request
-  is refused whatever C1), C as above signed by >= t distinct members of K, the
-  active set A (>= t members of K, itself among them), C1 in the canonical
-  encoding with the expected number of polynomials, C1 ≠ its own c1, and never
-  the seed share and the mask-key share of one member (across the key set's
-  rounds); ▲ the request's limb count is the L' of T. Replies
-  D_j = λ_j·sk_j·C1 + e*_j switched to L' limbs
-  (:func:`~flwr_fedeval.rlwe.compact.compress_decryption_share`) and its shares
-  of the seeds of C and of the mask keys of K∖C.
+* ``query.xmk_pdec``: ▲ the key set and a round it holds a share for, C as
+  above signed by >= t distinct members of K, the active set A (>= t members of
+  K, itself among them, A ⊆ C ∩ the signers), C1 in the canonical encoding with
+  the expected number of polynomials, C1 ≠ its own c1, and never the seed share
+  and the mask-key share of one member (across the key set's rounds); ▲ the
+  request's limb count is the L' of T; ▲ its decryption ledger of the key set
+  and round (``ALREADY_CONTRIBUTED`` otherwise): one C1 and model hash, **one
+  share per active set A**, at most **a** active sets (signed in T,
+  ``decryption-attempts`` <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`),
+  and the members of C that an A passes over as lost only grow from one A to
+  the next. Replies D_j = λ_j·sk_j·C1 + e*_j switched to L' limbs
+  (:func:`~flwr_fedeval.rlwe.compact.compress_decryption_share`) plus its
+  pairwise masks over A (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`),
+  and its shares of the seeds of C and of the mask keys of K∖C.
 
 The client's secrets live in ``context.state`` (a ConfigRecord under
 ``"xmk-state"``), never in module globals (the deployment engine starts a
@@ -244,7 +250,8 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
 
     Request :class:`~flwr_fedeval.protocol.xmk.RevealRequest` (``key-id``, ``round``, aligned
     ``signers``/``commitments``/``signatures`` as each member replied to step 1, ``mask-degree``
-    k, 0 = complete, ``scale-bits``, ``max-abs-value`` B, ``threshold`` t, ``limbs`` L'); reply
+    k, 0 = complete, ``scale-bits``, ``max-abs-value`` B, ``threshold`` t, ``limbs`` L',
+    ``decryption-attempts`` a); reply
     :class:`~flwr_fedeval.protocol.xmk.RevealReply` (``public-share`` b_i, ``mask-key`` X_i,
     ``transcript`` T (32 bytes, binding every public parameter), ``transcript-signature``).
 
@@ -253,7 +260,9 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
     than its floor, a mask degree below its floor, a threshold t <= N/2 or > N, a scale
     that does not fit the noise budget for N clients and B, a limb count L' below the fewest that
     budget allows after modulus switching (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`: the sum
-    would wrap around or lose its precision) or above L, or a second reveal for the same key set.
+    would wrap around or lose its precision) or above L, a number of decryption attempts a outside
+    [1, :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`] (the smudging is sized for that
+    maximum), or a second reveal for the same key set.
     """
     identity, roster = node_identity(context)
     state = _state(context)
@@ -284,11 +293,16 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
         raise Refused(f"limb count L'={request.limbs} must be in [{fewest}, {params.limbs}]: fewer limbs than "
                       f"{fewest} do not hold the sum of {n} updates at scale 2^{request.scale_bits} and bound "
                       f"{request.max_abs_value:.4g} after modulus switching")
+    if not 1 <= request.decryption_attempts <= rlwe.MAX_DECRYPTION_ATTEMPTS:
+        raise Refused(f"decryption attempts a={request.decryption_attempts} must be in "
+                      f"[1, {rlwe.MAX_DECRYPTION_ATTEMPTS}]: the smudging noise is sized for at most "
+                      f"{rlwe.MAX_DECRYPTION_ATTEMPTS} active sets per round")
     digest = keyset.transcript_digest(params, key_id=key_id, seed_a=bytes(state["seed-a"]), round_=request.round,
                                       members=members, mask_degree=degree, scale_bits=request.scale_bits,
                                       max_abs_value=request.max_abs_value, threshold=request.threshold,
-                                      limbs=request.limbs)
-    state.update({"limbs": request.limbs, "mask-degree": degree, "scale-bits": request.scale_bits,
+                                      limbs=request.limbs, decryption_attempts=request.decryption_attempts)
+    state.update({"limbs": request.limbs, "decryption-attempts": request.decryption_attempts,
+                  "mask-degree": degree, "scale-bits": request.scale_bits,
                   "max-abs-value": request.max_abs_value,
                   "threshold": request.threshold, "members": [name for name, _ in members],
                   "member-commitments": [h for _, h in members], "transcript": digest})
@@ -421,6 +435,7 @@ def _open_inbox(request: xmk.TrainRequest, state: ConfigRecord, params: rlwe.Par
                 raise Refused(f"a byte share from {name!r} is not {threshold.BYTES_SHARE_SIZE} bytes")
         ring_shares.append(share)
     state.update({"sk-share": threshold.aggregate_shares(params, ring_shares).to_bytes(),
+                  "member-mask-keys": [peers[name] for name in names],  # checked openings: masks of step 3
                   "key-shares": [by_sender[name][1] for name in names],
                   "seed-shares": [by_sender[name][2] for name in names], "sk-round": request.round})
     del state["own-shares"]
@@ -586,9 +601,59 @@ def _contributors(request: xmk.ContributorsRequest, msg: Message, context: Conte
     return xmk.ContributorsReply(key_id, identity.name, signature)
 
 
+def _active_key(active) -> str:
+    """How an active set is kept in the ledger: its sorted names, JSON-encoded (one spelling per set)."""
+    return json.dumps(sorted(str(a) for a in active))
+
+
+def _passed_over(contributors, active) -> set[str]:
+    """L(A): the members of C that sort before A's last member and are not in A (those a server that picks
+    "the first t signers not lost" has passed over: lost, or no signature)."""
+    last = max(active)
+    return {name for name in contributors if name < last and name not in active}
+
+
+def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str, model: bytes, active,
+                   contributors) -> list[str]:
+    """▲ the decryption ledger of (key set, round): one C1 and model hash, one share per active set A, at most
+    a (signed in T) active sets, and a passed-over set L(A) (:func:`_passed_over`) that strictly grows from
+    each A to the next (a member passed over as lost stays lost). Returns the active sets already answered
+    in ``round_`` (the ledger ``pdec-active`` of the state, as :func:`_active_key` strings).
+
+    Raises
+    ------
+    Refused
+        ``ALREADY_CONTRIBUTED``: another C1 or model than the round's first request, an A already answered,
+        a + 1 distinct A, or an A whose passed-over set does not strictly contain an earlier one's.
+    """
+    if int(state["pdec-round"]) != round_:
+        return []
+    if state.get("pdec-c1") != c1_digest or bytes(state.get("pdec-model", b"")) != model:
+        raise Refused(f"already decrypted once for key set {key_id} in round {round_} for another C1 or model: "
+                      f"one C1 per key set and round", code=ReplyCode.ALREADY_CONTRIBUTED)
+    used = [str(a) for a in state.get("pdec-active", [])]
+    if _active_key(active) in used:
+        raise Refused(f"already decrypted once for key set {key_id} in round {round_} for the active set "
+                      f"{sorted(active)}: one share per active set", code=ReplyCode.ALREADY_CONTRIBUTED)
+    attempts = int(state["decryption-attempts"])
+    if len(used) >= attempts:
+        raise Refused(f"already decrypted for {len(used)} active sets of key set {key_id} in round {round_}: at "
+                      f"most a = {attempts} (signed in the key-set transcript)", code=ReplyCode.ALREADY_CONTRIBUTED)
+    passed = _passed_over(contributors, active)
+    for earlier in used:
+        before = _passed_over(contributors, json.loads(earlier))
+        if not before < passed:
+            raise Refused(f"already decrypted for the active set {json.loads(earlier)}: a later active set must pass "
+                          f"over every member it passed over ({sorted(before)}) and more, got {sorted(passed)} "
+                          f"(members lost stay lost)", code=ReplyCode.ALREADY_CONTRIBUTED)
+    return used
+
+
 def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -> xmk.PdecReply:
-    """Step 3: D_j = λ_j·sk_j·C1 + e*_j (threshold form of Walskaar et al. 2023, Eq. 7), once, and the
-    recovery shares: of the self-mask seed of every i ∈ C, of the mask key of every i ∈ K∖C.
+    """Step 3: D_j = λ_j·sk_j·C1 + e*_j (threshold form of Walskaar et al. 2023, Eq. 7) at L' limbs plus
+    Σ_{k∈A∖{j}} ±PRG(K_jk) mod q' (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`), once per
+    active set A, and the recovery shares: of the self-mask seed of every i ∈ C, of the mask key of every
+    i ∈ K∖C.
 
     Request :class:`~flwr_fedeval.protocol.xmk.PdecRequest` (``params``, ``key-id``, ``round``,
     ``contributors`` C, ``num-clients``, ``model-hash``, the members' signatures over C, the active
@@ -598,10 +663,13 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     Refuses (:class:`~flwr_fedeval.protocol.Refused`, an error reply, nothing decrypted) when
 
     * the key set is not the one this client holds, or it holds no share for the round,
-    * it has already decrypted once for this key set and round (whatever C1: ``ALREADY_CONTRIBUTED``),
+    * (``ALREADY_CONTRIBUTED``) it has already decrypted for this key set and round another C1 or model
+      hash, or this A, or a (signed in T) active sets, or an A that passed over a member this A
+      does not pass over (:func:`_check_attempt`),
     * C fails :func:`_check_contributors`, or fewer than t distinct members of K signed this C for
       this model hash (:func:`~flwr_fedeval.rlwe.keyset.check_contributor_signatures`),
-    * A is not a set of >= t members of K that includes this client, ``num-clients`` disagrees, or
+    * A is not a set of >= t members of K that includes this client and lies within C and the signers
+      of C, ``num-clients`` disagrees, or
       ``limbs`` is not the L' signed in T,
     * C1 is not canonical (a header field other than expected, a count other
       than its own ciphertext's, a wrong length, an unreduced residue), or equals its own c1,
@@ -617,9 +685,6 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     round_ = request.round
     if int(state.get("sk-round", -1)) != round_:
         raise Refused(f"round {round_}: this client holds no decryption share of key set {key_id} for that round")
-    if int(state["pdec-round"]) == round_:
-        raise Refused(f"already decrypted once for key set {key_id} in round {round_}: refused whatever C1",
-                      code=ReplyCode.ALREADY_CONTRIBUTED)
     members = list(state["members"])
     own = str(state["name"])
     t = int(state["threshold"])
@@ -638,26 +703,39 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     active = request.active
     if len(set(active)) != len(active) or not set(active) <= set(members) or own not in active or len(active) < t:
         raise Refused(f"the active decryptors {list(active)} must be >= {t} distinct members including this one")
+    outside = sorted(set(active) - (set(contributors) & set(request.contributor_signers)))
+    if outside:
+        raise Refused(f"the active decryptors {outside} are not contributors that signed C: A must be within "
+                      f"the signers of the contributor set")
     try:
         count = int(state["num-polys"]) if "num-polys" in state else None
         c1 = rlwe.polys_from_bytes(request.c1, params, count=count)
     except ValueError as exc:
         raise Refused(f"C1 is not canonical: {exc}") from None
-    if "own-c1" in state and _digest(request.c1) == state["own-c1"]:
+    c1_digest = _digest(request.c1)
+    if "own-c1" in state and c1_digest == state["own-c1"]:
         raise Refused("C1 equals this client's own c1")
+    used = _check_attempt(state, key_id, round_, c1_digest, request.model_hash, active, contributors)
     dropped = [name for name in members if name not in contributors]
     seeds, keys = list(state.get("revealed-seeds", [])), list(state.get("revealed-keys", []))
     both = sorted(set(contributors) & set(keys) | set(dropped) & set(seeds))
     if both:
         raise Refused(f"would reveal both the self-mask seed and the mask key of {both} (SecAgg's rule)")
-    state["pdec-round"] = round_  # before computing: one partial decryption per key set and round
-    state["revealed-seeds"] = sorted(set(seeds) | set(contributors))
-    state["revealed-keys"] = sorted(set(keys) | set(dropped))
+    # before computing: one share per active set, at most a active sets and one C1 per key set and round
+    state.update({"pdec-round": round_, "pdec-c1": c1_digest, "pdec-model": request.model_hash,
+                  "pdec-active": used + [_active_key(active)],
+                  "revealed-seeds": sorted(set(seeds) | set(contributors)),
+                  "revealed-keys": sorted(set(keys) | set(dropped))})
     points = dict(zip(members, threshold.member_points(len(members), params=params)))
     sk = threshold.SecretShare.from_bytes(bytes(state["sk-share"]), params)
     share = threshold.threshold_partial_decrypt(params, sk, [points[name] for name in active], c1,
                                                 num_clients=len(members))
     share = compact.compress_decryption_share(params, share, int(state["limbs"]))  # D_j at L' limbs
+    mask_keys = dict(zip(members, [bytes(k) for k in state["member-mask-keys"]]))
+    share = threshold.mask_decryption_share(  # + Σ_{k ∈ A∖{j}} ±PRG(K_jk) mod q': cancels only over all of A
+        share, own_name=own, own_private=bytes(state["mask-private"]),
+        peers={name: mask_keys[name] for name in active if name != own},
+        context=threshold.pdec_mask_context(bytes(state["transcript"]), round_, request.model_hash, active))
     index = {name: i for i, name in enumerate(members)}
     return xmk.PdecReply(share.to_bytes(), tuple(bytes(state["seed-shares"][index[n]]) for n in contributors),
                          tuple(bytes(state["key-shares"][index[n]]) for n in dropped))

@@ -14,12 +14,14 @@ step        message type            request    reply
 2           ``train``                   TrainRequest    TrainReply (Enc(n_i·Δw_i, n_i) + r_i + u_i,
                                                     c0 switched to L' limbs, c1 exact)
 2b          ``query.xmk_contributors``  ContributorsRequest  ContributorsReply (signature over C)
-3           ``query.xmk_pdec``          PdecRequest     PdecReply (D_j = λ_j·sk_j·C1 + e*_j at L' and
-                                                    the seed / mask-key shares for C / K∖C)
+3           ``query.xmk_pdec``          PdecRequest     PdecReply (D_j = λ_j·sk_j·C1 + e*_j at L' plus
+                                                    pairwise masks over A, and the seed / mask-key
+                                                    shares for C / K∖C)
 ==========  ======================  =========  ==========================================
 
 No retries (issue 21): a client trains at most once per global model (:func:`model_hash`) and round,
-signs one contributor set and gives one decryption share per key set and round.
+signs one contributor set per key set and round, and gives one masked decryption share per active set A,
+for at most a (signed in T) active sets and one C1 per key set and round.
 
 Every record key and field name of the protocol is spelled in this module only; the
 server (:mod:`flwr_fedeval.strategies.xmk_fedavg`) and the client
@@ -247,6 +249,10 @@ class RevealRequest(Payload):
         L', the RNS limbs c0 and every decryption share are modulus-switched to before they are sent
         (:func:`flwr_fedeval.rlwe.compact.compact_limbs`; >= 1, each member requires at least the
         fewest its noise budget allows and at most the parameter set's L; c1 stays at L).
+    decryption_attempts : int
+        a, the most active sets A a member gives a decryption share for per round (>= 1; each member
+        requires a <= :data:`flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`, which the smudging is
+        sized for): a decryptor lost during step 3 is replaced within the round, at most a - 1 times.
 
     The members sign all of these in the key-set transcript T: the server cannot vary them per
     request. ``from_record`` raises :class:`~flwr_fedeval.protocol.MalformedMessage` for misaligned
@@ -264,11 +270,13 @@ class RevealRequest(Payload):
     max_abs_value: float
     threshold: int
     limbs: int
+    decryption_attempts: int
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, round=self.round, signers=self.signers, commitments=self.commitments,
                        signatures=self.signatures, mask_degree=self.mask_degree, scale_bits=self.scale_bits,
-                       max_abs_value=self.max_abs_value, threshold=self.threshold, limbs=self.limbs)
+                       max_abs_value=self.max_abs_value, threshold=self.threshold, limbs=self.limbs,
+                       decryption_attempts=self.decryption_attempts)
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> RevealRequest:
@@ -287,7 +295,8 @@ class RevealRequest(Payload):
             raise MalformedMessage(f"{_K}.max-abs-value", f"must be finite, got {bound!r}")
         return cls(config_field(rec, _K, "key-id", str), _round(rec), tuple(signers), tuple(commitments),
                    tuple(signatures), degree, config_field(rec, _K, "scale-bits", int, minimum=1), bound,
-                   config_field(rec, _K, "threshold", int, minimum=1), config_field(rec, _K, "limbs", int, minimum=1))
+                   config_field(rec, _K, "threshold", int, minimum=1), config_field(rec, _K, "limbs", int, minimum=1),
+                   config_field(rec, _K, "decryption-attempts", int, minimum=1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -589,7 +598,9 @@ class PdecRequest(Payload):
     contributor_signers, contributor_signatures : tuple
         Aligned: members' names and their signatures over (key set, round, model hash, C) (step 2b).
     active : tuple of str
-        A: the ordered decryptor set whose shares the server will combine (|A| >= t).
+        A: the decryptor set whose shares the server will combine (|A| >= t, A within the signers of
+        C). One round may take up to a (signed in T) active sets, one request per member each: the
+        server replaces a decryptor lost during this step by asking a new A.
     """
 
     LABEL = "xMK partial decryption request"

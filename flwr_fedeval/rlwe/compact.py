@@ -34,8 +34,11 @@ M decryption shares, Delta = 2^scale_bits, B_e = tail_cut):
 1. message: |sum_i m_i| <= M round(max|x| Delta), i.e. scale_bits +
    log2(max|x| M) bits (:func:`~flwr_fedeval.rlwe.params.check_noise_budget`);
 2. fresh noise: B_fresh(M) = 2 n M^2 B_e + M B_e (c1 exact: no rounding term);
-3. smudging: B_smudge(M) = 2^(40 + ceil log2 B_fresh(M)) per share, in units
-   of q as today, B_total(M) = B_fresh(M) + M B_smudge(M);
+3. smudging: B_smudge(M) = 2^(40 + ceil log2 W + ceil log2 B_fresh(M)) per
+   share, W = 3 decryptions of one sum (:func:`~flwr_fedeval.rlwe.params.smudging_bound`),
+   in units of q, B_total(M) = B_fresh(M) + M B_smudge(M); the pairwise masks of
+   a decryption share (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`)
+   are added mod q' after the switch and cancel exactly: no noise term;
 4. switching rounding: <= 1/2 + 1/min q_l per switched term in units of q',
    M terms c0'_i, at most M terms D'_j and one more, the server's mask
    correction in XMKFedAvg (the self-masks of C and the pairwise masks of
@@ -67,12 +70,15 @@ max|x| = 2^16:
   L' = 2 for every M from 2 to 100 (q' = 2^47.0, Q = 2^62.0), 109 + 2 x 47
   = 203 bits per coefficient, 6.35 x float32 for 949,002 weights; error
   bound of the sum 8.9e-7 at M = 10 (R Q = B_total / 2), 1.1e-7 at M = 5;
-* ``xmk-n4096-q93`` (3 x 31 bits): L' = 1 for 10 <= M <= 50, 93 + 31 + 31
-  = 155 bits per coefficient, 4.85 x float32 (from 8.7 x); worst-case
-  error 8.9e-8 x M max|x| at M = 10 (1.5 x the uncompressed bound);
-* ``xmk-n4096-q108`` (4 x 27 bits): L' = 2 (dropping a third prime would
-  make the rounding 2^(81+4.3) > B_total ~ 2^67.3), 216 bits, 6.76 x (from
-  10.1 x), error bound unchanged (1.19e-6 at M = 10).
+* ``xmk-n4096-q93`` (3 x 31 bits): L' = 1 for 3 <= M <= 50 (10 <= M before
+  the smudging was sized for W = 3 decryptions), 93 + 31 + 31
+  = 155 bits per coefficient, 4.85 x float32 for 949,002 weights (from
+  8.7 x); worst-case error 2.7e-7 x M max|x| at M = 10 (1.1 x the
+  uncompressed bound);
+* ``xmk-n4096-q108`` (4 x 27 bits): L' = 2 for 2 <= M <= 100 (dropping a
+  third prime would make the rounding 2^(81+4.3) > B_total ~ 2^69.3), 216
+  bits, 6.8 x (from 10.1 x), error bound unchanged by the switch (7.3e-12 x
+  M max|x| at M = 10; 1.8e-12 with the smudging of one decryption).
 
 Reaching <= 5 x float32 is not possible at a worst-case error of the sum of
 ~1e-6 (M = 10, max|x| = 2^16): minimising log2 q + 2 log2 q' over Q with

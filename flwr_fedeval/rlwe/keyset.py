@@ -216,8 +216,9 @@ def transcript_digest(
     max_abs_value: float = 0.0,
     threshold: int = 0,
     limbs: int = 0,
+    decryption_attempts: int = 0,
 ) -> bytes:
-    """T = SHA-256(domain, params, kid, seed_a, r, k, Δ bits, B, t, L', (name, h) sorted by name).
+    """T = SHA-256(domain, params, kid, seed_a, r, k, Δ bits, B, t, L', a, (name, h) sorted by name).
 
     The key set every member must agree on, with every public parameter of its rounds (issue 21):
     the parameter set and a (via kid, seed_a), the first round r, the mask degree k
@@ -225,12 +226,14 @@ def transcript_digest(
     value bound B (IEEE-754 binary64, big-endian) every encrypted value is clipped to, the
     threshold t of the t-out-of-N decryption, and the limb count L' that c0 and the decryption
     shares are switched to before sending (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`; 0 in
-    tests that do not use it). Signed by every member, so the server cannot vary any of them per
-    request.
+    tests that do not use it), and a, the most active sets A a member gives a decryption share for
+    per round (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`; 0 in tests that do not use it).
+    Signed by every member, so the server cannot vary any of them per request.
     """
     if isinstance(mask_degree, bool) or not isinstance(mask_degree, int) or mask_degree < 0:
         raise KeySetError(f"mask degree must be an integer >= 0, got {mask_degree!r}")
-    for name, value in (("scale bits", scale_bits), ("threshold", threshold), ("limbs", limbs)):
+    for name, value in (("scale bits", scale_bits), ("threshold", threshold), ("limbs", limbs),
+                        ("decryption attempts", decryption_attempts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise KeySetError(f"{name} must be an integer >= 0, got {value!r}")
     if not np.isfinite(max_abs_value) or max_abs_value < 0:
@@ -238,7 +241,7 @@ def transcript_digest(
     parts = [_TRANSCRIPT_DOMAIN, _lp(params.name.encode()), _lp(key_id.encode()), _lp(seed_a),
              struct.pack(">Q", round_), struct.pack(">Q", mask_degree), struct.pack(">Q", scale_bits),
              struct.pack(">d", float(max_abs_value)), struct.pack(">Q", threshold),
-             struct.pack(">Q", limbs), struct.pack(">Q", len(members))]
+             struct.pack(">Q", limbs), struct.pack(">Q", decryption_attempts), struct.pack(">Q", len(members))]
     for name, h in sorted(members):
         parts += [_lp(name.encode()), _lp(h)]
     return hashlib.sha256(b"".join(parts)).digest()

@@ -22,10 +22,18 @@ A product of two polynomials has ||f g||_inf <= n ||f||_inf ||g||_inf, so the
 Each partial decryption D_j = s_j C1 + e*_j (Eq. 7) adds smudging noise e*_j
 uniform in [-B_smudge, B_smudge) with
 
-    B_smudge(M) = 2^(lambda + ceil(log2 B_fresh(M))) >= 2^lambda B_fresh(M)
+    B_smudge(M) = 2^(lambda + ceil(log2 W) + ceil(log2 B_fresh(M))) >= W 2^lambda B_fresh(M)
 
-(lambda = ``smudging_bits`` = 40: statistical distance <= 2^-40 between the
-smudged noise with and without the secret-dependent terms). Total noise:
+(lambda = ``smudging_bits`` = 40). One smudged decryption is within
+statistical distance B_fresh / B_smudge of one without the secret-dependent
+terms; W completed decryptions of the same sum, each with fresh smudging,
+are within W B_fresh / B_smudge <= 2^-lambda (hybrid argument). W =
+:func:`max_decryptions` (:data:`MAX_DECRYPTION_ATTEMPTS`): a decryptor gives
+a share for at most a <= MAX_DECRYPTION_ATTEMPTS active sets A per key set
+and round (:mod:`~flwr_fedeval.rlwe.threshold`), every A has more than N/2
+members, so a server completes at most floor((a N - 1) / (N / 2)) <= 2a - 1
+decryptions of one sum; W = 3 for a = 2, i.e. 2 bits more than one
+decryption would need. Total noise:
 
     B_total(M) = B_fresh(M) + M B_smudge(M).
 
@@ -68,6 +76,8 @@ __all__ = [
     "get_parameter_set",
     "validate_security",
     "fresh_noise_bound",
+    "MAX_DECRYPTION_ATTEMPTS",
+    "max_decryptions",
     "smudging_bound",
     "total_noise_bound",
     "max_plaintext_int",
@@ -203,10 +213,35 @@ def fresh_noise_bound(params: ParameterSet, num_clients: int) -> int:
     return 2 * params.n * M * M * B + M * B
 
 
+#: The most active sets A a decryptor gives a share for per key set and round (the signed ``a`` of the
+#: key-set transcript is at most this; :mod:`flwr_fedeval.rlwe.threshold`). The smudging noise is sized
+#: for it, whatever a the key set signs.
+MAX_DECRYPTION_ATTEMPTS = 2
+
+
+def max_decryptions(attempts: int = MAX_DECRYPTION_ATTEMPTS) -> int:
+    """W = 2a - 1: the most completed decryptions of one sum when every decryptor answers at most
+    ``attempts`` active sets A and every A has more than N/2 members (sum over the W sets of |A| <= a N).
+
+    Raises
+    ------
+    ValueError
+        If ``attempts`` is not an integer >= 1.
+    """
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"attempts must be an integer >= 1, got {attempts!r}")
+    return 2 * attempts - 1
+
+
 def smudging_bound(params: ParameterSet, num_clients: int) -> int:
-    """Half-width B_smudge(M) = 2^(lambda + ceil(log2 B_fresh(M))) of the smudging noise."""
+    """Half-width B_smudge(M) = 2^(lambda + ceil(log2 W) + ceil(log2 B_fresh(M))) of the smudging noise.
+
+    W = :func:`max_decryptions` () = 3: up to W decryptions of one sum stay within 2^-lambda
+    statistical distance together (module docstring).
+    """
     fresh = fresh_noise_bound(params, num_clients)
-    return 1 << (params.smudging_bits + (fresh - 1).bit_length())
+    extra = (max_decryptions() - 1).bit_length()  # ceil(log2 W)
+    return 1 << (params.smudging_bits + extra + (fresh - 1).bit_length())
 
 
 def total_noise_bound(params: ParameterSet, num_clients: int) -> int:
@@ -371,12 +406,17 @@ def _make_split(name: str, n: int, widths: tuple[int, ...]) -> ParameterSet:
 #: (q' = 2^47.0) and drops the two 31-bit primes (Q = 2^62.0): 109 + 2 x 47 = 203 bits per
 #: coefficient for every M from 2 to 100 (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`),
 #: against 216 for ``xmk-n4096-q108`` (four 27-bit primes, q' = 2^54, Q = 2^54).
+#: ``xmk-n4096-q109-l5`` has five limbs (the largest NTT primes below 2^22, 2^22, 2^21, 2^22, 2^22;
+#: log2 q = 108.87): q' = 2^44.0 kept, Q = 2^64.9 dropped, 109 + 2 x 44 = 197 bits per coefficient
+#: (L' = 2 for M = 2..100), a worst-case error of the sum at most q108's (4.6e-6 at M = 10 against
+#: 4.8e-6; <= 7.1e-7 for M <= 5); a fifth limb costs ring work per coefficient.
 PARAMETER_SETS: dict[str, ParameterSet] = {
     p.name: p
     for p in (
         _make("xmk-n4096-q93", 4096, 31, 3),
         _make("xmk-n4096-q108", 4096, 27, 4),
         _make_split("xmk-n4096-q109", 4096, (24, 23, 31, 31)),
+        _make_split("xmk-n4096-q109-l5", 4096, (22, 22, 21, 22, 22)),
         _make("xmk-n8192-q155", 8192, 31, 5),
         _make("xmk-n16384-q217", 16384, 31, 7),
     )

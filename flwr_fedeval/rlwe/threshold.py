@@ -34,10 +34,14 @@ Decryption of an aggregate C = (C0, C1), active set A (|A| >= t, signed):
 5. ▲ own point in A, no duplicate points, |A| >= t;
    ★ D_j = threshold_partial_decrypt(...) = lambda_j F(x_j) C1 + e*_j with
    lambda_j = prod_{k in A, k != j} x_k / (x_k - x_j) (:func:`lagrange_at_zero`)
-   and e*_j the smudging noise of :func:`~flwr_fedeval.rlwe.xmkckks.partial_decrypt`.
+   and e*_j the smudging noise of :func:`~flwr_fedeval.rlwe.xmkckks.partial_decrypt`;
+   sent (after the modulus switch of :mod:`~flwr_fedeval.rlwe.compact`) as
+   D_j + sum_{k in A, k != j} sign(j, k) PRG(K_jk) mod q' (:func:`mask_decryption_share`,
+   K_jk from the X25519 mask keys of the key set under :func:`pdec_mask_context`).
 6. server: sum_{j in A} D_j = (sum_j lambda_j F(x_j)) C1 + sum_j e*_j
    = s C1 + sum_j e*_j, since sum_j lambda_j F(x_j) = F(0) = s exactly in
-   R_q (Lagrange interpolation at 0, coefficient-wise mod every q_l). So
+   R_q (Lagrange interpolation at 0, coefficient-wise mod every q_l), and the
+   masks cancel exactly in the sum over all of A. So
    :func:`~flwr_fedeval.rlwe.xmkckks.combine_and_decode` (C0, [D_j]) decodes
    exactly as the N-out-of-N protocol, with |A| smudging terms instead of N.
 
@@ -48,10 +52,24 @@ N < min_l q_l are. Any t - 1 shares F(x_j) are jointly uniform in R_q^{t-1}
 
 Noise: the decryption noise is B_fresh(M) + |A| B_smudge(M) <= B_total(M)
 for |A| <= M (:func:`~flwr_fedeval.rlwe.params.total_noise_bound`); the
-smudging hides B_fresh(M) as in the N-out-of-N case. Give at most one
-decryption share per key set and round: the Lagrange coefficient depends on
-A, so two shares of one C1 for two active sets are two different linear
-combinations of the same secret share.
+smudging hides B_fresh(M) as in the N-out-of-N case.
+
+A decryptor lost during step 5 (issue 21): the server asks a new active set
+A' (the caller's rules, :mod:`flwr_fedeval.clients.xmkckks`: one share per A,
+at most a <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS` active
+sets and one C1 per key set and round, the members passed over as lost only
+grow). Unmasked, two shares of one C1 for two active sets would be two
+different linear combinations of the same secret share,
+lambda D' - lambda' D = lambda' e - lambda e' (mod q) with e, e' small: a
+2-dimensional lattice problem per coefficient that gives F(x_j) C1, i.e.
+F(x_j). Masked, a share of an attempt the server does not complete is
+uniform mod q' to it (the pairwise PRG with the missing member, whose X25519
+private key it never gets); a complete attempt reveals C0 + s C1 + sum e*_j
+as before. Up to W = 2a - 1 complete attempts (every A has > N/2 members,
+each member answers a of them) reveal W independently smudged copies of the
+same B_fresh: the smudging is sized for W
+(:func:`~flwr_fedeval.rlwe.params.smudging_bound`), so they stay within 2^-40
+of the ideal view together (hybrid argument).
 
 32-byte secrets (X25519 mask private keys, self-mask seeds: the SecAgg
 recovery of Bonawitz et al. 2017, §4) are shared over GF(2^521 - 1) by
@@ -64,12 +82,13 @@ Imports neither flwr nor TensorFlow.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
+from . import masking
 from . import serialization as ser
 from .params import PARAMETER_SETS, ParameterSet, get_parameter_set, smudging_bound
 from .sampling import RandomStream, uniform_mod_q, uniform_smudging
@@ -95,8 +114,10 @@ __all__ = [
     "aggregate_shares",
     "combine_bytes",
     "lagrange_at_zero",
+    "mask_decryption_share",
     "member_points",
     "min_threshold",
+    "pdec_mask_context",
     "split_bytes",
     "split_secret",
     "threshold_partial_decrypt",
@@ -492,3 +513,90 @@ def _smudging_noise(
     bits = smudging_bound(params, num_clients).bit_length() - 1
     noise: NDArray[np.uint64] = uniform_smudging(params.primes, params.n, bits, (num_polys,), rng)
     return noise
+
+
+# --------------------------------------------------------------------------- masked shares
+_PDEC_MASK_DOMAIN = b"flwr-fedeval/xmkckks/pdec-mask/v1"
+
+
+def pdec_mask_context(transcript: bytes, round_: int, model_hash: bytes, active: Sequence[str]) -> bytes:
+    """Context of the pairwise masks of one decryption attempt: (domain, T, round, model hash, sorted A).
+
+    Fed to :func:`~flwr_fedeval.rlwe.masking.pairwise_mask_key` as its ``context``, so the keys
+    K_jk of an attempt differ from the encryption masks' (another domain and length) and from every
+    other attempt's (another A): the masks of two attempts are independent.
+
+    Parameters
+    ----------
+    transcript : bytes
+        T, the key-set transcript digest (32 bytes).
+    round_ : int
+        The round (>= 0).
+    model_hash : bytes
+        The 32-byte hash of the global model the contributor set was signed for.
+    active : sequence of str
+        A, the decryptors' roster names (any order; sorted here, duplicates refused).
+
+    Raises
+    ------
+    ThresholdError
+        If ``active`` is empty or has duplicates.
+    ValueError
+        If ``round_`` is not an integer >= 0.
+    """
+    names = sorted(str(a) for a in active)
+    if not names or len(set(names)) != len(names):
+        raise ThresholdError(f"the active set must be non-empty without duplicates, got {names}")
+    parts = [struct.pack(">Q", len(_PDEC_MASK_DOMAIN)), _PDEC_MASK_DOMAIN,
+             masking.mask_context(bytes(transcript), round_), struct.pack(">Q", len(model_hash)), bytes(model_hash),
+             struct.pack(">Q", len(names))]
+    for name in names:
+        raw = name.encode()
+        parts += [struct.pack(">Q", len(raw)), raw]
+    return b"".join(parts)
+
+
+def mask_decryption_share(
+    share: DecryptionShare,
+    *,
+    own_name: str,
+    own_private: bytes,
+    peers: Mapping[str, bytes],
+    context: bytes,
+) -> DecryptionShare:
+    """D_j + sum_{k in A, k != j} sign(j, k) PRG(K_jk)  (mod q' of ``share.params``): a masked share.
+
+    K_jk = HKDF(X25519(x_j, X_k), context) (:func:`~flwr_fedeval.rlwe.masking.pairwise_mask_key`,
+    the X25519 mask keys signed in the key-set transcript), sign +1 if j's name sorts before k's,
+    -1 otherwise, PRG the AES-256-CTR expansion of :mod:`~flwr_fedeval.rlwe.masking`. Added after
+    the modulus switch, so the masks of the members of A cancel exactly in sum_{j in A} D_j mod q'
+    (Bonawitz et al. 2017, §4, applied to the decryption shares), while any strict subset of the
+    shares -- an attempt a member of A did not answer -- is uniform mod q' as long as the server
+    knows neither private key of a pair across it.
+
+    Parameters
+    ----------
+    share : DecryptionShare
+        D_j at the level it is sent at (``share.params``: the parameter set, or
+        :func:`~flwr_fedeval.rlwe.compact.level_parameter_set`), shape (k, L', n).
+    own_name : str
+        j's roster name.
+    own_private : bytes
+        j's X25519 mask private key (32 bytes).
+    peers : mapping of str to bytes
+        Every other member k of A -> its X25519 mask public key (as signed in T).
+    context : bytes
+        :func:`pdec_mask_context` of the attempt.
+
+    Returns
+    -------
+    DecryptionShare of the same shape and level.
+
+    Raises
+    ------
+    ~flwr_fedeval.rlwe.masking.MaskKeyError
+        ``peers`` is empty or contains ``own_name``, or an agreement fails.
+    """
+    masked = masking.mask_plaintext(share.params, share.d, own_name=own_name, own_private=own_private,
+                                    peers=peers, context=context)
+    return DecryptionShare(share.params, masked)

@@ -45,6 +45,7 @@ from flwr.serverapp.strategy import (
 
 from flwr_fedeval.protocol import xmk
 from flwr_fedeval.rlwe import masking
+from flwr_fedeval.rlwe.params import MAX_DECRYPTION_ATTEMPTS
 from flwr_fedeval.strategies.base import StepTimer
 from flwr_fedeval.strategies.collect import DetectingGrid
 from flwr_fedeval.strategies.xmk_fedavg import DEFAULT_PARAMETER_SET, RoundAborted, XMKFedAvg, _FoldingGrid
@@ -67,7 +68,8 @@ class SecureAggregation(Strategy):
         evaluation and applies its server update to the securely aggregated mean. Its
         ``weighted_by_key`` must be ``"num-examples"`` and its ``arrayrecord_key`` ``"arrays"``
         (what :func:`~flwr_fedeval.clients.xmkckks.xmkckks_mod` reads and encrypts).
-    parameter_set, max_abs_value, scale_bits, rekey, step_timeout, max_attempts, mask_degree, threshold
+    parameter_set, max_abs_value, scale_bits, rekey, step_timeout, max_attempts, mask_degree, threshold, \
+decryption_attempts
         The protocol's parameters, as :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg`
         (``max_abs_value`` B bounds every ``|n_i·Δw|`` and ``n_i``; clients clip to it).
 
@@ -101,6 +103,7 @@ class SecureAggregation(Strategy):
         max_attempts: int = 3,
         mask_degree: int = masking.DEFAULT_MASK_DEGREE,
         threshold: int | None = None,
+        decryption_attempts: int = MAX_DECRYPTION_ATTEMPTS,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, FedAvg) or isinstance(strategy, XMKFedAvg):
@@ -121,6 +124,7 @@ class SecureAggregation(Strategy):
             configrecord_key=strategy.configrecord_key, parameter_set=parameter_set,
             max_abs_value=max_abs_value, scale_bits=scale_bits, rekey=rekey, step_timeout=step_timeout,
             max_attempts=max_attempts, mask_degree=mask_degree, threshold=threshold,
+            decryption_attempts=decryption_attempts,
         )
 
     def __repr__(self) -> str:

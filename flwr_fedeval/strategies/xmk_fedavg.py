@@ -99,6 +99,7 @@ class _KeySet:
     threshold: int = 0  # t of the t-out-of-N decryption (signed in T)
     scale_bits: int = 0  # log2 Δ (signed in T)
     limbs: int = 0  # L', the limbs of c0 and of the decryption shares on the wire (signed in T)
+    decryption_attempts: int = 1  # a, the most active sets of step 3 per round (signed in T)
 
     def name_of(self, node: int) -> str:
         return self.names[self.nodes.index(node)]
@@ -124,6 +125,7 @@ class _RoundState:
     running: _RunningSum | None = None  # Σ c_j of the attempt in progress, folded as the replies arrive
     inboxes: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # step 1c: name -> (sender, box)
     train_results: dict[int, Any] = field(default_factory=dict)  # node -> its reply's metrics, or the error
+    pdec_attempts: list[tuple[str, ...]] = field(default_factory=list)  # step 3: every active set A asked
 
     @property
     def keys(self) -> _KeySet:
@@ -273,7 +275,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     contributors still listed sign C, the set whose ciphertexts were summed;
     (3) ``query.xmk_pdec`` to t of the signers (the active set A) with
     C1 = Σ_{j∈C} c1_j, C and t signatures: each replies
-    D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7), switched to L' limbs, and its shares of the seeds of C
+    D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7), switched to L' limbs and masked pairwise over A
+    (a lost decryptor is replaced by a new A, at most ``decryption_attempts``), and its shares of the seeds of C
     and the mask keys of K∖C; (4) the server folds the D_j, reconstructs the
     seeds and mask keys, removes Σ u_i and the pairwise masks between C and
     K∖C, decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
@@ -283,12 +286,16 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     A member lost before its upload (or whose ciphertext is malformed) is left
     out of C (``left_out``); one lost after it costs nothing
     (``lost_after_upload``): the round completes while t members sign C and the
-    t decryptors answer. The round fails (global model unchanged, **no retry**:
-    the clients that uploaded refuse that model again) only when fewer than t
-    members upload or sign, or a member of A is lost during the partial
-    decryption itself. Failures before training (key generation, reveal, key
-    shares) drop the failing nodes and re-key, at most ``max_attempts`` times
-    (nobody trained yet: a re-key leaks nothing). A node is given up as soon as
+    t decryptors answer; a decryptor lost during the partial decryption is
+    replaced by the next signer of C in a new active set A' (its shares are
+    masked pairwise over A, so the incomplete attempt reveals nothing), at most
+    ``decryption_attempts`` active sets in all. The round fails (global model
+    unchanged, **no retry**: the clients that uploaded refuse that model again)
+    only when fewer than t members upload or sign, or fewer than t signers are
+    left or the a attempts are used up in the partial decryption. Failures
+    before training (key generation, reveal, key shares) drop the failing
+    nodes and re-key, at most ``max_attempts`` times (nobody trained yet: a
+    re-key leaks nothing). A node is given up as soon as
     it leaves the SuperLink's node list (or, over a
     :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` with a
     :class:`~flwr_fedeval.strategies.collect.Rejoin`, as soon as its identity
@@ -337,6 +344,12 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         scale and ``max_abs_value`` (:func:`flwr_fedeval.rlwe.compact.compact_limbs`),
         clamped up to that fewest; the parameter set's L sends the
         uncompressed form. Signed in the key-set transcript.
+    decryption_attempts : int, default=2
+        a, the most active sets A of step 3 per round (1 <= a <=
+        :data:`flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`, which the smudging noise is sized
+        for), signed in the key-set transcript: a decryptor lost during the partial decryption is
+        replaced by the next signer of C, at most a - 1 times; each member answers each A once
+        and at most a of them.
     mask_degree : int, default=4
         Degree k of the pairwise-mask graph (SecAgg+, Bell et al. 2020):
         each client masks with k neighbours derived from the signed key-set
@@ -375,7 +388,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         "left_out": {name: reason} (members of K lost before uploading, not in C),
         "lost_after_upload": {name: reason} (members of C that did not sign C),
         "signers": list of str (the members that signed C), "decryptors": list of str (the t
-        members asked for a decryption share), "completed": bool}``. ``completed`` is false when the
+        members of the last active set asked for a decryption share: the ones that decrypted when
+        completed), "decryption_attempts": list of list of str (every active set asked, in order),
+        "completed": bool}``. ``completed`` is false when the
         round failed after C was fixed (its reason is in ``aborted_attempts``). The App writes them
         to ``results.json`` (``xmk_rounds``).
     key_sets : list of dict
@@ -430,6 +445,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         mask_degree: int = masking.DEFAULT_MASK_DEGREE,
         threshold: int | None = None,
         limbs: int | None = None,
+        decryption_attempts: int = rlwe.MAX_DECRYPTION_ATTEMPTS,
     ) -> None:
         super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
                          min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
@@ -467,6 +483,11 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         if limbs is not None:
             compact.level_parameter_set(self.params, limbs)  # ValueError unless 1 <= limbs <= L
         self.limbs = limbs
+        if (isinstance(decryption_attempts, bool) or not isinstance(decryption_attempts, int)
+                or not 1 <= decryption_attempts <= rlwe.MAX_DECRYPTION_ATTEMPTS):
+            raise ValueError(f"decryption_attempts must be an integer in [1, {rlwe.MAX_DECRYPTION_ATTEMPTS}], "
+                             f"got {decryption_attempts!r}")
+        self.decryption_attempts = decryption_attempts
         #: Members left out of a round's contributor set: (round, {node: reason}); no retry was run.
         self.left_out: list[tuple[int, dict[int, str]]] = []
         #: Contributors lost after their upload (no signature of C): (round, {node: reason}); they cost nothing.
@@ -630,7 +651,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         limbs = self.limbs_for(len(nodes), scale_bits)
         request = xmk.RevealRequest(committed.key_id, committed.round, committed.names, committed.commitments,
                                     committed.signatures, self.mask_degree, scale_bits, self.max_abs_value, t,
-                                    limbs)
+                                    limbs, self.decryption_attempts)
         expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
 
         def check(node: int, reply: xmk.RevealReply) -> xmk.RevealReply:
@@ -645,7 +666,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         parsed = self._exchange("key reveal", "opening", nodes, xmk.REVEAL, request, check)
         return _KeySet(committed.key_id, committed.seed_a, committed.round, nodes, committed.names,
                        tuple(r.public_share for r in parsed), tuple(r.mask_key for r in parsed),
-                       tuple(r.transcript_signature for r in parsed), parsed[0].transcript, t, scale_bits, limbs)
+                       tuple(r.transcript_signature for r in parsed), parsed[0].transcript, t, scale_bits, limbs,
+                       self.decryption_attempts)
 
     def threshold_for(self, num_clients: int) -> int:
         """t of a key set of ``num_clients`` members: ``threshold`` if set, else floor(N/2) + 1.
@@ -831,18 +853,24 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
     def partial_decryptions(self, c0: np.ndarray, c1: bytes, contributors: list[int],
                             signatures: dict[str, bytes]) -> np.ndarray:
-        """Step 3: ``query.xmk_pdec`` to the active decryptors A (the signers of C); each replies
-        D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7) and its shares of the self-mask seeds of C and the
-        mask keys of K∖C. Shares are folded into C0 + Σ D_j (Eq. 5) as they arrive; then the seeds
-        and mask keys are reconstructed (t shares each) and the masks removed. C0' and the D'_j are at the
-        key set's L' limbs (modulus-switched, :mod:`flwr_fedeval.rlwe.compact`): the masks are summed at
-        L limbs and switched once (one more rounding term, counted in
+        """Step 3: ``query.xmk_pdec`` to the active decryptors A (the first t signers of C); each replies
+        D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7), switched to L' limbs, plus its pairwise masks over A
+        (:func:`flwr_fedeval.rlwe.threshold.mask_decryption_share`, cancelling in Σ_{j∈A} D_j), and its
+        shares of the self-mask seeds of C and the mask keys of K∖C. Shares are folded into their own
+        accumulator as they arrive; a member of A lost during this step is dropped and the first t
+        signers still listed and not lost are asked as A' (a fresh request; the members already in A
+        answer again for A'), at most a (``decryption_attempts``, signed in T) active sets. Then
+        C0 + Σ D_j (Eq. 5), the seeds and mask keys are reconstructed (t shares each: the recovery
+        shares of every attempt are the same Shamir shares) and the masks removed. C0' and the D'_j
+        are at the key set's L' limbs (modulus-switched, :mod:`flwr_fedeval.rlwe.compact`): the masks
+        are summed at L limbs and switched once (one more rounding term, counted in
         :func:`~flwr_fedeval.rlwe.compact.compact_noise_bound`).
 
         Parameters
         ----------
         c0 : ndarray of shape (k, L', n), uint64
-            C0' = Σ_{j∈C} c0'_j; used as the accumulator (overwritten, not copied).
+            C0' = Σ_{j∈C} c0'_j; kept intact until an attempt is complete, then the result is computed in
+            its buffer (overwritten).
         c1 : bytes
             C1 = Σ_{j∈C} c1_j, :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent as is).
         contributors : list of int
@@ -858,8 +886,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         Raises
         ------
         RoundAborted
-            A decryptor failed (the round fails: its Lagrange coefficient is in every other share),
-            or a seed or mask key does not reconstruct.
+            At ``"partial decryption"``: fewer than t signers of C are left, or a decryptor failed in
+            each of the a attempts; at ``"mask recovery"``: a seed or mask key does not reconstruct.
+            Every active set asked is in the round state's ``pdec_attempts``.
         """
         state = self._current()
         key_set = state.keys
@@ -868,16 +897,14 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         points = dict(zip(order, shamir.member_points(len(order), params=self.params)))
         c_names = tuple(key_set.name_of(n) for n in contributors)
         dropped = tuple(name for name in order if name not in c_names)
-        active = _active_set(signatures, t)
-        request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names, len(key_set.nodes),
-                                  c1, key_set.limbs, xmk.model_hash(state.arrays),
-                                  active, tuple(signatures[n] for n in active), active)
         level = compact.level_parameter_set(self.params, key_set.limbs)
         ring = level.ring
-        acc = c0
-        folded: list[int] = []
         seed_shares: dict[str, dict[int, bytes]] = {name: {} for name in c_names}
         key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
+        lost: dict[int, str] = {}
+        # Σ_{j∈A} D_j in its own accumulator (the masks cancel only over all of A; C0 stays intact for the next
+        # attempt), kept reduced in uint32 as the running sum of step 2: half the bytes of C0
+        acc = np.zeros(c0.shape, dtype=np.uint32)
 
         def check(node: int, reply: xmk.PdecReply) -> None:
             share = rlwe.DecryptionShare.from_bytes(reply.share, level)  # strict, at L' limbs
@@ -886,17 +913,43 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
                 raise ValueError("recovery shares are not one per contributor and one per dropped member")
             x = points[key_set.name_of(node)]
-            for name, part in zip(c_names, reply.seed_shares):
+            for name, part in zip(c_names, reply.seed_shares):  # the same Shamir shares in every attempt
                 seed_shares[name][x] = part
             for name, part in zip(dropped, reply.mask_shares):
                 key_shares[name][x] = part
-            np.add(acc, share.d, out=acc)  # residues < 2^31: reduced every 4 terms (Eq. 5)
-            folded.append(node)
-            if len(folded) % 4 == 0:
-                np.remainder(acc, ring.q_col, out=acc)
+            d = share.d  # uint64 scratch, dropped afterwards
+            np.add(d, acc, out=d)  # residues < 2^31: the sum < 2^32
+            np.remainder(d, ring.q_col, out=d)
+            acc[...] = d
 
-        self._exchange("partial decryption", "decryption share", [key_set.node_of(n) for n in active], xmk.PDEC,
-                       request, check)
+        attempts = max(int(key_set.decryption_attempts), 1)
+        for attempt in range(1, attempts + 1):
+            listed = {int(n) for n in state.grid.get_node_ids()}
+            lost.update({key_set.node_of(n): "left the SuperLink's node list before its partial decryption"
+                         for n in signatures if key_set.node_of(n) not in listed | set(lost)})
+            active = _active_set({n: sig for n, sig in signatures.items() if key_set.node_of(n) not in lost}, t)
+            if len(active) < t:
+                raise RoundAborted("partial decryption", {**lost, **{key_set.node_of(n): "fewer than t signers of C "
+                                                                     "left to decrypt" for n in active}})
+            state.pdec_attempts.append(active)
+            request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names,
+                                      len(key_set.nodes), c1, key_set.limbs, xmk.model_hash(state.arrays),
+                                      active, tuple(signatures[n] for n in active), active)
+            acc.fill(0)
+            _, failed = self._exchange_some("partial decryption", "decryption share",
+                                            [key_set.node_of(n) for n in active], xmk.PDEC, request, check)
+            if not failed:
+                break
+            lost.update(failed)
+            if attempt == attempts:
+                raise RoundAborted("partial decryption", {n: f"{r} (all {attempts} decryption attempts failed)"
+                                                          for n, r in lost.items()})
+            log(WARNING, "Round %d: decryptor(s) %s lost during the partial decryption (attempt %d of %d); "
+                "asking the next signers of C", state.server_round, sorted(key_set.name_of(n) for n in failed),
+                attempt, attempts)
+        np.add(c0, acc, out=c0)  # C0' + Σ_{j∈A} D'_j (Eq. 5), in C0's buffer
+        del acc
+        acc = c0
         np.remainder(acc, ring.q_col, out=acc)
         full_q = self.params.ring.q_col
         correction = np.zeros(acc.shape[:1] + (self.params.limbs, self.params.n), dtype=np.uint64)
@@ -1095,7 +1148,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         record = {"round": int(state.server_round), "key_set": str(key_set.key_id), "threshold": key_set.threshold,
                   "members": sorted(key_set.names), "contributors": sorted(key_set.name_of(n) for n in contributors),
                   "num_contributors": len(contributors), "left_out": by_name(self.left_out[n_left:]),
-                  "lost_after_upload": {}, "signers": [], "decryptors": [], "completed": False}
+                  "lost_after_upload": {}, "signers": [], "decryptors": [], "decryption_attempts": [],
+                  "completed": False}
         self.contributor_sets.append(record)
         try:
             with self.timer.step("step 2b (contributor set)"):
@@ -1105,9 +1159,15 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         record["signers"] = sorted(signatures)
         record["decryptors"] = list(_active_set(signatures, key_set.threshold))
         c0, c1 = total.c0, rlwe.polys_to_bytes(self.params, total.c1)
-        del total  # C1 is only sent; C0 becomes the accumulator
-        with self.timer.step("step 3 (partial decryption)"):
-            plaintext = self.partial_decryptions(c0, c1, contributors, signatures)
+        del total  # C1 is only sent; C0 is added to the shares' sum
+        state.pdec_attempts = []
+        try:
+            with self.timer.step("step 3 (partial decryption)"):
+                plaintext = self.partial_decryptions(c0, c1, contributors, signatures)
+        finally:
+            record["decryption_attempts"] = [list(a) for a in state.pdec_attempts]
+            if state.pdec_attempts:
+                record["decryptors"] = list(state.pdec_attempts[-1])
         del c0, c1
         state.running = None
         with self.timer.step("step 4 (decoding)"):

@@ -13,6 +13,7 @@ from flwr_fedeval.rlwe.params import (
     check_noise_budget,
     fresh_noise_bound,
     get_parameter_set,
+    max_decryptions,
     max_plaintext_int,
     max_scale_bits,
     smudging_bound,
@@ -63,7 +64,10 @@ def test_noise_bounds_follow_the_documented_formula():
     fresh = 2 * p.n * M * M * 19 + M * 19
     assert fresh_noise_bound(p, M) == fresh
     smudge = smudging_bound(p, M)
-    assert smudge >= 2**40 * fresh and smudge < 2**41 * fresh
+    # W = 2a - 1 = 3 completed decryptions of one sum (a = 2 active sets per decryptor): W 2^40 B_fresh, rounded
+    # up to a power of two (issue 21, a decryptor lost during the partial decryption)
+    assert max_decryptions() == 3 and max_decryptions(1) == 1
+    assert smudge >= 3 * 2**40 * fresh and smudge < 2**43 * fresh
     assert total_noise_bound(p, M) == fresh + M * smudge
     assert M * max_plaintext_int(p, M) + total_noise_bound(p, M) <= (p.q - 1) // 2
 

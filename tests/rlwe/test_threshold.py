@@ -318,3 +318,41 @@ def test_self_mask_is_deterministic_uniform_and_removable():
     assert np.array_equal(P.ring.sub(masked, rlwe.self_mask(P, back, 2)), m)
     with pytest.raises(ValueError, match="32 bytes"):
         rlwe.self_mask(P, seed[:31], 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Masked decryption shares (issue 21: a decryptor lost during the partial decryption)
+# ---------------------------------------------------------------------------------------------
+def test_pdec_masks_cancel_exactly_mod_q_prime_over_the_active_set_only():
+    """Σ_{j∈A} (D_j + Σ_k ±PRG(K_jk)) = Σ_{j∈A} D_j mod q' (at L' = 2 limbs); any strict subset keeps a mask
+    that is uniform mod q', and the masks of another A (or round) are others."""
+    from flwr_fedeval.rlwe import compact, masking
+
+    level = compact.level_parameter_set(P, 2)
+    names = ["node-0", "node-1", "node-3"]
+    keys = {name: masking.new_mask_keypair() for name in names}
+    shares = {name: rlwe.DecryptionShare(level, uniform_mod_q(level.primes, level.n, (3,))) for name in names}
+    transcript, model = bytes(range(32)), bytes(32)
+
+    def masked(active, round_=1):
+        context = th.pdec_mask_context(transcript, round_, model, active)
+        return {j: th.mask_decryption_share(shares[j], own_name=j, own_private=keys[j][0],
+                                            peers={k: keys[k][1] for k in active if k != j}, context=context).d
+                for j in active}
+
+    ring = level.ring
+    out = masked(names)
+    assert np.array_equal(ring.sum(np.stack(list(out.values()))), ring.sum(np.stack([shares[j].d for j in names])))
+    for j in names:
+        assert not np.array_equal(out[j], shares[j].d)  # each share is masked
+    partial = ring.sub(ring.sum(np.stack([out[j] for j in names[:2]])),
+                       ring.sum(np.stack([shares[j].d for j in names[:2]])))  # what is left of the masks
+    p0 = level.primes[0]
+    limb = partial[:, 0, :].astype(np.float64).ravel()
+    frac = np.where(limb > p0 / 2, limb - p0, limb) / (p0 / 2)
+    assert np.mean(np.abs(frac)) == pytest.approx(0.5, abs=0.02)  # uniform mod q_0
+    assert not np.array_equal(masked(names[:2])["node-0"], out["node-0"])  # another A: other masks
+    assert not np.array_equal(masked(names, round_=2)["node-0"], out["node-0"])  # another round: other masks
+    assert np.array_equal(masked(list(reversed(names)))["node-0"], out["node-0"])  # A is a set: order is moot
+    with pytest.raises(th.ThresholdError, match="duplicates"):
+        th.pdec_mask_context(transcript, 1, model, ["node-0", "node-0"])

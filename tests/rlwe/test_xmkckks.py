@@ -27,12 +27,13 @@ def round_():
     return a, keys, pk, k, xs, cts, total, shares
 
 
-def test_sum_of_ten_encrypted_vectors_decrypts_within_1e_minus_6(round_):
+def test_sum_of_ten_encrypted_vectors_decrypts_within_4e_minus_6(round_):
     a, keys, pk, k, xs, cts, total, shares = round_
     got = rlwe.combine_and_decode(P, total.c0, shares, LENGTH, scale_bits=k)
     expected = np.sum(xs, axis=0)
     assert got.shape == (LENGTH,) and got.dtype == np.float64
-    assert np.max(np.abs(got - expected)) < 1e-6
+    # 1e-6 until the smudging was sized for W = 3 decryptions of one sum (issue 21): 4 x the noise at q93
+    assert np.max(np.abs(got - expected)) < 4e-6
     bound = rlwe.check_noise_budget(P, num_clients=M, scale_bits=k, max_abs_value=1.0)
     fixed = np.sum([np.rint(x * 2.0**k) for x in xs], axis=0) / 2.0**k
     assert np.max(np.abs(got - fixed)) <= bound.total_noise / 2.0**k

@@ -212,6 +212,7 @@ def _reveal_config(committed, **changes):
                                                         max_abs_value=config["max-abs-value"]))
     config.setdefault("threshold", n // 2 + 1)
     config.setdefault("limbs", rlwe.DEFAULT_PARAMETER_SET.limbs)
+    config.setdefault("decryption-attempts", rlwe.MAX_DECRYPTION_ATTEMPTS)
     return config
 
 

@@ -197,17 +197,28 @@ def test_signatures_over_another_contributor_set_do_not_count():
              "did not sign this contributor set")
 
 
-def test_decryption_share_requested_twice_is_refused_whatever_the_active_set():
+def test_decryption_share_once_per_active_set_and_at_most_a_active_sets():
+    """Issue 21 (a decryptor lost during step 3): a member answers each active set A once, at most a = 2 (signed
+    in T) distinct A per key set and round, all for one C1 (was: one share per key set and round)."""
     server = Server(3)
     cts = server.honest_round()
     total = rlwe.add_ciphertexts(list(cts.values()))
     names = sorted(server.key_set.names)
     node = server.key_set.node_of(names[0])
     server.share(server.pdec(node, total.c1, active=names[:2]))
-    for active in (names[:2], names, [names[0], names[2]]):
+    reply = server.pdec(node, total.c1, active=names[:2])  # the same A again
+    _refused(reply, "already decrypted once", "for the active set")
+    assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
+    other = rlwe.add_ciphertexts([cts[n] for n in server.nodes[:2]]).c1
+    _refused(server.pdec(node, other, active=names), "already decrypted once", "another C1")  # new A, other C1
+    reply = server.pdec(node, total.c1, active=names)  # passes over nobody, as the first A did
+    _refused(reply, "must pass over every member it passed over", "members lost stay lost")
+    server.share(server.pdec(node, total.c1, active=[names[0], names[2]]))  # names[1] lost: a = 2 allows it
+    for active in (names, [names[0], names[2]], names[:2]):  # a third A, or either earlier one
         reply = server.pdec(node, total.c1, active=active)
-        _refused(reply, "already decrypted once")
+        _refused(reply, "already decrypted")
         assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
+    assert "at most a = 2" in server.pdec(node, total.c1, active=names).error.reason
 
 
 def test_active_set_without_the_member_or_below_t_is_refused():
@@ -250,7 +261,7 @@ def test_the_server_never_gets_both_the_seed_and_the_mask_key_of_one_member():
     cts2 = server.ciphertexts()
     partial = rlwe.add_ciphertexts(list(cts2.values()))
     server.sign(names[1:])
-    reply = server.pdec(server.key_set.node_of(names[1]), partial.c1, contributors=names[1:])
+    reply = server.pdec(server.key_set.node_of(names[1]), partial.c1, contributors=names[1:], active=names[1:])
     _refused(reply, "would reveal both", names[0])
 
 
