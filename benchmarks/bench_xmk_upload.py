@@ -7,11 +7,11 @@ with the real client handlers and roster identities, once with the fewest limbs 
 ciphertext (``xmk-ciphertext``) and its decryption share (``xmk-share``) as received by the server, and
 every serialized reply of the round; divided by 4 bytes per float32 weight. Also the max error of the
 decrypted weighted mean against plaintext FedAvg and its worst-case bound. Each parameter set of
-``--parameter-sets`` (default: the default set, then ``xmk-n4096-q108``) is run compact, side by side in one
+``--parameter-sets`` (default: the default set, ``xmk-n4096-q109-l5``, ``xmk-n4096-q108``) is run compact, side by side in one
 process; the uncompressed form only for the first (``--no-uncompressed`` skips it).
 
     python benchmarks/bench_xmk_upload.py [--params 949002] [--clients 5]
-        [--parameter-sets xmk-n4096-q109 xmk-n4096-q108] [--no-uncompressed]
+        [--parameter-sets xmk-n4096-q109 xmk-n4096-q109-l5 xmk-n4096-q108] [--no-uncompressed]
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", type=int, default=949_002)
     ap.add_argument("--clients", type=int, default=5)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_xmk_upload.json"))
-    ap.add_argument("--parameter-sets", nargs="+", default=[rlwe.DEFAULT_PARAMETER_SET.name, "xmk-n4096-q108"])
+    ap.add_argument("--parameter-sets", nargs="+",
+                    default=[rlwe.DEFAULT_PARAMETER_SET.name, "xmk-n4096-q109-l5", "xmk-n4096-q108"])
     ap.add_argument("--no-uncompressed", action="store_true", help="skip the uncompressed round (L' = L)")
     args = ap.parse_args(argv)
     rows = [_round(args.params, args.clients, None, name) for name in args.parameter_sets]
