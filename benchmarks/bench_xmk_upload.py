@@ -7,8 +7,8 @@ with the real client handlers and roster identities, once with the fewest limbs 
 ciphertext (``xmk-ciphertext``) and its decryption share (``xmk-share``) as received by the server, and
 every serialized reply of the round; divided by 4 bytes per float32 weight. Also the max error of the
 decrypted weighted mean against plaintext FedAvg and its worst-case bound. Each parameter set of
-``--parameter-sets`` (default: the default set, ``xmk-n4096-q109-l5``, ``xmk-n4096-q108``) is run compact, side by side in one
-process; the uncompressed form only for the first (``--no-uncompressed`` skips it).
+``--parameter-sets`` (default: the default set, ``xmk-n4096-q109-l5``, ``xmk-n4096-q108``) is run compact,
+side by side in one process; the uncompressed form only for the first (``--no-uncompressed`` skips it).
 
     python benchmarks/bench_xmk_upload.py [--params 949002] [--clients 5]
         [--parameter-sets xmk-n4096-q109 xmk-n4096-q109-l5 xmk-n4096-q108] [--no-uncompressed]

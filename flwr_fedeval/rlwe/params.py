@@ -406,17 +406,19 @@ def _make_split(name: str, n: int, widths: tuple[int, ...]) -> ParameterSet:
 #: (q' = 2^47.0) and drops the two 31-bit primes (Q = 2^62.0): 109 + 2 x 47 = 203 bits per
 #: coefficient for every M from 2 to 100 (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`),
 #: against 216 for ``xmk-n4096-q108`` (four 27-bit primes, q' = 2^54, Q = 2^54).
-#: ``xmk-n4096-q109-l5`` has five limbs (the largest NTT primes below 2^22, 2^22, 2^21, 2^22, 2^22;
-#: log2 q = 108.87): q' = 2^44.0 kept, Q = 2^64.9 dropped, 109 + 2 x 44 = 197 bits per coefficient
-#: (L' = 2 for M = 2..100), a worst-case error of the sum at most q108's (4.6e-6 at M = 10 against
-#: 4.8e-6; <= 7.1e-7 for M <= 5); a fifth limb costs ring work per coefficient.
+#: ``xmk-n4096-q109-l5`` has five limbs (the largest NTT primes below 2^23, 2^22, 2^21, 2^21, 2^22;
+#: log2 q = 108.86): q' = 2^45.0 kept, Q = 2^63.9 dropped (three primes: two below 2^31 cannot
+#: reach it), 109 + 2 x 45 = 199 bits per coefficient (L' = 2 for M = 2..100); worst-case error of
+#: the sum 3.5e-6 at M = 10 (q108: 4.8e-6, q109: 2.7e-6), up to 1.11 x q108's at some M (15: the
+#: power-of-two scale is the same and the rounding adds); a fifth limb costs ring work per
+#: coefficient. Selectable, not the default (upload-size.md).
 PARAMETER_SETS: dict[str, ParameterSet] = {
     p.name: p
     for p in (
         _make("xmk-n4096-q93", 4096, 31, 3),
         _make("xmk-n4096-q108", 4096, 27, 4),
         _make_split("xmk-n4096-q109", 4096, (24, 23, 31, 31)),
-        _make_split("xmk-n4096-q109-l5", 4096, (22, 22, 21, 22, 22)),
+        _make_split("xmk-n4096-q109-l5", 4096, (23, 22, 21, 21, 22)),
         _make("xmk-n8192-q155", 8192, 31, 5),
         _make("xmk-n16384-q217", 16384, 31, 7),
     )

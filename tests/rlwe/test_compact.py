@@ -191,26 +191,32 @@ def test_upload_size_per_float32_weight_for_the_seed_cnn():
 Q109 = get_parameter_set("xmk-n4096-q109")
 
 
-def test_split_set_passes_the_security_check_and_keeps_two_limbs_for_2_to_100_clients():
-    # the split set of docs/explanation/upload-size.md: NTT primes at the top of 24, 23, 31, 31 bits
-    assert [p.bit_length() for p in Q109.primes] == [24, 23, 31, 31]
-    assert all(p % (2 * Q109.n) == 1 and p > 2 ** (p.bit_length() - 1) * 0.99 * 2 for p in Q109.primes)
-    assert Q109.q.bit_length() == rlwe.HE_STANDARD_128_MAX_LOG2Q[4096] == 109
-    rlwe.validate_security(Q109)
+# slack: the most the set's error bound may exceed q108's where q108's exceeds ERROR_TARGET (the default
+# must not exceed it at all; the five-limb set does at a few M, by up to 11 %, hence not the default)
+@pytest.mark.parametrize("name, widths, bits, slack", [("xmk-n4096-q109", [24, 23, 31, 31], 203, 1.0),
+                                                        ("xmk-n4096-q109-l5", [23, 22, 21, 21, 22], 199, 1.12)])
+def test_split_set_passes_the_security_check_and_keeps_two_limbs_for_2_to_100_clients(name, widths, bits, slack):
+    # the split sets of docs/explanation/upload-size.md: the largest NTT primes below 2^w, w in widths
+    params = get_parameter_set(name)
+    assert [p.bit_length() for p in params.primes] == widths
+    assert all(p % (2 * params.n) == 1 and p > 0.94 * 2 ** p.bit_length() for p in params.primes)
+    assert params.q.bit_length() == rlwe.HE_STANDARD_128_MAX_LOG2Q[4096] == 109
+    rlwe.validate_security(params)
     with pytest.raises(ValueError, match="log2 q"):  # one more bit would fail the HE-Standard check
-        rlwe.ParameterSet(name="x", n=4096, primes=(Q109.primes[0], rlwe.find_ntt_primes(4096, 24, 2)[1])
-                          + Q109.primes[2:])
-    assert rlwe.DEFAULT_PARAMETER_SET is Q109
+        w = widths[1] + 1
+        rlwe.ParameterSet(name="x", n=4096, primes=(params.primes[0], rlwe.find_ntt_primes(4096, w, 2)[1])
+                          + params.primes[2:])
     for M in range(2, 101):
-        k = rlwe.max_scale_bits(Q109, num_clients=M, max_abs_value=2.0**16)
-        keep = compact.compact_limbs(Q109, num_clients=M, scale_bits=k, max_abs_value=2.0**16)
+        k = rlwe.max_scale_bits(params, num_clients=M, max_abs_value=2.0**16)
+        keep = compact.compact_limbs(params, num_clients=M, scale_bits=k, max_abs_value=2.0**16)
         assert keep == 2, M
-        error = (compact.compact_noise_bound(Q109, keep, num_clients=M) + M / 2) / 2.0**k
+        assert sum(widths) + 2 * sum(widths[:keep]) == bits
+        error = (compact.compact_noise_bound(params, keep, num_clients=M) + M / 2) / 2.0**k
         k108 = rlwe.max_scale_bits(Q108, num_clients=M, max_abs_value=2.0**16)
         keep108 = compact.compact_limbs(Q108, num_clients=M, scale_bits=k108, max_abs_value=2.0**16)
         error108 = (compact.compact_noise_bound(Q108, keep108, num_clients=M) + M / 2) / 2.0**k108
         # never worse than q108 where q108 misses the target, within the target where it meets it
-        assert error <= max(error108, compact.ERROR_TARGET), M
+        assert error <= max(slack * error108, compact.ERROR_TARGET), M
 
 
 @pytest.mark.parametrize("M", [2, 5, 10])
@@ -229,6 +235,10 @@ def test_compact_round_at_q109_decodes_within_the_bound(M):
         max_abs_value=2.0**16).error_bound)
     assert np.max(np.abs(got - fixed)) <= bound
     assert np.allclose(got[:20], M * 2.0**16) and np.allclose(got[20:40], -M * 2.0**16)
+
+
+def test_the_default_is_the_four_limb_split_set():
+    assert rlwe.DEFAULT_PARAMETER_SET is Q109
 
 
 def test_upload_size_per_float32_weight_at_q109_is_203_bits_per_coefficient():
