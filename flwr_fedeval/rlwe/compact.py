@@ -57,7 +57,7 @@ M decryption shares, Delta = 2^scale_bits, B_e = tail_cut):
    (:func:`compact_noise_bound`; float64 decoding adds a relative 2^-52).
    The second branch matters for few clients, where the smudging floor is
    low and the scale high: at M = 2 the default set drops two 31-bit primes
-   (R Q = 2^64 = 8 B_total) and its error bound is still 1.7e-8.
+   (R Q = 2^64 = 2 B_total) and its error bound is still 2.2e-8.
 
 :func:`compact_limbs` returns the smallest L' >= 1 that satisfies 5 and 6.
 Upload per coefficient: log2 q (c1) + 2 log2 q' (c0', D'), packed at
@@ -69,7 +69,10 @@ max|x| = 2^16:
 * ``xmk-n4096-q109`` (the default; primes below 2^24, 2^23, 2^31, 2^31):
   L' = 2 for every M from 2 to 100 (q' = 2^47.0, Q = 2^62.0), 109 + 2 x 47
   = 203 bits per coefficient, 6.35 x float32 for 949,002 weights; error
-  bound of the sum 8.9e-7 at M = 10 (R Q = B_total / 2), 1.1e-7 at M = 5;
+  bound of the sum 2.7e-6 at M = 10 (R Q = B_total / 8), 2.2e-7 at M = 5;
+* ``xmk-n4096-q109-l5`` (five limbs, primes below 2^23, 2^22, 2^21, 2^21,
+  2^22): L' = 2 for every M (q' = 2^45.0, Q = 2^63.9), 199 bits, 6.22 x;
+  error bound 3.5e-6 at M = 10;
 * ``xmk-n4096-q93`` (3 x 31 bits): L' = 1 for 3 <= M <= 50 (10 <= M before
   the smudging was sized for W = 3 decryptions), 93 + 31 + 31
   = 155 bits per coefficient, 4.85 x float32 for 949,002 weights (from
@@ -80,12 +83,15 @@ max|x| = 2^16:
   bits, 6.8 x (from 10.1 x), error bound unchanged by the switch (7.3e-12 x
   M max|x| at M = 10; 1.8e-12 with the smudging of one decryption).
 
-Reaching <= 5 x float32 is not possible at a worst-case error of the sum of
-~1e-6 (M = 10, max|x| = 2^16): minimising log2 q + 2 log2 q' over Q with
-Delta = (B_total + 2MQ) / E gives 199.5 bits (6.24 x) for any choice of
-primes, and 160 bits only for E >= 1.3e-2 (docs/explanation/upload-size.md
-derives it bit by bit). With primes < 2^31, a power-of-two Delta and
-whole-bit packing the default set's 203 bits are within 3.5 bits of it.
+Reaching <= 5 x float32 is not possible at a worst-case error of the sum
+of a few 1e-6 (M = 10, max|x| = 2^16): minimising log2 q + 2 log2 q' over Q
+with Delta = (B_total + 2MQ) / E and log2 q <= 109 gives 197.7 bits
+(6.19 x) at E = 2.7e-6 and 194.7 bits (6.09 x) at q108's 4.8e-6 for any
+choice of primes, and 160 bits only for E >= 1.45e-2
+(docs/explanation/upload-size.md derives it bit by bit). Two dropped
+primes below 2^31 give Q <= 2^62, 2.7 bits short of the floor's Q: the
+default set's 203 bits are 5.4 bits above its floor, the five-limb set's
+199 bits 2.8 above its own.
 Even with L' = 1, q108 would need 108 + 27 + 27 = 162 bits (5.07 x), and
 its rounding would exceed the noise 2^18 times.
 

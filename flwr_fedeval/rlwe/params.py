@@ -428,10 +428,11 @@ PARAMETER_SETS: dict[str, ParameterSet] = {
 #: 24 and 23 bits, dropped primes of 31 bits). Chosen over q108 (four 27-bit primes) for the upload:
 #: 203 instead of 216 bits per coefficient (6.35x instead of 6.76x float32), with a worst-case
 #: decoding error of the sum ((B_total + 2MQ + M/2)/Delta, max_abs_value = 2**16) at most q108's
-#: from M = 6 to 100 (8.9e-7 against 1.19e-6 at M = 10, 6.1e-3 against 1.2e-2 at M = 100) and at
-#: most 1.2e-7 from M = 2 to 5 (q108: 7.5e-8), within the 1e-6 target of
-#: :data:`~flwr_fedeval.rlwe.compact.ERROR_TARGET`. Chosen over q93 (three 31-bit primes, ~3/4 of
-#: the ring cost) for that error: about M·B_smudge/Δ, 3e-2 at q93 with 10 clients.
+#: from M = 3 to 100 (2.7e-6 against 4.8e-6 at M = 10, 2.4e-2 against 4.9e-2 at M = 100) and
+#: 2.2e-8 at M = 2 (q108: 1.5e-8), within the 1e-6 target of
+#: :data:`~flwr_fedeval.rlwe.compact.ERROR_TARGET`. Chosen over q109-l5 (199 bits) for that
+#: error (q109-l5 exceeds q108's at some M) and four limbs instead of five; over q93 (three 31-bit
+#: primes, ~3/4 of the ring cost) for the error: about M·B_smudge/Δ, 0.18 at q93 with 10 clients.
 DEFAULT_PARAMETER_SET = PARAMETER_SETS["xmk-n4096-q109"]
 
 

@@ -311,11 +311,12 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
         128-bit secure under the HomomorphicEncryption.org standard). The
         decoding error of the sum is about M·B_smudge/Δ (smudging dominates)
         plus the switching rounding 2MQ/Δ; with 10 clients and
-        ``max_abs_value=2**16`` its worst-case bound is 8.9e-7 at the default
+        ``max_abs_value=2**16`` its worst-case bound is 2.7e-6 at the default
         (q≈2^109, primes of 24, 23, 31, 31 bits, the 31-bit ones dropped before
-        sending: 203 bits per coefficient uploaded), 1.19e-6 at q108 (four
-        27-bit primes, 216 bits) and 3e-2 at q≈2^93 (measured), hence the
-        default (:data:`flwr_fedeval.rlwe.DEFAULT_PARAMETER_SET`).
+        sending: 203 bits per coefficient uploaded), 3.5e-6 at q109-l5 (five
+        limbs, 199 bits), 4.8e-6 at q108 (four 27-bit primes, 216 bits) and
+        0.18 at q≈2^93, hence the default
+        (:data:`flwr_fedeval.rlwe.DEFAULT_PARAMETER_SET`).
     max_abs_value : float, default=2**16
         Public bound B on every encrypted value ``|n_i·Δw|`` and ``n_i``,
         signed in the key-set transcript: clients clip to [-B, B] (as Flower's
