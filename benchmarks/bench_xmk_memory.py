@@ -15,7 +15,10 @@ Measures, side by side in one run, the traced peak (``tracemalloc``; numpy's buf
 
 The replies are made by a fake grid when pulled (one real ciphertext and one share, made once, are reused
 as every client's: the server's cost does not depend on their values), so the grid itself holds none:
-what is measured is the server's aggregation, the messages it keeps included.
+what is measured is the server's aggregation, the messages it keeps included. Each pulled reply is handed
+over as a deserializing grid hands it over: its records built once before tracing (the client's
+``to_record`` is not the server's work), every array's bytes copied into a buffer of its own when pulled
+(the reply in flight, traced). Each row also gives the wall and CPU seconds of the server's aggregation.
 
 Usage::
 
@@ -34,7 +37,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_fedeval import rlwe
@@ -45,6 +48,20 @@ from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet,
 from flwr_fedeval.testing.grid import set_serverapp_identity
 
 GIB = 2.0**30
+
+
+def _delivered(template: RecordDict) -> RecordDict:
+    """``template`` as a grid hands over a pulled message: every array's bytes in a buffer of its own
+    (one allocation per array, as Flower's deserialization of a pulled message makes), the rest shared.
+    The templates are made before tracing: what a client's ``to_record`` allocates is not the server's."""
+    out = RecordDict()
+    for key, record in template.items():
+        if isinstance(record, ArrayRecord):
+            record = ArrayRecord({name: Array(dtype=a.dtype, shape=a.shape, stype=a.stype,
+                                              data=np.frombuffer(a.data, dtype=np.uint8).tobytes())
+                                  for name, a in record.items()})
+        out[key] = record
+    return out
 
 
 class _LazyGrid:
@@ -92,16 +109,17 @@ def _shapes(num_params: int) -> list[tuple[int, ...]]:
     return [(big,), (big,), (big,), (num_params - 3 * big,)]
 
 
-def _peak(fn) -> tuple[float, float, object]:
+def _peak(fn) -> tuple[float, float, float, object]:
+    """(traced peak in GiB, wall seconds, CPU seconds of this process, fn's result)."""
     gc.collect()
     tracemalloc.start()
     tracemalloc.reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return peak / GIB, seconds, out
+    return peak / GIB, seconds, cpu, out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,12 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"setup (one ciphertext of {length:,} values: {len(ct_bytes) / 2**20:.1f} MiB): {setup_s:.1f} s",
           flush=True)
 
-    def xmk_reply(msg: Message) -> RecordDict:
+    train_reply = xmk.TrainReply(ct_bytes, MetricRecord({"train-loss": 0.5})).to_record()
+    pdec_replies = {m: xmk.PdecReply(share_bytes, (bytes(threshold.BYTES_SHARE_SIZE),) * m, ()).to_record()
+                    for m in args.clients}
+
+    def xmk_reply(msg: Message, m: int) -> RecordDict:  # the request is not parsed: that is the client's work
         if msg.metadata.message_type == xmk.PDEC.message_type:
-            request = xmk.PdecRequest.from_record(msg.content)
-            seed_shares = (bytes(threshold.BYTES_SHARE_SIZE),) * len(request.contributors)
-            return xmk.PdecReply(share_bytes, seed_shares, ()).to_record()
-        return xmk.TrainReply(ct_bytes, MetricRecord({"train-loss": 0.5})).to_record()
+            return _delivered(pdec_replies[m])  # every member contributed: m seed shares
+        return _delivered(train_reply)
 
     def strategy_for(m: int, grid) -> XMKFedAvg:
         strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=m,
@@ -155,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         return strategy
 
     def fold(m: int):
-        grid = _LazyGrid(xmk_reply)
+        grid = _LazyGrid(lambda msg: xmk_reply(msg, m))
         strategy = strategy_for(m, grid)
         state = strategy._round
         replies = collect(grid, state.sent, timeout=None, on_reply=strategy.fold_train_reply).replies
         total, _, contributors = strategy.sum_ciphertexts(replies)
-        c0, c1 = total.c0, rlwe.polys_to_bytes(params, total.c1)
+        c0, c1 = total.c0, total.c1  # C0' (the accumulator) and C1's bytes (sent as is)
         del total
         signatures = dict.fromkeys(state.key_set.names, b"")  # the clients check them; the server only relays
         plaintext = strategy.partial_decryptions(c0, c1, contributors, signatures)  # t shares, M self-masks removed
@@ -173,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return len(replies)
 
     def hold(m: int):
-        grid = _LazyGrid(xmk_reply)
+        grid = _LazyGrid(lambda msg: xmk_reply(msg, m))
         strategy = strategy_for(m, grid)
         replies = collect(grid, strategy._round.sent, timeout=None).replies  # every reply kept
         cts = [compact.CompactCiphertext.from_bytes(xmk.TrainReply.from_record(r.content).ciphertext, params, limbs)
@@ -182,14 +202,15 @@ def main(argv: list[str] | None = None) -> int:
         return len(cts)
 
     def plain(m: int):
-        rng = np.random.default_rng(0)  # test data, not key material
-        base = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
-        grid = _LazyGrid(lambda msg: RecordDict({"arrays": ArrayRecord(base),
-                                                 "metrics": MetricRecord({"num-examples": 10})}))
+        grid = _LazyGrid(lambda msg: _delivered(plain_reply))
         msgs = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in range(1, m + 1)]
         replies = collect(grid, msgs, timeout=None).replies  # Flower's loop holds every reply
         agg, _ = FedAvg().aggregate_train(1, replies)
         return len(agg)
+
+    rng = np.random.default_rng(0)  # test data, not key material
+    plain_reply = RecordDict({"arrays": ArrayRecord([rng.standard_normal(s, dtype=np.float32) for s in shapes]),
+                              "metrics": MetricRecord({"num-examples": 10})})
 
     def write(rows: list[dict]) -> None:
         out = {"benchmark": "bench_xmk_memory", "parameters": args.params, "parameter_set": params.name,
@@ -203,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in (("plain_fedavg", plain), ("xmk_fold", fold), ("xmk_hold", hold)):
             if name == "xmk_hold" and m > args.hold_max:
                 continue
-            peak, seconds, _ = _peak(lambda fn=fn, m=m: fn(m))
-            rows.append({"clients": m, "method": name, "peak_gib": round(peak, 3), "seconds": round(seconds, 1)})
+            peak, seconds, cpu, _ = _peak(lambda fn=fn, m=m: fn(m))
+            rows.append({"clients": m, "method": name, "peak_gib": round(peak, 3), "seconds": round(seconds, 1),
+                         "cpu_seconds": round(cpu, 1)})
             print(rows[-1], flush=True)
             write(rows)  # after every row: a long run keeps what it measured
     by = {(r["clients"], r["method"]): r["peak_gib"] for r in rows}

@@ -52,6 +52,7 @@ from flwr_fedeval.protocol._base import (
     Payload,
     Step,
     array_bytes,
+    array_bytes_view,
     array_record,
     bytes_array,
     config_bytes,
@@ -486,7 +487,8 @@ class TrainReply(Payload):
 
     Attributes
     ----------
-    ciphertext : bytes
+    ciphertext : bytes or memoryview
+        (Parsed: a read-only view into the message's buffer, :func:`~flwr_fedeval.protocol._base.array_bytes_view`.)
         Enc(n_i·(w_i − w), n_i) + r_i + u_i under b = Σ b_j (Eq. 6) with c0 modulus-switched to the L' limbs
         of T and c1 exact: :meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.to_bytes` (c0 then c1, each
         with its own header; the receiver parses it strictly with
@@ -496,7 +498,7 @@ class TrainReply(Payload):
     """
 
     LABEL = "xMK train reply"
-    ciphertext: bytes
+    ciphertext: bytes | memoryview
     metrics: MetricRecord | None = None
 
     def _to_record(self) -> RecordDict:
@@ -507,7 +509,8 @@ class TrainReply(Payload):
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> TrainReply:
-        data = array_bytes(array_record(content, XMK_CIPHERTEXT_KEY), XMK_CIPHERTEXT_KEY, "ciphertext")
+        # a view into the message's own buffer, not a copy (issue 21 item 3: one reply in flight)
+        data = array_bytes_view(array_record(content, XMK_CIPHERTEXT_KEY), XMK_CIPHERTEXT_KEY, "ciphertext")
         metrics = content.get(_METRICS_KEY)  # RecordDict is a Mapping
         if metrics is not None and not isinstance(metrics, MetricRecord):
             raise MalformedMessage(_METRICS_KEY, f"expected a MetricRecord, got {type(metrics).__name__}")
@@ -645,7 +648,8 @@ class PdecReply(Payload):
 
     Attributes
     ----------
-    share : bytes
+    share : bytes or memoryview
+        (Parsed: a read-only view into the message's buffer.)
         D_j = λ_j·sk_j·C1 + e*_j with smudging noise (Eq. 7, threshold form), then modulus-switched to the
         L' limbs of T (:func:`flwr_fedeval.rlwe.compact.compress_decryption_share`):
         :meth:`flwr_fedeval.rlwe.DecryptionShare.to_bytes` under
@@ -657,7 +661,7 @@ class PdecReply(Payload):
     """
 
     LABEL = "xMK partial decryption reply"
-    share: bytes
+    share: bytes | memoryview
     seed_shares: tuple[bytes, ...] = ()
     mask_shares: tuple[bytes, ...] = ()
 
@@ -669,7 +673,8 @@ class PdecReply(Payload):
     @classmethod
     def _from_record(cls, content: RecordDict) -> PdecReply:
         rec = config_record(content, _K)
-        return cls(array_bytes(array_record(content, XMK_SHARE_KEY), XMK_SHARE_KEY, "share"),
+        # a view into the message's own buffer, not a copy (issue 21 item 3)
+        return cls(array_bytes_view(array_record(content, XMK_SHARE_KEY), XMK_SHARE_KEY, "share"),
                    tuple(config_list(rec, _K, "seed-shares", bytes)), tuple(config_list(rec, _K, "mask-shares", bytes)))
 
 

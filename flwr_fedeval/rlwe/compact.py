@@ -102,7 +102,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -111,13 +111,17 @@ from numpy.typing import NDArray
 
 from . import serialization as ser
 from .params import NoiseBudgetError, ParameterSet, check_noise_budget, total_noise_bound
-from .xmkckks import Ciphertext, DecryptionShare, combine, polys_from_bytes, polys_to_bytes
+from .xmkckks import Ciphertext, DecryptionShare, combine, polys_to_bytes
 
 __all__ = [
     "ERROR_TARGET",
     "CompactCiphertext",
     "add_compact_ciphertexts",
     "compact_combine_and_decode",
+    "compact_count",
+    "compact_rows",
+    "share_count",
+    "share_rows",
     "compact_limbs",
     "compact_noise_bound",
     "compress_ciphertext",
@@ -332,15 +336,127 @@ class CompactCiphertext:
 
     @classmethod
     def from_bytes(cls, data: bytes, params: ParameterSet, limbs: int) -> CompactCiphertext:
-        """Load a compact ciphertext; raises ``ValueError`` naming the bad field."""
-        level = level_parameter_set(params, limbs)
-        _, count, _ = ser.unpack_header(data, ser.KIND_POLYNOMIALS, level)
-        split = ser.HEADER_SIZE + ser.packed_size(level, count, 1)
-        if len(data) < split:
-            raise ValueError(f"data too short: {len(data)} < {split} bytes for c0")
-        c0 = polys_from_bytes(bytes(data[:split]), level, count=count)
-        c1 = polys_from_bytes(bytes(data[split:]), params, count=count)
+        """Load a compact ciphertext; raises ``ValueError`` naming the bad field.
+
+        The checks are :func:`compact_count`'s and :func:`compact_rows`' (all rows at once)."""
+        count = compact_count(data, params, limbs)
+        ((_, c0, c1),) = compact_rows(data, params, limbs, chunk_polys=count)
         return cls(params, int(limbs), c0, c1)
+
+
+def _split(data: bytes | memoryview, params: ParameterSet, limbs: int) -> tuple[int, int]:
+    """(count, byte offset of c1's header) of a compact ciphertext; every header and length checked."""
+    level = level_parameter_set(params, limbs)
+    _, count, aux = ser.unpack_header(data, ser.KIND_POLYNOMIALS, level)
+    if aux != 0:
+        raise ValueError(f"aux is {aux}, expected 0")
+    split = ser.HEADER_SIZE + ser.packed_size(level, count, 1)
+    if len(data) < split:
+        raise ValueError(f"data too short: {len(data)} < {split} bytes for c0")
+    tail = memoryview(data)[split:]
+    _, got, aux = ser.unpack_header(tail, ser.KIND_POLYNOMIALS, params)
+    if aux != 0:
+        raise ValueError(f"aux is {aux}, expected 0")
+    if got != count:
+        raise ValueError(f"count is {got}, expected {count}")
+    expected = ser.packed_size(params, count, 1)
+    if len(tail) - ser.HEADER_SIZE != expected:
+        raise ValueError(f"payload length is {len(tail) - ser.HEADER_SIZE} bytes, expected {expected} "
+                         f"for count = {count}")
+    return count, split
+
+
+def compact_count(data: bytes | memoryview, params: ParameterSet, limbs: int) -> int:
+    """k, the polynomials of a compact ciphertext's bytes, after checking both headers and lengths.
+
+    What :meth:`CompactCiphertext.from_bytes` checks besides the residues (those are checked by
+    :func:`compact_rows`, row range by row range): magic, version, kind, parameter set (c0 at
+    :func:`level_parameter_set` (params, L'), c1 at ``params``), n, limbs, count (the same in
+    both), aux = 0, and both payload lengths exactly.
+
+    Raises
+    ------
+    ValueError
+        Naming the bad field.
+    """
+    return _split(data, params, limbs)[0]
+
+
+def compact_rows(
+    data: bytes | memoryview, params: ParameterSet, limbs: int, *, chunk_polys: int
+) -> Iterator[tuple[int, NDArray[np.uint64], NDArray[np.uint64]]]:
+    """A compact ciphertext's bytes read ``chunk_polys`` polynomials at a time, each range checked.
+
+    Yields ``(start, c0[start:stop], c1[start:stop])`` for consecutive ranges covering [0, k)
+    (c0 rows of shape (r, L', n), c1 rows (r, L, n), uint64); every residue of a range is checked
+    (< q_l) before it is yielded, so a consumer that stops at a ``ValueError`` has seen only
+    canonical rows. The headers and lengths are checked (:func:`compact_count`) before the first
+    range. Concatenated, the ranges are :meth:`CompactCiphertext.from_bytes`' c0 and c1 exactly.
+    The server folds a ciphertext this way without parsing it whole (issue 21 item 3).
+
+    Raises
+    ------
+    ValueError
+        ``chunk_polys`` < 1, or naming the bad field (header, length, ``c0 limb i`` / ``c1 limb i``
+        with a value >= q_i).
+    """
+    if isinstance(chunk_polys, bool) or not isinstance(chunk_polys, (int, np.integer)) or chunk_polys < 1:
+        raise ValueError(f"chunk_polys must be an integer >= 1, got {chunk_polys!r}")
+    count, split = _split(data, params, limbs)
+    level = level_parameter_set(params, limbs)
+    view = memoryview(data)
+    c0_payload = view[ser.HEADER_SIZE : split]
+    c1_payload = view[split + ser.HEADER_SIZE :]
+    for start in range(0, count, int(chunk_polys)):
+        stop = min(start + int(chunk_polys), count)
+        c0 = ser.unpack_rows(level, c0_payload, count, start, stop, "c0")
+        c1 = ser.unpack_rows(params, c1_payload, count, start, stop, "c1")
+        yield start, c0, c1
+
+
+def share_count(data: bytes | memoryview, params: ParameterSet, limbs: int) -> int:
+    """k, the polynomials of a decryption share's bytes at L' limbs, after checking its header and length.
+
+    What :meth:`~flwr_fedeval.rlwe.xmkckks.DecryptionShare.from_bytes` under :func:`level_parameter_set`
+    (params, L') checks besides the residues (:func:`share_rows` checks those): magic, version, kind,
+    parameter set, n, limbs, count, aux = 0, payload length.
+
+    Raises
+    ------
+    ValueError
+        Naming the bad field.
+    """
+    level = level_parameter_set(params, limbs)
+    _, count, aux = ser.unpack_header(data, ser.KIND_DECRYPTION_SHARE, level)
+    if aux != 0:
+        raise ValueError(f"aux is {aux}, expected 0")
+    expected = ser.packed_size(level, count, 1)
+    if len(data) - ser.HEADER_SIZE != expected:
+        raise ValueError(f"payload length is {len(data) - ser.HEADER_SIZE} bytes, expected {expected} "
+                         f"for count = {count}")
+    return count
+
+
+def share_rows(
+    data: bytes | memoryview, params: ParameterSet, limbs: int, *, chunk_polys: int
+) -> Iterator[tuple[int, NDArray[np.uint64]]]:
+    """A decryption share's bytes read ``chunk_polys`` polynomials at a time: ``(start, d[start:stop])``,
+    rows of shape (r, L', n) uint64, each range's residues checked before it is yielded (as
+    :func:`compact_rows` does for a ciphertext; header and length first, :func:`share_count`).
+
+    Raises
+    ------
+    ValueError
+        ``chunk_polys`` < 1, or naming the bad field (header, length, ``d limb i`` >= q_i).
+    """
+    if isinstance(chunk_polys, bool) or not isinstance(chunk_polys, (int, np.integer)) or chunk_polys < 1:
+        raise ValueError(f"chunk_polys must be an integer >= 1, got {chunk_polys!r}")
+    count = share_count(data, params, limbs)
+    level = level_parameter_set(params, limbs)
+    payload = memoryview(data)[ser.HEADER_SIZE :]
+    for start in range(0, count, int(chunk_polys)):
+        stop = min(start + int(chunk_polys), count)
+        yield start, ser.unpack_rows(level, payload, count, start, stop, "d")
 
 
 def compress_ciphertext(ciphertext: Ciphertext, limbs: int) -> CompactCiphertext:

@@ -59,6 +59,8 @@ from .params import ParameterSet
 __all__ = [
     "MASK_KEY_BYTES",
     "MaskKeyError",
+    "MaskSum",
+    "mask_pairs",
     "new_mask_keypair",
     "mask_public_key",
     "mask_context",
@@ -285,46 +287,129 @@ def _reduce(acc: np.ndarray, tmp: np.ndarray, p: int, bound: int) -> None:
         j -= 1
 
 
-def _masked(
-    params: ParameterSet, base: NDArray[np.uint64], pairs: Sequence[tuple[bytes, np.ufunc]]
-) -> NDArray[np.uint64]:
-    """base + sum of ±PRG(key) mod q, step by step (the buffers stay in cache).
+class MaskSum:
+    """base + Σ ±PRG(key) mod q, a range of polynomials at a time (issue 21 item 3).
+
+    The streams of every (key, limb) are kept between calls, so consecutive calls of
+    :meth:`next_rows` over [0, k) give exactly what one call over all k rows gives,
+    which is what the clients compute (:func:`mask_plaintext`, :func:`expand_mask`):
+    each stream reads the same keystream words in the same steps of :attr:`rows`
+    polynomials (the rejection refill is per step), whatever the ranges. The server
+    rebuilds the masks of a round this way, a few polynomials at a time, instead of
+    holding them at full size.
 
     Exact integer arithmetic in uint32: the accumulator starts at
     base + (#subtracted)·p, every added term is < p and the subtracted ones
     never take it below zero, so it stays in [0, (1 + #terms)·p); it is
     reduced mod p whenever another group of terms could overflow 2^32, and
     at the end of each step.
+
+    Parameters
+    ----------
+    params : ParameterSet
+    pairs : sequence of (bytes, ufunc)
+        (32-byte key, ``np.add`` or ``np.subtract``) per stream.
+    num_polys : int
+        k, the polynomials of the whole mask.
+
+    Raises
+    ------
+    ValueError
+        A key is not 32 bytes, ``num_polys`` < 1, or a prime too large for uint32 accumulation.
     """
-    k, L, n = base.shape
-    out = np.empty_like(base)
-    rows = max(_STEP // n, 1)  # whole polynomials per step (n and _STEP are powers of two)
-    step = rows * n
-    scratch = _Scratch(step)
-    acc_buf = np.empty(step, dtype=np.uint32)
-    tmp_buf = np.empty(step, dtype=np.uint32)
-    for l, p in enumerate(params.primes):
-        budget = (2**32 - 1) // p - 1  # terms that fit on top of a reduced value
-        if budget < 1:
-            raise ValueError(f"prime {p} too large for 32-bit mask accumulation")
-        streams = [(_LimbStream(key, l, p, scratch), op) for key, op in pairs]
-        groups = [streams[g : g + budget] for g in range(0, len(streams), budget)]
-        offsets = [np.uint32(sum(op is np.subtract for _, op in grp) * p) for grp in groups]
-        for t0 in range(0, k, rows):
-            r = min(rows, k - t0)
-            need = r * n
-            acc, tmp = acc_buf[:need], tmp_buf[:need]
-            np.copyto(acc.reshape(r, n), base[t0 : t0 + r, l, :], casting="unsafe")
-            for gi, (grp, offset) in enumerate(zip(groups, offsets)):
-                if gi:
-                    _reduce(acc, tmp, p, 1 + len(groups[gi - 1]))
-                if offset:
-                    acc += offset
-                for stream, op in grp:
-                    op(acc, stream.next(need), out=acc)
-            _reduce(acc, tmp, p, 1 + len(groups[-1]) if groups else 1)
-            out[t0 : t0 + r, l, :] = acc.reshape(r, n)
-    return out
+
+    def __init__(self, params: ParameterSet, pairs: Sequence[tuple[bytes, np.ufunc]], num_polys: int) -> None:
+        self.params = params
+        self.num_polys = _check_polys(num_polys)
+        #: polynomials per step: a range passed to :meth:`next_rows` is a multiple of it (but the last)
+        self.rows = max(_STEP // params.n, 1)  # n and _STEP are powers of two
+        self.done = 0
+        step = self.rows * params.n
+        scratch = _Scratch(step)
+        self._acc = np.empty(step, dtype=np.uint32)
+        self._tmp = np.empty(step, dtype=np.uint32)
+        self._limbs = []
+        for l, p in enumerate(params.primes):
+            budget = (2**32 - 1) // p - 1  # terms that fit on top of a reduced value
+            if budget < 1:
+                raise ValueError(f"prime {p} too large for 32-bit mask accumulation")
+            streams = [(_LimbStream(_pair_key_bytes(key), l, p, scratch), op) for key, op in pairs]
+            groups = [streams[g : g + budget] for g in range(0, len(streams), budget)]
+            offsets = [np.uint32(sum(op is np.subtract for _, op in grp) * p) for grp in groups]
+            self._limbs.append((p, groups, offsets))
+
+    def next_rows(self, base: NDArray[np.uint64]) -> NDArray[np.uint64]:
+        """base + Σ ±PRG(key) for the next ``len(base)`` polynomials (continuing where the last call stopped).
+
+        Parameters
+        ----------
+        base : ndarray of shape (r, L, n), uint64, reduced
+            r a multiple of :attr:`rows`, or the rest of the k polynomials.
+
+        Returns
+        -------
+        ndarray of shape (r, L, n), uint64, reduced
+
+        Raises
+        ------
+        ValueError
+            A wrong shape, or r neither a multiple of :attr:`rows` nor the rest.
+        """
+        L, n = self.params.limbs, self.params.n
+        if base.ndim != 3 or base.shape[1:] != (L, n):
+            raise ValueError(f"base must have shape (r, {L}, {n}), got {base.shape}")
+        k = base.shape[0]
+        left = self.num_polys - self.done
+        if not (0 < k <= left and (k % self.rows == 0 or k == left)):
+            raise ValueError(f"{k} polynomials asked for, {left} left; steps of {self.rows}")
+        out = np.empty_like(base)
+        for l, (p, groups, offsets) in enumerate(self._limbs):
+            for t0 in range(0, k, self.rows):
+                r = min(self.rows, k - t0)
+                need = r * n
+                acc, tmp = self._acc[:need], self._tmp[:need]
+                np.copyto(acc.reshape(r, n), base[t0 : t0 + r, l, :], casting="unsafe")
+                for gi, (grp, offset) in enumerate(zip(groups, offsets)):
+                    if gi:
+                        _reduce(acc, tmp, p, 1 + len(groups[gi - 1]))
+                    if offset:
+                        acc += offset
+                    for stream, op in grp:
+                        op(acc, stream.next(need), out=acc)
+                _reduce(acc, tmp, p, 1 + len(groups[-1]) if groups else 1)
+                out[t0 : t0 + r, l, :] = acc.reshape(r, n)
+        self.done += k
+        return out
+
+
+def _masked(
+    params: ParameterSet, base: NDArray[np.uint64], pairs: Sequence[tuple[bytes, np.ufunc]]
+) -> NDArray[np.uint64]:
+    """base + sum of ±PRG(key) mod q, step by step (the buffers stay in cache): :class:`MaskSum` at once."""
+    return MaskSum(params, pairs, base.shape[0]).next_rows(base)
+
+
+def mask_pairs(
+    *, own_name: str, own_private: bytes, peers: Mapping[str, bytes], context: bytes
+) -> list[tuple[bytes, np.ufunc]]:
+    """The streams of r_i: (k_ij, ``np.add`` if name_i < name_j else ``np.subtract``) per neighbour j, by name.
+
+    Raises
+    ------
+    MaskKeyError
+        If ``peers`` is empty or contains ``own_name``, or an agreement fails.
+    """
+    if not peers:
+        raise MaskKeyError("a mask needs at least one other key-set member")
+    if own_name in peers:
+        raise MaskKeyError(f"peers must not contain this client ({own_name!r})")
+    return [
+        (
+            pairwise_mask_key(own_private, peers[name], own_name=own_name, peer_name=name, context=context),
+            np.add if own_name < name else np.subtract,
+        )
+        for name in sorted(peers)
+    ]
 
 
 def mask_plaintext(
@@ -372,17 +457,7 @@ def mask_plaintext(
     params.ring.check(plaintext, "plaintext")
     if plaintext.ndim != 3:
         raise ValueError(f"plaintext must have shape (k, L, n), got {plaintext.shape}")
-    if not peers:
-        raise MaskKeyError("a mask needs at least one other key-set member")
-    if own_name in peers:
-        raise MaskKeyError(f"peers must not contain this client ({own_name!r})")
-    pairs = [
-        (
-            pairwise_mask_key(own_private, peers[name], own_name=own_name, peer_name=name, context=context),
-            np.add if own_name < name else np.subtract,
-        )
-        for name in sorted(peers)
-    ]
+    pairs = mask_pairs(own_name=own_name, own_private=own_private, peers=peers, context=context)
     return _masked(params, plaintext, pairs)
 
 

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 from .masking import expand_mask
 from .params import ParameterSet
 
-__all__ = ["SELF_MASK_SEED_BYTES", "new_self_mask_seed", "self_mask"]
+__all__ = ["SELF_MASK_SEED_BYTES", "new_self_mask_seed", "self_mask", "self_mask_key"]
 
 #: Length of a self-mask seed b_i.
 SELF_MASK_SEED_BYTES = 32
@@ -69,8 +69,19 @@ def self_mask(params: ParameterSet, seed: bytes, num_polys: int) -> NDArray[np.u
     ValueError
         If ``seed`` is not 32 bytes or ``num_polys`` < 1.
     """
+    mask: NDArray[np.uint64] = expand_mask(params, self_mask_key(seed), num_polys)
+    return mask
+
+
+def self_mask_key(seed: bytes) -> bytes:
+    """The PRG key of u_i, SHA-256(DOMAIN || b_i) (32 bytes): expand it in ranges of polynomials
+    with :class:`~flwr_fedeval.rlwe.masking.MaskSum` (the same stream as :func:`self_mask`).
+
+    Raises
+    ------
+    ValueError
+        If ``seed`` is not 32 bytes.
+    """
     if not isinstance(seed, (bytes, bytearray)) or len(seed) != SELF_MASK_SEED_BYTES:
         raise ValueError(f"seed must be {SELF_MASK_SEED_BYTES} bytes")
-    key = hashlib.sha256(_DOMAIN + bytes(seed)).digest()
-    mask: NDArray[np.uint64] = expand_mask(params, key, num_polys)
-    return mask
+    return hashlib.sha256(_DOMAIN + bytes(seed)).digest()

@@ -41,7 +41,9 @@ __all__ = [
     "pack_header",
     "unpack_header",
     "pack_polys",
+    "pack_rows_into",
     "unpack_polys",
+    "unpack_rows",
     "packed_size",
 ]
 
@@ -79,13 +81,13 @@ def pack_header(kind: int, params: ParameterSet, count: int, aux: int = 0) -> by
 
 
 def unpack_header(
-    data: bytes, kind: int, params: ParameterSet | None = None
+    data: bytes | bytearray | memoryview, kind: int, params: ParameterSet | None = None
 ) -> tuple[ParameterSet, int, int]:
     """Parse and validate a header.
 
     Parameters
     ----------
-    data : bytes
+    data : bytes, bytearray or memoryview
         The serialized object (header first).
     kind : int
         Expected kind.
@@ -184,6 +186,113 @@ def pack_polys(params: ParameterSet, arrays: list[np.ndarray]) -> bytes:
     return b"".join(parts)
 
 
+def _limb_layout(params: ParameterSet, count: int) -> list[tuple[int, int, int]]:
+    """(byte offset of the limb in one component's payload, bits per residue, q_l) for every limb."""
+    out, pos = [], 0
+    for b, p in zip(_limb_bits(params), params.primes):
+        out.append((pos, b, p))
+        pos += count * params.n * b // 8
+    return out
+
+
+def _check_rows(params: ParameterSet, count: int, start: int, stop: int) -> None:
+    if params.n % 8:
+        raise ValueError(f"n = {params.n} is not a multiple of 8: rows are not byte-aligned")
+    if not 0 <= start < stop <= count:
+        raise ValueError(f"rows [{start}, {stop}) are not within [0, {count})")
+
+
+def unpack_rows(
+    params: ParameterSet,
+    payload: bytes | memoryview,
+    count: int,
+    start: int,
+    stop: int,
+    name: str,
+) -> np.ndarray:
+    """Polynomials ``start`` to ``stop`` of one component packed by :func:`pack_polys`, checked.
+
+    Every limb's residues of polynomial r sit at bytes r·n·b_l/8 to (r+1)·n·b_l/8
+    of that limb's block (b_l = bit_length(q_l), n a multiple of 8), so a range of
+    polynomials is read without unpacking the rest: the server folds a ciphertext
+    a few polynomials at a time (issue 21 item 3).
+
+    Parameters
+    ----------
+    params : ParameterSet
+    payload : bytes or memoryview
+        One component's payload (``packed_size(params, count, 1)`` bytes, no header).
+    count : int
+        Polynomials in the component (from the header).
+    start, stop : int
+        0 <= start < stop <= count.
+    name : str
+        Component name for the error message (e.g. ``"c0"``).
+
+    Returns
+    -------
+    ndarray of shape (stop - start, L, n), uint64
+
+    Raises
+    ------
+    ValueError
+        ``payload length`` mismatch, rows out of range, or ``<name> limb i`` holding a value >= q_i
+        (the same check and message as :func:`unpack_polys`).
+    """
+    expected = packed_size(params, count, 1)
+    if len(payload) != expected:
+        raise ValueError(f"payload length is {len(payload)} bytes, expected {expected} for count = {count}")
+    _check_rows(params, count, start, stop)
+    n = params.n
+    view = memoryview(payload)
+    arr = np.empty((stop - start, params.limbs, n), dtype=np.uint64)
+    for i, (pos, b, p) in enumerate(_limb_layout(params, count)):
+        lo, hi = pos + start * n * b // 8, pos + stop * n * b // 8
+        vals = _unpack_bits(view[lo:hi], b, (stop - start) * n)
+        if np.any(vals >= np.uint64(p)):
+            raise ValueError(f"{name} limb {i} has values >= q_{i} = {p}")
+        arr[:, i, :] = vals.reshape(stop - start, n)
+    return arr
+
+
+def pack_rows_into(
+    params: ParameterSet, payload: bytearray | memoryview, count: int, start: int, rows: np.ndarray
+) -> None:
+    """Write polynomials ``start`` to ``start + len(rows)`` of one component into its payload buffer.
+
+    The bytes written are those :func:`pack_polys` writes for them: packing a component in row
+    ranges that cover it gives :func:`pack_polys`'s payload exactly.
+
+    Parameters
+    ----------
+    params : ParameterSet
+    payload : bytearray or writable memoryview
+        One component's payload buffer (``packed_size(params, count, 1)`` bytes).
+    count : int
+        Polynomials in the component.
+    start : int
+        Index of the first row.
+    rows : ndarray of shape (r, L, n), unsigned integers
+        Reduced residues (< q_l; not checked here: pack what the ring produced).
+
+    Raises
+    ------
+    ValueError
+        Buffer length, shape or row range mismatch.
+    """
+    if len(payload) != packed_size(params, count, 1):
+        raise ValueError(f"payload buffer is {len(payload)} bytes, expected {packed_size(params, count, 1)}")
+    if rows.ndim != 3 or rows.shape[1:] != (params.limbs, params.n):
+        raise ValueError(f"rows must have shape (r, {params.limbs}, {params.n}), got {rows.shape}")
+    stop = start + rows.shape[0]
+    _check_rows(params, count, start, stop)
+    n = params.n
+    view = memoryview(payload)
+    for i, (pos, b, _) in enumerate(_limb_layout(params, count)):
+        lo, hi = pos + start * n * b // 8, pos + stop * n * b // 8
+        view[lo:hi] = _pack_bits(rows[:, i, :].astype(np.uint64).reshape(-1), b)
+
+
 def unpack_polys(
     params: ParameterSet,
     data: bytes,
@@ -218,17 +327,8 @@ def unpack_polys(
             f"payload length is {got} bytes, expected {expected} for count = {count}"
         )
     view = memoryview(data)[HEADER_SIZE:]
-    n, L = params.n, params.limbs
-    out = []
-    pos = 0
-    for name in names:
-        arr = np.empty((count, L, n), dtype=np.uint64)
-        for i, (b, p) in enumerate(zip(_limb_bits(params), params.primes)):
-            size = count * n * b // 8
-            vals = _unpack_bits(view[pos : pos + size], b, count * n)
-            pos += size
-            if np.any(vals >= np.uint64(p)):
-                raise ValueError(f"{name} limb {i} has values >= q_{i} = {p}")
-            arr[:, i, :] = vals.reshape(count, n)
-        out.append(arr)
-    return out
+    size = packed_size(params, count, 1)
+    return [
+        unpack_rows(params, view[j * size : (j + 1) * size], count, 0, count, name)
+        for j, name in enumerate(names)
+    ]

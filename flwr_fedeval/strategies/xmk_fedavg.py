@@ -18,7 +18,7 @@ node early.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from typing import Any
@@ -33,6 +33,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import Payload, ReplyCode, Step, xmk
 from flwr_fedeval.rlwe import compact, keyset, masking, selfmask
+from flwr_fedeval.rlwe import serialization as ser
 from flwr_fedeval.rlwe import threshold as shamir
 from flwr_fedeval.strategies.base import (
     Failures,
@@ -209,49 +210,131 @@ def _active_set(signatures: dict[str, bytes], t: int) -> tuple[str, ...]:
     return tuple(sorted(signatures)[:t])
 
 
+#: Polynomials per range when the server folds, rebuilds masks and decodes (issue 21 item 3): ranges
+#: of a few MB instead of whole arrays of hundreds of MB (64 × 4096 coefficients × L limbs).
+CHUNK_POLYS = 64
+
+
+def _add_ranges(accs: Sequence[tuple[np.ndarray, np.ndarray]],
+                ranges: Callable[[], Iterator[tuple[Any, ...]]]) -> None:
+    """acc[start:stop] ← acc[start:stop] + part mod q for every range ``(start, part, ...)`` of ``ranges()``
+    (one part per ``(acc, q_col)`` of ``accs``; reduced accumulators, parts reduced uint64, used as scratch).
+
+    ``ranges()`` checks each range before yielding it; if one raises ``ValueError``, the ranges already
+    added are read again and subtracted (exactly: arithmetic mod q), so the accumulators are left as
+    they were, then the error is raised: nothing is lost and nothing half-added.
+    """
+
+    def fold(start: int, parts: Sequence[np.ndarray], negate: bool) -> None:
+        for (acc, q), part in zip(accs, parts):
+            rows = acc[start : start + part.shape[0]]
+            if negate:
+                np.subtract(q, part, out=part)  # −x mod q = q − x
+            np.add(part, rows, out=part)  # < 2q < 2^32: no overflow in uint64
+            np.remainder(part, q, out=part)
+            rows[...] = part
+
+    done = 0
+    try:
+        for start, *parts in ranges():
+            fold(start, parts, False)
+            done = start + parts[0].shape[0]
+            del parts  # not alive while the next range is read
+    except ValueError:
+        for start, *parts in ranges():
+            if start >= done:
+                break
+            fold(start, parts, True)
+        raise
+
+
 class _RunningSum:
     """Σ c_j of step 2 (Eq. 3) over compact ciphertexts (C0' at L' limbs, C1 at L), folded one at a
-    time, kept reduced in uint32 (residues < 2^31: half the bytes of a parsed ciphertext); ``folded``
-    maps each node to what its reply carried besides the ciphertext."""
+    time straight from the wire bytes, ``chunk_polys`` polynomials at a time, kept reduced in uint32
+    (residues < 2^31: half the bytes of a parsed ciphertext); ``folded`` maps each node to what its
+    reply carried besides the ciphertext."""
 
-    def __init__(self, params: rlwe.ParameterSet, limbs: int) -> None:
+    def __init__(self, params: rlwe.ParameterSet, limbs: int, num_polys: int, chunk_polys: int = CHUNK_POLYS) -> None:
         self.params = params
         self.limbs = limbs
+        self.level = compact.level_parameter_set(params, limbs)
+        self.num_polys = num_polys
+        self.chunk_polys = chunk_polys
         self.c0: np.ndarray | None = None
         self.c1: np.ndarray | None = None
         self.folded: dict[int, Any] = {}
 
-    def add(self, node: int, ct: compact.CompactCiphertext, extra: Any = None) -> None:
-        """Add ``ct`` (its arrays are used as scratch space: the caller drops it afterwards)."""
+    def add(self, node: int, data: bytes | memoryview, extra: Any = None) -> None:
+        """Check and add one ciphertext's bytes (:meth:`~flwr_fedeval.rlwe.compact.CompactCiphertext.to_bytes`).
+
+        Every check of :meth:`~flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes` is made: the
+        headers and lengths before anything is added (:func:`~flwr_fedeval.rlwe.compact.compact_count`),
+        the residues of each range of polynomials before that range is added
+        (:func:`~flwr_fedeval.rlwe.compact.compact_rows`). If a later range is malformed, the ranges
+        already added are subtracted again (exactly: arithmetic mod q), so a refused ciphertext leaves
+        the sum as it was.
+
+        Raises
+        ------
+        ValueError
+            The node's second ciphertext in this round, or a malformed ciphertext (naming the field),
+            or one of another size than the model's.
+        """
         if node in self.folded:
             raise ValueError(f"node {node}: a second ciphertext in one round")
-        if ct.params != self.params or ct.limbs != self.limbs:
-            raise ValueError(f"ciphertext at {ct.params.name}/L{ct.limbs}, expected {self.params.name}/L{self.limbs}")
-        if self.c0 is None or self.c1 is None:
-            self.c0, self.c1 = ct.c0.astype(np.uint32), ct.c1.astype(np.uint32)
-        else:
-            for acc, part, q in ((self.c0, ct.c0, ct.level.ring.q_col), (self.c1, ct.c1, self.params.ring.q_col)):
-                np.add(part, acc, out=part)  # uint64 scratch: < 2^32
-                np.remainder(part, q, out=part)
-                acc[...] = part
+        count = compact.compact_count(data, self.params, self.limbs)
+        if count != self.num_polys:
+            raise ValueError(f"{count} polynomials, expected {self.num_polys}")
+        fresh = self.c0 is None or self.c1 is None
+        if fresh:
+            self.c0 = np.zeros((count, self.limbs, self.params.n), dtype=np.uint32)
+            self.c1 = np.zeros((count, self.params.limbs, self.params.n), dtype=np.uint32)
+        try:
+            _add_ranges(((self.c0, self.level.ring.q_col), (self.c1, self.params.ring.q_col)),
+                        lambda: compact.compact_rows(data, self.params, self.limbs, chunk_polys=self.chunk_polys))
+        except ValueError:
+            if fresh:
+                self.c0 = self.c1 = None
+            raise
         self.folded[node] = extra
 
-    def total(self, nodes: Iterable[int]) -> compact.CompactCiphertext:
-        """C = Σ_{j ∈ nodes} c_j (C0' reduced mod q', C1 mod q; uint64).
+    def _check_total(self, nodes: Iterable[int]) -> None:
+        nodes = set(nodes)
+        if self.c0 is None or self.c1 is None or nodes != set(self.folded):
+            raise ValueError(f"the running sum holds nodes {sorted(self.folded)}, not {sorted(nodes)}")
+
+    def total(self, nodes: Iterable[int]) -> _CiphertextSum:
+        """C = Σ_{j ∈ nodes} c_j: C0' (uint32, the decryption's accumulator) and C1's bytes
+        (:func:`flwr_fedeval.rlwe.polys_to_bytes`, packed a range at a time from the uint32 sum).
+        The running sum is released.
 
         Raises
         ------
         ValueError
             If ``nodes`` are not exactly the folded nodes.
         """
-        nodes = set(nodes)
-        if self.c0 is None or self.c1 is None or nodes != set(self.folded):
-            raise ValueError(f"the running sum holds nodes {sorted(self.folded)}, not {sorted(nodes)}")
-        c0 = self.c0.astype(np.uint64)
-        self.c0 = None
-        c1 = self.c1.astype(np.uint64)
+        self._check_total(nodes)
+        assert self.c0 is not None and self.c1 is not None
+        c0, self.c0 = self.c0, None
+        params, count = self.params, self.num_polys
+        header = ser.pack_header(ser.KIND_POLYNOMIALS, params, count)
+        out = bytearray(len(header) + ser.packed_size(params, count, 1))
+        out[: len(header)] = header
+        payload = memoryview(out)[len(header):]
+        for start in range(0, count, self.chunk_polys):
+            ser.pack_rows_into(params, payload, count, start, self.c1[start : start + self.chunk_polys])
+        del payload
         self.c1 = None
-        return compact.CompactCiphertext(self.params, self.limbs, c0, c1)
+        return _CiphertextSum(c0, bytes(out))
+
+
+@dataclass(frozen=True, eq=False)
+class _CiphertextSum:
+    """C = Σ_{j∈C} c_j of step 2 as step 3 uses it: C0' of shape (k, L', n) uint32 (reduced mod q'), C1 as
+    :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent to the decryptors as is)."""
+
+    c0: np.ndarray
+    c1: bytes
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
@@ -478,6 +561,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         if isinstance(mask_degree, bool) or not isinstance(mask_degree, (int, np.integer)) or mask_degree < 0:
             raise ValueError(f"mask_degree must be an integer >= 0 (0 = complete graph), got {mask_degree!r}")
         self.mask_degree = int(mask_degree)
+        #: polynomials per range of the server's fold, mask rebuild and decoding (memory, not results)
+        self.chunk_polys = CHUNK_POLYS
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 2):
             raise ValueError(f"threshold must be an integer >= 2 or None (floor(N/2) + 1), got {threshold!r}")
         self.threshold = threshold
@@ -729,8 +814,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         return out
 
     def fold_train_reply(self, reply: Message) -> Message:
-        """Step 2, per reply as it arrives (``on_reply`` of the train exchange): check the ciphertext,
-        add it into the round's running sum (Eq. 3) and drop it; the reply is kept without its bulk.
+        """Step 2, per reply as it arrives (``on_reply`` of the train exchange): check the ciphertext and
+        add it into the round's running sum (Eq. 3) a range of polynomials at a time, straight from the
+        message's bytes (no parsed copy); the reply is kept without its bulk.
 
         A reply to no request of this attempt, or an error reply, is kept as it is; a malformed one
         is kept stripped, its error stored for :meth:`sum_ciphertexts` (which names the node).
@@ -742,48 +828,36 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             return reply
         try:
             parsed = xmk.TrainReply.from_record(reply.content, node=node)
-            reply.content = RecordDict()  # drop the wire copy before parsing the ciphertext
-            metrics = parsed.metrics
-            ct = self._parse_ciphertext(parsed.ciphertext)
-            del parsed  # and the bytes before adding
-            state.train_results[node] = self._fold_ciphertext(node, ct, metrics)
+            reply.content = RecordDict()  # the ciphertext is a view into the message's buffer: one copy
+            state.train_results[node] = self._fold_ciphertext(node, parsed.ciphertext, parsed.metrics)
+            del parsed
         except (KeyError, ValueError, TypeError) as exc:
             state.train_results[node] = exc
         reply.content = RecordDict()
         return reply
 
-    def _parse_ciphertext(self, data: bytes) -> compact.CompactCiphertext:
-        """One step-2 ciphertext, checked: canonical compact encoding (c0 at the key set's L', c1 at L), of
-        the model's size (:meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes`).
-
-        Raises
-        ------
-        ValueError
-            The ciphertext is malformed, at another level, or of another size.
-        """
-        expected_polys = -(-self._plaintext_length() // self.params.n)
-        ct = compact.CompactCiphertext.from_bytes(data, self.params, self._current().keys.limbs)
-        if ct.c0.shape[0] != expected_polys:
-            raise ValueError(f"{ct.c0.shape[0]} polynomials, expected {expected_polys}")
-        return ct
-
-    def _fold_ciphertext(self, node: int, ct: compact.CompactCiphertext,
+    def _fold_ciphertext(self, node: int, data: bytes | memoryview,
                          metrics: MetricRecord | None) -> MetricRecord | None:
-        """Add one checked ciphertext into the round's running sum; return the reply's metrics.
+        """Check one step-2 ciphertext and add it into the round's running sum; return the reply's metrics.
+
+        The checks: canonical compact encoding (c0 at the key set's L', c1 at L), of the model's size
+        (those of :meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes`, made a range of
+        polynomials at a time by :meth:`_RunningSum.add`; a malformed ciphertext adds nothing).
 
         Raises
         ------
         ValueError
-            The node's second ciphertext in this round.
+            The ciphertext is malformed, at another level, or of another size, or it is the node's
+            second in this round.
         """
         state = self._current()
         if state.running is None:
-            state.running = _RunningSum(self.params, state.keys.limbs)
-        state.running.add(node, ct, metrics)
+            num_polys = -(-self._plaintext_length() // self.params.n)
+            state.running = _RunningSum(self.params, state.keys.limbs, num_polys, self.chunk_polys)
+        state.running.add(node, data, metrics)
         return metrics
 
-    def sum_ciphertexts(self, replies: list[Message]) -> tuple[compact.CompactCiphertext, list[MetricRecord],
-                                                               list[int]]:
+    def sum_ciphertexts(self, replies: list[Message]) -> tuple[_CiphertextSum, list[MetricRecord], list[int]]:
         """Step 2 (replies) and Eq. 3: the sum of the well-formed fresh ciphertexts, one per contributor.
 
         The ciphertexts were folded into a running sum as they arrived (:meth:`fold_train_reply`, in
@@ -793,9 +867,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
         Returns
         -------
-        (CompactCiphertext, list of MetricRecord, list of int)
-            C = Σ_{j∈C} c_j (C0' at L' limbs, C1 at L), the contributors' metric records, the contributors'
-            node IDs (key-set order).
+        (_CiphertextSum, list of MetricRecord, list of int)
+            C = Σ_{j∈C} c_j (C0' at L' limbs, uint32; C1 at L as bytes), the contributors' metric records,
+            the contributors' node IDs (key-set order).
 
         Raises
         ------
@@ -806,7 +880,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         key_set = state.keys
 
         def check(node: int, reply: xmk.TrainReply) -> MetricRecord | None:
-            return self._fold_ciphertext(node, self._parse_ciphertext(reply.ciphertext), reply.metrics)
+            return self._fold_ciphertext(node, reply.ciphertext, reply.metrics)
 
         received = _Received(replies_by_node(state.sent, replies))
         valid, failed = self._exchange_some("encrypted training", "ciphertext", key_set.nodes, xmk.TRAIN, None, check,
@@ -869,9 +943,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
         Parameters
         ----------
-        c0 : ndarray of shape (k, L', n), uint64
-            C0' = Σ_{j∈C} c0'_j; kept intact until an attempt is complete, then the result is computed in
-            its buffer (overwritten).
+        c0 : ndarray of shape (k, L', n), uint32 or uint64, reduced
+            C0' = Σ_{j∈C} c0'_j (uint32 from :meth:`sum_ciphertexts`: residues < 2^31, half the bytes); kept
+            intact until an attempt is complete, then the result is computed in its buffer (overwritten).
         c1 : bytes
             C1 = Σ_{j∈C} c1_j, :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent as is).
         contributors : list of int
@@ -908,20 +982,19 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         acc = np.zeros(c0.shape, dtype=np.uint32)
 
         def check(node: int, reply: xmk.PdecReply) -> None:
-            share = rlwe.DecryptionShare.from_bytes(reply.share, level)  # strict, at L' limbs
-            if share.d.shape != acc.shape:
-                raise ValueError(f"share has shape {share.d.shape}, expected {acc.shape}")
+            count = compact.share_count(reply.share, self.params, key_set.limbs)  # strict, at L' limbs
+            if count != acc.shape[0]:
+                raise ValueError(f"share has {count} polynomials, expected {acc.shape[0]}")
             if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
                 raise ValueError("recovery shares are not one per contributor and one per dropped member")
+            # Eq. 5, a range of polynomials at a time straight from the bytes (a malformed share adds nothing)
+            _add_ranges(((acc, ring.q_col),), lambda: compact.share_rows(reply.share, self.params, key_set.limbs,
+                                                                           chunk_polys=self.chunk_polys))
             x = points[key_set.name_of(node)]
             for name, part in zip(c_names, reply.seed_shares):  # the same Shamir shares in every attempt
                 seed_shares[name][x] = part
             for name, part in zip(dropped, reply.mask_shares):
                 key_shares[name][x] = part
-            d = share.d  # uint64 scratch, dropped afterwards
-            np.add(d, acc, out=d)  # residues < 2^31: the sum < 2^32
-            np.remainder(d, ring.q_col, out=d)
-            acc[...] = d
 
         attempts = max(int(key_set.decryption_attempts), 1)
         for attempt in range(1, attempts + 1):
@@ -948,21 +1021,17 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             log(WARNING, "Round %d: decryptor(s) %s lost during the partial decryption (attempt %d of %d); "
                 "asking the next signers of C", state.server_round, sorted(key_set.name_of(n) for n in failed),
                 attempt, attempts)
-        np.add(c0, acc, out=c0)  # C0' + Σ_{j∈A} D'_j (Eq. 5), in C0's buffer
+        np.add(c0, acc, out=c0)  # C0' + Σ_{j∈A} D'_j (Eq. 5), in C0's buffer (both < 2^31: no overflow)
         del acc
         acc = c0
         np.remainder(acc, ring.q_col, out=acc)
-        full_q = self.params.ring.q_col
-        correction = np.zeros(acc.shape[:1] + (self.params.limbs, self.params.n), dtype=np.uint64)
+        # −Σ_{i∈C} u_i (u_i = PRG(seed_i)) and the pairwise masks between C and K∖C, expanded at L limbs a
+        # range of polynomials at a time (the clients' streams, :class:`~flwr_fedeval.rlwe.masking.MaskSum`),
+        # each range switched to L' once and added into the accumulator
         try:
-            for name in c_names:  # −u_i, u_i = PRG(seed_i), of every contributor (at L limbs)
-                seed = shamir.combine_bytes(seed_shares[name], threshold=t)
-                mask = selfmask.self_mask(self.params, seed, acc.shape[0])
-                np.subtract(full_q, mask, out=mask)  # −u mod q = q − u, reduced below
-                np.add(correction, mask, out=correction)
-                del mask
-                np.remainder(correction, full_q, out=correction)
-            if dropped:  # remove the pairwise masks between C and the members left out of it
+            pairs = [(selfmask.self_mask_key(shamir.combine_bytes(seed_shares[name], threshold=t)), np.subtract)
+                     for name in c_names]
+            if dropped:
                 mask_keys = dict(zip(key_set.names, key_set.mask_keys))
                 graph = masking.mask_neighbours(order, self.mask_degree, key_set.transcript)
                 context = masking.mask_context(key_set.transcript, state.server_round)
@@ -971,15 +1040,20 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                     if not peers:
                         continue
                     private = shamir.combine_bytes(key_shares[name], threshold=t)
-                    correction = masking.mask_plaintext(self.params, correction, own_name=name, own_private=private,
-                                                        peers=peers, context=context)
+                    pairs += masking.mask_pairs(own_name=name, own_private=private, peers=peers, context=context)
+            masks = masking.MaskSum(self.params, pairs, acc.shape[0])
         except (ValueError, shamir.ThresholdError) as exc:
             raise RoundAborted("mask recovery", dict.fromkeys(key_set.nodes, f"{type(exc).__name__}: {exc}")) from None
-        switched = compact.switch_modulus(self.params, correction, key_set.limbs)  # one rounding, < 1 unit of q'
-        del correction
-        np.add(acc, switched, out=acc)
-        np.remainder(acc, ring.q_col, out=acc)
-        return acc
+        chunk = masks.rows * -(-self.chunk_polys // masks.rows)  # whole PRG steps per range
+        zero = np.zeros((chunk, self.params.limbs, self.params.n), dtype=np.uint64)
+        for start in range(0, acc.shape[0], chunk):
+            rows = acc[start : start + chunk]
+            correction = masks.next_rows(zero[: rows.shape[0]])
+            switched = compact.switch_modulus(self.params, correction, key_set.limbs)  # one rounding, < 1 unit of q'
+            np.add(switched, rows, out=switched)  # < 2q' (uint64)
+            np.remainder(switched, ring.q_col, out=switched)
+            rows[...] = switched
+        return acc.astype(np.uint64, copy=False)
 
     def decode(self, plaintext: np.ndarray, num_contributors: int | None = None) -> tuple[ArrayRecord, int]:
         """Step 4: decode Σ m = C0' + Σ D'_j minus the masks (:meth:`partial_decryptions`, at the key
@@ -999,15 +1073,28 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
         scale_bits = state.keys.scale_bits or self.scale_bits_for(len(nodes))
         limbs = state.keys.limbs or self.params.limbs
-        decoded = rlwe.decode(compact.level_parameter_set(self.params, limbs), plaintext, scale_bits=scale_bits,
-                              length=self._plaintext_length()) * float(compact.dropped_modulus(self.params, limbs))
+        level = compact.level_parameter_set(self.params, limbs)
+        length = self._plaintext_length()
+        level.ring.check(plaintext, "plaintext")
+        if plaintext.ndim != 3 or length > plaintext.shape[0] * self.params.n:
+            raise ValueError(f"plaintext of shape {plaintext.shape} does not hold {length} values")
+        decoded = np.empty(length, dtype=np.float64)
+        step = self.chunk_polys * self.params.n
+        for start in range(0, length, step):  # a range of polynomials at a time: CRT temporaries stay small
+            part = plaintext[start // self.params.n : -(-min(start + step, length) // self.params.n)]
+            decoded[start : start + step] = rlwe.decode(level, part, scale_bits=scale_bits,
+                                                        length=min(step, length - start))
+        decoded *= float(compact.dropped_modulus(self.params, limbs))
         total_examples = decoded[-1]
         if not (np.isfinite(total_examples) and total_examples >= count - 0.5
                 and abs(total_examples - round(total_examples)) < 1e-3):
             raise RoundAborted("decoding",
                                dict.fromkeys(nodes, f"decoded Σ n_i = {total_examples!r} is not a valid count"))
-        mean_update = decoded[:-1] / round(total_examples)
-        new_flat = layout.flatten(state.arrays.to_numpy_ndarrays()) + mean_update
+        mean_update = decoded[:-1]
+        mean_update /= round(total_examples)
+        new_flat = layout.flatten(state.arrays.to_numpy_ndarrays())
+        new_flat += mean_update
+        del decoded, mean_update
         if not np.isfinite(new_flat).all():
             raise RoundAborted("decoding", dict.fromkeys(nodes, "aggregate is not finite"))
         # the keys the global model came with (a PyTorch state_dict's names, a Keras list's "0", "1", ...)
@@ -1159,7 +1246,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             record["lost_after_upload"] = by_name(self.lost_after_upload[n_lost:])
         record["signers"] = sorted(signatures)
         record["decryptors"] = list(_active_set(signatures, key_set.threshold))
-        c0, c1 = total.c0, rlwe.polys_to_bytes(self.params, total.c1)
+        c0, c1 = total.c0, total.c1
         del total  # C1 is only sent; C0 is added to the shares' sum
         state.pdec_attempts = []
         try:

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from flwr_fedeval._compat import set_serverapp_identity
 from flwr_fedeval.protocol import (
@@ -16,6 +16,7 @@ from flwr_fedeval.protocol import (
     ReplyCode,
     Step,
     array_bytes,
+    array_bytes_view,
     array_field,
     array_record,
     bytes_array,
@@ -138,3 +139,30 @@ def test_handler_replies_payload_refusal_and_malformed_request():
     bad = RecordDict({"ping": ConfigRecord({"session": "s"})})
     reply = ok(_message(bad), ctx)
     assert reply.has_error() and reply.error.code == ReplyCode.REFUSED and "MalformedMessage" in reply.error.reason
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 70_001])
+def test_bytes_array_is_flowers_serialization_and_the_view_reads_it_without_a_copy(size):
+    data = bytes(np.arange(size, dtype=np.uint64).astype(np.uint8))
+    ours, flowers = bytes_array(data), Array(np.frombuffer(data, dtype=np.uint8).copy())
+    fields = ("data", "dtype", "shape", "stype")
+    assert [getattr(ours, f) for f in fields] == [getattr(flowers, f) for f in fields]
+    record = ArrayRecord({"a": ours})
+    view = array_bytes_view(record, "k", "a")
+    assert isinstance(view, memoryview) and view.readonly and view.obj is ours.data  # the record's own buffer
+    assert view == data == array_bytes(record, "k", "a")
+
+
+@pytest.mark.parametrize("array, match", [
+    (Array(np.zeros(3, dtype=np.float64)), "dtype float64, expected uint8"),
+    (Array(np.zeros((2, 2), dtype=np.uint8)), r"shape \(2, 2\), expected"),
+    (Array(dtype="uint8", shape=(4,), stype="numpy.ndarray", data=bytes_array(b"abcd").data[:-1]), "payload bytes"),
+    (Array(dtype="uint8", shape=(4,), stype="numpy.ndarray", data=bytes_array(b"abcd").data + b"e"), "payload bytes"),
+    (Array(dtype="uint8", shape=(4,), stype="numpy.ndarray", data=b"not an npy file"), "not a numpy array"),
+])
+def test_array_bytes_view_refuses_what_array_bytes_refuses(array, match):
+    record = ArrayRecord({"a": array})
+    with pytest.raises(MalformedMessage, match=match):
+        array_bytes_view(record, "k", "a")
+    with pytest.raises(MalformedMessage, match="missing"):
+        array_bytes_view(record, "k", "b")

@@ -30,14 +30,16 @@ def test_on_reply_sees_every_reply_once_and_the_result_keeps_what_it_returns():
 
 def test_start_folds_every_ciphertext_before_aggregate_train_and_gets_the_exact_mean():
     """Flower's loop hands aggregate_train the replies without their ciphertexts: each was added into the
-    running sum as it arrived, and at most one parsed ciphertext was alive besides the sum."""
-    seen, alive = [], []
+    running sum as it arrived, straight from the message's bytes (a view, not a copy), and no parsed
+    ciphertext was alive besides the sum."""
+    seen, alive, kinds = [], [], []
     add = _RunningSum.add
 
-    def counting_add(self, node, ct, extra=None):
+    def counting_add(self, node, data, extra=None):
         gc.collect()  # what earlier tests left in reference cycles is not this round's
         alive.append(sum(isinstance(o, (rlwe.Ciphertext, compact.CompactCiphertext)) for o in gc.get_objects()))
-        return add(self, node, ct, extra)
+        kinds.append(type(data))
+        return add(self, node, data, extra)
 
     class Spy(XMKFedAvg):
         def aggregate_train(self, server_round, replies):
@@ -52,6 +54,7 @@ def test_start_folds_every_ciphertext_before_aggregate_train_and_gets_the_exact_
     finally:
         _RunningSum.add = add
     assert len(seen) == 4 and all(xmk.XMK_CIPHERTEXT_KEY not in r.content for r in seen)
-    assert alive == [1, 1, 1, 1]  # only the ciphertext being added: no other reply was parsed and kept
+    assert alive == [0, 0, 0, 0]  # folded from the wire bytes: no reply was parsed whole, none kept
+    assert kinds == [memoryview] * 4  # a view into the message's buffer, not a copy of it
     got = flat(result.arrays.to_numpy_ndarrays())
     assert np.max(np.abs(got - plain_fedavg(initial(), range(4), 1))) <= 1e-6
