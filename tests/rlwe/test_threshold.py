@@ -335,7 +335,7 @@ def test_pdec_masks_cancel_exactly_mod_q_prime_over_the_active_set_only():
     transcript, model = bytes(range(32)), bytes(32)
 
     def masked(active, round_=1):
-        context = th.pdec_mask_context(transcript, round_, model, active)
+        context = th.pdec_mask_context(transcript, round_, model, active, attempt=1)
         return {j: th.mask_decryption_share(shares[j], own_name=j, own_private=keys[j][0],
                                             peers={k: keys[k][1] for k in active if k != j}, context=context).d
                 for j in active}
@@ -355,4 +355,4 @@ def test_pdec_masks_cancel_exactly_mod_q_prime_over_the_active_set_only():
     assert not np.array_equal(masked(names, round_=2)["node-0"], out["node-0"])  # another round: other masks
     assert np.array_equal(masked(list(reversed(names)))["node-0"], out["node-0"])  # A is a set: order is moot
     with pytest.raises(th.ThresholdError, match="duplicates"):
-        th.pdec_mask_context(transcript, 1, model, ["node-0", "node-0"])
+        th.pdec_mask_context(transcript, 1, model, ["node-0", "node-0"], attempt=1)
