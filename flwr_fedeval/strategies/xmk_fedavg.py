@@ -359,7 +359,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     (3) ``query.xmk_pdec`` to t of the signers (the active set A) with
     C1 = Σ_{j∈C} c1_j, C and t signatures: each replies
     D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7), switched to L' limbs and masked pairwise over A
-    (a lost decryptor is replaced by a new A, at most ``decryption_attempts``), and its shares of the seeds of C
+    (a lost decryptor is replaced by a new A, at most ``decryption_attempts``; a retry's shares are sent
+    at the full L limbs and switched by the server on arrival), and its shares of the seeds of C
     and the mask keys of K∖C; (4) the server folds the D_j, reconstructs the
     seeds and mask keys, removes Σ u_i and the pairwise masks between C and
     K∖C, decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
