@@ -6,9 +6,12 @@ with the real client handlers and roster identities, once with the fewest limbs 
 (the default) and once with ``limbs = L`` (the uncompressed form). Per client: the bytes of its
 ciphertext (``xmk-ciphertext``) and its decryption share (``xmk-share``) as received by the server, and
 every serialized reply of the round; divided by 4 bytes per float32 weight. Also the max error of the
-decrypted weighted mean against plaintext FedAvg.
+decrypted weighted mean against plaintext FedAvg and its worst-case bound. Each parameter set of
+``--parameter-sets`` (default: the default set, ``xmk-n4096-q109-l5``, ``xmk-n4096-q108``) is run compact,
+side by side in one process; the uncompressed form only for the first (``--no-uncompressed`` skips it).
 
     python benchmarks/bench_xmk_upload.py [--params 949002] [--clients 5]
+        [--parameter-sets xmk-n4096-q109 xmk-n4096-q109-l5 xmk-n4096-q108] [--no-uncompressed]
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def _app(shapes) -> ClientApp:
     return app
 
 
-def _round(num_params: int, clients: int, limbs: int | None) -> dict:
+def _round(num_params: int, clients: int, limbs: int | None, parameter_set: str) -> dict:
     shapes = _shapes(num_params)
     sizes: dict[int, dict[str, int]] = {}
 
@@ -74,7 +77,7 @@ def _round(num_params: int, clients: int, limbs: int | None) -> dict:
     grid = InProcessGrid(_app(shapes), clients, {"fedeval-identity-dir": IDENTITY_DIR})
     grid.fault = spy
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients,
-                         max_abs_value=2.0**16, limbs=limbs)
+                         max_abs_value=2.0**16, limbs=limbs, parameter_set=parameter_set)
     w0 = [np.zeros(s, dtype=np.float32) for s in shapes]
     t0 = time.perf_counter()
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(w0), num_rounds=1,
@@ -84,7 +87,12 @@ def _round(num_params: int, clients: int, limbs: int | None) -> dict:
     n = np.array([10 + p for p in range(clients)], dtype=np.float64)
     ups = [np.concatenate([u.ravel() for u in _update(p, shapes)]).astype(np.float64) for p in range(clients)]
     expected = np.sum([ni * u for ni, u in zip(n, ups)], axis=0) / n.sum()
-    key_limbs = strategy.limbs_for(clients, strategy.scale_bits_for(clients))
+    scale_bits = strategy.scale_bits_for(clients)
+    key_limbs = strategy.limbs_for(clients, scale_bits)
+    # worst-case error of the decoded sum (rlwe.compact, condition 6); of the weighted mean: over sum n_i,
+    # plus half an ulp of the float32 the new weights are stored in
+    bound_sum = (compact.compact_noise_bound(strategy.params, key_limbs, num_clients=clients) + clients / 2) \
+        / 2.0**scale_bits
     per_client = [s["ciphertext"] + s.get("share", 0) for s in sizes.values()]
     return {
         "limbs": key_limbs, "parameter_set": strategy.params.name, "params": num_params, "clients": clients,
@@ -95,6 +103,10 @@ def _round(num_params: int, clients: int, limbs: int | None) -> dict:
         "all_replies_bytes_per_client_max": max(grid.bytes_up.values()),
         "all_replies_per_float32": max(grid.bytes_up.values()) / (4 * num_params),
         "max_error_of_mean": float(np.max(np.abs(got - expected))),
+        "scale_bits": scale_bits, "error_bound_of_sum": bound_sum,
+        "error_bound_of_mean": bound_sum / n.sum() + float(np.max(np.abs(expected))) * 2.0**-24,
+        "bits_per_coefficient": sum(p.bit_length() for p in strategy.params.primes)
+        + 2 * sum(p.bit_length() for p in strategy.params.primes[:key_limbs]),
         "round_seconds": seconds,
     }
 
@@ -104,20 +116,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", type=int, default=949_002)
     ap.add_argument("--clients", type=int, default=5)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_xmk_upload.json"))
+    ap.add_argument("--parameter-sets", nargs="+",
+                    default=[rlwe.DEFAULT_PARAMETER_SET.name, "xmk-n4096-q109-l5", "xmk-n4096-q108"])
+    ap.add_argument("--no-uncompressed", action="store_true", help="skip the uncompressed round (L' = L)")
     args = ap.parse_args(argv)
-    full = rlwe.DEFAULT_PARAMETER_SET.limbs
-    rows = [_round(args.params, args.clients, None), _round(args.params, args.clients, full)]
+    rows = [_round(args.params, args.clients, None, name) for name in args.parameter_sets]
+    if not args.no_uncompressed:
+        first = rlwe.get_parameter_set(args.parameter_sets[0])
+        rows.append(_round(args.params, args.clients, first.limbs, first.name))
     for row in rows:
-        print(f"L'={row['limbs']}: ciphertext {row['ciphertext_bytes']} B + share {row['share_bytes']} B = "
-              f"{row['upload_per_float32']:.2f}x float32 (every reply: {row['all_replies_per_float32']:.2f}x), "
-              f"max err {row['max_error_of_mean']:.2e}, {row['round_seconds']:.1f} s")
-    predicted = compact.compact_limbs(rlwe.DEFAULT_PARAMETER_SET, num_clients=args.clients,
-                                      scale_bits=rlwe.max_scale_bits(rlwe.DEFAULT_PARAMETER_SET,
-                                                                     num_clients=args.clients,
+        print(f"{row['parameter_set']} L'={row['limbs']}: ciphertext {row['ciphertext_bytes']} B + share "
+              f"{row['share_bytes']} B = {row['upload_per_float32']:.3f}x float32 "
+              f"(every reply: {row['all_replies_per_float32']:.3f}x), max err of the mean "
+              f"{row['max_error_of_mean']:.2e} (bound {row['error_bound_of_mean']:.2e}), {row['round_seconds']:.1f} s")
+    default = rlwe.DEFAULT_PARAMETER_SET
+    predicted = compact.compact_limbs(default, num_clients=args.clients,
+                                      scale_bits=rlwe.max_scale_bits(default, num_clients=args.clients,
                                                                      max_abs_value=2.0**16),
                                       max_abs_value=2.0**16)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"predicted_limbs": predicted, "rows": rows}, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps({"default_parameter_set": default.name, "predicted_limbs": predicted,
+                                           "rows": rows}, indent=2) + "\n")
     return 0
 
 

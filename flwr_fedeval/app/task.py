@@ -165,7 +165,7 @@ class JobConfig:
     share_auc_with_server: bool = True
     fhe_metrics_threshold: float = 0.5
     secure_aggregation: str = "none"
-    xmk_parameter_set: str = "xmk-n4096-q108"
+    xmk_parameter_set: str = "xmk-n4096-q109"
     xmk_max_abs_value: float = 65536.0
     xmk_rekey: str = "every-round"
     xmk_mask_degree: int = 4

@@ -70,12 +70,14 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   and the mask-key share of one member (across the key set's rounds); ▲ the
   request's limb count is the L' of T; ▲ its decryption ledger of the key set
   and round (``ALREADY_CONTRIBUTED`` otherwise): one C1 and model hash, **one
-  share per active set A**, at most **a** active sets (signed in T,
-  ``decryption-attempts`` <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`),
-  and the members of C that an A passes over as lost only grow from one A to
-  the next. Replies D_j = λ_j·sk_j·C1 + e*_j switched to L' limbs
-  (:func:`~flwr_fedeval.rlwe.compact.compress_decryption_share`) plus its
-  pairwise masks over A (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`),
+  share per active set A** and **one per attempt index k**, k in 1..a, at most
+  **a** active sets (signed in T, ``decryption-attempts`` <=
+  :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`), and the members
+  of C that an A passes over as lost only grow from one A to the next.
+  Replies D_j = λ_j·sk_j·C1 + e*_j, for k = 1 switched to L' limbs
+  (:func:`~flwr_fedeval.rlwe.compact.compress_decryption_share`), for k >= 2 at
+  the full L limbs (:func:`~flwr_fedeval.rlwe.threshold.share_limbs`), plus its
+  pairwise masks over (A, k) (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`),
   and its shares of the seeds of C and of the mask keys of K∖C.
 
 The client's secrets live in ``context.state`` (a ConfigRecord under
@@ -614,20 +616,28 @@ def _passed_over(contributors, active) -> set[str]:
 
 
 def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str, model: bytes, active,
-                   contributors) -> list[str]:
-    """▲ the decryption ledger of (key set, round): one C1 and model hash, one share per active set A, at most
-    a (signed in T) active sets, and a passed-over set L(A) (:func:`_passed_over`) that strictly grows from
-    each A to the next (a member passed over as lost stays lost). Returns the active sets already answered
-    in ``round_`` (the ledger ``pdec-active`` of the state, as :func:`_active_key` strings).
+                   contributors, attempt: int) -> tuple[list[str], list[int]]:
+    """▲ the decryption ledger of (key set, round): one C1 and model hash, one share per active set A, one per
+    attempt index k, at most a (signed in T) active sets, and a passed-over set L(A) (:func:`_passed_over`)
+    that strictly grows from each A to the next (a member passed over as lost stays lost). Returns the
+    active sets and attempt indices already answered in ``round_`` (the ledger ``pdec-active`` and
+    ``pdec-attempts`` of the state, :func:`_active_key` strings and ints, aligned).
+
+    One share per k is what keeps the retries simulatable: a member gives at most one share switched to
+    L' limbs (k = 1) per round, so at most one complete switched attempt exists whatever the server
+    asks -- two would need a member of both active sets (each has > N/2 members) to answer k = 1 twice --
+    and every other complete attempt is at the full L limbs, revealing s·C1 plus fresh smudging only
+    (:mod:`flwr_fedeval.rlwe.threshold`, "Why the retry is sent at the full level").
 
     Raises
     ------
     Refused
         ``ALREADY_CONTRIBUTED``: another C1 or model than the round's first request, an A already answered,
-        a + 1 distinct A, or an A whose passed-over set does not strictly contain an earlier one's.
+        a + 1 distinct A, a k already answered, or an A whose passed-over set does not strictly contain
+        an earlier one's.
     """
     if int(state["pdec-round"]) != round_:
-        return []
+        return [], []
     if state.get("pdec-c1") != c1_digest or bytes(state.get("pdec-model", b"")) != model:
         raise Refused(f"already decrypted once for key set {key_id} in round {round_} for another C1 or model: "
                       f"one C1 per key set and round", code=ReplyCode.ALREADY_CONTRIBUTED)
@@ -639,6 +649,11 @@ def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str
     if len(used) >= attempts:
         raise Refused(f"already decrypted for {len(used)} active sets of key set {key_id} in round {round_}: at "
                       f"most a = {attempts} (signed in the key-set transcript)", code=ReplyCode.ALREADY_CONTRIBUTED)
+    ks = [int(k) for k in state.get("pdec-attempts", [])]
+    if attempt in ks:
+        raise Refused(f"already decrypted once for key set {key_id} in round {round_} as attempt k={attempt}: one "
+                      f"share per attempt index (at most one switched to L' limbs)",
+                      code=ReplyCode.ALREADY_CONTRIBUTED)
     passed = _passed_over(contributors, active)
     for earlier in used:
         before = _passed_over(contributors, json.loads(earlier))
@@ -646,26 +661,28 @@ def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str
             raise Refused(f"already decrypted for the active set {json.loads(earlier)}: a later active set must pass "
                           f"over every member it passed over ({sorted(before)}) and more, got {sorted(passed)} "
                           f"(members lost stay lost)", code=ReplyCode.ALREADY_CONTRIBUTED)
-    return used
+    return used, ks
 
 
 def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -> xmk.PdecReply:
-    """Step 3: D_j = λ_j·sk_j·C1 + e*_j (threshold form of Walskaar et al. 2023, Eq. 7) at L' limbs plus
-    Σ_{k∈A∖{j}} ±PRG(K_jk) mod q' (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`), once per
-    active set A, and the recovery shares: of the self-mask seed of every i ∈ C, of the mask key of every
-    i ∈ K∖C.
+    """Step 3: D_j = λ_j·sk_j·C1 + e*_j (threshold form of Walskaar et al. 2023, Eq. 7) plus
+    Σ_{k∈A∖{j}} ±PRG(K_jk) (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`), once per
+    active set A and attempt index k: attempt 1 switched to L' limbs before the masks are added (mod q'),
+    every retry at the full L limbs (mod q; :func:`~flwr_fedeval.rlwe.threshold.share_limbs`); and the
+    recovery shares: of the self-mask seed of every i ∈ C, of the mask key of every i ∈ K∖C.
 
     Request :class:`~flwr_fedeval.protocol.xmk.PdecRequest` (``params``, ``key-id``, ``round``,
     ``contributors`` C, ``num-clients``, ``model-hash``, the members' signatures over C, the active
-    decryptors A; C1, the canonical bytes of k polynomials); reply
+    decryptors A, the attempt index k; C1, the canonical bytes of the polynomials); reply
     :class:`~flwr_fedeval.protocol.xmk.PdecReply`.
 
     Refuses (:class:`~flwr_fedeval.protocol.Refused`, an error reply, nothing decrypted) when
 
     * the key set is not the one this client holds, or it holds no share for the round,
     * (``ALREADY_CONTRIBUTED``) it has already decrypted for this key set and round another C1 or model
-      hash, or this A, or a (signed in T) active sets, or an A that passed over a member this A
-      does not pass over (:func:`_check_attempt`),
+      hash, or this A, or this k, or a (signed in T) active sets, or an A that passed over a member this
+      A does not pass over (:func:`_check_attempt`),
+    * the attempt index k is not in 1..a (a signed in T),
     * C fails :func:`_check_contributors`, or fewer than t distinct members of K signed this C for
       this model hash (:func:`~flwr_fedeval.rlwe.keyset.check_contributor_signatures`),
     * A is not a set of >= t members of K that includes this client and lies within C and the signers
@@ -693,6 +710,10 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     if request.limbs != int(state["limbs"]):
         raise Refused(f"limbs={request.limbs} is not the limb count L'={state['limbs']} signed in the key-set "
                       f"transcript")
+    attempts = int(state["decryption-attempts"])
+    if not 1 <= request.attempt <= attempts:
+        raise Refused(f"attempt k={request.attempt} must be in [1, {attempts}]: a = {attempts} attempts are signed "
+                      f"in the key-set transcript")
     contributors = request.contributors
     _check_contributors(state, context, contributors, round_, request.model_hash)
     if len(set(request.contributor_signers)) != len(request.contributor_signers):
@@ -715,27 +736,31 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     c1_digest = _digest(request.c1)
     if "own-c1" in state and c1_digest == state["own-c1"]:
         raise Refused("C1 equals this client's own c1")
-    used = _check_attempt(state, key_id, round_, c1_digest, request.model_hash, active, contributors)
+    used, ks = _check_attempt(state, key_id, round_, c1_digest, request.model_hash, active, contributors,
+                              request.attempt)
     dropped = [name for name in members if name not in contributors]
     seeds, keys = list(state.get("revealed-seeds", [])), list(state.get("revealed-keys", []))
     both = sorted(set(contributors) & set(keys) | set(dropped) & set(seeds))
     if both:
         raise Refused(f"would reveal both the self-mask seed and the mask key of {both} (SecAgg's rule)")
-    # before computing: one share per active set, at most a active sets and one C1 per key set and round
+    # before computing: one share per active set and per k, at most a active sets and one C1 per key set and round
     state.update({"pdec-round": round_, "pdec-c1": c1_digest, "pdec-model": request.model_hash,
-                  "pdec-active": used + [_active_key(active)],
+                  "pdec-active": used + [_active_key(active)], "pdec-attempts": ks + [request.attempt],
                   "revealed-seeds": sorted(set(seeds) | set(contributors)),
                   "revealed-keys": sorted(set(keys) | set(dropped))})
     points = dict(zip(members, threshold.member_points(len(members), params=params)))
     sk = threshold.SecretShare.from_bytes(bytes(state["sk-share"]), params)
     share = threshold.threshold_partial_decrypt(params, sk, [points[name] for name in active], c1,
                                                 num_clients=len(members))
-    share = compact.compress_decryption_share(params, share, int(state["limbs"]))  # D_j at L' limbs
+    # attempt 1: D_j at L' limbs; a retry at the full L limbs (its masked shares sum to exactly s·C1 + Σ e*_j)
+    share = compact.compress_decryption_share(params, share,
+                                              threshold.share_limbs(params, int(state["limbs"]), request.attempt))
     mask_keys = dict(zip(members, [bytes(k) for k in state["member-mask-keys"]]))
-    share = threshold.mask_decryption_share(  # + Σ_{k ∈ A∖{j}} ±PRG(K_jk) mod q': cancels only over all of A
+    share = threshold.mask_decryption_share(  # + Σ_{k ∈ A∖{j}} ±PRG(K_jk) at that level: cancels only over all of A
         share, own_name=own, own_private=bytes(state["mask-private"]),
         peers={name: mask_keys[name] for name in active if name != own},
-        context=threshold.pdec_mask_context(bytes(state["transcript"]), round_, request.model_hash, active))
+        context=threshold.pdec_mask_context(bytes(state["transcript"]), round_, request.model_hash, active,
+                                            attempt=request.attempt))
     index = {name: i for i, name in enumerate(members)}
     return xmk.PdecReply(share.to_bytes(), tuple(bytes(state["seed-shares"][index[n]]) for n in contributors),
                          tuple(bytes(state["key-shares"][index[n]]) for n in dropped))

@@ -14,14 +14,17 @@ step        message type            request    reply
 2           ``train``                   TrainRequest    TrainReply (Enc(n_i·Δw_i, n_i) + r_i + u_i,
                                                     c0 switched to L' limbs, c1 exact)
 2b          ``query.xmk_contributors``  ContributorsRequest  ContributorsReply (signature over C)
-3           ``query.xmk_pdec``          PdecRequest     PdecReply (D_j = λ_j·sk_j·C1 + e*_j at L' plus
-                                                    pairwise masks over A, and the seed / mask-key
+3           ``query.xmk_pdec``          PdecRequest     PdecReply (D_j = λ_j·sk_j·C1 + e*_j plus
+            (attempt k ∈ 1..a)                      pairwise masks over A: at L' for k = 1, at the
+                                                    full L for k ≥ 2; and the seed / mask-key
                                                     shares for C / K∖C)
 ==========  ======================  =========  ==========================================
 
 No retries (issue 21): a client trains at most once per global model (:func:`model_hash`) and round,
-signs one contributor set per key set and round, and gives one masked decryption share per active set A,
-for at most a (signed in T) active sets and one C1 per key set and round.
+signs one contributor set per key set and round, and gives one masked decryption share per active set A
+and per attempt index k ∈ 1..a, for at most a (signed in T) active sets and one C1 per key set and round.
+Only attempt k = 1 is modulus-switched before the masks are added; a retry (k ≥ 2) is sent at the full L
+limbs so that its masked shares sum to exactly s·C1 + Σ e*_j (:mod:`flwr_fedeval.rlwe.threshold`).
 
 Every record key and field name of the protocol is spelled in this module only; the
 server (:mod:`flwr_fedeval.strategies.xmk_fedavg`) and the client
@@ -604,6 +607,10 @@ class PdecRequest(Payload):
         A: the decryptor set whose shares the server will combine (|A| >= t, A within the signers of
         C). One round may take up to a (signed in T) active sets, one request per member each: the
         server replaces a decryptor lost during this step by asking a new A.
+    attempt : int
+        k, the index of the attempt (>= 1): a member answers each k at most once per key set and round,
+        only k <= a, and sends attempt 1 modulus-switched to L' limbs, every later attempt at the full
+        L limbs (unswitched, its pairwise masks mod q; :func:`flwr_fedeval.rlwe.threshold.share_limbs`).
     """
 
     LABEL = "xMK partial decryption request"
@@ -618,12 +625,14 @@ class PdecRequest(Payload):
     contributor_signers: tuple[str, ...] = ()
     contributor_signatures: tuple[bytes, ...] = ()
     active: tuple[str, ...] = ()
+    attempt: int = 1
 
     def _to_record(self) -> RecordDict:
         content = _config(params=self.params, key_id=self.key_id, round=self.round, contributors=self.contributors,
                           num_clients=self.num_clients, limbs=self.limbs, model_hash=self.model_hash,
                           contributor_signers=self.contributor_signers,
-                          contributor_signatures=self.contributor_signatures, active=self.active)
+                          contributor_signatures=self.contributor_signatures, active=self.active,
+                          attempt=self.attempt)
         content[XMK_C1_KEY] = _blob("c1", self.c1)
         return content
 
@@ -639,7 +648,7 @@ class PdecRequest(Payload):
                    array_bytes(array_record(content, XMK_C1_KEY), XMK_C1_KEY, "c1"),
                    config_field(rec, _K, "limbs", int, minimum=1),
                    config_bytes(rec, _K, "model-hash", length=DIGEST_BYTES), tuple(signers), tuple(signatures),
-                   tuple(config_list(rec, _K, "active", str)))
+                   tuple(config_list(rec, _K, "active", str)), config_field(rec, _K, "attempt", int, minimum=1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -650,10 +659,12 @@ class PdecReply(Payload):
     ----------
     share : bytes or memoryview
         (Parsed: a read-only view into the message's buffer.)
-        D_j = λ_j·sk_j·C1 + e*_j with smudging noise (Eq. 7, threshold form), then modulus-switched to the
-        L' limbs of T (:func:`flwr_fedeval.rlwe.compact.compress_decryption_share`):
+        D_j = λ_j·sk_j·C1 + e*_j with smudging noise (Eq. 7, threshold form), in attempt k = 1
+        modulus-switched to the L' limbs of T (:func:`flwr_fedeval.rlwe.compact.compress_decryption_share`),
+        in attempt k >= 2 at the full L limbs; plus the pairwise masks over A at that level:
         :meth:`flwr_fedeval.rlwe.DecryptionShare.to_bytes` under
-        :func:`~flwr_fedeval.rlwe.compact.level_parameter_set` (params, L'), parsed strictly at that level.
+        :func:`~flwr_fedeval.rlwe.compact.level_parameter_set` (params, L' or L), parsed strictly at the
+        level of the attempt the server asked for.
     seed_shares : tuple of bytes
         This member's Shamir shares of the self-mask seed of every i ∈ C, in the order of C.
     mask_shares : tuple of bytes

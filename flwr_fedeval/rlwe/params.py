@@ -387,22 +387,53 @@ def _make(name: str, n: int, bits: int, count: int) -> ParameterSet:
     return ParameterSet(name=name, n=n, primes=find_ntt_primes(n, bits, count))
 
 
+def _make_split(name: str, n: int, widths: tuple[int, ...]) -> ParameterSet:
+    """Primes of unequal widths, in the given order: for each width b the largest NTT prime below 2^b
+    not taken yet (the second 31 in ``(24, 23, 31, 31)`` is the second-largest prime below 2^31).
+
+    A compact upload keeps the first primes (:func:`~flwr_fedeval.rlwe.compact.switch_modulus` drops
+    from the end), so the widths of the first and of the last primes set q' and Q.
+    """
+    primes = [find_ntt_primes(n, b, widths[: j + 1].count(b))[-1] for j, b in enumerate(widths)]
+    return ParameterSet(name=name, n=n, primes=tuple(primes))
+
+
 #: Named 128-bit parameter sets (id -> ParameterSet). log2 q in the name.
+#:
+#: ``xmk-n4096-q109`` is the split set of issue 21 (docs/explanation/upload-size.md): primes just
+#: below 2^24, 2^23, 2^31, 2^31 (q < 2^109, log2 q = 108.997; every prime sits at the top of its
+#: bit width, so per-limb bit packing wastes < 0.01 bit). A compact upload keeps the first two
+#: (q' = 2^47.0) and drops the two 31-bit primes (Q = 2^62.0): 109 + 2 x 47 = 203 bits per
+#: coefficient for every M from 2 to 100 (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`),
+#: against 216 for ``xmk-n4096-q108`` (four 27-bit primes, q' = 2^54, Q = 2^54).
+#: ``xmk-n4096-q109-l5`` has five limbs (the largest NTT primes below 2^23, 2^22, 2^21, 2^21, 2^22;
+#: log2 q = 108.86): q' = 2^45.0 kept, Q = 2^63.9 dropped (three primes: two below 2^31 cannot
+#: reach it), 109 + 2 x 45 = 199 bits per coefficient (L' = 2 for M = 2..100); worst-case error of
+#: the sum 3.5e-6 at M = 10 (q108: 4.8e-6, q109: 2.7e-6), up to 1.11 x q108's at some M (15: the
+#: power-of-two scale is the same and the rounding adds); a fifth limb costs ring work per
+#: coefficient. Selectable, not the default (upload-size.md).
 PARAMETER_SETS: dict[str, ParameterSet] = {
     p.name: p
     for p in (
         _make("xmk-n4096-q93", 4096, 31, 3),
         _make("xmk-n4096-q108", 4096, 27, 4),
+        _make_split("xmk-n4096-q109", 4096, (24, 23, 31, 31)),
+        _make_split("xmk-n4096-q109-l5", 4096, (23, 22, 21, 21, 22)),
         _make("xmk-n8192-q155", 8192, 31, 5),
         _make("xmk-n16384-q217", 16384, 31, 7),
     )
 }
 
-#: The default set: n = 4096, four 27-bit primes (log2 q = 108 <= 109, 128-bit).
-#: Chosen over q93 (three 31-bit primes, ~3/4 of the ring cost) for the
-#: decoding error of a sum: about M·B_smudge/Δ, 8e-7 at q108 but 3e-2 at q93
-#: with 10 clients and max_abs_value = 2**16 (measured, see XMKFedAvg).
-DEFAULT_PARAMETER_SET = PARAMETER_SETS["xmk-n4096-q108"]
+#: The default set: ``xmk-n4096-q109`` (n = 4096, log2 q = 108.997 <= 109, 128-bit; kept primes of
+#: 24 and 23 bits, dropped primes of 31 bits). Chosen over q108 (four 27-bit primes) for the upload:
+#: 203 instead of 216 bits per coefficient (6.35x instead of 6.76x float32), with a worst-case
+#: decoding error of the sum ((B_total + 2MQ + M/2)/Delta, max_abs_value = 2**16) at most q108's
+#: from M = 3 to 100 (2.7e-6 against 4.8e-6 at M = 10, 2.4e-2 against 4.9e-2 at M = 100) and
+#: 2.2e-8 at M = 2 (q108: 1.5e-8), within the 1e-6 target of
+#: :data:`~flwr_fedeval.rlwe.compact.ERROR_TARGET`. Chosen over q109-l5 (199 bits) for that
+#: error (q109-l5 exceeds q108's at some M) and four limbs instead of five; over q93 (three 31-bit
+#: primes, ~3/4 of the ring cost) for the error: about M·B_smudge/Δ, 0.18 at q93 with 10 clients.
+DEFAULT_PARAMETER_SET = PARAMETER_SETS["xmk-n4096-q109"]
 
 
 def get_parameter_set(name: str) -> ParameterSet:

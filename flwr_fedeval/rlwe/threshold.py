@@ -35,9 +35,12 @@ Decryption of an aggregate C = (C0, C1), active set A (|A| >= t, signed):
    ★ D_j = threshold_partial_decrypt(...) = lambda_j F(x_j) C1 + e*_j with
    lambda_j = prod_{k in A, k != j} x_k / (x_k - x_j) (:func:`lagrange_at_zero`)
    and e*_j the smudging noise of :func:`~flwr_fedeval.rlwe.xmkckks.partial_decrypt`;
-   sent (after the modulus switch of :mod:`~flwr_fedeval.rlwe.compact`) as
-   D_j + sum_{k in A, k != j} sign(j, k) PRG(K_jk) mod q' (:func:`mask_decryption_share`,
-   K_jk from the X25519 mask keys of the key set under :func:`pdec_mask_context`).
+   sent at the level of the attempt k (:func:`share_limbs`: attempt 1 after the
+   modulus switch of :mod:`~flwr_fedeval.rlwe.compact` to L' limbs, every
+   retry k >= 2 at the full L limbs) as
+   D_j + sum_{k in A, k != j} sign(j, k) PRG(K_jk) mod q' (or mod q)
+   (:func:`mask_decryption_share`, K_jk from the X25519 mask keys of the key
+   set under :func:`pdec_mask_context`, which binds A and k).
 6. server: sum_{j in A} D_j = (sum_j lambda_j F(x_j)) C1 + sum_j e*_j
    = s C1 + sum_j e*_j, since sum_j lambda_j F(x_j) = F(0) = s exactly in
    R_q (Lagrange interpolation at 0, coefficient-wise mod every q_l), and the
@@ -55,21 +58,60 @@ for |A| <= M (:func:`~flwr_fedeval.rlwe.params.total_noise_bound`); the
 smudging hides B_fresh(M) as in the N-out-of-N case.
 
 A decryptor lost during step 5 (issue 21): the server asks a new active set
-A' (the caller's rules, :mod:`flwr_fedeval.clients.xmkckks`: one share per A,
-at most a <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS` active
-sets and one C1 per key set and round, the members passed over as lost only
-grow). Unmasked, two shares of one C1 for two active sets would be two
-different linear combinations of the same secret share,
+A' with the next attempt index k (the caller's rules,
+:mod:`flwr_fedeval.clients.xmkckks`: one share per A and one per k in 1..a,
+at most a <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`
+active sets and one C1 per key set and round, the members passed over as
+lost only grow). Unmasked, two shares of one C1 for two active sets would be
+two different linear combinations of the same secret share,
 lambda D' - lambda' D = lambda' e - lambda e' (mod q) with e, e' small: a
 2-dimensional lattice problem per coefficient that gives F(x_j) C1, i.e.
-F(x_j). Masked, a share of an attempt the server does not complete is
-uniform mod q' to it (the pairwise PRG with the missing member, whose X25519
-private key it never gets); a complete attempt reveals C0 + s C1 + sum e*_j
-as before. Up to W = 2a - 1 complete attempts (every A has > N/2 members,
-each member answers a of them) reveal W independently smudged copies of the
-same B_fresh: the smudging is sized for W
-(:func:`~flwr_fedeval.rlwe.params.smudging_bound`), so they stay within 2^-40
-of the ideal view together (hybrid argument).
+F(x_j).
+
+Why the retry is sent at the full level (issue 21, review of the masked
+shares). Had every attempt been switched to L' limbs before masking, the
+server's view of a complete attempt would be
+sum_{j in A} switch(v_j), v_j = lambda_j^A F(x_j) C1 + e*_j: not a function
+of sum_j v_j alone, since the sum of the t rounding terms depends on each
+fractional part of v_j / Q, and e*_j spans only ~2^8 multiples of Q
+(B_smudge ~ 2^69-2^70, Q ~ 2^61-2^62): ~2^-8 of statistical distance per
+coefficient about lambda_j^A F(x_j) C1 mod Q. One switched attempt is
+harmless (post-processing of the individually smudged v_j, which are
+simulatable: uniform subject to their sum); two, with two different lambda
+for one F(x_j), are not covered by the 2^-40 claim. Hence :func:`share_limbs`:
+attempt 1 is switched, every attempt k >= 2 is sent at L limbs (its masks
+mod q), and its masked shares sum to exactly s C1 + sum_{j in A} e*_j; the
+server switches each share to L' on arrival -- the masks still cancel,
+since sum_j m_j = 0 mod q gives
+sum_j switch(v_j + m_j) = switch(sum_j v_j) + sum_j r_j (mod q') with the
+same |A| <= M rounding terms r_j as attempt 1, counted in
+:func:`~flwr_fedeval.rlwe.compact.compact_noise_bound` -- and folds at L'.
+
+Why that makes the whole view of step 5 simulatable from W = 2a - 1
+smudged copies of the decryption, for any pattern of requests:
+
+* at most one complete switched attempt exists: every member answers k = 1
+  once, and two active sets have > N/2 members each, so they share a member;
+  two complete k = 1 attempts would need that member's k = 1 share for both,
+  i.e. A1 = A2 (and one share per A). That attempt is post-processing of the
+  individually simulatable smudged shares v_j;
+* every complete full-level attempt reveals sum_{j in A} v_j: for every A
+  with |A| >= t, sum_{j in A} lambda_j^A F(x_j) = F(0) = s, so after the
+  t - 1 colluding members subtract their own known parts, each complete
+  attempt gives the server the *same* linear functional, s C1, plus fresh
+  smudging -- never two different multiples of one honest F(x_j), which is
+  what the lattice attack above needs;
+* an incomplete attempt (or one whose members answered with different k:
+  the masks' context binds k) is uniform mod q' or q: its shares carry the
+  pairwise masks with the missing member, whose X25519 private key the
+  server never gets.
+
+Each member answers at most a active sets and every complete A has > N/2
+members, so at most W = 2a - 1 attempts complete; the smudging is sized
+for W (:func:`~flwr_fedeval.rlwe.params.smudging_bound`), so the W copies
+stay within W x (the per-copy smudging distance) <= 2^-40 of the ideal
+view (hybrid argument). The passed-over rule of the caller stays as
+defence in depth.
 
 32-byte secrets (X25519 mask private keys, self-mask seeds: the SecAgg
 recovery of Bonawitz et al. 2017, §4) are shared over GF(2^521 - 1) by
@@ -118,6 +160,7 @@ __all__ = [
     "member_points",
     "min_threshold",
     "pdec_mask_context",
+    "share_limbs",
     "split_bytes",
     "split_secret",
     "threshold_partial_decrypt",
@@ -519,12 +562,48 @@ def _smudging_noise(
 _PDEC_MASK_DOMAIN = b"flwr-fedeval/xmkckks/pdec-mask/v1"
 
 
-def pdec_mask_context(transcript: bytes, round_: int, model_hash: bytes, active: Sequence[str]) -> bytes:
-    """Context of the pairwise masks of one decryption attempt: (domain, T, round, model hash, sorted A).
+def share_limbs(params: ParameterSet, limbs: int, attempt: int) -> int:
+    """The limbs a decryption share of attempt k is sent at: L' = ``limbs`` for k = 1, L for k >= 2.
+
+    Attempt 1 is modulus-switched before its masks are added (the compact upload); every retry is sent
+    unswitched, so that its masked shares sum to exactly s C1 + sum_j e*_j and the server's view of
+    several complete attempts is simulatable (module docstring, "Why the retry is sent at the full
+    level").
+
+    Parameters
+    ----------
+    params : ParameterSet
+        The full set (L = ``params.limbs``).
+    limbs : int
+        L', the limb count signed in the key-set transcript (1 <= L' <= L).
+    attempt : int
+        k >= 1.
+
+    Returns
+    -------
+    int
+        L' or L.
+
+    Raises
+    ------
+    ValueError
+        If ``limbs`` is not in [1, L] or ``attempt`` is not an integer >= 1.
+    """
+    if isinstance(limbs, bool) or not isinstance(limbs, (int, np.integer)) or not 1 <= limbs <= params.limbs:
+        raise ValueError(f"limbs must be an integer in [1, {params.limbs}], got {limbs!r}")
+    if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 1:
+        raise ValueError(f"attempt must be an integer >= 1, got {attempt!r}")
+    return int(limbs) if attempt == 1 else params.limbs
+
+
+def pdec_mask_context(transcript: bytes, round_: int, model_hash: bytes, active: Sequence[str], *,
+                      attempt: int) -> bytes:
+    """Context of the pairwise masks of one decryption attempt: (domain, T, round, model hash, k, sorted A).
 
     Fed to :func:`~flwr_fedeval.rlwe.masking.pairwise_mask_key` as its ``context``, so the keys
     K_jk of an attempt differ from the encryption masks' (another domain and length) and from every
-    other attempt's (another A): the masks of two attempts are independent.
+    other attempt's (another A or another k): the masks of two attempts are independent, and the
+    shares of members that a server asked for one A under different k do not cancel.
 
     Parameters
     ----------
@@ -536,20 +615,24 @@ def pdec_mask_context(transcript: bytes, round_: int, model_hash: bytes, active:
         The 32-byte hash of the global model the contributor set was signed for.
     active : sequence of str
         A, the decryptors' roster names (any order; sorted here, duplicates refused).
+    attempt : int
+        k >= 1, the attempt index of the request (:func:`share_limbs`).
 
     Raises
     ------
     ThresholdError
         If ``active`` is empty or has duplicates.
     ValueError
-        If ``round_`` is not an integer >= 0.
+        If ``round_`` is not an integer >= 0 or ``attempt`` not an integer >= 1.
     """
     names = sorted(str(a) for a in active)
     if not names or len(set(names)) != len(names):
         raise ThresholdError(f"the active set must be non-empty without duplicates, got {names}")
+    if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 1:
+        raise ValueError(f"attempt must be an integer >= 1, got {attempt!r}")
     parts = [struct.pack(">Q", len(_PDEC_MASK_DOMAIN)), _PDEC_MASK_DOMAIN,
              masking.mask_context(bytes(transcript), round_), struct.pack(">Q", len(model_hash)), bytes(model_hash),
-             struct.pack(">Q", len(names))]
+             struct.pack(">Q", int(attempt)), struct.pack(">Q", len(names))]
     for name in names:
         raw = name.encode()
         parts += [struct.pack(">Q", len(raw)), raw]
@@ -569,16 +652,16 @@ def mask_decryption_share(
     K_jk = HKDF(X25519(x_j, X_k), context) (:func:`~flwr_fedeval.rlwe.masking.pairwise_mask_key`,
     the X25519 mask keys signed in the key-set transcript), sign +1 if j's name sorts before k's,
     -1 otherwise, PRG the AES-256-CTR expansion of :mod:`~flwr_fedeval.rlwe.masking`. Added after
-    the modulus switch, so the masks of the members of A cancel exactly in sum_{j in A} D_j mod q'
-    (Bonawitz et al. 2017, §4, applied to the decryption shares), while any strict subset of the
-    shares -- an attempt a member of A did not answer -- is uniform mod q' as long as the server
-    knows neither private key of a pair across it.
+    the modulus switch of attempt 1 (or to the unswitched share of a retry, mod q), so the masks of the
+    members of A cancel exactly in sum_{j in A} D_j mod q' (mod q) (Bonawitz et al. 2017, §4, applied to
+    the decryption shares), while any strict subset of the shares -- an attempt a member of A did not
+    answer -- is uniform as long as the server knows neither private key of a pair across it.
 
     Parameters
     ----------
     share : DecryptionShare
         D_j at the level it is sent at (``share.params``: the parameter set, or
-        :func:`~flwr_fedeval.rlwe.compact.level_parameter_set`), shape (k, L', n).
+        :func:`~flwr_fedeval.rlwe.compact.level_parameter_set`; :func:`share_limbs`), shape (k, L', n).
     own_name : str
         j's roster name.
     own_private : bytes

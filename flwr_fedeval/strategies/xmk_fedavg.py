@@ -358,7 +358,8 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     (3) ``query.xmk_pdec`` to t of the signers (the active set A) with
     C1 = Σ_{j∈C} c1_j, C and t signatures: each replies
     D_j = λ_j·sk_j·C1 + e*_j (threshold Eq. 7), switched to L' limbs and masked pairwise over A
-    (a lost decryptor is replaced by a new A, at most ``decryption_attempts``), and its shares of the seeds of C
+    (a lost decryptor is replaced by a new A, at most ``decryption_attempts``; a retry's shares are sent
+    at the full L limbs and switched by the server on arrival), and its shares of the seeds of C
     and the mask keys of K∖C; (4) the server folds the D_j, reconstructs the
     seeds and mask keys, removes Σ u_i and the pairwise masks between C and
     K∖C, decodes Σ n_i·Δw_i and Σ n_i (Eq. 5) and sets
@@ -388,12 +389,17 @@ class XMKFedAvg(ReadableFailuresMixin, FedAvg):
 
     Parameters
     ----------
-    parameter_set : str, default="xmk-n4096-q108"
+    parameter_set : str, default="xmk-n4096-q109"
         Name of an :data:`flwr_fedeval.rlwe.PARAMETER_SETS` entry (all are
         128-bit secure under the HomomorphicEncryption.org standard). The
-        decoding error of the sum is about M·B_smudge/Δ (smudging dominates);
-        with 10 clients and ``max_abs_value=2**16`` it is 8e-7 at q≈2^108 but
-        3e-2 at q≈2^93 (measured), hence the default.
+        decoding error of the sum is about M·B_smudge/Δ (smudging dominates)
+        plus the switching rounding 2MQ/Δ; with 10 clients and
+        ``max_abs_value=2**16`` its worst-case bound is 2.7e-6 at the default
+        (q≈2^109, primes of 24, 23, 31, 31 bits, the 31-bit ones dropped before
+        sending: 203 bits per coefficient uploaded), 3.5e-6 at q109-l5 (five
+        limbs, 199 bits), 4.8e-6 at q108 (four 27-bit primes, 216 bits) and
+        0.18 at q≈2^93, hence the default
+        (:data:`flwr_fedeval.rlwe.DEFAULT_PARAMETER_SET`).
     max_abs_value : float, default=2**16
         Public bound B on every encrypted value ``|n_i·Δw|`` and ``n_i``,
         signed in the key-set transcript: clients clip to [-B, B] (as Flower's
@@ -928,7 +934,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         shares of the self-mask seeds of C and the mask keys of K∖C. Shares are folded into their own
         accumulator as they arrive; a member of A lost during this step is dropped and the first t
         signers still listed and not lost are asked as A' (a fresh request; the members already in A
-        answer again for A'), at most a (``decryption_attempts``, signed in T) active sets. Then
+        answer again for A', with the next attempt index k), at most a (``decryption_attempts``, signed in
+        T) active sets. Attempt 1's shares arrive at L' limbs; a retry's at the full L limbs
+        (:func:`flwr_fedeval.rlwe.threshold.share_limbs`, which keeps several complete attempts
+        simulatable), each range parsed strictly at L and switched to L' on arrival. Then
         C0 + Σ D_j (Eq. 5), the seeds and mask keys are reconstructed (t shares each: the recovery
         shares of every attempt are the same Shamir shares) and the masks removed. C0' and the D'_j
         are at the key set's L' limbs (modulus-switched, :mod:`flwr_fedeval.rlwe.compact`): the masks
@@ -975,15 +984,23 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         # attempt), kept reduced in uint32 as the running sum of step 2: half the bytes of C0
         acc = np.zeros(c0.shape, dtype=np.uint32)
 
+        sent_at = key_set.limbs  # the level of the attempt in progress: L' for k = 1, L for a retry
+
+        def rows_at_l_prime(share: bytes | memoryview) -> Iterator[tuple[int, np.ndarray]]:
+            """The share's ranges at L' limbs: as sent in attempt 1, switched on arrival in a retry (one
+            rounding term per share, as attempt 1's: the masks still cancel, Σ m_j ≡ 0 mod q)."""
+            for start, rows in compact.share_rows(share, self.params, sent_at, chunk_polys=self.chunk_polys):
+                yield start, (rows if sent_at == key_set.limbs
+                              else compact.switch_modulus(self.params, rows, key_set.limbs))
+
         def check(node: int, reply: xmk.PdecReply) -> None:
-            count = compact.share_count(reply.share, self.params, key_set.limbs)  # strict, at L' limbs
+            count = compact.share_count(reply.share, self.params, sent_at)  # strict, at the attempt's level
             if count != acc.shape[0]:
                 raise ValueError(f"share has {count} polynomials, expected {acc.shape[0]}")
             if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
                 raise ValueError("recovery shares are not one per contributor and one per dropped member")
             # Eq. 5, a range of polynomials at a time straight from the bytes (a malformed share adds nothing)
-            _add_ranges(((acc, ring.q_col),), lambda: compact.share_rows(reply.share, self.params, key_set.limbs,
-                                                                           chunk_polys=self.chunk_polys))
+            _add_ranges(((acc, ring.q_col),), lambda: rows_at_l_prime(reply.share))
             x = points[key_set.name_of(node)]
             for name, part in zip(c_names, reply.seed_shares):  # the same Shamir shares in every attempt
                 seed_shares[name][x] = part
@@ -1002,7 +1019,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             state.pdec_attempts.append(active)
             request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names,
                                       len(key_set.nodes), c1, key_set.limbs, xmk.model_hash(state.arrays),
-                                      active, tuple(signatures[n] for n in active), active)
+                                      active, tuple(signatures[n] for n in active), active, attempt)
+            sent_at = shamir.share_limbs(self.params, key_set.limbs, attempt)
             acc.fill(0)
             _, failed = self._exchange_some("partial decryption", "decryption share",
                                             [key_set.node_of(n) for n in active], xmk.PDEC, request, check)

@@ -45,7 +45,7 @@ PAYLOADS = {
     "contributors-request": xmk.ContributorsRequest(KID, 3, b"\x08" * 32, NAMES),
     "contributors-reply": xmk.ContributorsReply(KID, "node-0", b"s" * 64),
     "pdec-request": xmk.PdecRequest("xmk-n4096-q108", KID, 3, NAMES, 2, b"C1 polynomials", 2, b"\x08" * 32, NAMES,
-                                    (b"s" * 64, b"t" * 64), NAMES),
+                                    (b"s" * 64, b"t" * 64), NAMES, 2),
     "pdec-reply": xmk.PdecReply(b"D_i polynomials", (b"seed share",), (b"key share",)),
 }
 
@@ -69,7 +69,7 @@ WIRE = {
     "contributors-reply": {"xmk": {"key-id": str, "signer": str, "signature": bytes}},
     "pdec-request": {"xmk": {"params": str, "key-id": str, "round": int, "contributors": list, "num-clients": int,
                              "limbs": int, "model-hash": bytes, "contributor-signers": list,
-                             "contributor-signatures": list, "active": list},
+                             "contributor-signatures": list, "active": list, "attempt": int},
                      "xmk-c1": {"c1": Array}},
     "pdec-reply": {"xmk-share": {"share": Array}, "xmk": {"seed-shares": list, "mask-shares": list}},
 }
@@ -121,6 +121,8 @@ def _set(record, field, value):
     ("pdec-request", lambda c: c.__delitem__("xmk-c1"), "xmk-c1", "record missing"),
     ("pdec-request", _set("xmk-c1", "c1", Array(np.zeros(3, dtype=np.uint16))), "xmk-c1.c1", "dtype uint16"),
     ("pdec-request", _set("xmk", "contributors", [1, 2]), "xmk.contributors", "list of str"),
+    ("pdec-request", _set("xmk", "attempt", 0), "xmk.attempt", "below 1"),
+    ("pdec-request", lambda c: c["xmk"].__delitem__("attempt"), "xmk.attempt", "missing"),
     ("pdec-reply", _set("xmk-share", "share", Array(np.zeros((2, 2), dtype=np.uint8))), "xmk-share.share",
      "shape (2, 2)"),
 ])

@@ -53,7 +53,7 @@ def test_validator_rejects_unsupported_n_sigma_and_smudging():
 
 
 def test_get_parameter_set_unknown_name_raises():
-    assert get_parameter_set("xmk-n4096-q108") is DEFAULT_PARAMETER_SET
+    assert get_parameter_set("xmk-n4096-q109") is DEFAULT_PARAMETER_SET
     with pytest.raises(ValueError, match="unknown parameter set"):
         get_parameter_set("nope")
 

@@ -9,7 +9,7 @@ from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe.params import get_parameter_set
 from flwr_fedeval.rlwe.serialization import HEADER_SIZE
 
-P = get_parameter_set("xmk-n4096-q93")  # q108 (the default) is the "other" set below
+P = get_parameter_set("xmk-n4096-q93")  # q108 (another 4096 set) is the "other" set below
 
 
 @pytest.fixture(scope="module")

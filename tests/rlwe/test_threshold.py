@@ -335,7 +335,7 @@ def test_pdec_masks_cancel_exactly_mod_q_prime_over_the_active_set_only():
     transcript, model = bytes(range(32)), bytes(32)
 
     def masked(active, round_=1):
-        context = th.pdec_mask_context(transcript, round_, model, active)
+        context = th.pdec_mask_context(transcript, round_, model, active, attempt=1)
         return {j: th.mask_decryption_share(shares[j], own_name=j, own_private=keys[j][0],
                                             peers={k: keys[k][1] for k in active if k != j}, context=context).d
                 for j in active}
@@ -355,4 +355,47 @@ def test_pdec_masks_cancel_exactly_mod_q_prime_over_the_active_set_only():
     assert not np.array_equal(masked(names, round_=2)["node-0"], out["node-0"])  # another round: other masks
     assert np.array_equal(masked(list(reversed(names)))["node-0"], out["node-0"])  # A is a set: order is moot
     with pytest.raises(th.ThresholdError, match="duplicates"):
-        th.pdec_mask_context(transcript, 1, model, ["node-0", "node-0"])
+        th.pdec_mask_context(transcript, 1, model, ["node-0", "node-0"], attempt=1)
+
+
+def test_share_limbs_switches_attempt_one_only():
+    """Attempt 1 is sent at L' (the compact upload), every retry at the full L (issue 21: simulatable retries)."""
+    assert th.share_limbs(P, 1, 1) == 1 and th.share_limbs(P, 2, 1) == 2
+    assert th.share_limbs(P, 1, 2) == th.share_limbs(P, 2, 5) == P.limbs
+    for bad in (0, -1, True, 1.0):
+        with pytest.raises(ValueError, match="attempt"):
+            th.share_limbs(P, 1, bad)
+    for bad in (0, P.limbs + 1):
+        with pytest.raises(ValueError, match="limbs"):
+            th.share_limbs(P, bad, 1)
+
+
+def test_full_level_pdec_masks_cancel_mod_q_and_switching_each_share_keeps_them_cancelled():
+    """A retry (k = 2) is masked at the full L limbs: Σ_{j∈A} (D_j + m_j) = Σ_{j∈A} D_j exactly mod q. The server
+    switches each masked share to L' on arrival: Σ_j switch(D_j + m_j) is switch(Σ_j D_j) plus |A| rounding
+    terms, |.| <= |A| (1/2 + 1/min q_l) + 1/2 in units of q' -- the masks leave no trace. The masks of attempt 2
+    are not attempt 1's (the context binds k)."""
+    from flwr_fedeval.rlwe import compact, masking
+
+    names = ["node-0", "node-1", "node-3"]
+    keys = {name: masking.new_mask_keypair() for name in names}
+    shares = {name: rlwe.DecryptionShare(P, uniform_mod_q(P.primes, P.n, (2,))) for name in names}
+    transcript, model = bytes(range(32)), bytes(32)
+
+    def masked(attempt):
+        context = th.pdec_mask_context(transcript, 1, model, names, attempt=attempt)
+        return {j: th.mask_decryption_share(shares[j], own_name=j, own_private=keys[j][0],
+                                            peers={k: keys[k][1] for k in names if k != j}, context=context).d
+                for j in names}
+
+    ring = P.ring
+    out = masked(2)
+    plain_sum = ring.sum(np.stack([shares[j].d for j in names]))
+    assert np.array_equal(ring.sum(np.stack(list(out.values()))), plain_sum)  # exactly, mod q
+    for j in names:
+        assert not np.array_equal(out[j], shares[j].d)
+    assert not np.array_equal(masked(1)["node-0"], out["node-0"])  # another k: other masks
+    level = compact.level_parameter_set(P, 1)
+    switched = level.ring.sum(np.stack([compact.switch_modulus(P, out[j], 1) for j in names]))
+    diff = level.ring.to_int(level.ring.sub(switched, compact.switch_modulus(P, plain_sum, 1)))
+    assert 0 < np.max(np.abs(diff)) <= 2  # 3 (1/2 + ε) + 1/2 + ε: the rounding terms only (a mask is ~q'/2)

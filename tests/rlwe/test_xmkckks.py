@@ -6,7 +6,7 @@ import pytest
 from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe.params import get_parameter_set
 
-P = get_parameter_set("xmk-n4096-q93")  # q108 (the default) is the "other" set below
+P = get_parameter_set("xmk-n4096-q93")  # q108 (another 4096 set) is the "other" set below
 
 M = 10
 LENGTH = 3 * P.n - 123  # three polynomials, the last one padded

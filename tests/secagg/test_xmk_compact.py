@@ -102,7 +102,7 @@ def test_limb_count_below_the_noise_budget_or_above_l_is_refused_at_the_reveal()
     server = _compact_server()
     committed = server.commit()
     fewest = compact.compact_limbs(P, num_clients=3, scale_bits=server.strategy.scale_bits_for(3), max_abs_value=1e4)
-    assert fewest > 1  # at q108 and M = 3 one limb would not hold the sum
+    assert fewest > 1  # at the default set and M = 3 one limb (q' < 2^24) would not hold the sum
     node = server.nodes[0]
     _refused(server.send(node, "query.xmk_reveal", _reveal_config(committed, limbs=fewest - 1)),
              f"L'={fewest - 1}", f"[{fewest}, {P.limbs}]")
@@ -167,3 +167,27 @@ def test_upload_at_another_level_than_t_is_left_out_naming_the_node(other):
     assert "malformed ciphertext" in failed[bad["node"]]
     expected = plain_fedavg(initial(), [0, 2], 1)
     assert np.max(np.abs(flat(result.arrays.to_numpy_ndarrays()) - expected)) <= 1e-6
+
+
+@pytest.mark.parametrize("num_nodes", [2, 5])
+def test_round_over_the_grid_at_the_split_set_decodes_within_its_bound(num_nodes):
+    # xmk-n4096-q109 with B = 2^16: L' = 2 (the two 31-bit primes dropped); at M = 2 the rounding 2MQ
+    # exceeds B_total and condition 6 holds through the error target (rlwe.compact.ERROR_TARGET)
+    params = rlwe.get_parameter_set("xmk-n4096-q109")
+    grid = InProcessGrid(make_app(), num_nodes, {"fedeval-identity-dir": IDENTITY_DIR})
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=num_nodes, min_available_nodes=num_nodes,
+                         max_abs_value=2.0**16, parameter_set="xmk-n4096-q109")
+    scale_bits = strategy.scale_bits_for(num_nodes)
+    limbs = strategy.limbs_for(num_nodes, scale_bits)
+    assert limbs == 2
+    rounding = 2 * num_nodes * compact.dropped_modulus(params, limbs)
+    assert (rounding > rlwe.total_noise_bound(params, num_nodes)) == (num_nodes == 2)
+    bound = (compact.compact_noise_bound(params, limbs, num_clients=num_nodes) + num_nodes / 2) / 2.0**scale_bits
+    assert bound <= compact.ERROR_TARGET
+    result = run(grid, strategy)
+    assert not strategy.aborted_attempts
+    expected = plain_fedavg(initial(), range(num_nodes), 1)
+    # the error of the weighted mean: the sum's bound over sum n_i, plus float32 storage of the weights
+    n_total = sum(10 + 7 * p for p in range(num_nodes))
+    got = flat(result.arrays.to_numpy_ndarrays())
+    assert np.max(np.abs(got - expected)) <= bound / n_total + np.max(np.abs(expected)) * 2.0**-23

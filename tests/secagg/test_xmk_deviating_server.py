@@ -115,15 +115,20 @@ class Server:
         return list(self.grid.send_and_receive([msg]))[0]
 
     def pdec(self, node, c1=None, *, raw=None, contributors=None, rnd=None, num_clients=None, active=None,
-             signatures=None, limbs=None):
+             signatures=None, limbs=None, attempt=None):
         """``query.xmk_pdec`` for polynomials ``c1``, or for ``raw`` (bytes, or an Array as is); signed by every
-        member for the whole key set (step 2b, once per round) unless ``signatures`` says otherwise."""
+        member for the whole key set (step 2b, once per round) unless ``signatures`` says otherwise. The attempt
+        index k is by default 1 + the shares this node gave in the round (as it sees an honest server's
+        attempts), at most a."""
         ks = self.key_set
+        rnd = self.strategy._round.server_round if rnd is None else rnd
+        answered = getattr(self, "answered", {})
+        if attempt is None:
+            attempt = min(answered.get((ks.key_id, rnd, node), 0) + 1, ks.decryption_attempts)
         if signatures is None:
             signatures = self.signatures if self.signatures is not None else self.sign()
         names = list(ks.names) if contributors is None else contributors
-        config = {"params": self.params.name, "key-id": ks.key_id,
-                  "round": self.strategy._round.server_round if rnd is None else rnd,
+        config = {"params": self.params.name, "key-id": ks.key_id, "round": rnd, "attempt": attempt,
                   "contributors": names, "num-clients": len(ks.names) if num_clients is None else num_clients,
                   "limbs": ks.limbs if limbs is None else limbs,
                   "model-hash": xmk.model_hash(self.arrays), "contributor-signers": list(signatures),
@@ -132,12 +137,18 @@ class Server:
         if raw is None:
             raw = rlwe.polys_to_bytes(self.params, c1)
         array = bytes_to_array(raw) if isinstance(raw, bytes) else raw
-        return self.send(node, QUERY_XMK_PDEC, config, {XMK_C1_KEY: ArrayRecord({"c1": array})})
+        reply = self.send(node, QUERY_XMK_PDEC, config, {XMK_C1_KEY: ArrayRecord({"c1": array})})
+        if not reply.has_error():
+            self.answered = {**answered, (ks.key_id, rnd, node): answered.get((ks.key_id, rnd, node), 0) + 1}
+            self.sent_attempt = {**getattr(self, "sent_attempt", {}), id(reply): (reply, attempt)}
+        return reply
 
     def share(self, reply):
+        """The share of a reply, parsed strictly at the level of its attempt (L' for k = 1, L for a retry)."""
         assert not reply.has_error(), reply.error.reason
         self.last_replies = getattr(self, "last_replies", []) + [reply]
-        level = compact.level_parameter_set(self.params, self.key_set.limbs)
+        limbs = threshold.share_limbs(self.params, self.key_set.limbs, self.sent_attempt[id(reply)][1])
+        level = compact.level_parameter_set(self.params, limbs)
         return rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), level)
 
     def without_self_masks(self, raw, replies, only=None):

@@ -6,7 +6,10 @@ client handlers and roster identities.
 * the shares of an incomplete attempt are masked pairwise over A: its t - 1 shares with C0 decode to noise,
   while the complete A' decodes exactly; two completed attempts (<= a) decode the same sum;
 * a deviating server: the same A twice, an (a + 1)-th A, an A outside the signers of C: refused
-  (tests/secagg/test_xmk_no_retries.py pins the first two on a single member).
+  (tests/secagg/test_xmk_no_retries.py pins the first two on a single member);
+* the attempt index k (issue 21, simulatable retries): attempt 1 is sent switched to L' limbs, every retry at the
+  full L limbs (switched by the server on arrival); a member gives one share per k, only k in 1..a; the server
+  parses each attempt's shares strictly at that attempt's level; one A answered under different k is noise.
 """
 
 import sys
@@ -20,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # the deviating server of test_x
 from test_xmk_deviating_server import LENGTH, Server, _assert_independent_of, _refused, _victim_update
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.protocol import ReplyCode
+from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, XMK_SHARE_KEY, array_to_bytes, bytes_to_array
+from flwr_fedeval.protocol import ReplyCode, xmk
 from flwr_fedeval.protocol.xmk import QUERY_XMK_PDEC
 from flwr_fedeval.rlwe import compact, threshold
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
@@ -41,19 +45,39 @@ def _mean_bound(strategy, num_clients, partitions):
     return bound / 2.0**scale / sum(num_examples(p) for p in partitions)
 
 
-def _killing_decryptor(victim_index):
-    """A fault that kills the node of ``victim_index`` when its first partial-decryption request arrives."""
+def _killing_decryptor(victim_index, then=None):
+    """A fault that kills the node of ``victim_index`` when its first partial-decryption request arrives; every
+    other partial decryption is recorded in ``grid.pdecs`` as (node, request, reply), after ``then(node, request,
+    reply)`` (if given) has had its say on the reply."""
     state = {}
 
     def fault(node, msg, reply):
-        if node == state.get("victim") and msg.metadata.message_type == QUERY_XMK_PDEC:
+        if msg.metadata.message_type != QUERY_XMK_PDEC:
+            return reply
+        if node == state.get("victim"):
             state["grid"].kill(node)
             return None
+        request = xmk.PdecRequest.from_record(msg.content)
+        reply = reply if then is None else then(node, request, reply)
+        state["grid"].pdecs.append((node, request, xmk.PdecReply.from_record(reply.content)))
         return reply
 
     grid = InProcessGrid(make_app(), 5, RUN_CONFIG, fault=fault)
+    grid.pdecs = []
     state.update(grid=grid, victim=grid.node_ids[victim_index])
     return grid, state["victim"]
+
+
+def _level_of(share, limbs):
+    """True iff the share's bytes parse strictly as a decryption share at ``limbs`` limbs."""
+    try:
+        compact.share_count(share, P, limbs)
+    except ValueError:
+        return False
+    return True
+
+
+P = rlwe.DEFAULT_PARAMETER_SET
 
 
 def test_a_decryptor_lost_during_step_3_is_replaced_and_the_round_completes():
@@ -76,6 +100,14 @@ def test_a_decryptor_lost_during_step_3_is_replaced_and_the_round_completes():
     assert sorted(trains) == sorted(grid.node_ids)  # one train request per node: no retraining
     pdecs = [n for n, kind, _ in grid.log if kind == QUERY_XMK_PDEC]
     assert pdecs.count(victim) == 1 and len(pdecs) == 6  # 3 + 3 requests, the victim asked once
+    # attempt 1 switched to L' limbs, the retry at the full L (switched by the server on arrival)
+    limbs = strategy.limbs_for(5, strategy.scale_bits_for(5))
+    assert limbs < P.limbs
+    assert [(grid.node_ids.index(n), r.attempt) for n, r, _ in grid.pdecs] == [(0, 1), (2, 1), (0, 2), (2, 2),
+                                                                            (3, 2)]
+    for _, request, reply in grid.pdecs:
+        sent_at = limbs if request.attempt == 1 else P.limbs
+        assert _level_of(reply.share, sent_at) and not _level_of(reply.share, P.limbs + limbs - sent_at)
 
 
 def test_with_one_attempt_signed_a_lost_decryptor_still_fails_the_round():
@@ -109,7 +141,7 @@ def test_an_incomplete_attempt_decodes_to_noise_and_the_complete_one_exactly():
     first = names[:3]
     incomplete = [server.share(server.pdec(node(n), total.c1, active=first)) for n in first[:2]]
     second = [names[0], names[1], names[3]]
-    complete = [server.share(server.pdec(node(n), total.c1, active=second)) for n in second]
+    complete = [server.share(server.pdec(node(n), total.c1, active=second, attempt=2)) for n in second]
     replies = server.last_replies[2:]  # the seed shares of the complete attempt (the same Shamir shares)
     expected = np.sum([_victim_update(p) for p in range(4)], axis=0)
 
@@ -146,8 +178,8 @@ def test_two_completed_attempts_decrypt_the_same_sum():
     names = sorted(server.key_set.names)
     node = server.key_set.node_of
     sums = []
-    for active in (names[:3], [names[0], names[1], names[3]]):
-        shares = [server.share(server.pdec(node(n), total.c1, active=active)) for n in active]
+    for k, active in enumerate((names[:3], [names[0], names[1], names[3]]), start=1):
+        shares = [server.share(server.pdec(node(n), total.c1, active=active, attempt=k)) for n in active]
         sums.append(_decode(server, total.c0, shares, server.last_replies[-3:])[0])
     expected = np.sum([_victim_update(p) for p in range(4)], axis=0)
     for got in sums:
@@ -218,3 +250,92 @@ def test_a_signer_that_left_the_node_list_is_passed_over_before_it_is_asked():
     assert victim in ("node-0", "node-1") and victim in record["signers"]
     assert record["decryption_attempts"] == [expected]
     assert signed[0] not in [n for n, kind, _ in grid.log if kind == QUERY_XMK_PDEC]
+
+
+def test_a_retry_share_at_another_level_than_its_attempt_is_refused_by_the_server():
+    """The server parses an attempt's shares strictly at its level (L for a retry). A share of attempt 2 sent at
+    L' (switched, as attempt 1 would be) is malformed to it: that member fails the retry, the a = 2 attempts
+    are used up, and the round fails at the partial decryption rather than decoding a wrong sum."""
+    state = {}
+
+    def switched(node, request, reply):
+        if request.attempt == 2 and node == state["grid"].node_ids[2]:
+            full = rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), P)
+            wrong = compact.compress_decryption_share(P, full, request.limbs)  # a valid share, at L'
+            reply.content[XMK_SHARE_KEY]["share"] = bytes_to_array(wrong.to_bytes())
+        return reply
+
+    grid, victim = _killing_decryptor(1, then=switched)
+    state["grid"] = grid
+    strategy = _strategy(5)
+    run(grid, strategy)
+    (_, exc), = strategy.aborted_attempts
+    assert exc.step == "partial decryption"
+    assert set(exc.failed) == {victim, grid.node_ids[2]}
+    assert "malformed decryption share" in exc.failed[grid.node_ids[2]]
+    assert not strategy.contributor_sets[0]["completed"]
+
+
+def _compact_server(num_nodes):
+    """A key set at the fewest L' the noise budget allows (< L), trained once; returns (server, C1)."""
+    server = Server(num_nodes)
+    server.strategy.limbs = None
+    server.keys()
+    server.train()
+    assert server.key_set.limbs < P.limbs
+    cts = [compact.CompactCiphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), P,
+                                                server.key_set.limbs) for r in server.replies.values()]
+    return server, compact.add_compact_ciphertexts(cts).c1
+
+
+def test_a_member_gives_one_share_per_attempt_index_switched_for_k_1_only():
+    """N = 5, t = 3, L' < L. A member answers each k once: a second k = 1 share (for another A) is refused, so it
+    gives at most one share switched to L' per round; a repeated k = 2 is refused as well. A k = 1 share is at
+    L' limbs, a k = 2 share at L (each refused by a parser at the other level)."""
+    server, c1 = _compact_server(5)
+    names = sorted(server.key_set.names)
+    node = server.key_set.node_of
+    a1, a2 = names[:3], [names[0], names[1], names[3]]  # A2 passes over node-2, as a retry does
+    first = server.pdec(node(names[0]), c1, active=a1, attempt=1)
+    reply = server.pdec(node(names[0]), c1, active=a2, attempt=1)
+    _refused(reply, "as attempt k=1", "one share per attempt index")
+    assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
+    retry = server.pdec(node(names[0]), c1, active=a2, attempt=2)  # the refusal spent nothing
+    for reply, limbs in ((first, server.key_set.limbs), (retry, P.limbs)):
+        share = array_to_bytes(reply.content[XMK_SHARE_KEY]["share"])
+        assert _level_of(share, limbs) and not _level_of(share, P.limbs + server.key_set.limbs - limbs)
+    # another member, the other order: k = 2 first, then k = 2 again (refused), then k = 1 (its one switched share)
+    server.share(server.pdec(node(names[1]), c1, active=a1, attempt=2))
+    reply = server.pdec(node(names[1]), c1, active=a2, attempt=2)
+    _refused(reply, "as attempt k=2")
+    assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
+    server.share(server.pdec(node(names[1]), c1, active=a2, attempt=1))
+
+
+def test_an_attempt_index_outside_1_to_a_is_refused():
+    """k must be in 1..a (a = 2 signed in T); k < 1 is a malformed request. Nothing is spent on the refusals."""
+    server = Server(3)
+    cts = server.honest_round()
+    total = rlwe.add_ciphertexts(list(cts.values()))
+    node = server.key_set.node_of(sorted(server.key_set.names)[0])
+    _refused(server.pdec(node, total.c1, attempt=3), "attempt k=3 must be in [1, 2]", "signed in the key-set")
+    for bad in (0, -1):
+        reply = server.pdec(node, total.c1, attempt=bad)
+        _refused(reply, "attempt", "below 1")
+        assert reply.error.code == ReplyCode.REFUSED
+    server.share(server.pdec(node, total.c1, attempt=2))
+
+
+def test_one_active_set_answered_under_different_attempt_indices_decodes_to_noise():
+    """A deviating server asks the members of one A under different k (k = 1 of some, k = 2 of the others): the
+    pairwise masks bind k, so they do not cancel and the decryption is uniform mod q."""
+    server = Server(4)
+    cts = server.honest_round()
+    total = rlwe.add_ciphertexts(list(cts.values()))
+    names = sorted(server.key_set.names)
+    active = names[:3]
+    shares = [server.share(server.pdec(server.key_set.node_of(n), total.c1, active=active, attempt=k))
+              for n, k in zip(active, (1, 1, 2))]
+    expected = np.sum([_victim_update(p) for p in range(4)], axis=0)
+    _, raw = _decode(server, total.c0, shares, server.last_replies[-3:])
+    _assert_independent_of(raw, server.params, expected)
