@@ -111,6 +111,7 @@ from numpy.typing import NDArray
 
 from . import serialization as ser
 from .params import NoiseBudgetError, ParameterSet, check_noise_budget, total_noise_bound
+from .ring import mod_signed
 from .xmkckks import Ciphertext, DecryptionShare, combine, polys_to_bytes
 
 __all__ = [
@@ -215,8 +216,8 @@ def switch_modulus(params: ParameterSet, x: NDArray[np.uint64], limbs: int) -> N
         q = np.array(params.primes[:top], dtype=np.int64)[:, None]
         p_inv = np.array([pow(p, -1, qi) for qi in params.primes[:top]], dtype=np.int64)[:, None]
         low = cur[..., :top, :] - r  # |.| < 2^31 + 2^30
-        low *= p_inv  # |.| < (2^31 + 2^30) 2^31 < 2^63: no reduction needed before the product
-        low %= q  # floor mod: into [0, q_i) also for negative values
+        low *= p_inv  # |.| < (2^31 + 2^30) 2^31 < 2^63 - 2^31: no reduction needed before the product
+        mod_signed(low, q, out=low.view(np.uint64))  # floor mod: into [0, q_i) also for negative values
         cur = low
     out: NDArray[np.uint64] = cur.astype(np.uint64)
     return out

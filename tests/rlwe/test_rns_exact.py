@@ -59,3 +59,23 @@ def test_garner_digits_equal_the_mixed_radix_digits_of_the_crt_integer(name):
         for i, p in enumerate(ring.primes):
             assert int(digits[i][k]) == rest % p
             rest //= p
+
+
+@pytest.mark.parametrize("name, keep", [("xmk-n4096-q109", 2), ("xmk-n4096-q109", 1), ("xmk-n4096-q108", 2)])
+def test_switch_modulus_equals_the_successive_centred_rounding_of_the_crt_integer(name, keep):
+    from flwr_fedeval.rlwe.compact import switch_modulus
+
+    params = PARAMETER_SETS[name]
+    ring = params.ring
+    words = RandomStream(b"\x0a" * 32).uint64(2 * ring.limbs * ring.n).reshape(2, ring.limbs, ring.n)
+    x = (words >> np.uint64(33)) % ring.q_col
+    x[0, :, 0] = ring.q_col[:, 0] - np.uint64(1)
+    x[0, :, 1] = 0
+    got = switch_modulus(params, x, keep)
+    for b in range(2):
+        for k, big in enumerate(ring.to_int(x[b]).tolist()):
+            X = int(big) % ring.q
+            for p in reversed(params.primes[keep:]):  # the last prime first
+                r = X % p
+                X = (X - (r - p if r > p // 2 else r)) // p
+            assert got[b, :, k].tolist() == [X % p for p in params.primes[:keep]]
