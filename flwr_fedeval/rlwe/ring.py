@@ -328,6 +328,15 @@ class Ring:
         self._n_inv_shoup = (self._n_inv_u << shift) // self.q_col
         # lazy NTT values stay < b q_i with b <= _lazy_max, so below 2^32 (Shoup's input range)
         self._lazy_max = 2**_SHOUP_SHIFT // max(self.primes)
+        # limbs in runs of equal 2^32 div q_i: each run keeps its own lazy bound (a 24-bit prime's
+        # limbs need no reduction inside the transform when the 31-bit ones need one per stage)
+        self._groups: list[tuple[slice, int]] = []
+        for i, p in enumerate(self.primes):
+            lm = 2**_SHOUP_SHIFT // p
+            if self._groups and self._groups[-1][1] == lm:
+                self._groups[-1] = (slice(self._groups[-1][0].start, i + 1), lm)
+            else:
+                self._groups.append((slice(i, i + 1), lm))
         self._tw_cache: dict[tuple[bool, int, int], tuple[NDArray[np.uint64], NDArray[np.uint64]]] = {}
 
     def _blocks(self, x: np.ndarray) -> tuple[NDArray[np.uint64], tuple[int, ...]]:
@@ -337,8 +346,17 @@ class Ring:
             raise ValueError(f"x has shape {a.shape}, expected (..., {self.limbs}, {self.n})")
         return a.reshape((-1, self.limbs, self.n)), a.shape
 
-    def _fit(self, blk: NDArray[np.uint64], bound: int, need: int, scratch: NDArray[np.uint64]) -> int:
+    def _fit(
+        self,
+        blk: NDArray[np.uint64],
+        bound: int,
+        need: int,
+        scratch: NDArray[np.uint64],
+        q: NDArray[np.uint64] | None = None,
+    ) -> int:
         """Halve the range of ``blk`` (values < bound * q_i) until bound <= need; returns the new bound.
+
+        ``q`` (default: every prime, (L, 1)) holds the primes of ``blk``'s limbs (axis -2).
 
         One step: x <- min(x, x - c q_i), c = ceil(bound / 2): x - c q wraps around (is huge) when
         x < c q, so the minimum is x mod-reduced by c q exactly when x >= c q; x < 2 c q gives x < c q.
@@ -346,10 +364,15 @@ class Ring:
         while bound > need:
             c = (bound + 1) // 2
             sc = scratch[: blk.size].reshape(blk.shape)
-            np.subtract(blk, self.q_col * np.uint64(c), out=sc)
+            np.subtract(blk, (self.q_col if q is None else q) * np.uint64(c), out=sc)
             np.minimum(blk, sc, out=blk)
             bound = c
         return bound
+
+    def _fit_groups(self, blk: NDArray[np.uint64], bounds: list[int], div: int, scratch: NDArray[np.uint64]) -> None:
+        """:meth:`_fit` of each limb group of ``blk`` (k, L, n) to (2^32 div q_i) // ``div``; updates ``bounds``."""
+        for g, (sl, lm) in enumerate(self._groups):
+            bounds[g] = self._fit(blk[:, sl], bounds[g], lm // div, scratch, self.q_col[sl])
 
     def _shoup_mul(
         self,
@@ -459,24 +482,24 @@ class Ring:
             blk = a[lo : lo + k]
             kb = blk.shape[0]
             arr = blk
-            bound = 1  # every value is < bound * q_i
+            bounds = [1] * len(self._groups)  # every value of group g's limbs is < bounds[g] * q_i
             t, m = n, 1
             while m < n:
                 t //= 2
                 if arr.ndim == 3 and 2 * t <= _NTT_T < n:
                     arr = self._transposed(blk, tbuf)
-                bound = self._fit(arr.reshape(kb, L, n), bound, self._lazy_max, scratch)
+                self._fit_groups(arr.reshape(kb, L, n), bounds, 1, scratch)
                 u, h, w, tmp, v = self._stage(arr, m, t, False, scratch)
                 self._shoup_mul(h, w, tmp, v)
                 np.subtract(u, v, out=h)  # u - v + 2q < (bound + 2) q (wraps around, then back)
                 h += q2.reshape((L,) + (1,) * (h.ndim - 2))
                 u += v  # < (bound + 2) q
-                bound += 2
+                bounds = [b + 2 for b in bounds]
                 m *= 2
             if arr.ndim == 4:
                 np.copyto(blk.reshape(kb, L, n // _NTT_T, _NTT_T), arr.transpose(0, 1, 3, 2))
             if lazy:
-                self._fit(blk, bound, self._lazy_max, scratch)
+                self._fit_groups(blk, bounds, 1, scratch)
             else:
                 blk %= self.q_col
         return a.reshape(shape)
@@ -511,30 +534,35 @@ class Ring:
             blk = a[lo : lo + k]
             kb = blk.shape[0]
             arr = self._transposed(blk, tbuf) if n > _NTT_T else blk
-            bound = start  # every value is < bound * q_i
+            bounds = [start] * len(self._groups)  # every value of group g's limbs is < bounds[g] * q_i
             t, m = 1, n
             while m > 1:
                 if arr.ndim == 4 and 2 * t > _NTT_T:
                     np.copyto(blk.reshape(kb, L, n // _NTT_T, _NTT_T), arr.transpose(0, 1, 3, 2))
                     arr = blk
-                bound = self._fit(arr.reshape(kb, L, n), bound, self._lazy_max // 2, scratch)
+                self._fit_groups(arr.reshape(kb, L, n), bounds, 2, scratch)
                 h_ = m // 2
                 u, v, w, d, tmp = self._stage(arr, h_, t, True, scratch)
+                lead = (1,) * (d.ndim - 2)
+                per_limb = np.array([b for (sl, _), b in zip(self._groups, bounds) for _ in range(sl.start, sl.stop)],
+                                    dtype=np.uint64)
                 np.subtract(u, v, out=d)  # u - v + bound q in [1, 2 bound q), <= 2^32
-                d += (self.q_col * np.uint64(bound)).reshape((L,) + (1,) * (d.ndim - 2))
+                d += (self.q_col[:, 0] * per_limb).reshape((L,) + lead)
                 u += v  # < 2 bound q
                 self._shoup_mul(d, w, tmp, v)
-                if 4 * bound > self._lazy_max:  # 2 bound would need a _fit of the whole block next
-                    np.subtract(u, (self.q_col * np.uint64(bound)).reshape((L,) + (1,) * (u.ndim - 2)), out=d)
-                    np.minimum(u, d, out=u)  # u < 2 bound q -> u < bound q
-                    bound = max(bound, 2)
-                else:
-                    bound = max(2 * bound, 2)
+                for g, ((sl, lm), b) in enumerate(zip(self._groups, bounds)):
+                    if 4 * b > lm:  # 2b would need a _fit of these limbs next: halve u in place instead
+                        ug, dg = u[:, sl], d[:, sl]
+                        np.subtract(ug, (self.q_col[sl, 0] * np.uint64(b)).reshape((-1,) + lead), out=dg)
+                        np.minimum(ug, dg, out=ug)  # u < 2 b q -> u < b q
+                        bounds[g] = max(b, 2)
+                    else:
+                        bounds[g] = max(2 * b, 2)
                 t *= 2
                 m = h_
             if arr.ndim == 4:
                 np.copyto(blk.reshape(kb, L, n // _NTT_T, _NTT_T), arr.transpose(0, 1, 3, 2))
-            self._fit(blk, bound, self._lazy_max, scratch)
+            self._fit_groups(blk, bounds, 1, scratch)
             flat = blk.reshape(kb, L, 1, n)
             tmp = scratch[: blk.size].reshape(flat.shape)
             self._shoup_mul(flat, (self._n_inv_u[:, :, None], self._n_inv_shoup[:, :, None]), tmp, flat)
