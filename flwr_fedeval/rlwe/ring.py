@@ -11,8 +11,9 @@ Two multiplication paths are provided, both exact:
 * :meth:`Ring.mul` -- general product by the negacyclic number-theoretic
   transform (NTT, Longa--Naehrig iterative Cooley--Tukey / Gentleman--Sande
   butterflies with the 2n-th root psi merged into the twiddles), vectorised so
-  that each butterfly stage is one set of numpy calls for all polynomials and
-  all limbs.
+  that each butterfly stage is one set of numpy calls for all limbs of a few
+  polynomials (a cache-sized block); twiddle products by Shoup's precomputed
+  quotient (Harvey 2014), no division; lazy reduction with proven bounds.
 * :meth:`Ring.mul_small` -- product of a polynomial with *small* integer
   coefficients (ternary secrets, ternary ephemeral keys) by an arbitrary ring
   element, by an exact float64 FFT negacyclic convolution: twist by
@@ -25,6 +26,8 @@ Two multiplication paths are provided, both exact:
 
 References
 ----------
+D. Harvey, "Faster arithmetic for number-theoretic transforms", J. Symb.
+Comput. 60 (2014) (Shoup's modular multiplication in the butterfly).
 P. Longa and M. Naehrig, "Speeding up the Number Theoretic Transform for
 Faster Ideal Lattice-Based Cryptography", CANS 2016.
 C. Percival, "Rapid multiplication modulo the sum and difference of highly
@@ -382,7 +385,7 @@ class Ring:
         out: NDArray[np.uint64],
         trailing: int | None = None,
     ) -> None:
-        """out <- h w mod q_i, in [0, 2 q_i), for h < 2^32 (Shoup; Harvey 2014, Alg. 2); out may be h.
+        """out <- h w mod q_i, in [0, 2 q_i), for h < 2^32 (Shoup's method, as in Harvey 2014); out may be h.
 
         ``w`` = (twiddles, their Shoup companions w' = floor(w 2^32 / q_i)) broadcast against ``h``
         (limb axis followed by ``trailing`` axes, default: limb axis 1).
@@ -465,8 +468,10 @@ class Ring:
         values < b q_i; the butterfly (u, h) -> (u + v, u - v + 2q) with
         v = h w in [0, 2q) raises b by 2; before a stage whose inputs could
         reach 2^32 (b q_max > 2^32) the range is halved by :meth:`_fit`.
-        Primes below 2^27: no reduction inside at n = 4096 (b <= 23 < 32);
-        31-bit primes: one per stage. ``%`` once at the end.
+        The bound b is kept per run of limbs with equal 2^32 div q_i: primes
+        below 2^27 need no reduction inside at n = 4096 (b <= 23 < 32),
+        31-bit primes one per stage (q109's 24/23-bit limbs are not touched
+        by its 31-bit limbs' reductions). ``%`` once at the end.
         """
         return self._ntt(x, lazy=False)
 
