@@ -69,7 +69,7 @@ class SecureAggregation(Strategy):
         ``weighted_by_key`` must be ``"num-examples"`` and its ``arrayrecord_key`` ``"arrays"``
         (what :func:`~flwr_fedeval.clients.xmkckks.xmkckks_mod` reads and encrypts).
     parameter_set, max_abs_value, scale_bits, rekey, step_timeout, max_attempts, mask_degree, threshold, \
-decryption_attempts
+limbs, decryption_attempts
         The protocol's parameters, as :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg`
         (``max_abs_value`` B bounds every ``|n_i·Δw|`` and ``n_i``; clients clip to it).
 
@@ -103,6 +103,7 @@ decryption_attempts
         max_attempts: int = 3,
         mask_degree: int = masking.DEFAULT_MASK_DEGREE,
         threshold: int | None = None,
+        limbs: int | None = None,
         decryption_attempts: int = MAX_DECRYPTION_ATTEMPTS,
     ) -> None:
         super().__init__()
@@ -123,7 +124,7 @@ decryption_attempts
             weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
             configrecord_key=strategy.configrecord_key, parameter_set=parameter_set,
             max_abs_value=max_abs_value, scale_bits=scale_bits, rekey=rekey, step_timeout=step_timeout,
-            max_attempts=max_attempts, mask_degree=mask_degree, threshold=threshold,
+            max_attempts=max_attempts, mask_degree=mask_degree, threshold=threshold, limbs=limbs,
             decryption_attempts=decryption_attempts,
         )
 

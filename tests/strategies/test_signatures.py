@@ -15,7 +15,7 @@ PUBLIC_CLASSES = [getattr(strategies, name) for name in strategies.__all__
                   if inspect.isclass(getattr(strategies, name)) and not inspect.isabstract(getattr(strategies, name))]
 PHASES = [c for c in PUBLIC_CLASSES if issubclass(c, EvaluationPhase)]
 CRYPTO = ["parameter_set", "max_abs_value", "scale_bits", "rekey", "step_timeout", "max_attempts", "mask_degree",
-          "threshold"]
+          "threshold", "decryption_attempts"]
 
 
 def _params(cls):
@@ -38,10 +38,13 @@ def test_xmkfedavg_lists_fedavgs_parameters_with_their_defaults():
 
 
 def test_secure_aggregation_lists_the_protocols_parameters_as_xmkfedavg():
-    ours, engine = _params(SecureAggregation), _params(XMKFedAvg)
+    ours, engine, flowers = _params(SecureAggregation), _params(XMKFedAvg), _params(FedAvg)
     assert list(ours)[0] == "strategy"
-    for name in CRYPTO:
-        assert ours[name].default == engine[name].default
+    protocol = [name for name in engine if name not in flowers]  # every parameter XMKFedAvg adds to FedAvg
+    assert set(CRYPTO) <= set(protocol)
+    for name in protocol:
+        assert name in ours, f"SecureAggregation does not offer XMKFedAvg's {name!r}"
+        assert ours[name].default == engine[name].default, name
 
 
 @pytest.mark.parametrize("cls", PHASES, ids=lambda c: c.__name__)
@@ -53,3 +56,11 @@ def test_every_dp_phase_is_checked():
     names = {c.__name__ for c in PHASES}
     assert {"DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCRRPhase", "FedAUCLaplacePhase", "FHEAUCPhase",
             "PlaintextAUCPhase", "SecSVPhase"} <= names
+
+
+def test_secure_aggregation_hands_every_protocol_parameter_to_its_engine():
+    values = {"max_abs_value": 2.0**10, "step_timeout": 30.0, "max_attempts": 2, "mask_degree": 2, "threshold": 3,
+              "limbs": 4, "decryption_attempts": 1, "rekey": "every-round"}
+    wrapped = SecureAggregation(FedAvg(), **values)
+    for name, value in values.items():
+        assert getattr(wrapped.engine, name) == value, name
