@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> dict:
     holder = idents[0]
 
     # 1. as implemented: the key holder signs, the server and every client verify
-    listed = ParticipantList.sign(holder, session=session, members=members)
-    t_sign = _median(lambda: ParticipantList.sign(holder, session=session, members=members), args.repeats)
+    listed = ParticipantList.sign(holder, session=session, members=members, protocol="malicious")
+    t_sign = _median(lambda: ParticipantList.sign(holder, session=session, members=members, protocol="malicious"),
+                     args.repeats)
     t_server = _median(lambda: listed.verify(roster, session=session, holder=holder.name, floor=2), args.repeats)
     own = idents[m // 2].name
     t_client = _median(lambda: listed.verify(roster, session=session, holder=holder.name, own=own,

@@ -3,9 +3,11 @@
 # file per node (node-<i>.policy.toml, flwr_fedeval.clients.policy), made once per node count in
 # .fedeval-ids/N (issue 12: the FHE AUC and SecSV phases refuse to run without them); made aside,
 # then renamed, so concurrent runs keep one set. Sets IDS.
-# The demo's policy (issue 22): the documented defaults, except fedeval-share-auc = true so that the
-# FINAL line of `make run` keeps a number; FEDEVAL_POLICY (space-separated KEY=VALUE) replaces it.
-FEDEVAL_POLICY=${FEDEVAL_POLICY-"fedeval-share-auc=true"}
+# The demo's policy: the documented defaults, except fedeval-share-auc = true so that the FINAL line
+# of `make run` keeps a number, and fedeval-fhe-min-protocol = semi-honest, the operator's consent to
+# the demo's default FHE protocol while sharing (unset, a sharing node takes part in the malicious
+# protocol only); FEDEVAL_POLICY (space-separated KEY=VALUE) replaces both.
+FEDEVAL_POLICY=${FEDEVAL_POLICY-"fedeval-share-auc=true fedeval-fhe-min-protocol=semi-honest"}
 ensure_identities() {
   IDS="$ROOT/.fedeval-ids/$1"
   local policy_args=() kv

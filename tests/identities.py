@@ -3,7 +3,9 @@
 ``IDENTITY_DIR`` holds ``node-0.key`` … ``node-15.key``, ``roster.json`` and one node policy
 file per node (``node-<i>.policy.toml``, :mod:`flwr_fedeval.clients.policy`) with the documented
 defaults except ``fedeval-share-auc = true`` (as the demo App's ``make run``), so that honest runs
-report a number; tests of the default policy make their own directory. Pass
+report a number, and ``fedeval-fhe-min-protocol = "semi-honest"`` (the operator's explicit consent to
+the semi-honest FHE AUC while sharing, also as ``make run``); tests of the default policy make their
+own directory. Pass
 ``{"fedeval-identity-dir": IDENTITY_DIR}`` in a grid's run config. The test server never reads a private
 key: it gets the roster at most.
 """
@@ -22,7 +24,7 @@ NUM_IDENTITIES = 16
 _dir = Path(tempfile.mkdtemp(prefix="fedeval-ids-"))
 atexit.register(shutil.rmtree, _dir, True)
 #: The policy of every node of ``IDENTITY_DIR`` (besides the defaults).
-TEST_POLICY = {"fedeval-share-auc": True}
+TEST_POLICY = {"fedeval-share-auc": True, "fedeval-fhe-min-protocol": "semi-honest"}
 create(_dir / "ids", [f"node-{i}" for i in range(NUM_IDENTITIES)], policy=TEST_POLICY)
 
 IDENTITY_DIR = str(_dir / "ids")

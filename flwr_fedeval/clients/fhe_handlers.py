@@ -74,7 +74,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from logging import INFO
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
@@ -103,6 +103,7 @@ from flwr_fedeval.identity import IdentityError
 from flwr_fedeval.metrics.counts import threshold_counts
 from flwr_fedeval.protocol import (
     Refused,
+    ReplyCode,
     array_bytes,
     bytes_array,
     fhe_auc,
@@ -236,6 +237,7 @@ def serve_keygen(request: fhe_auc.KeygenRequest, context: Context) -> fhe_auc.Ke
     """
     kp = _keypair(context, request.session)
     ident, roster = node_identity(context)
+    policy.check_fhe_protocol(context, request.protocol, "FHE AUC key setup")
     for node, peer in request.peers.items():
         if peer.key == kp.public:
             raise IdentityError(f"peer node {node} relays this key holder's own key")
@@ -243,7 +245,8 @@ def serve_keygen(request: fhe_auc.KeygenRequest, context: Context) -> fhe_auc.Ke
                                  own=ident.name)
     members = {names[n]: p.key for n, p in request.peers.items()}
     members[ident.name] = kp.public
-    participants = fhe_auc.ParticipantList.sign(ident, session=request.session, members=members)
+    participants = fhe_auc.ParticipantList.sign(ident, session=request.session, members=members,
+                                                protocol=request.protocol)
     ctx = create_context(params=ckks_params_for(request.backend, request.slots, request.max_rows))
     seed = new_seed()
     secret = ctx.secret_bytes()
@@ -283,13 +286,14 @@ def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.nd
     session, params, holder = request.session, request.params, request.holder
     kp = _keypair(context, session)
     ident, roster = node_identity(context)
+    policy.check_fhe_protocol(context, params.protocol, "FHE AUC encrypted counts")
     fhe_auc.verify(roster, holder, session=session, role=fhe_auc.HOLDER_ROLE)
     if (holder.signer == ident.name) != (holder.key == kp.public):
         raise IdentityError(f"key holder {holder.signer!r} with this node's key, or this node's name with "
                             "another key: refused")
     listed = request.participants
     party_index = listed.verify(roster, session=session, holder=holder.signer, own=ident.name, own_key=kp.public,
-                                floor=policy.min_clients(context))
+                                floor=policy.min_clients(context), protocol=params.protocol)
     if listed.keys[listed.names.index(holder.signer)] != holder.key:
         raise IdentityError("the participant list holds another key for the key holder than the one relayed")
     transcript = listed.digest(session)
@@ -327,25 +331,39 @@ def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.nd
 
 
 # --- step 6 ----------------------------------------------------------------------
+#: The step-6 error reply of a node that shares its AUC and could not accept the decrypted result:
+#: one code and this fixed reason, whatever failed (no value, no direction).
+RESULT_REJECTED_REASON = ("the decrypted result failed this client's checks (undefined, imprecise, out of range or "
+                          "the two runs disagree); which one stays in the node's log")
+
+
 def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.ResultReport:
     """Step 6: decrypt the masked values, divide, verify (malicious); log; report if allowed.
 
     The protocol parameters, seed, party count, nonce and participant-list digest are this
-    client's own from step 4 (its state), never the server's. The report carries the AUC and its
-    resolution bound (and, semi-honest only, accuracy, precision, recall, F1) only when the node
-    policy allows it (:func:`~flwr_fedeval.clients.policy.share_auc`: node ``fedeval-share-auc``,
-    default false; run config ``fedeval-share-auc`` can only turn it off). The phase's state
-    is deleted whatever happens.
+    client's own from step 4 (its state), never the server's. Whether the AUC leaves the node is
+    decided *before* decrypting (:func:`~flwr_fedeval.clients.policy.share_auc`: node
+    ``fedeval-share-auc``, default false; run config ``fedeval-share-auc`` can only turn it off),
+    and the reply depends on the decryption only where the policy lets the AUC leave:
+
+    * not shared: the reply is ``ResultReport(shared=False)`` whatever the decryption gives — an
+      AUC, an out-of-range value, a failed verification — which is logged on the node only (a
+      server that sends E(AUC_v − θ) learns nothing from the reply);
+    * shared: the AUC and its resolution bound (and, semi-honest only, accuracy, precision,
+      recall, F1); a result the client cannot accept is one error reply
+      (``ReplyCode.RESULT_REJECTED``, :data:`RESULT_REJECTED_REASON`) without the value or which
+      check failed.
+
+    The phase's state is deleted whatever happens.
 
     Raises
     ------
-    flwr_fedeval.fhe.auc_malicious.TamperingDetectedError
-        A verification of the malicious protocol failed.
-    flwr_fedeval.metrics.auc.UndefinedAUCError
-        The pooled test set has a single class.
     Refused
-        No secret context or no step-4 parameters of this session.
+        No secret context or no step-4 parameters of this session (before any decryption); or,
+        shared only, a decrypted result that failed a check (``RESULT_REJECTED``).
     """
+    failure: BaseException | None = None
+    out = metrics = None
     try:
         ctx = _secret_context(context, request.session)
         if STATE_PARAMS not in context.state:
@@ -354,28 +372,36 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
         params = fhe_auc.EncryptionParams.from_config(stored, STATE_PARAMS)
         seed = bytes(context.state[STATE_SESSION]["seed"])
         config = params.auc_config
-        if isinstance(config, MaliciousAUCConfig):
-            out = client_decrypt_auc_malicious(ctx, request.auc, config=config, seed=seed,
-                                               n_parties=int(stored["n-parties"]), nonce=params.nonce,
-                                               transcript=bytes(stored["participants-digest"]))
-        else:
-            out = client_decrypt_auc(ctx, request.auc, config=config)
-        metrics = None
-        if params.metrics_threshold >= 0 and request.metrics is not None:
-            metrics = client_decrypt_threshold_metrics(ctx, request.metrics, config=config)
-        shared = policy.share_auc(context)
+        shared = policy.share_auc(context)  # decided before anything is decrypted
+        try:
+            if isinstance(config, MaliciousAUCConfig):
+                out = client_decrypt_auc_malicious(ctx, request.auc, config=config, seed=seed,
+                                                   n_parties=int(stored["n-parties"]), nonce=params.nonce,
+                                                   transcript=bytes(stored["participants-digest"]))
+            else:
+                out = client_decrypt_auc(ctx, request.auc, config=config)
+            if params.metrics_threshold >= 0 and request.metrics is not None:
+                metrics = client_decrypt_threshold_metrics(ctx, request.metrics, config=config)
+        except _ERRORS as exc:  # what the decrypted values gave: logged here, never in the reply
+            failure = exc
     finally:
         _forget(context)
     malicious = isinstance(config, MaliciousAUCConfig)
-    log(INFO, "FHE AUC (%s, N=%d): global AUC %.6f (resolution bound %.2g)%s", params.protocol,
-        config.n_points, out.auc, out.resolution_bound, " (verified: both runs agree)" if malicious else "")
-    if metrics is not None:
-        log(INFO, "FHE metrics at threshold %g%s: accuracy %.6f precision %.6f recall %.6f F1 %.6f",
-            params.metrics_threshold, " (unverified, not reported)" if malicious else "", *metrics)
+    if failure is not None:
+        log(WARNING, "FHE AUC (%s): the decrypted result is not accepted: %s: %s", params.protocol,
+            type(failure).__name__, failure)
+    else:
+        log(INFO, "FHE AUC (%s, N=%d): global AUC %.6f (resolution bound %.2g)%s", params.protocol,
+            config.n_points, out.auc, out.resolution_bound, " (verified: both runs agree)" if malicious else "")
+        if metrics is not None:
+            log(INFO, "FHE metrics at threshold %g%s: accuracy %.6f precision %.6f recall %.6f F1 %.6f",
+                params.metrics_threshold, " (unverified, not reported)" if malicious else "", *metrics)
     if not shared:
-        log(INFO, "FHE AUC: the AUC stays on this node (node policy 'fedeval-share-auc' is false, or run config "
-            "'fedeval-share-auc' is false)")
+        log(INFO, "FHE AUC: the result stays on this node (node policy 'fedeval-share-auc' is false, or run config "
+            "'fedeval-share-auc' is false); the reply is the same whatever was decrypted")
         return fhe_auc.ResultReport(shared=False)
+    if failure is not None:
+        raise Refused(RESULT_REJECTED_REASON, code=ReplyCode.RESULT_REJECTED)
     reported = [float(v) for v in metrics] if metrics is not None and not malicious else [None] * 4
     return fhe_auc.ResultReport(True, float(out.auc), float(out.resolution_bound), *reported)
 

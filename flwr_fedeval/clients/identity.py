@@ -32,7 +32,6 @@ from flwr.app import Context
 from flwr_fedeval import config_keys
 from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster, SignedKey, sign_key
 from flwr_fedeval.protocol import NotConfigured
-from flwr_fedeval.rlwe.masking import DEFAULT_MASK_DEGREE
 
 __all__ = [
     "CONFIG_HELP",
@@ -51,10 +50,10 @@ __all__ = [
 KEY_CONFIG = "fedeval-identity-key"
 ROSTER_CONFIG = config_keys.ROSTER
 DIR_CONFIG = config_keys.IDENTITY_DIR
-#: Node config: this node's floor on the xMK-CKKS mask-graph degree (the run config may set it if unset).
+#: Node policy: this node's floor on the xMK-CKKS mask-graph degree (:mod:`flwr_fedeval.clients.policy`).
 MASK_DEGREE_CONFIG = config_keys.XMK_MASK_DEGREE
-#: Node config: this node's floor on the parties of a key set (:mod:`flwr_fedeval.clients.policy`).
-MIN_CLIENTS_CONFIG = "fedeval-min-clients"
+#: Node policy: this node's floor on the parties of a key set (:mod:`flwr_fedeval.clients.policy`).
+MIN_CLIENTS_CONFIG = config_keys.MIN_CLIENTS
 
 #: What to set, quoted by every "no identity" error.
 CONFIG_HELP = (
@@ -136,39 +135,34 @@ def node_identity(context: Context) -> tuple[NodeIdentity, Roster]:
 
 
 def key_set_floor(context: Context) -> int:
-    """This node's floor on the size of a key set it joins (never below 2).
+    """This node's floor on the size of a key set it joins (never below 2):
+    :func:`flwr_fedeval.clients.policy.key_set_floor` (the node policy's ``fedeval-min-clients``,
+    policy file or node config; the run config may only raise it).
 
-    Node config ``fedeval-min-clients`` (set by the SuperNode's operator),
-    else run config ``fedeval-min-clients``. The run config comes from whoever
-    starts the run; an operator who does not trust it sets the node config
-    (:func:`flwr_fedeval.clients.policy.min_clients` takes the larger of both).
+    Raises
+    ------
+    flwr_fedeval.protocol.NotConfigured
+        A policy or run config value that is not an integer >= 2.
     """
-    node, run = dict(context.node_config), dict(context.run_config)
-    value = node.get(MIN_CLIENTS_CONFIG, run.get(config_keys.MIN_CLIENTS, 2))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise IdentityNotConfigured(f"key-set floor (node or run config '{MIN_CLIENTS_CONFIG}') must be an "
-                                    f"integer, got {value!r}", keys=(f"node config {MIN_CLIENTS_CONFIG}",
-                                                                     f"run config {config_keys.MIN_CLIENTS}"))
-    return max(2, int(value))
+    from flwr_fedeval.clients import policy
+
+    return policy.key_set_floor(context)
 
 
 def mask_degree_floor(context: Context) -> int:
-    """This node's floor on the degree of the xMK-CKKS mask graph (0 = it requires the complete graph).
+    """This node's floor on the degree of the xMK-CKKS mask graph (0 = it requires the complete graph):
+    :func:`flwr_fedeval.clients.policy.mask_degree_floor` (the node policy's
+    ``fedeval-xmk-mask-degree``, policy file or node config, default
+    :data:`flwr_fedeval.rlwe.masking.DEFAULT_MASK_DEGREE`; the run config may only tighten it).
 
-    Node config ``fedeval-xmk-mask-degree`` (the SuperNode operator's), else run
-    config ``fedeval-xmk-mask-degree``, else
-    :data:`flwr_fedeval.rlwe.masking.DEFAULT_MASK_DEGREE`. With degree k,
-    stripping an honest client's mask needs all of its k neighbours to
-    collude with the server (Bell et al. 2020); checked by
-    :func:`flwr_fedeval.rlwe.masking.check_mask_degree`.
+    Raises
+    ------
+    flwr_fedeval.protocol.NotConfigured
+        A policy or run config value that is not an integer >= 0.
     """
-    node, run = dict(context.node_config), dict(context.run_config)
-    value = node.get(MASK_DEGREE_CONFIG, run.get(config_keys.XMK_MASK_DEGREE, DEFAULT_MASK_DEGREE))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
-        raise IdentityNotConfigured(f"{MASK_DEGREE_CONFIG} must be an integer >= 0 (0 = complete graph), got "
-                                    f"{value!r}", keys=(f"node config {MASK_DEGREE_CONFIG}",
-                                                        f"run config {config_keys.XMK_MASK_DEGREE}"))
-    return int(value)
+    from flwr_fedeval.clients import policy
+
+    return policy.mask_degree_floor(context)
 
 
 def server_roster(run_config: dict[str, Any]) -> Roster | None:

@@ -1,46 +1,66 @@
-"""The data owner's policy: what leaves this node (issue 22 item 2; DESIGN.md §7).
+"""The data owner's policy: what leaves this node and on which terms (DESIGN.md §7).
 
 Whoever submits a run sets its run config, so a node never lets the run config
-decide what it reveals. The node's operator decides, with node config keys
-(``flower-supernode --node-config "fedeval-share-auc=false ..."``):
+decide what it reveals or which floors protect it. The node's operator decides, in
+the node's policy file or with node config keys (``flower-supernode --node-config
+"fedeval-share-auc=false ..."``). Every key is declared once, in :data:`POLICY_KEYS`
+(type, default, which direction is *tighter*, whether the run config may tighten it);
+the table below, ``docs/how-to/node-policy.md`` and the file written by ``python -m
+flwr_fedeval.keys create`` follow from it (a test checks the docs against it).
 
-=================================  =======  ====================================================
-node config key                    default  meaning
-=================================  =======  ====================================================
-``fedeval-share-auc``              false    report the AUC this node decrypted (FHE AUC) to the
-                                            server; off, only the clients learn it, as in
-                                            Baykara et al. (2025)
-``fedeval-dp-epsilon``             1.0      the largest ε this node spends on one DP evaluation
-                                            (``inf``: no noise, i.e. no privacy)
-``fedeval-dp-budget``              0.0      the node's total ε over a run (0: ``fedeval-dp-epsilon``,
-                                            one DP evaluation)
-``fedeval-min-clients``            2        the floor on the parties of any evaluation or key set
-                                            this node joins
-``fedeval-evaluations-per-model``  1        how many evaluations of one global model (the same
-                                            SHA-256 of its arrays) this node answers; a second
-                                            one, over another subset, gives a difference
-``fedeval-dp-seed``                0        > 0 seeds the DP noise (reproducible runs) and
-                                            **gives up the privacy** of the noise; 0: a CSPRNG
-``fedeval-secsv-trust-principal``  false    take part in SecSV, which protects the test set against
-                                            an honest-but-curious principal server P only
-=================================  =======  ====================================================
+==================================  ==========  =============================================
+key                                 default     meaning (tighter; run config)
+==================================  ==========  =============================================
+``fedeval-share-auc``               false       report the AUC this node decrypted (FHE AUC)
+                                                to the server (tighter: false; run config may
+                                                set false)
+``fedeval-fhe-min-protocol``        (unset)     the least FHE AUC protocol this node takes
+                                                part in; unset: ``malicious`` when
+                                                ``fedeval-share-auc`` is true, else
+                                                ``semi-honest`` (tighter: malicious)
+``fedeval-dp-epsilon``              1.0         the largest ε of one DP evaluation (tighter:
+                                                smaller; run config may lower it)
+``fedeval-dp-budget``               0.0         the node's total ε (0: one evaluation at
+                                                ``fedeval-dp-epsilon``; run config may lower)
+``fedeval-min-clients``             2           the floor on the parties of every key set or
+                                                evaluation (tighter: larger; run config may
+                                                raise it)
+``fedeval-xmk-mask-degree``         4           the floor on the xMK-CKKS mask-graph degree,
+                                                0 = the complete graph (tighter: larger, 0
+                                                tightest; run config may raise it)
+``fedeval-evaluations-per-model``   1           evaluations of one global model answered
+                                                (tighter: smaller)
+``fedeval-dp-seed``                 0           > 0 seeds the DP noise and **gives up its
+                                                privacy**; 0: a CSPRNG (run config not read)
+``fedeval-secsv-trust-principal``   false       take part in SecSV, which protects the test
+                                                set against an honest-but-curious P only
+==================================  ==========  =============================================
 
 Where the policy comes from, later entries overriding earlier ones:
 
-1. the defaults above (:data:`POLICY_DEFAULTS`);
+1. the defaults above;
 2. a TOML file next to the node's identity key, ``<name>.policy.toml`` (simulation:
    ``<fedeval-identity-dir>/node-<partition-id>.policy.toml``, written by ``python -m
-   flwr_fedeval.keys create`` with the defaults; deployment: next to
-   ``fedeval-identity-key``). In simulation the node config holds only
-   ``partition-id``/``num-partitions``, so the file is the policy there;
-3. node config ``fedeval-*`` keys.
+   flwr_fedeval.keys create``; deployment: next to ``fedeval-identity-key``). In simulation
+   the node config holds only ``partition-id``/``num-partitions``, so the file is the policy;
+3. node config keys of the same names.
 
-The run config may only **tighten** the policy, with keys of the same names
-(:mod:`flwr_fedeval.config_keys`): ``fedeval-share-auc = false`` withholds the AUC, a
-smaller ``fedeval-dp-epsilon``/``fedeval-dp-budget`` or a larger ``fedeval-min-clients``
-apply; a looser value (a larger ε or budget) is refused with one line naming the node key
-(:class:`~flwr_fedeval.protocol.NotConfigured`: a configuration refusal, which stops the
-run). A server-set seed does nothing: the run config key ``fedeval-dp-seed`` is not read.
+Node config keys that *locate* the node's files (:data:`NODE_CONFIG_ONLY`: the identity key,
+the roster, the xMK ledger file, the SecSV role) are not policy: the file refuses them, naming
+node config.
+
+The run config may only **tighten** the keys it may set (:mod:`flwr_fedeval.config_keys`):
+``fedeval-share-auc = false`` withholds the AUC; a smaller ``fedeval-dp-epsilon``/
+``fedeval-dp-budget`` applies and a larger one is refused with one line naming the node key
+(:class:`~flwr_fedeval.protocol.NotConfigured`); the floors ``fedeval-min-clients`` and
+``fedeval-xmk-mask-degree`` are the tighter of the node's and the run's (a looser run value
+changes nothing). The xMK-CKKS client, the FHE, DP and plaintext AUC handlers and SecSV all
+read the floors through :func:`key_set_floor` / :func:`mask_degree_floor`.
+
+The least FHE protocol (:func:`check_fhe_protocol`): a node refuses an FHE AUC session of a
+weaker protocol at step 2 (key holder) and steps 3–4 (every client); the key holder signs the
+protocol into the participant list (:class:`~flwr_fedeval.protocol.fhe_auc.ParticipantList`),
+so a server cannot run steps 3–6 under another protocol than the one the key holder accepted.
 
 Evaluations per model: every handler that evaluates a global model (FHE AUC steps 3–4,
 DPAUC, FedAUC round 1, the plaintext AUC) calls :func:`record_evaluation` with the
@@ -62,6 +82,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr_fedeval import config_keys
 from flwr_fedeval.identity import IdentityError
 from flwr_fedeval.protocol import NotConfigured, Refused
+from flwr_fedeval.rlwe.masking import DEFAULT_MASK_DEGREE
 
 try:
     import tomllib
@@ -69,9 +90,16 @@ except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency
     import tomli as tomllib
 
 __all__ = [
+    "FHE_PROTOCOLS",
+    "NODE_CONFIG_ONLY",
     "POLICY_DEFAULTS",
+    "POLICY_KEYS",
     "NodePolicy",
+    "PolicyKey",
+    "check_fhe_protocol",
     "dp_limits",
+    "key_set_floor",
+    "mask_degree_floor",
     "model_digest",
     "node_policy",
     "policy_file",
@@ -81,22 +109,94 @@ __all__ = [
 ]
 
 SHARE_AUC = "fedeval-share-auc"
+FHE_MIN_PROTOCOL = "fedeval-fhe-min-protocol"
 DP_EPSILON = "fedeval-dp-epsilon"
 DP_BUDGET = "fedeval-dp-budget"
 MIN_CLIENTS = "fedeval-min-clients"
+XMK_MASK_DEGREE = "fedeval-xmk-mask-degree"
 EVALUATIONS = "fedeval-evaluations-per-model"
 DP_SEED = "fedeval-dp-seed"
 SECSV_TRUST_PRINCIPAL = "fedeval-secsv-trust-principal"
 
-#: The node policy's keys and defaults (the module docstring's table).
-POLICY_DEFAULTS: dict[str, Any] = {
-    SHARE_AUC: False,
-    DP_EPSILON: 1.0,
-    DP_BUDGET: 0.0,
-    MIN_CLIENTS: 2,
-    EVALUATIONS: 1,
-    DP_SEED: 0,
-    SECSV_TRUST_PRINCIPAL: False,
+#: The FHE AUC protocols, weakest first (Baykara et al. 2025, §IV-C semi-honest, §IV-D malicious;
+#: the same names as :data:`flwr_fedeval.protocol.fhe_auc.PROTOCOLS`, checked by a test).
+FHE_PROTOCOLS = ("semi-honest", "malicious")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyKey:
+    """One node-policy key.
+
+    Attributes
+    ----------
+    name : str
+        The key (policy file and node config; the run config key of the same name, if read).
+    type : type
+        ``bool``, ``int``, ``float`` or ``str``.
+    default : Any
+        The value when neither the file nor node config sets it (``None``: see ``meaning``).
+    tighter : str
+        Which values protect the node more: ``"false"``, ``"smaller"``, ``"larger"``,
+        ``"larger, 0 tightest"`` (0 = the complete mask graph) or ``"stronger"`` (later in
+        ``choices``).
+    meaning : str
+        One line for the docs and the policy file.
+    run_config : bool
+        Whether a run config key of this name is read (to tighten only).
+    low : float or None
+        Smallest allowed value (numbers).
+    choices : tuple of str
+        Allowed values (strings), weakest first.
+    """
+
+    name: str
+    type: type
+    default: Any
+    tighter: str
+    meaning: str
+    run_config: bool = False
+    low: float | None = None
+    choices: tuple[str, ...] = ()
+
+
+#: Every node-policy key, once (docs, policy files and checks follow from it).
+POLICY_KEYS: tuple[PolicyKey, ...] = (
+    PolicyKey(SHARE_AUC, bool, False, "false",
+              "report the AUC this node decrypted (FHE AUC) to the server; off, only the clients learn it "
+              "(Baykara et al. 2025)", run_config=True),
+    PolicyKey(FHE_MIN_PROTOCOL, str, None, "stronger",
+              "the least FHE AUC protocol this node takes part in; unset: malicious when fedeval-share-auc is "
+              "true, else semi-honest", choices=FHE_PROTOCOLS),
+    PolicyKey(DP_EPSILON, float, 1.0, "smaller",
+              "the largest ε of one DP evaluation this node answers (inf: no noise, i.e. no privacy)",
+              run_config=True, low=0.0),
+    PolicyKey(DP_BUDGET, float, 0.0, "smaller",
+              "the node's total ε (0: fedeval-dp-epsilon, one DP evaluation)", run_config=True, low=0.0),
+    PolicyKey(MIN_CLIENTS, int, 2, "larger",
+              "the floor on the parties of every key set, participant list and contributor set this node joins",
+              run_config=True, low=2),
+    PolicyKey(XMK_MASK_DEGREE, int, DEFAULT_MASK_DEGREE, "larger, 0 tightest",
+              "the floor on the xMK-CKKS mask-graph degree: an update stays masked while fewer than this many "
+              "of its neighbours collude with the server (0: the complete graph)", run_config=True, low=0),
+    PolicyKey(EVALUATIONS, int, 1, "smaller",
+              "how many evaluations of one global model (SHA-256 of its arrays) this node answers; a second "
+              "one over another subset gives a difference", low=1),
+    PolicyKey(DP_SEED, int, 0, "node only",
+              "> 0 seeds the DP noise (reproducible runs) and gives up the privacy of the noise; 0: a CSPRNG",
+              low=0),
+    PolicyKey(SECSV_TRUST_PRINCIPAL, bool, False, "false",
+              "take part in SecSV, which protects the test set against an honest-but-curious principal "
+              "server P only"),
+)
+_BY_NAME = {k.name: k for k in POLICY_KEYS}
+#: The node policy's keys and defaults (:data:`POLICY_KEYS`).
+POLICY_DEFAULTS: dict[str, Any] = {k.name: k.default for k in POLICY_KEYS}
+#: Node config keys the library reads that locate the node's files or role: node config only.
+NODE_CONFIG_ONLY: dict[str, str] = {
+    "fedeval-identity-key": "path to this node's private key (the policy file lies next to it)",
+    config_keys.ROSTER: "path to the federation's roster",
+    "fedeval-xmk-ledger": "path to the xMK-CKKS ledger file of this node",
+    "fedeval-role": "this node's SecSV role (client or aux)",
 }
 #: Suffix of the policy file next to a node's identity key (``node-3.key`` → ``node-3.policy.toml``).
 POLICY_SUFFIX = ".policy.toml"
@@ -107,9 +207,52 @@ _KEY_CONFIG, _DIR_CONFIG = "fedeval-identity-key", config_keys.IDENTITY_DIR
 _FILE_CACHE: dict[tuple, dict[str, Any]] = {}
 
 
+def _check_value(key: PolicyKey, value: Any, source: str) -> Any:
+    """``value`` of ``key`` converted to its type, or a :class:`NotConfigured` naming the key."""
+    def bad(want: str) -> NotConfigured:
+        if source == "run config":
+            return NotConfigured(f"run config '{key.name}' must be {want}, got {value!r}",
+                                 keys=(f"run config {key.name}",))
+        return NotConfigured(f"node policy '{key.name}' ({source}) must be {want}, got {value!r}",
+                             keys=(f"node config {key.name}",))
+
+    if key.type is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false"):  # --node-config "k='true'"
+            value = value.lower() == "true"
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if key.type is str:
+        if not isinstance(value, str) or value not in key.choices:
+            raise bad(f"one of {list(key.choices)}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise bad("a number")
+    if key.type is int and (not math.isfinite(value) or value != int(value)):
+        raise bad(f"an integer >= {key.low:g}")
+    if key.low is not None and not value >= key.low:
+        raise bad(f">= {key.low:g}")
+    return int(value) if key.type is int else float(value)
+
+
+def tighter_of(key: PolicyKey, a: Any, b: Any) -> Any:
+    """The tighter of two checked values of ``key`` (see :attr:`PolicyKey.tighter`)."""
+    if key.tighter == "false":
+        return a and b
+    if key.tighter == "smaller":
+        return min(a, b)
+    if key.tighter == "larger":
+        return max(a, b)
+    if key.tighter == "larger, 0 tightest":
+        return 0 if 0 in (a, b) else max(a, b)
+    if key.tighter == "stronger":
+        return max(a, b, key=key.choices.index)
+    raise ValueError(f"'{key.name}' has no tighter direction the run config could use ({key.tighter})")
+
+
 @dataclasses.dataclass(frozen=True)
 class NodePolicy:
-    """The node's policy, checked (see the module docstring for the keys).
+    """The node's policy, checked (see :data:`POLICY_KEYS` for the keys).
 
     Attributes
     ----------
@@ -129,6 +272,10 @@ class NodePolicy:
         (:func:`flwr_fedeval.clients.shapley_handlers.trusts_principal`).
     source : str
         Where the values come from (defaults, the file, node config), for error messages.
+    xmk_mask_degree : int
+        ≥ 0, the floor on the xMK-CKKS mask-graph degree (0: the complete graph).
+    fhe_min_protocol : str or None
+        One of :data:`FHE_PROTOCOLS`, or ``None`` (unset: see :attr:`least_fhe_protocol`).
     """
 
     share_auc: bool = POLICY_DEFAULTS[SHARE_AUC]
@@ -139,45 +286,41 @@ class NodePolicy:
     dp_seed: int = POLICY_DEFAULTS[DP_SEED]
     secsv_trust_principal: bool = POLICY_DEFAULTS[SECSV_TRUST_PRINCIPAL]
     source: str = "defaults"
+    xmk_mask_degree: int = POLICY_DEFAULTS[XMK_MASK_DEGREE]
+    fhe_min_protocol: str | None = POLICY_DEFAULTS[FHE_MIN_PROTOCOL]
 
     @property
     def dp_total(self) -> float:
         """The node's total ε (``dp_budget``, or ``dp_epsilon`` when it is 0)."""
         return self.dp_budget if self.dp_budget > 0 else self.dp_epsilon
 
+    @property
+    def least_fhe_protocol(self) -> str:
+        """``fhe_min_protocol``; unset: ``"malicious"`` when the node shares its AUC (a semi-honest
+        server could otherwise aggregate one client's counts alone and have it report its own AUC),
+        else ``"semi-honest"``."""
+        if self.fhe_min_protocol is not None:
+            return self.fhe_min_protocol
+        return "malicious" if self.share_auc else "semi-honest"
+
     @classmethod
     def from_values(cls, values: dict[str, Any], source: str) -> NodePolicy:
-        """Check ``values`` (keys of :data:`POLICY_DEFAULTS`; others are ignored).
+        """Check ``values`` (keys of :data:`POLICY_KEYS`; others are ignored).
 
         Raises
         ------
         flwr_fedeval.protocol.NotConfigured
             A value of the wrong type or out of range (naming the key and ``source``).
         """
-        v = {**POLICY_DEFAULTS, **{k: values[k] for k in POLICY_DEFAULTS if k in values}}
-
-        def bad(key: str, want: str) -> Refused:
-            return NotConfigured(f"node policy '{key}' ({source}) must be {want}, got {v[key]!r}",
-                                 keys=(f"node config {key}",))
-
-        for key in (SHARE_AUC, SECSV_TRUST_PRINCIPAL):
-            if isinstance(v[key], str) and v[key].lower() in ("true", "false"):  # --node-config "k='true'"
-                v[key] = v[key].lower() == "true"
-            if not isinstance(v[key], bool):
-                raise bad(key, "true or false")
-        for key in (DP_EPSILON, DP_BUDGET):
-            if isinstance(v[key], bool) or not isinstance(v[key], (int, float)) or math.isnan(v[key]):
-                raise bad(key, "a number")
+        v = {k.name: (k.default if values.get(k.name) is None else _check_value(k, values[k.name], source))
+             for k in POLICY_KEYS}
         if not v[DP_EPSILON] > 0:
-            raise bad(DP_EPSILON, "> 0 (inf: no noise)")
-        if not v[DP_BUDGET] >= 0:
-            raise bad(DP_BUDGET, ">= 0 (0: one evaluation at fedeval-dp-epsilon)")
-        for key, low in ((MIN_CLIENTS, 2), (EVALUATIONS, 1), (DP_SEED, 0)):
-            if isinstance(v[key], bool) or not isinstance(v[key], (int, float)) or v[key] != int(v[key]) \
-                    or v[key] < low:
-                raise bad(key, f"an integer >= {low}")
-        return cls(bool(v[SHARE_AUC]), float(v[DP_EPSILON]), float(v[DP_BUDGET]), int(v[MIN_CLIENTS]),
-                   int(v[EVALUATIONS]), int(v[DP_SEED]), bool(v[SECSV_TRUST_PRINCIPAL]), source)
+            raise NotConfigured(f"'{DP_EPSILON}' ({source}) must be > 0 (inf: no noise), got {v[DP_EPSILON]!r}",
+                                keys=(f"node config {DP_EPSILON}",))
+        return cls(share_auc=v[SHARE_AUC], dp_epsilon=v[DP_EPSILON], dp_budget=v[DP_BUDGET],
+                   min_clients=v[MIN_CLIENTS], evaluations_per_model=v[EVALUATIONS], dp_seed=v[DP_SEED],
+                   secsv_trust_principal=v[SECSV_TRUST_PRINCIPAL], source=source,
+                   xmk_mask_degree=v[XMK_MASK_DEGREE], fhe_min_protocol=v[FHE_MIN_PROTOCOL])
 
 
 def policy_file(context: Context) -> Path | None:
@@ -205,6 +348,11 @@ def _read_file(path: Path) -> dict[str, Any]:
             values = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise NotConfigured(f"node policy file {path}: not TOML ({exc})", keys=(f"file {path}",)) from None
+        located = sorted(set(values) & set(NODE_CONFIG_ONLY))
+        if located:
+            raise NotConfigured(f"node policy file {path}: {located} locate this node's files or role; set them in "
+                                "node config (flower-supernode --node-config), not in the policy file",
+                                keys=tuple(f"node config {k}" for k in located))
         unknown = sorted(set(values) - set(POLICY_DEFAULTS))
         if unknown:
             raise NotConfigured(f"node policy file {path}: unknown key(s) {unknown}; known: {sorted(POLICY_DEFAULTS)}",
@@ -215,12 +363,13 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 
 def node_policy(context: Context) -> NodePolicy:
-    """This node's policy: defaults, then its policy file, then node config ``fedeval-*`` keys.
+    """This node's policy: defaults, then its policy file, then node config keys of :data:`POLICY_KEYS`.
 
     Raises
     ------
-    flwr_fedeval.protocol.Refused
-        A value of the wrong type or out of range, or a policy file that is not TOML.
+    flwr_fedeval.protocol.NotConfigured
+        A value of the wrong type or out of range, or a policy file that is not TOML, has an
+        unknown key or is writable by group or others.
     """
     values: dict[str, Any] = {}
     sources = ["defaults"]
@@ -235,14 +384,25 @@ def node_policy(context: Context) -> NodePolicy:
     return NodePolicy.from_values(values, " < ".join(sources))
 
 
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    return "inf" if value == math.inf else repr(value)
+
+
 def write_policy_file(path: str | Path, values: dict[str, Any] | None = None) -> Path:
-    """Write a policy file with :data:`POLICY_DEFAULTS` updated by ``values`` (mode 0644;
-    refuses to overwrite).
+    """Write a policy file with :data:`POLICY_DEFAULTS` updated by ``values``, one commented key
+    per line of :data:`POLICY_KEYS` (an unset key is written commented out; mode 0644; refuses to
+    overwrite).
 
     Raises
     ------
     IdentityError
         The file exists, or ``values`` has a key that is not a policy key.
+    flwr_fedeval.protocol.NotConfigured
+        A value of the wrong type or out of range.
     """
     path = Path(path)
     values = dict(values or {})
@@ -253,11 +413,15 @@ def write_policy_file(path: str | Path, values: dict[str, Any] | None = None) ->
         raise IdentityError(f"refusing to overwrite {path}")
     merged = {**POLICY_DEFAULTS, **values}
     NodePolicy.from_values(merged, str(path))  # a Refused here is a bad value
-    lines = ["# What this node lets leave it (flwr_fedeval.clients.policy). Node config fedeval-* keys override.",
-             "# The run config may only tighten these values."]
-    for key, value in merged.items():
-        text = str(value).lower() if isinstance(value, bool) else ("inf" if value == math.inf else repr(value))
-        lines.append(f"{key} = {text}")
+    lines = ["# What this node lets leave it and on which terms (flwr_fedeval.clients.policy).",
+             "# Node config keys of the same names override these; the run config may only tighten them."]
+    for key in POLICY_KEYS:
+        lines.append(f"# {key.meaning}")
+        value = merged[key.name]
+        if value is None:
+            lines.append(f"# {key.name} = {_toml(key.choices[-1] if key.choices else '')}")
+        else:
+            lines.append(f"{key.name} = {_toml(value)}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     path.chmod(0o644)
     return path
@@ -340,17 +504,74 @@ def check_epsilon(context: Context, epsilon: float) -> None:
                             keys=(f"node config {DP_EPSILON}", f"run config {config_keys.DP_EPSILON}"))
 
 
-def min_clients(context: Context) -> int:
-    """The floor on the parties of an evaluation or key set this node joins: the largest of its
-    policy's ``fedeval-min-clients`` (node config or policy file),
-    :func:`~flwr_fedeval.clients.identity.key_set_floor` and run config ``fedeval-min-clients``
-    (which can only raise it); never below 2."""
-    from flwr_fedeval.clients.identity import key_set_floor
+def _tightened(name: str, value: Any, asked: Any) -> Any:
+    """The node policy's ``value`` of ``name``, tightened by the run config's ``asked`` (``None``:
+    not set); a looser run value changes nothing."""
+    key = _BY_NAME[name]
+    if asked is None or not key.run_config:
+        return value
+    return tighter_of(key, value, _check_value(key, asked, "run config"))
 
+
+def key_set_floor(context: Context) -> int:
+    """The floor on the parties of a key set, participant list or contributor set this node joins.
+
+    The node policy's ``fedeval-min-clients`` (policy file or node config; default 2), raised by
+    run config ``fedeval-min-clients`` when that is larger; never below 2. The run config alone
+    never lowers it: the data owner sets the floor.
+
+    Raises
+    ------
+    flwr_fedeval.protocol.NotConfigured
+        A policy or run config value that is not an integer ≥ 2 (naming the key).
+    """
+    return _tightened(MIN_CLIENTS, node_policy(context).min_clients, dict(context.run_config).get(MIN_CLIENTS))
+
+
+#: The older name of :func:`key_set_floor` (the FHE, DP and plaintext handlers call it so).
+min_clients = key_set_floor
+
+
+def mask_degree_floor(context: Context) -> int:
+    """This node's floor on the degree of the xMK-CKKS mask graph (0: the complete graph).
+
+    The node policy's ``fedeval-xmk-mask-degree`` (policy file or node config; default
+    :data:`flwr_fedeval.rlwe.masking.DEFAULT_MASK_DEGREE`), tightened by run config
+    ``fedeval-xmk-mask-degree`` (a larger degree, or 0); a smaller run value changes nothing. With
+    degree k, stripping an honest client's mask needs all of its k neighbours to collude with the
+    server (Bell et al., CCS 2020); checked by :func:`flwr_fedeval.rlwe.masking.check_mask_degree`.
+
+    Raises
+    ------
+    flwr_fedeval.protocol.NotConfigured
+        A policy or run config value that is not an integer ≥ 0 (naming the key).
+    """
+    return _tightened(XMK_MASK_DEGREE, node_policy(context).xmk_mask_degree,
+                      dict(context.run_config).get(XMK_MASK_DEGREE))
+
+
+def check_fhe_protocol(context: Context, protocol: str, what: str) -> None:
+    """Refuse an FHE AUC session of a protocol weaker than this node's least one
+    (:attr:`NodePolicy.least_fhe_protocol`).
+
+    Raises
+    ------
+    flwr_fedeval.protocol.NotConfigured
+        ``protocol`` is not one of :data:`FHE_PROTOCOLS`, or is weaker than the node's policy
+        (naming ``fedeval-fhe-min-protocol`` and, when it decided, ``fedeval-share-auc``).
+    """
     policy = node_policy(context)
-    run_floor = dict(context.run_config).get(config_keys.MIN_CLIENTS, 2)
-    run_floor = run_floor if isinstance(run_floor, int) and not isinstance(run_floor, bool) else 2
-    return max(policy.min_clients, key_set_floor(context), run_floor)
+    least = policy.least_fhe_protocol
+    if protocol not in FHE_PROTOCOLS:
+        raise NotConfigured(f"{what}: unknown FHE AUC protocol {protocol!r}", keys=(f"node config {FHE_MIN_PROTOCOL}",))
+    if FHE_PROTOCOLS.index(protocol) < FHE_PROTOCOLS.index(least):
+        why = (f"'{FHE_MIN_PROTOCOL}' = {least!r}" if policy.fhe_min_protocol is not None else
+               f"'{FHE_MIN_PROTOCOL}' unset and '{SHARE_AUC}' = true: a node that shares its AUC takes part in "
+               f"the malicious protocol only, unless its operator sets '{FHE_MIN_PROTOCOL}' = \"semi-honest\"")
+        raise NotConfigured(f"{what}: this session runs the {protocol} protocol; node policy {why} "
+                            f"({policy.source}): refused",
+                            keys=(f"node config {FHE_MIN_PROTOCOL}",) +
+                            ((f"node config {SHARE_AUC}",) if policy.fhe_min_protocol is None else ()))
 
 
 # --- evaluations per model --------------------------------------------------------------------

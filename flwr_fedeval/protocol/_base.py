@@ -91,6 +91,12 @@ class ReplyCode(IntEnum):
     #: fixes it, so the server stops the run at once (issue 23 item 4); the reason names the
     #: config keys to set (:func:`config_keys_of`).
     NOT_CONFIGURED = 1005
+    #: A client that shares its FHE AUC could not accept the result it decrypted (the pooled data has
+    #: a single class, the CKKS precision is not met, a value lies out of range, or the malicious
+    #: protocol's runs disagree). One code and a fixed reason for all of them: which check failed,
+    #: and which way, depends on the decrypted value and would make the client a decryption oracle;
+    #: the node's log says which.
+    RESULT_REJECTED = 1006
     #: (server) No reply within the step's timeout.
     TIMEOUT = 1100
     #: (server) The reply could not be parsed or failed the server's checks.

@@ -184,44 +184,56 @@ class ParticipantList:
     signer, signature : str, bytes
         The key holder (one of ``names``) and its signature over :meth:`digest` (role
         :data:`PARTICIPANTS_ROLE`, :func:`flwr_fedeval.identity.key_statement`).
+    protocol : str
+        The protocol of the session (one of :data:`PROTOCOLS`), which the key holder accepted under
+        its node policy (``fedeval-fhe-min-protocol``); every client encrypts under this protocol
+        only, so the server cannot run steps 3–6 under another one.
 
-    The digest is SHA-256 of ``DOMAIN ‖ lp(session) ‖ M (4 bytes) ‖ lp(name_0) ‖ key_0 ‖ …``; a
-    client's party index is its position in ``names``, the party count ``M = len(names)``.
+    The digest is SHA-256 of ``DOMAIN ‖ lp(session) ‖ lp(protocol) ‖ M (4 bytes) ‖ lp(name_0) ‖
+    key_0 ‖ …``; a client's party index is its position in ``names``, the party count
+    ``M = len(names)``.
     """
 
     names: tuple[str, ...]
     keys: tuple[bytes, ...]
     signer: str
     signature: bytes
+    protocol: str
 
     @staticmethod
-    def _digest(session: str, names: tuple[str, ...], keys: tuple[bytes, ...]) -> bytes:
-        h = hashlib.sha256(_PARTICIPANTS_DOMAIN + _lp(session.encode()) + struct.pack(">I", len(names)))
+    def _digest(session: str, names: tuple[str, ...], keys: tuple[bytes, ...], protocol: str) -> bytes:
+        h = hashlib.sha256(_PARTICIPANTS_DOMAIN + _lp(session.encode()) + _lp(protocol.encode())
+                           + struct.pack(">I", len(names)))
         for name, key in zip(names, keys):
             h.update(_lp(name.encode()) + _lp(bytes(key)))
         return h.digest()
 
     def digest(self, session: str) -> bytes:
         """The 32-byte digest the key holder signed (bound into the common randomness)."""
-        return self._digest(session, self.names, self.keys)
+        return self._digest(session, self.names, self.keys, self.protocol)
 
     @classmethod
-    def sign(cls, identity: NodeIdentity, *, session: str, members: Mapping[str, bytes]) -> ParticipantList:
+    def sign(cls, identity: NodeIdentity, *, session: str, members: Mapping[str, bytes],
+             protocol: str) -> ParticipantList:
         """The list of ``members`` (roster name → X25519 key, ``identity`` among them) in name order,
-        signed by ``identity`` (the key holder)."""
+        for ``protocol``, signed by ``identity`` (the key holder)."""
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         names = tuple(sorted(members))
         keys = tuple(bytes(members[n]) for n in names)
         signature = sign_key(identity, protocol=SIGNED_PROTOCOL, session=session, round=0, role=PARTICIPANTS_ROLE,
-                             key=cls._digest(session, names, keys))
-        return cls(names, keys, identity.name, signature)
+                             key=cls._digest(session, names, keys, protocol))
+        return cls(names, keys, identity.name, signature, protocol)
 
     def verify(self, roster: Roster, *, session: str, holder: str, own: str | None = None,
-               own_key: bytes | None = None, floor: int = 2) -> int | None:
+               own_key: bytes | None = None, floor: int = 2, protocol: str | None = None) -> int | None:
         """Check the list; the party index of ``own`` (``None`` when ``own`` is not given).
 
-        ▲ signed by ``holder`` (the key holder whose key the client checked) for this session;
-        ▲ names sorted, distinct, roster members, the holder among them, one 32-byte key each;
-        ▲ ``own`` listed with ``own_key`` (its step-1 key); ▲ at least ``floor`` parties.
+        ▲ signed by ``holder`` (the key holder whose key the client checked) for this session and
+        its protocol; ▲ the protocol is ``protocol`` (the one the request asks this client to
+        encrypt under), when given; ▲ names sorted, distinct, roster members, the holder among
+        them, one 32-byte key each; ▲ ``own`` listed with ``own_key`` (its step-1 key); ▲ at least
+        ``floor`` parties.
 
         Raises
         ------
@@ -235,6 +247,9 @@ class ParticipantList:
                        role=PARTICIPANTS_ROLE, key=self.digest(session))
         except IdentityError as exc:  # shortened, reordered, replayed from another session, or forged
             raise IdentityError(f"participant list refused: {exc}") from None
+        if protocol is not None and self.protocol != protocol:
+            raise IdentityError(f"participant list signed by the key holder for the {self.protocol} protocol, the "
+                                f"request asks for {protocol}: refused")
         if list(self.names) != sorted(set(self.names)) or len(self.keys) != len(self.names):
             raise IdentityError("participant list: names not sorted and distinct, or not one key per name")
         unknown = [n for n in self.names if n not in roster]
@@ -259,7 +274,7 @@ class ParticipantList:
     def to_config(self) -> ConfigRecord:
         """The ConfigRecord under :data:`PARTICIPANTS_KEY`."""
         return ConfigRecord({"names": list(self.names), "keys": list(self.keys), "signer": self.signer,
-                             "signature": self.signature})
+                             "signature": self.signature, "protocol": self.protocol})
 
     @classmethod
     def from_config(cls, rec: ConfigRecord) -> ParticipantList:
@@ -276,7 +291,8 @@ class ParticipantList:
             raise MalformedMessage(f"{PARTICIPANTS_KEY}.names", "empty")
         return cls(tuple(names), tuple(bytes(k) for k in keys),
                    config_field(rec, PARTICIPANTS_KEY, "signer", str),
-                   config_bytes(rec, PARTICIPANTS_KEY, "signature", max_length=MAX_SIGNATURE_BYTES))
+                   config_bytes(rec, PARTICIPANTS_KEY, "signature", max_length=MAX_SIGNATURE_BYTES),
+                   config_field(rec, PARTICIPANTS_KEY, "protocol", str, choices=PROTOCOLS))
 
 
 def _lp(b: bytes) -> bytes:
@@ -398,6 +414,9 @@ class KeygenRequest(Payload):
     peers : mapping of int to SignedKey
         The other clients' step-1 keys by node ID: ``fhe-peers`` (32-byte keys),
         ``fhe-peer-signers``, ``fhe-peer-signatures``, keyed by ``str(node_id)``.
+    protocol : str
+        ``fhe.protocol``, the protocol of the session (one of :data:`PROTOCOLS`); the key holder
+        checks it against its node policy and signs it into the participant list.
 
     Notes
     -----
@@ -410,12 +429,13 @@ class KeygenRequest(Payload):
     slots: int
     max_rows: int
     peers: Mapping[int, SignedKey]
+    protocol: str
 
     def _to_record(self) -> RecordDict:
         peers = {str(n): p for n, p in self.peers.items()}
         return RecordDict({
             REQUEST_KEY: ConfigRecord({"session": self.session, "backend": self.backend, "slots": self.slots,
-                                       "max-rows": self.max_rows}),
+                                       "max-rows": self.max_rows, "protocol": self.protocol}),
             PEERS_KEY: ConfigRecord({n: p.key for n, p in peers.items()}),
             PEER_SIGNERS_KEY: ConfigRecord({n: p.signer for n, p in peers.items()}),
             PEER_SIGNATURES_KEY: ConfigRecord({n: p.signature for n, p in peers.items()}),
@@ -441,7 +461,8 @@ class KeygenRequest(Payload):
                                     config_bytes(sigs, PEER_SIGNATURES_KEY, name, max_length=MAX_SIGNATURE_BYTES))
         return cls(session, config_field(rec, REQUEST_KEY, "backend", str, choices=BACKENDS),
                    config_field(rec, REQUEST_KEY, "slots", int, minimum=1),
-                   config_field(rec, REQUEST_KEY, "max-rows", int, minimum=1), peers)
+                   config_field(rec, REQUEST_KEY, "max-rows", int, minimum=1), peers,
+                   config_field(rec, REQUEST_KEY, "protocol", str, choices=PROTOCOLS))
 
 
 @dataclasses.dataclass(frozen=True)

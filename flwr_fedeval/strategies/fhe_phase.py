@@ -132,18 +132,21 @@ class FHEPhaseFailedError(RuntimeError):
 
 
 class TamperingReportedError(RuntimeError):
-    """Clients of the malicious protocol detected a deviating aggregator.
+    """Clients of the malicious protocol refused the aggregate (a deviating aggregator, or a result
+    they could not certify: a client that shares its AUC replies one code, ``RESULT_REJECTED``,
+    whichever check failed, so as not to be a decryption oracle).
 
     Attributes
     ----------
     reports : dict of int to str
-        Node ID → the client's ``TamperingDetectedError`` message.
+        Node ID → the client's error reply.
     """
 
     def __init__(self, reports: dict[int, str]) -> None:
         self.reports = dict(reports)
         super().__init__(
-            f"FHE AUC phase: {len(reports)} client(s) detected tampering with the aggregate "
+            f"FHE AUC phase: {len(reports)} client(s) detected tampering with the aggregate, or could not "
+            f"certify it (single-class pooled data or too little CKKS precision; each node's log says which), "
             f"and accepted no AUC: {self.reports}"
         )
 
@@ -339,7 +342,7 @@ class FHEAUCPhase(EvaluationPhase):
 
         Returns ``None`` (and records the reason in ``failed``) if the key holder fails.
         """
-        request = fhe_auc.KeygenRequest(session, self.backend, self.slots, int(max_rows), peers)
+        request = fhe_auc.KeygenRequest(session, self.backend, self.slots, int(max_rows), peers, self.protocol)
 
         def parse(node: int, content: RecordDict):
             reply = fhe_auc.KeygenReply.from_record(content, node=node)
@@ -353,9 +356,13 @@ class FHEAUCPhase(EvaluationPhase):
                 raise ValueError(f"public context supports {max_pooled_rows(ctx.params):,} pooled rows, "
                                  f"the public bound is {max_rows:,}")
             signed = reply.holder_key(holder_pk)
+            if reply.participants.protocol != self.protocol:
+                raise ValueError(f"the key holder signed its participant list for the {reply.participants.protocol} "
+                                 f"protocol, this phase runs {self.protocol}")
             if self.roster is not None:
                 fhe_auc.verify(self.roster, signed, session=session, role=fhe_auc.HOLDER_ROLE)
-                reply.participants.verify(self.roster, session=session, holder=signed.signer, floor=1)
+                reply.participants.verify(self.roster, session=session, holder=signed.signer, floor=1,
+                                           protocol=self.protocol)
             return ctx, reply.public_context, dict(reply.bundles), signed, reply.participants
 
         got = self._exchange(grid, {holder: request.to_record()}, fhe_auc.KEYGEN, parse, failed, "key setup")
@@ -564,6 +571,9 @@ class FHEAUCPhase(EvaluationPhase):
                 t_agg: float, t_total: float) -> AUCPhaseResult:
         contributors, config = run.participants, run.config
         tampering = {n: f.summary for n, f in errors.with_code(ReplyCode.TAMPERING_DETECTED).items()}
+        rejected = {n: f.summary for n, f in errors.with_code(ReplyCode.RESULT_REJECTED).items()}
+        if self.protocol == "malicious":  # an honest aggregate fails only on single-class or imprecise data
+            tampering.update(rejected)
         if tampering:
             for node, reason in tampering.items():
                 log(ERROR, "FHE AUC phase: node %d detected tampering: %s", node, reason)

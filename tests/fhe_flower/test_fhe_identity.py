@@ -143,7 +143,8 @@ def test_clients_refuse_a_substituted_key_holder(grid, arrays, how):
     failed: dict[int, str] = {}
     config = FHEAUCConfig(n_points=N, max_rows=1024)
     forged = ParticipantList.sign(NodeIdentity.generate(holder_key.signer), session=session,
-                                  members={keys[n][2].signer: keys[n][0] for n in nodes})
+                                  members={keys[n][2].signer: keys[n][0] for n in nodes},
+                                  protocol=phase.protocol)
     valid, _ = phase.collect_counts(grid, arrays, load_context(ckks.public_bytes()), nodes, bundles, holder=0,
                                     holder_key=holder_key, session=session, config=config, failed=failed,
                                     participant_list=forged)

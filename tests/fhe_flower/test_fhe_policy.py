@@ -110,15 +110,17 @@ def test_clients_refuse_a_participant_list_the_key_holder_did_not_sign(arrays, p
     run = _steps_1_2(phase, grid)
     listed = run.participant_list
     if forgery == "shortened":    # each client alone with the key holder, the holder's signature kept
-        forged = lambda node: ParticipantList(listed.names[:2], listed.keys[:2], listed.signer, listed.signature)
+        forged = lambda node: ParticipantList(listed.names[:2], listed.keys[:2], listed.signer, listed.signature,
+                                                 listed.protocol)
     elif forgery == "reordered":  # another index for every client
-        forged = lambda node: ParticipantList(listed.names[::-1], listed.keys[::-1], listed.signer, listed.signature)
+        forged = lambda node: ParticipantList(listed.names[::-1], listed.keys[::-1], listed.signer, listed.signature,
+                                                 listed.protocol)
     elif forgery == "other-session":  # the key holder's list of an earlier session, replayed
         forged = lambda node: earlier
     else:  # a list the server signs itself, in the key holder's name
         fake = NodeIdentity.generate(listed.signer)
         forged = lambda node: ParticipantList.sign(fake, session=run.session,
-                                                   members=dict(zip(listed.names, listed.keys)))
+                                                   members=dict(zip(listed.names, listed.keys)), protocol=protocol)
     replies = grid.send_and_receive([_counts_request(phase, run, n, arrays, listed=forged(n))
                                      for n in run.participants])
     assert len(replies) == 3

@@ -51,7 +51,8 @@ ALICE = NodeIdentity.generate("node-0")
 BOB = NodeIdentity.generate("node-1")
 ROSTER = Roster({i.name: i.public_key_bytes() for i in (ALICE, BOB)})
 #: The key holder node-0 (key h…) and node-1 (key p…), signed by node-0.
-LIST = ParticipantList.sign(ALICE, session=SESSION, members={"node-1": b"p" * 32, "node-0": b"h" * 32})
+LIST = ParticipantList.sign(ALICE, session=SESSION, members={"node-1": b"p" * 32, "node-0": b"h" * 32},
+                            protocol="malicious")
 
 
 def roundtrip(content: RecordDict) -> RecordDict:
@@ -144,13 +145,17 @@ def test_pubkey_request_without_a_session_is_malformed():
     refused(PubkeyRequest, RecordDict({"other": ConfigRecord({"session": SESSION})}), "fhe")
 
 
+#: One signed peer key (node 7) of a step-2 request.
+PEER7 = {7: SignedKey("node-1", b"p" * 32, b"s")}
+
+
 # --- step 2 -------------------------------------------------------------------------------------
 def test_keygen_request_and_reply_round_trip_with_the_wire_layout():
     peers = {NODE: fhe_auc.sign(BOB, session=SESSION, role="client", key=b"p" * 32),
              7: fhe_auc.sign(ALICE, session=SESSION, role="client", key=b"q" * 32)}
-    request = KeygenRequest(SESSION, "tenseal", 31, 64, peers)
+    request = KeygenRequest(SESSION, "tenseal", 31, 64, peers, "malicious")
     content = roundtrip(request.to_record())
-    assert fields(content) == {"fhe": ["session", "backend", "slots", "max-rows"],
+    assert fields(content) == {"fhe": ["session", "backend", "slots", "max-rows", "protocol"],
                                "fhe-peers": [str(NODE), "7"], "fhe-peer-signers": [str(NODE), "7"],
                                "fhe-peer-signatures": [str(NODE), "7"]}
     back = KeygenRequest.from_record(content, node=NODE)
@@ -162,7 +167,7 @@ def test_keygen_request_and_reply_round_trip_with_the_wire_layout():
     content = roundtrip(reply.to_record())
     assert fields(content) == {"fhe-context": ["public"], "fhe-bundles": [str(NODE), "7"],
                                "fhe-holder": ["signer", "signature"],
-                               "fhe-participants": ["names", "keys", "signer", "signature"]}
+                               "fhe-participants": ["names", "keys", "signer", "signature", "protocol"]}
     assert content["fhe-bundles"][str(NODE)].numpy().dtype == np.uint8
     back = KeygenReply.from_record(content, node=NODE)
     assert back == reply
@@ -170,7 +175,7 @@ def test_keygen_request_and_reply_round_trip_with_the_wire_layout():
 
 
 def test_unsigned_or_malformed_keygen_request_is_refused_naming_the_field():
-    content = KeygenRequest(SESSION, "tenseal", 31, 64, {7: SignedKey("node-1", b"p" * 32, b"s")}).to_record()
+    content = KeygenRequest(SESSION, "tenseal", 31, 64, PEER7, "malicious").to_record()
     unsigned = RecordDict({k: v for k, v in content.items() if k != "fhe-peer-signers"})
     assert "not signed" in refused(KeygenRequest, unsigned, "fhe-peer-signers").reason
     del content["fhe-peer-signatures"]["7"]
@@ -182,7 +187,7 @@ def test_unsigned_or_malformed_keygen_request_is_refused_naming_the_field():
         (lambda c: c["fhe"].__setitem__("backend", "seal"), "fhe.backend"),
         (lambda c: c["fhe"].__delitem__("max-rows"), "fhe.max-rows"),
     ]:
-        content = KeygenRequest(SESSION, "tenseal", 31, 64, {7: SignedKey("node-1", b"p" * 32, b"s")}).to_record()
+        content = KeygenRequest(SESSION, "tenseal", 31, 64, PEER7, "malicious").to_record()
         mutate(content)
         refused(KeygenRequest, content, field)
 
@@ -204,7 +209,7 @@ def test_counts_request_and_reply_round_trip_with_the_wire_layout():
         "evaluation": ["thresholds"],
         "fhe": ["session", "protocol", "n-points", "max-rows", "n-splits", "nonce",
                 "holder-public-key", "holder-signer", "holder-signature", "metrics-threshold"],
-        "fhe-participants": ["names", "keys", "signer", "signature"],
+        "fhe-participants": ["names", "keys", "signer", "signature", "protocol"],
         "fhe-bundle": ["sealed"]}  # no party index or count: the clients derive them from the signed list
     back = CountsRequest.from_record(content, node=NODE)
     assert (back.session, back.params, back.holder, back.sealed) == (SESSION, request.params, request.holder,
@@ -230,7 +235,8 @@ def test_counts_request_and_reply_round_trip_with_the_wire_layout():
     ({"thresholds": np.linspace(1.0, 0.0, 4)}, "evaluation.thresholds", "shape (4,), expected (5,)"),
     ({"thresholds": np.array([1.0, np.nan, 0.5, 0.2, 0.0])}, "evaluation.thresholds", "NaN"),
     ({"params": _params(nonce=b"n" * 15)}, "fhe.nonce", "15 bytes, expected 16"),
-    ({"participants": LIST.__class__(LIST.names, (b"h" * 32, b"p" * 31), LIST.signer, LIST.signature)},
+    ({"participants": LIST.__class__(LIST.names, (b"h" * 32, b"p" * 31), LIST.signer, LIST.signature,
+                                          LIST.protocol)},
      "fhe-participants.keys", "32 long"),
     ({"params": _params(protocol="lazy")}, "fhe.protocol", "not one of"),
     ({"params": _params(n_splits=1)}, "fhe.n-splits", "below 2"),
@@ -304,7 +310,7 @@ def _message(content: RecordDict, message_type: str) -> Message:
 def test_client_refuses_without_state_and_a_malformed_request_before_any_work():
     ctx = _context()
     with pytest.raises(Refused, match="step 1 missing"):
-        fhe_handlers.serve_keygen(KeygenRequest(SESSION, "tenseal", 31, 64, {}), ctx)
+        fhe_handlers.serve_keygen(KeygenRequest(SESSION, "tenseal", 31, 64, {}, "malicious"), ctx)
     with pytest.raises(Refused, match="no CKKS secret context"):
         fhe_handlers.serve_result(ResultRequest(SESSION, b"x"), ctx)
 
@@ -357,5 +363,5 @@ def test_participant_list_is_canonical_and_every_check_refuses():
     # a list the server shortened or reordered no longer verifies
     for names, keys in ((("node-1",), (b"p" * 32,)), (("node-1", "node-0"), (b"p" * 32, b"h" * 32))):
         with pytest.raises(IdentityError):
-            ParticipantList(names, keys, LIST.signer, LIST.signature).verify(ROSTER, session=SESSION, holder="node-0",
-                                                                               floor=1)
+            ParticipantList(names, keys, LIST.signer, LIST.signature, LIST.protocol).verify(
+                ROSTER, session=SESSION, holder="node-0", floor=1)
