@@ -195,8 +195,9 @@ def grid_round(length: int, num_clients: int, identity_dir: str, ablate: bool, m
         return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics}), reply_to=msg)
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    grid = InProcessGrid(app, num_clients,
-                         {"fedeval-identity-dir": identity_dir, "fedeval-xmk-mask-degree": mask_degree})
+    grid = InProcessGrid(app, num_clients, {"fedeval-identity-dir": identity_dir},
+                         node_configs=[{"partition-id": i, "num-partitions": num_clients,
+                                        "fedeval-xmk-mask-degree": mask_degree} for i in range(num_clients)])
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=num_clients, min_available_nodes=num_clients,
                          max_abs_value=2.0**16, mask_degree=mask_degree)
     with ExitStack() as stack:

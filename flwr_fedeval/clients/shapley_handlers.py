@@ -599,7 +599,8 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
     for j, (own, aux, ids, _members, _sig) in request.batches.items():
         halves = [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(h, expected=params.n_limbs)]
                   for h in (own, aux)]
-        pred = helper_predict(ctx, add_products(ctx, *halves), ids.size, params, m=m, d_out=d_out)
+        pred = helper_predict(ctx, add_products(ctx, *halves), ids.size, params, m=m, d_out=d_out,
+                              out_of_range="zero")  # the reply must not depend on the decrypted value
         deal_p, deal_a = deal(pred)
         sealed = keyshare.seal_for(_pack_arrays(**deal_a._asdict(), ids=ids.astype(np.int64)), sender=kp,
                                    recipient_public=aux_pk)

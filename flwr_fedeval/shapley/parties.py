@@ -29,6 +29,7 @@ No flwr and no TensorFlow imports.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ from numpy.typing import ArrayLike, NDArray
 from flwr_fedeval.fhe.backend import CKKSContext
 from flwr_fedeval.shapley.matrix_reducing import reduce_data, reduce_model
 from flwr_fedeval.shapley.sharing import LABEL_PRIME, encode_fixed, share, share_field, to_signed
+
+_LOG = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # secsv imports this module
     from flwr_fedeval.shapley.secsv import SecSVParams
@@ -203,16 +206,30 @@ def add_products(ctx: CKKSContext, mine: list[Any], theirs: list[Any]) -> list[A
 
 
 def helper_predict(ctx: CKKSContext, limb_cts: list[Any], n_samples: int, params: SecSVParams, *, m: int,
-                   d_out: int) -> NDArray[np.uint64]:
+                   d_out: int, out_of_range: str = "raise") -> NDArray[np.uint64]:
     """Helper client: decrypt every limb, recombine ``Σ_l 2^{bl} round(dec_l) mod 2^k``, predict.
 
     Algorithm 4 steps 7–11: ``Σ_l 2^{bl} (A_S B'_l + A_S B''_l) ≡ A_S X (mod 2^k)``.
+
+    ``out_of_range``: what a decrypted slot that is not finite or beyond 2^62 (wrong key, or a
+    half the principal server P altered) does: ``"raise"`` a ``ValueError``, or ``"zero"``: the
+    slot counts as 0 and the prediction goes on, logged on this node only. The helper of the
+    Flower phase uses ``"zero"``: an error reply that appears or not with the decrypted value
+    would tell P one bit of a score per job (a decryption oracle).
 
     Returns
     -------
     ndarray of shape (n_samples,), uint64
         Predicted labels (argmax, or margin > 0 when ``d_out = 1``).
+
+    Raises
+    ------
+    ValueError
+        Limb count or ``n_samples`` out of range; a decrypted value out of range with
+        ``out_of_range="raise"``.
     """
+    if out_of_range not in ("raise", "zero"):
+        raise ValueError(f"out_of_range must be 'raise' or 'zero', got {out_of_range!r}")
     k, b = params.ring_bits, params.limb_bits
     if len(limb_cts) != params.n_limbs:
         raise ValueError(f"{len(limb_cts)} limb ciphertexts, expected {params.n_limbs}")
@@ -220,9 +237,13 @@ def helper_predict(ctx: CKKSContext, limb_cts: list[Any], n_samples: int, params
         raise ValueError(f"a batch has 1..{m} samples, got {n_samples}")
     acc = np.zeros(d_out * m, dtype=np.uint64)
     for l, ct in enumerate(limb_cts):
-        dec = ctx.decrypt(ct)[: d_out * m]
-        if not np.all(np.isfinite(dec)) or np.abs(dec).max(initial=0) > 2.0 ** 62:
-            raise ValueError("decrypted scores are out of range (wrong key or malformed ciphertext)")
+        dec = np.asarray(ctx.decrypt(ct)[: d_out * m], dtype=np.float64)
+        bad = ~np.isfinite(dec) | (np.abs(np.nan_to_num(dec, nan=0.0, posinf=2.0 ** 63)) > 2.0 ** 62)
+        if bad.any():
+            if out_of_range == "raise":
+                raise ValueError("decrypted scores are out of range (wrong key or malformed ciphertext)")
+            _LOG.warning("SecSV helper: %d decrypted slot(s) of limb %d out of range, counted as 0", int(bad.sum()), l)
+            dec = np.where(bad, 0.0, dec)
         v = np.rint(dec).astype(np.int64)
         acc += v.astype(np.uint64) << np.uint64(b * l)
     scores: NDArray[np.int64] = to_signed(acc & np.uint64((1 << k) - 1), k).reshape(d_out, m)[:, :n_samples]

@@ -663,7 +663,7 @@ def _configs(num_nodes, **extra):
 
 
 def test_honest_sparse_graph_round_equals_weighted_fedavg():
-    grid = InProcessGrid(make_app(), 7, {**RUN_CONFIG, "fedeval-xmk-mask-degree": 2})
+    grid = InProcessGrid(make_app(), 7, RUN_CONFIG, node_configs=_configs(7, **{"fedeval-xmk-mask-degree": 2}))
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=7, max_abs_value=1e4,
                          mask_degree=2)
     result = run(grid, strategy)

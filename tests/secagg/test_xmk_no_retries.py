@@ -322,7 +322,9 @@ def test_sparse_mask_graph_member_lost_before_upload_is_unmasked_exactly():
     """M = 7, mask degree 2: the lost member's pairwise masks with its two neighbours in C are rebuilt from
     its reconstructed mask key; the mean over the six contributors is exact."""
     lost = {}
-    grid = InProcessGrid(make_app(), 7, {**RUN_CONFIG, "fedeval-xmk-mask-degree": 2},
+    grid = InProcessGrid(make_app(), 7, RUN_CONFIG,
+                         node_configs=[{"partition-id": i, "num-partitions": 7, "fedeval-xmk-mask-degree": 2}
+                                       for i in range(7)],
                          fault=lambda n, m, r: None if n == lost["node"] and m.metadata.message_type == "train" else r)
     lost["node"] = grid.node_ids[4]
     strategy = _strategy(7, mask_degree=2)
