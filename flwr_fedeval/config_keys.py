@@ -22,8 +22,9 @@ run-config key                 default  read by, meaning
                                         ``fedeval-dp-budget``; larger is refused)
 ``fedeval-share-auc``          true     the clients: ``false`` withholds the decrypted FHE AUC
                                         whatever node ``fedeval-share-auc`` says
-``fedeval-xmk-mask-degree``    4        the clients: floor on the xMK-CKKS mask-graph degree when
-                                        node ``fedeval-xmk-mask-degree`` is unset
+``fedeval-xmk-mask-degree``    4        the clients: raises their floor on the xMK-CKKS mask-graph
+                                        degree (0: complete graph), never below node
+                                        ``fedeval-xmk-mask-degree``
 =============================  =======  ===========================================================
 
 An App declares (with ``""`` or its default) only the keys it lets its users set: Flower

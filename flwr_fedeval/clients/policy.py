@@ -98,6 +98,7 @@ __all__ = [
     "PolicyKey",
     "check_fhe_protocol",
     "dp_limits",
+    "markdown_table",
     "key_set_floor",
     "mask_degree_floor",
     "model_digest",
@@ -321,6 +322,20 @@ class NodePolicy:
                    min_clients=v[MIN_CLIENTS], evaluations_per_model=v[EVALUATIONS], dp_seed=v[DP_SEED],
                    secsv_trust_principal=v[SECSV_TRUST_PRINCIPAL], source=source,
                    xmk_mask_degree=v[XMK_MASK_DEGREE], fhe_min_protocol=v[FHE_MIN_PROTOCOL])
+
+
+def markdown_table() -> str:
+    """The Markdown table of :data:`POLICY_KEYS` (key, default, tighter, run config, meaning), as
+    ``docs/how-to/node-policy.md`` holds it between ``<!-- policy-keys -->`` markers (a test keeps
+    the page equal to it)."""
+    def default(k: PolicyKey) -> str:
+        return "(unset)" if k.default is None else _toml(k.default).strip('"')
+
+    rows = ["| key | default | tighter | run config | meaning |", "|---|---|---|---|---|"]
+    for k in POLICY_KEYS:
+        run = "may tighten" if k.run_config else "not read"
+        rows.append(f"| `{k.name}` | {default(k)} | {k.tighter} | {run} | {k.meaning} |")
+    return "\n".join(rows)
 
 
 def policy_file(context: Context) -> Path | None:

@@ -94,7 +94,7 @@ def test_forged_party_count_and_index_have_no_effect_every_client_detects_the_so
         (result,) = grid.send_and_receive([Message(request, dst_node_id=node,
                                                    message_type=fhe_auc.RESULT.message_type)])
         assert result.has_error(), "a client accepted the AUC of its own counts alone"
-        assert result.error.code in (ReplyCode.TAMPERING_DETECTED, ReplyCode.UNDEFINED_AUC), result.error.reason
+        assert result.error.code == ReplyCode.RESULT_REJECTED, result.error.reason  # one code, whatever failed
 
 
 @pytest.mark.parametrize("protocol", ["semi-honest", "malicious"])

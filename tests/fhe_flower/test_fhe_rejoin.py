@@ -104,7 +104,8 @@ def test_one_identity_under_two_node_ids_is_refused(arrays):
     assert [signed[n][1] for n in nodes] == ["node-0", "node-1", "node-2", "node-2"]
     peers = nodes[1:]
     content = RecordDict({
-        FHE_REQUEST_KEY: ConfigRecord({"session": session, "backend": BACKEND, "slots": phase.slots, "max-rows": 64}),
+        FHE_REQUEST_KEY: ConfigRecord({"session": session, "backend": BACKEND, "slots": phase.slots, "max-rows": 64,
+                                        "protocol": phase.protocol}),
         FHE_PEERS_KEY: ConfigRecord({str(n): signed[n][0] for n in peers}),
         FHE_PEER_SIGNERS_KEY: ConfigRecord({str(n): signed[n][1] for n in peers}),
         FHE_PEER_SIGNATURES_KEY: ConfigRecord({str(n): signed[n][2] for n in peers}),
