@@ -142,6 +142,8 @@ SEED_BYTES = 32
 
 # blocks per range when the server reads or decodes a reply (a few MiB of temporaries)
 _CHUNK_BLOCKS = 32
+# blocks per range when a client encrypts or packs
+_ENCRYPT_BLOCKS = 32
 
 
 class KaheError(ValueError):
@@ -628,10 +630,18 @@ class KaheCiphertext:
         head = _CT_HEADER.pack(
             _CT_MAGIC, _CT_VERSION, 0, 0, self.num_values, 0, self.num_blocks, p.digest, self.seed_tag
         )
-        parts = [head]
+        out = bytearray(HEADER_SIZE + self.payload_size(p, self.num_blocks))
+        out[:HEADER_SIZE] = head
+        pos, n, nb = HEADER_SIZE, p.n, self.num_blocks
         for i, q in enumerate(p.primes):
-            parts.append(_pack_bits(np.ascontiguousarray(self.residues[:, i, :]).reshape(-1), q.bit_length()))
-        return b"".join(parts)
+            b = q.bit_length()
+            for lo in range(0, nb, _ENCRYPT_BLOCKS):  # a range at a time: temporaries stay in cache
+                hi = min(nb, lo + _ENCRYPT_BLOCKS)
+                out[pos + lo * n * b // 8 : pos + hi * n * b // 8] = _pack_bits(
+                    np.ascontiguousarray(self.residues[lo:hi, i, :]).reshape(-1), b
+                )
+            pos += nb * n * b // 8
+        return bytes(out)
 
     @staticmethod
     def payload_size(params: KaheParameters, num_blocks: int) -> int:
@@ -794,24 +804,30 @@ def encrypt(
     x, clipped = _encode(params, values, integers)
     nb = x.shape[0]
     ring = params.ring
-    # t = e + Δ x, then a k + t mod q_i inside the product's final reduction
-    e = discrete_gaussian((nb, params.n), params.sigma_error, params.error_cut, RandomStream())
-    if params.modulus < 2**61:
-        x *= params.delta  # |Δ x| ≤ Δ B 2^F < Q/2 < 2^60: exact
-        x += e
-        addend = x[:, None, :]
-    else:
-        addend = np.empty((nb, params.limbs, params.n), dtype=np.int64)
-        for i, q in enumerate(params.primes):
-            r = addend[:, i, :]
-            mod_signed(x, q, out=r.view(np.uint64))
-            r *= params.delta % q  # < 2^62
-            r %= q
-            r += e
-    a = public_polynomials(params, seed, 0, nb)
     k64 = k.astype(np.int64)
+    spec = ring.fft_small(k64)
     norm = float(np.sqrt(np.sum(k64.astype(np.float64) ** 2)))
-    c = ring.mul_small_spectrum(ring.fft_small(k64), norm, a, addend=addend)
+    rng = RandomStream()
+    c = np.empty((nb, params.limbs, params.n), dtype=np.uint64)
+    for lo in range(0, nb, _ENCRYPT_BLOCKS):  # a range of blocks at a time: temporaries stay in cache
+        cnt = min(_ENCRYPT_BLOCKS, nb - lo)
+        xs = x[lo : lo + cnt]
+        e = discrete_gaussian((cnt, params.n), params.sigma_error, params.error_cut, rng)
+        # addend t = e + Δ x, reduced by the product's final reduction: c = a k + t mod q_i
+        if params.modulus < 2**61:
+            xs *= params.delta  # |Δ x| ≤ Δ B 2^F < Q/2 < 2^60: exact
+            xs += e
+            addend = xs[:, None, :]
+        else:
+            addend = np.empty((cnt, params.limbs, params.n), dtype=np.int64)
+            for i, q in enumerate(params.primes):
+                r = addend[:, i, :]
+                mod_signed(xs, q, out=r.view(np.uint64))
+                r *= params.delta % q  # < 2^62
+                r %= q
+                r += e
+        a = public_polynomials(params, seed, lo, cnt)
+        c[lo : lo + cnt] = ring.mul_small_spectrum(spec, norm, a, addend=addend)
     return KaheCiphertext(params, _seed_tag(params, seed), int(np.asarray(values).shape[0]), c, clipped)
 
 

@@ -377,3 +377,19 @@ def test_ciphertext_bytes():
     np.testing.assert_array_equal(KaheCiphertext.rows(data, p, 1, 1), ct.residues[1:2])
     with pytest.raises(KaheError):
         KaheCiphertext.rows(data, p, 1, 2)
+
+
+def test_encrypt_in_ranges_of_one_block(monkeypatch):
+    """Encrypting and packing a range of blocks at a time gives a reply that decodes exactly."""
+    monkeypatch.setattr(kahe, "_ENCRYPT_BLOCKS", 1)
+    p = kahe_parameters(2)
+    m = 3 * p.n + 1
+    seed, vals, ints, keys, cts = _round(p, 2, m)
+    S = KaheSum(p, seed, m, chunk_blocks=3)
+    for ct in cts:
+        data = ct.to_bytes()
+        np.testing.assert_array_equal(KaheCiphertext.from_bytes(data, p).residues, ct.residues)
+        S.add(data)
+    sums, isum = S.decode(keys[0] + keys[1])
+    assert np.max(np.abs(sums - (vals[0] + vals[1]))) <= p.max_sum_error
+    np.testing.assert_array_equal(isum, ints[0] + ints[1])
