@@ -47,14 +47,14 @@ Why Gaussian and not ternary keys (Hint-RLWE). The server learns K_C = Σ k_i an
 E_j = Σ e_ij exactly. For an honest client i these are *hints* k_i + (the other honest keys). Kim,
 Lee, Seo and Song ("Toward Practical Lattice-Based Proof of Knowledge from Hint-MLWE", CRYPTO 2023)
 show that RLWE with a Gaussian secret of width σ_1 and Q hints s + y_l with Gaussian y_l of width
-σ_2 stays as hard as RLWE with width σ, 1/σ^2 = 2 (1/σ_1^2 + Q/σ_2^2) (their Theorem 2; the factor 2
-comes from the discrete-Gaussian convolution lemma; heuristically, without it, σ is the width of k_i
-given the hint). With at least two honest contributors (one hint, σ_1 = σ_2 = σ_key) the width left
-is σ_key/√2 heuristically (3.18 at σ_key = 4.5, the HE Standard's 3.2) and σ_key/2 = 2.25 by the
-proven reduction; the same holds for e with σ_error. A ternary k has no such guarantee: with two
-honest ternary keys a coefficient of their sum equal to ±2 reveals both coefficients. σ_key = 4.5
-and σ_error = 4.5√2 are Willow's choices (``kahe.h``: kPrgSecretS, kPrgErrorS); both are validated
-to be at least :data:`MIN_SIGMA` = 4.5.
+σ_2 stays as hard as RLWE with width σ, 1/σ^2 = 2 (1/σ_1^2 + Q/σ_2^2) (their main theorem, the
+constant as we read it: the factor 2 comes from the discrete-Gaussian convolution step; without it,
+σ is the width of k_i given the hint, the heuristic figure). With at least two honest contributors
+(one hint, σ_1 = σ_2 = σ_key) the width left is σ_key/√2 heuristically (3.18 at σ_key = 4.5, the HE
+Standard's 3.2) and σ_key/2 = 2.25 by the proven reduction; the same holds for e with σ_error. A
+ternary k has no such guarantee: with two honest ternary keys a coefficient of their sum equal to ±2
+reveals both coefficients. σ_key = 4.5 and σ_error = 4.5√2 are Willow's choices (``kahe.h``:
+kPrgSecretS, kPrgErrorS); both are validated to be at least :data:`KAHE_MIN_SIGMA` = 4.5.
 
 Security of the sizes. log2 Q is checked against the HomomorphicEncryption.org 128-bit table
 (:data:`~flwr_fedeval.rlwe.params.HE_STANDARD_128_TABLE`, σ = 3.2): 109 bits at n = 4096. The sets
