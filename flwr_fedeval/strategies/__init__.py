@@ -34,6 +34,8 @@ _EXPORTS = {
     "NodeSubsetGrid": "flwr_fedeval.strategies.shapley_phase",
     "discover_roles": "flwr_fedeval.strategies.shapley_phase",
     "EvaluationPhase": "flwr_fedeval.strategies.base",
+    "ClientAppNotWired": "flwr_fedeval.strategies.base",
+    "NodeNotConfigured": "flwr_fedeval.strategies.base",
 }
 
 __all__ = sorted(_EXPORTS)
