@@ -52,8 +52,11 @@ refuse a second evaluation of the same model anyway (node config
 Who learns the AUC: the clients. With ``share_auc_with_server`` the server
 expects the clients to report it; each client decides with its node policy
 (``fedeval-share-auc``, default false; :mod:`flwr_fedeval.clients.policy`);
-otherwise ``AUCPhaseResult.auc`` is ``nan`` and
-``details["auc_known_to"] == "clients"``. A client whose
+otherwise ``AUCPhaseResult.auc`` is ``nan``,
+``details["auc_known_to"] == "clients"``, ``details["withheld_by"]`` lists the nodes that
+replied "not shared", and ``str(result)`` (logged as a WARNING) says "not shared by policy"
+with the command that changes the policy (:func:`flwr_fedeval.reporting.auc_summary`).
+A resolution bound above 0.01 is logged as a WARNING with the fix (logit-spaced decision points). A client whose
 verification fails (malicious protocol) replies ``TamperingDetectedError``;
 the phase then raises :class:`TamperingReportedError` naming those clients.
 
@@ -591,6 +594,8 @@ class FHEAUCPhase(EvaluationPhase):
         }
         if self.protocol == "malicious":
             details["n_splits"] = self.n_splits
+        details["share_requested"] = self.share_auc_with_server
+        details["withheld_by"] = sorted(n for n, r in reports.items() if not r.shared)
         auc = bound = math.nan
         if self.share_auc_with_server and shared:
             values = np.array([r.auc for r in shared.values()])
@@ -603,9 +608,6 @@ class FHEAUCPhase(EvaluationPhase):
             details["auc_known_to"] = "clients and server"
             details["reported_by"] = sorted(shared)
         else:
-            if self.share_auc_with_server:
-                log(WARNING, "FHE AUC phase: share_auc_with_server is set but no client reported the AUC "
-                             "(their node policy 'fedeval-share-auc' is false)")
             details["auc_known_to"] = "clients"
         if self.metrics_threshold is not None:
             details["metrics_threshold"] = self.metrics_threshold
@@ -615,18 +617,7 @@ class FHEAUCPhase(EvaluationPhase):
                 details["threshold_metrics"] = {k: float(np.median([m[k] for m in with_metrics]))
                                                 for k in fhe_auc.METRICS}
 
-        if details["auc_known_to"] == "clients":
-            log(INFO, "FHE AUC phase (%s): %d clients; the AUC is known to the clients only "
-                "(%d decrypted it); %.1f s", self.protocol, len(contributors), len(reports), t_total)
-        else:
-            log(INFO, "FHE AUC phase (%s): %d clients, global AUC %.6f (reported by %d clients); "
-                "aggregation %.2f s, phase %.1f s", self.protocol, len(contributors), auc, len(shared),
-                t_agg, t_total)
-        if "threshold_metrics" in details:
-            tm = details["threshold_metrics"]
-            log(INFO, "FHE metrics at threshold %g (reported by the clients): accuracy %.6f precision %.6f "
-                "recall %.6f F1 %.6f", self.metrics_threshold, *(tm[k] for k in fhe_auc.METRICS))
-        return AUCPhaseResult(
+        result = AUCPhaseResult(
             auc=auc,
             thresholds=np.asarray(self.thresholds, dtype=np.float64),
             counts=None,
@@ -636,3 +627,20 @@ class FHEAUCPhase(EvaluationPhase):
             details=details,
             resolution_bound=bound,
         )
+        self._log_result(result, t_agg=t_agg, t_total=t_total)
+        if "threshold_metrics" in details:
+            tm = details["threshold_metrics"]
+            log(INFO, "FHE metrics at threshold %g (reported by the clients): accuracy %.6f precision %.6f "
+                "recall %.6f F1 %.6f", self.metrics_threshold, *(tm[k] for k in fhe_auc.METRICS))
+        return result
+
+    def _log_result(self, result: AUCPhaseResult, *, t_agg: float, t_total: float) -> None:
+        """The result as a person reads it on the server (:func:`flwr_fedeval.reporting.auc_summary`):
+        INFO with the resolution bound; WARNING when the bound exceeds 0.01 (with the fix) or when the
+        clients kept an AUC the phase asked for (with the command that changes their policy)."""
+        from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD
+
+        wide = result.resolution_bound > RESOLUTION_WARN_THRESHOLD  # nan: unknown, no warning
+        withheld = self.share_auc_with_server and not math.isfinite(result.auc)
+        log(WARNING if wide or withheld else INFO, "FHE AUC phase (%s): %d clients: %s; aggregation %.2f s, "
+            "phase %.1f s", self.protocol, len(result.contributors), result, t_agg, t_total)
