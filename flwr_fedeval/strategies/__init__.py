@@ -38,7 +38,6 @@ _EXPORTS = {
     "ClientAppNotWired": "flwr_fedeval.strategies.base",
     "train_with_checkpoints": "flwr_fedeval.strategies.checkpoint",
     "load_checkpoint": "flwr_fedeval.strategies.checkpoint",
-    "CheckpointError": "flwr_fedeval.strategies.checkpoint",
     "NodeNotConfigured": "flwr_fedeval.strategies.base",
 }
 
