@@ -91,6 +91,22 @@ def _show(roster: Roster) -> None:
     print(f"roster fingerprint {roster.fingerprint()}")
 
 
+def _show_policy(names: list[str], policy: dict[str, Any]) -> None:
+    """Print the policy every ``<name>.policy.toml`` now holds, and how to change what leaves a node."""
+    from flwr_fedeval.clients.policy import POLICY_DEFAULTS, POLICY_SUFFIX, SHARE_AUC
+
+    values = {**POLICY_DEFAULTS, **policy}
+    print(f"node policy written to {names[0]}{POLICY_SUFFIX}{' ...' if len(names) > 1 else ''} "
+          f"(what leaves each node; the node config's fedeval-* keys override it):")
+    for key, value in values.items():
+        origin = "--policy" if key in policy else "default"
+        print(f"  {key} = {str(value).lower() if isinstance(value, bool) else value}\t({origin})")
+    if not values[SHARE_AUC]:
+        print(f"the FHE AUC stays on the nodes ({SHARE_AUC} = false): the server reports it as 'not shared by "
+              f"policy'; to let the nodes report it, create the keys with --policy {SHARE_AUC}=true or set "
+              f"{SHARE_AUC} = true in each {POLICY_SUFFIX} file")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flwr_fedeval.keys", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"wrote {len(names)} private keys and roster.json to {args.out}")
     _show(roster)
+    _show_policy(names, policy)
     return 0
 
 

@@ -13,6 +13,11 @@ and is replaced as a whole on the next publish of ``NAME``; everything
 outside the markers (hand-written text, sections quoted from earlier
 measurements) is left as it is. A new ``NAME`` is appended at the end.
 
+:func:`auc_summary` is the one line a person reads on the server for an AUC phase's
+result (``str(result)`` of :class:`~flwr_fedeval.strategies.auc_phase.AUCPhaseResult`):
+the AUC with its resolution bound, a warning with the fix when the bound exceeds 0.01,
+or, for an FHE AUC the clients kept, why and the command that changes it.
+
 Imports neither flwr nor TensorFlow; matplotlib is only needed by the
 caller that draws a figure.
 """
@@ -31,7 +36,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["markdown_table", "machine_description", "provenance", "publish"]
+__all__ = ["SHARE_AUC_HOWTO", "auc_summary", "markdown_table", "machine_description", "provenance", "publish"]
+
+#: How a federation lets its nodes report the FHE AUC (node policy ``fedeval-share-auc``,
+#: :mod:`flwr_fedeval.clients.policy`): the command that writes the policy, or the policy file's key.
+SHARE_AUC_HOWTO = (
+    "each node's policy decides: `python -m flwr_fedeval.keys create --out DIR --nodes N "
+    "--policy fedeval-share-auc=true` writes it for new keys; for existing ones set "
+    "`fedeval-share-auc = true` in each node's <name>.policy.toml (or node config "
+    "fedeval-share-auc=true)"
+)
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -248,3 +262,47 @@ def publish(
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text)
     return path
+
+
+def auc_summary(result: Any) -> str:
+    """One readable line for an AUC phase's result (an ``AUCPhaseResult``; read by attribute).
+
+    * an AUC: ``"FHE AUC 0.912345 ± 0.0021 (resolution bound, N = 100 decision points)"``, followed by
+      the fix (:func:`flwr_fedeval.metrics.auc.resolution_advice`, naming
+      ``decision-point-spacing='logit'``) when the bound exceeds
+      :data:`~flwr_fedeval.metrics.auc.RESOLUTION_WARN_THRESHOLD`;
+    * an FHE AUC the clients did not report: ``"FHE AUC not shared by policy: ..."`` with the nodes
+      that withheld it and :data:`SHARE_AUC_HOWTO`, or ``"known to the clients only"`` when the phase
+      did not ask (``share_auc_with_server=False``); never ``nan``.
+    """
+    import math
+
+    from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice
+
+    details = dict(getattr(result, "details", {}) or {})
+    method = str(getattr(result, "method", ""))
+    label = "FHE AUC" if method == "fhe" else f"AUC ({getattr(result, 'label', method)})"
+    auc = float(getattr(result, "auc", math.nan))
+    if not math.isfinite(auc):
+        if details.get("auc_known_to") == "clients":
+            decrypted = len(details.get("decrypted_by", []))
+            if details.get("share_requested") is False:
+                return (f"{label} known to the clients only ({decrypted} decrypted it; the phase did not ask "
+                        f"for it: share_auc_with_server=False)")
+            withheld = details.get("withheld_by", [])
+            return (f"{label} not shared by policy: the {decrypted} clients that decrypted it keep it "
+                    f"({len(withheld)} replied 'not shared': node policy fedeval-share-auc is false, the "
+                    f"default, or run config fedeval-share-auc=false); to report it, {SHARE_AUC_HOWTO}")
+        return f"{label} unknown ({details.get('defined', 'no value')})"
+    text = f"{label} {auc:.6f}"
+    bound = float(getattr(result, "resolution_bound", math.nan))
+    if math.isfinite(bound):
+        points = getattr(getattr(result, "thresholds", None), "size", None)
+        at = f", N = {points} decision points" if points else ""
+        text += f" ± {bound:.4f} (resolution bound{at})"
+        if bound > RESOLUTION_WARN_THRESHOLD:
+            text += f"; WARNING: {resolution_advice(bound)}"
+    epsilon = details.get("epsilon")
+    if isinstance(epsilon, (int, float)):
+        text += f" (ε = {epsilon:g} per client)"
+    return text

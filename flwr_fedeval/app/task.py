@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from flwr_fedeval import config_keys
+from flwr_fedeval import config_keys, constraints
 from flwr_fedeval.data.partition import ClientSplit, client_split, partition_indices
 
 __all__ = ["ConfigError", "JobConfig", "LIBRARY_PARAMETERS", "LIBRARY_RUN_CONFIG", "library_run_config",
+           "library_choices", "library_default", "library_target",
            "SEED_CNN_MIN_IMAGE_SIZE", "clear_data_cache",
            "client_partitions", "load_pooled_data", "load_client_data", "build_model", "XRAY_TASKS"]
 
@@ -28,21 +29,16 @@ XRAY_TASKS = {
     "covid-vs-normal": ("normal", "covid"),
 }
 
-_CHOICES = {
+#: This App's own enumerations; those of the keys that set a library parameter are the library's
+#: (:func:`library_choices`, from the class's ``_parameter_constraints``).
+_APP_CHOICES = {
     "dataset": ("breast-cancer", "chest-xray", "bank-marketing"),
     "model": ("default", "logreg"),
     "shapley": ("none", "secsv"),
     "xray_task": tuple(XRAY_TASKS),
     "partitioning": ("iid", "dirichlet"),
     "auc_method": ("plain", "dpauc-laplace", "dpauc-rr", "fedauc-rr", "fedauc-laplace", "fhe"),
-    "fhe_auc": ("semi-honest", "malicious"),
-    "fhe_backend": ("tenseal", "openfhe"),
-    "dpauc_clipping": ("clip-sort", "no-clip"),
-    "fedauc_sensitivity": ("local", "global"),
-    "fedauc_allocation": ("alpha", "orthogonal"),
-    "decision_point_spacing": ("linear", "logit"),
     "secure_aggregation": ("none", "xmkckks"),
-    "xmk_rekey": ("every-round", "per-client-set"),
 }
 
 #: App config key -> the library parameter it sets: ``(object, parameter name)``,
@@ -74,6 +70,47 @@ LIBRARY_PARAMETERS: dict[str, tuple[str, str]] = {
     "shapley-model-bound": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "model_bound"),
     "shapley-feature-bound": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "feature_bound"),
     "shapley-frac-bits": ("flwr_fedeval.strategies.shapley_phase:SecSVPhase", "data_frac_bits"),
+}
+
+
+def library_target(key: str) -> tuple[Any, str]:
+    """``(object, parameter)`` behind App key ``key`` (:data:`LIBRARY_PARAMETERS`), the object imported."""
+    import importlib
+
+    target, param = LIBRARY_PARAMETERS[key]
+    module, qualname = target.split(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj, param
+
+
+def library_default(key: str) -> Any:
+    """The default of the library parameter behind App key ``key``: its signature's
+    (:func:`flwr_fedeval.constraints.default_of`)."""
+    return constraints.default_of(*library_target(key))
+
+
+def library_choices() -> dict[str, tuple[str, ...]]:
+    """``{field name: choices}`` of the App keys that set a library parameter with a set of choices
+    (:func:`flwr_fedeval.constraints.choices`; XMKFedAvg's re-key policies: its ``REKEY_CHOICES``)."""
+    from flwr_fedeval.strategies.xmk_fedavg import REKEY_CHOICES
+
+    out: dict[str, tuple[str, ...]] = {"xmk_rekey": tuple(REKEY_CHOICES)}
+    for key in LIBRARY_PARAMETERS:
+        found = constraints.choices(*library_target(key))
+        if found is not None:
+            out[key.replace("-", "_")] = found
+    return out
+
+
+#: Every enumerated key: this App's own and the library's (derived, never restated).
+_CHOICES: dict[str, tuple[str, ...]] = {**_APP_CHOICES, **library_choices()}
+
+
+#: Library classes whose relations between parameters apply only when the run uses them.
+_USED_WHEN: dict[str, Any] = {
+    "flwr_fedeval.strategies.fhe_phase:FHEAUCPhase": lambda cfg: cfg.auc_method == "fhe",
 }
 
 
@@ -131,7 +168,11 @@ class JobConfig:
     """The ``[tool.flwr.app.config]`` section, validated.
 
     Keys are the kebab-case names of the fields (``num-server-rounds`` for
-    ``num_server_rounds``); see ``pyproject.toml`` for the defaults.
+    ``num_server_rounds``); see ``pyproject.toml`` for the defaults. A key that sets a library
+    parameter (:data:`LIBRARY_PARAMETERS`) takes its default from the library's signature
+    (:func:`library_default`), its choices from the library's constraints (:func:`library_choices`)
+    and its checks too (:meth:`problems`); ``pyproject.toml`` restates the defaults for Flower and
+    ``tests/app/test_defaults.py`` keeps it equal.
     """
 
     num_server_rounds: int = 3
@@ -139,7 +180,7 @@ class JobConfig:
     batch_size: int = 32
     learning_rate: float = 1e-3
     fraction_train: float = 1.0
-    min_nodes: int = 2
+    min_nodes: int = library_default("min-nodes")
     seed: int = 42
     dataset: str = "breast-cancer"
     data_dir: str = ""
@@ -147,36 +188,36 @@ class JobConfig:
     xray_task: str = "pneumonia-vs-normal"
     image_size: int = 128
     partitioning: str = "iid"
-    dirichlet_alpha: float = 0.5
-    test_fraction: float = 0.2
+    dirichlet_alpha: float = library_default("dirichlet-alpha")
+    test_fraction: float = library_default("test-fraction")
     auc_method: str = "plain"
-    num_decision_points: int = 100
-    decision_point_spacing: str = "linear"
-    dp_epsilon: float = 1.0
+    num_decision_points: int = library_default("num-decision-points")
+    decision_point_spacing: str = library_default("decision-point-spacing")
+    dp_epsilon: float = library_default("dp-epsilon")
     dp_budget: float = 0.0
-    dpauc_clipping: str = "clip-sort"
-    fedauc_sensitivity: str = "local"
-    fedauc_allocation: str = "orthogonal"
-    fedauc_alpha: float = 0.5
-    fedauc_beta: float | str = "adaptive"
-    fhe_auc: str = "semi-honest"
-    fhe_splits: int = 4
-    fhe_backend: str = "tenseal"
-    share_auc_with_server: bool = True
+    dpauc_clipping: str = library_default("dpauc-clipping")
+    fedauc_sensitivity: str = library_default("fedauc-sensitivity")
+    fedauc_allocation: str = library_default("fedauc-allocation")
+    fedauc_alpha: float = library_default("fedauc-alpha")
+    fedauc_beta: float | str = library_default("fedauc-beta")
+    fhe_auc: str = library_default("fhe-auc")
+    fhe_splits: int = library_default("fhe-splits")
+    fhe_backend: str = library_default("fhe-backend")
+    share_auc_with_server: bool = library_default("share-auc-with-server")
     fhe_metrics_threshold: float = 0.5
     secure_aggregation: str = "none"
-    xmk_parameter_set: str = "xmk-n4096-q109"
-    xmk_max_abs_value: float = 65536.0
-    xmk_rekey: str = "every-round"
-    xmk_mask_degree: int = 4
-    step_timeout: float = 600.0
+    xmk_parameter_set: str = library_default("xmk-parameter-set")
+    xmk_max_abs_value: float = library_default("xmk-max-abs-value")
+    xmk_rekey: str = library_default("xmk-rekey")
+    xmk_mask_degree: int = library_default("xmk-mask-degree")
+    step_timeout: float = library_default("step-timeout")
     identity_dir: str = ""
     fedeval_roster: str = ""
     shapley: str = "none"
-    shapley_sample_skip: bool = True
-    shapley_model_bound: float = 8.0
-    shapley_feature_bound: float = 16.0
-    shapley_frac_bits: int = 10
+    shapley_sample_skip: bool = library_default("shapley-sample-skip")
+    shapley_model_bound: float = library_default("shapley-model-bound")
+    shapley_feature_bound: float = library_default("shapley-feature-bound")
+    shapley_frac_bits: int = library_default("shapley-frac-bits")
     shapley_aux_partition_id: int = -1
     output_dir: str = "outputs"
     resume_from: str = ""
@@ -268,8 +309,6 @@ class JobConfig:
         check(lambda: 0.0 < self.test_fraction < 1.0, "config 'test-fraction' must be in (0, 1)", "test_fraction")
         check(lambda: 0.0 < self.dirichlet_alpha < math.inf, "config 'dirichlet-alpha' must be a finite number > 0",
               "dirichlet_alpha")
-        check(lambda: self.num_decision_points >= 2, "config 'num-decision-points' must be >= 2",
-              "num_decision_points")
         # DP AUC phases (flwr_fedeval.dp); inf is allowed and disables the noise.
         check(lambda: not math.isnan(self.dp_epsilon) and self.dp_epsilon > 0,
               "config 'dp-epsilon' must be > 0 (inf disables the noise)", "dp_epsilon")
@@ -277,13 +316,7 @@ class JobConfig:
               "config 'dp-budget' must be >= 0 (0 = dp-epsilon: one DP evaluation per run)", "dp_budget")
         check(lambda: not 0 < self.dp_budget < self.dp_epsilon, "config 'dp-budget' must be 0 or >= 'dp-epsilon'",
               "dp_budget", "dp_epsilon")
-        check(lambda: 0.0 < self.fedauc_alpha < 1.0, "config 'fedauc-alpha' must be in (0, 1)", "fedauc_alpha")
-        check(lambda: self.fedauc_beta == "adaptive" or (
-            not isinstance(self.fedauc_beta, (bool, str)) and 0.0 < self.fedauc_beta <= 1.0),
-            f"config 'fedauc-beta' must be 'adaptive' or a number in (0, 1], got {self.fedauc_beta!r}", "fedauc_beta")
-        check(lambda: self.fedauc_sensitivity == "local" or self.fedauc_allocation == "alpha",
-              "config 'fedauc-allocation' must be 'alpha' when 'fedauc-sensitivity' = 'global'",
-              "fedauc_allocation", "fedauc_sensitivity")
+        out += self._library_problems(bad)
         if self.auc_method == "fhe" and not bad & {"fhe_splits", "fhe_backend", "fhe_auc", "num_decision_points",
                                                      "fhe_metrics_threshold"}:
             out += self._fhe_problems()
@@ -336,11 +369,28 @@ class JobConfig:
             out.append(f"config 'shapley-model-bound'/'shapley-feature-bound'/'shapley-frac-bits': {exc}")
         return out
 
-    def _fhe_problems(self) -> list[str]:
-        """``fhe-*`` keys: splits, slots, threshold, and the backend this Python can run."""
+    def _library_problems(self, bad: set[str]) -> list[str]:
+        """The library's checks of the keys that set its parameters (:data:`LIBRARY_PARAMETERS`): each
+        class's ``_parameter_constraints`` and relations (:func:`flwr_fedeval.constraints.parameter_problems`),
+        one line each naming this App's keys; keys already refused for their type are skipped."""
+        by_target: dict[str, dict[str, str]] = {}
+        for key, (target, param) in LIBRARY_PARAMETERS.items():
+            if key.replace("-", "_") not in bad:
+                by_target.setdefault(target, {})[param] = key
         out = []
-        if self.fhe_splits < 2:
-            out.append("config 'fhe-splits' must be >= 2")
+        for target, keys in by_target.items():
+            obj, _ = library_target(next(iter(keys.values())))
+            params = {param: getattr(self, key.replace("-", "_")) for param, key in keys.items()}
+            used = _USED_WHEN.get(target, lambda cfg: True)(self)
+            for problem in constraints.parameter_problems(obj, params, relations=used):
+                named = [f"'{keys[p]}'" for p in problem.params if p in keys]
+                out.append(f"config {' / '.join(named) or repr(target)}: {problem.message}")
+        return out
+
+    def _fhe_problems(self) -> list[str]:
+        """``fhe-*`` keys this App adds to the library's (:meth:`_library_problems`): the threshold, and
+        the backend this Python can run."""
+        out = []
         if not (self.fhe_metrics_threshold < 0 or 0.0 <= self.fhe_metrics_threshold <= 1.0):
             out.append("config 'fhe-metrics-threshold' must be in [0, 1], or < 0 for none")
         if self.fhe_backend == "openfhe":
@@ -351,17 +401,6 @@ class JobConfig:
             except MissingExtraError as exc:
                 out.append(f"config 'fhe-backend' = 'openfhe': {exc}")
                 return out
-        from flwr_fedeval.fhe.backend import CKKSParams
-
-        n = self.num_decision_points
-        slots = self.fhe_splits * (n + 1) + 2 if self.fhe_auc == "malicious" else n + 1
-        available = CKKSParams.default(self.fhe_backend).slot_count
-        if slots > available:
-            out.append(
-                f"config 'num-decision-points' = {n}"
-                + (f" with 'fhe-splits' = {self.fhe_splits}" if self.fhe_auc == "malicious" else "")
-                + f" needs {slots} CKKS slots, the {self.fhe_backend} parameters have {available}"
-            )
         return out
 
     def as_dict(self) -> dict[str, Any]:

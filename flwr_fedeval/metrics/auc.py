@@ -125,9 +125,10 @@ def resolution_advice(bound: float) -> str:
     """The warning text for a resolution bound above :data:`RESOLUTION_WARN_THRESHOLD`."""
     return (
         f"the AUC's resolution bound is {bound:.4f} (> {RESOLUTION_WARN_THRESHOLD}): many positive/negative "
-        "pairs share a bin between adjacent decision points. Fix: more decision points, logit-spaced "
-        "decision points, or scores as logits (pre-softmax margin) so saturated probabilities do not "
-        "collapse into one bin"
+        "pairs share a bin between adjacent decision points. Fix: logit-spaced decision points "
+        "(run config decision-point-spacing='logit'; spacing='logit' of the AUC phases), more decision "
+        "points, or scores as logits (pre-softmax margin) so saturated probabilities do not collapse "
+        "into one bin"
     )
 
 

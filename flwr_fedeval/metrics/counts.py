@@ -27,8 +27,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 Spacing = Literal["linear", "logit"]
+#: The decision-point spacings :func:`decision_points` accepts.
+SPACINGS: tuple[str, ...] = ("linear", "logit")
 
 __all__ = [
+    "SPACINGS",
     "ConfusionCounts",
     "bin_counts",
     "closed_tf_vectors",

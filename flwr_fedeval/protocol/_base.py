@@ -37,6 +37,7 @@ from flwr.common.logger import log
 
 __all__ = [
     "MalformedMessage",
+    "MESSAGE_API_GUIDE",
     "NotConfigured",
     "Payload",
     "Refused",
@@ -57,6 +58,7 @@ __all__ = [
     "handler",
     "register",
     "reply_code",
+    "require_message_api",
 ]
 
 P = TypeVar("P", bound="Payload")
@@ -120,6 +122,11 @@ class MalformedMessage(ValueError):
         What is wrong with it, in one line.
     node : int, optional
         The node that sent it (server side: the replying node; client side: unset).
+    record_missing : bool, default False
+        A whole record is missing (not a field of it): the message was built by other code than
+        the payload's, e.g. a ``train`` reply that no
+        :func:`~flwr_fedeval.clients.xmkckks.xmkckks_mod` encrypted; the server reads it as an App
+        wiring error when every node sends one (:func:`flwr_fedeval.strategies.base.wiring_fix`).
 
     Notes
     -----
@@ -127,16 +134,17 @@ class MalformedMessage(ValueError):
     it is caught wherever a malformed reply was caught before.
     """
 
-    def __init__(self, field: str, reason: str, *, node: int | None = None) -> None:
+    def __init__(self, field: str, reason: str, *, node: int | None = None, record_missing: bool = False) -> None:
         self.field = field
         self.reason = reason
         self.node = node
+        self.record_missing = record_missing
         where = f"node {node}: " if node is not None else ""
         super().__init__(f"{where}field {field!r}: {reason}")
 
     def at(self, node: int) -> MalformedMessage:
         """The same error, naming ``node``."""
-        return MalformedMessage(self.field, self.reason, node=node)
+        return MalformedMessage(self.field, self.reason, node=node, record_missing=self.record_missing)
 
 
 class Refused(ValueError):
@@ -429,7 +437,7 @@ R = TypeVar("R", ConfigRecord, ArrayRecord)
 
 def _record(content: RecordDict, key: str, kind: type[R]) -> R:
     if key not in content:
-        raise MalformedMessage(key, "record missing")
+        raise MalformedMessage(key, "record missing", record_missing=True)
     rec = content[key]
     if not isinstance(rec, kind):
         raise MalformedMessage(key, f"expected a {kind.__name__}, got {type(rec).__name__}")
@@ -554,15 +562,42 @@ def handler(step: Step, serve: Callable[[Any, Message, Context], Payload | Recor
     return serve_step
 
 
+#: Flower's guide from a ``client_fn``/``NumPyClient`` App to the Message API (``@app.train()``, ...).
+MESSAGE_API_GUIDE = "https://flower.ai/docs/framework/how-to-upgrade-to-message-api.html"
+
+
+def require_message_api(app: Any) -> None:
+    """Refuse a ``ClientApp`` built from a ``client_fn`` (Flower's legacy ``NumPyClient`` API).
+
+    Flower's ``ClientApp(client_fn=...)`` answers only the legacy ``train``/``evaluate`` messages
+    and refuses every ``@app.query()`` registration with a ValueError that does not say why;
+    flwr-fedeval's handlers are Message-API handlers.
+
+    Raises
+    ------
+    TypeError
+        ``app`` was built with a ``client_fn``; the message links Flower's migration guide
+        (:data:`MESSAGE_API_GUIDE`).
+    """
+    if getattr(app, "_call", None) is not None:  # Flower sets it only for ClientApp(client_fn=...)
+        raise TypeError(
+            "flwr-fedeval's client handlers need a ClientApp on Flower's Message API "
+            "(app = ClientApp() with @app.train() / @app.evaluate() handlers), not a client_fn/NumPyClient "
+            f"App; Flower's migration guide: {MESSAGE_API_GUIDE}")
+
+
 def register(app: Any, steps: Iterable[Step], handlers: Mapping[str, Handler]) -> None:
     """The one registration idiom: register ``handlers[step.message_type]`` on the ClientApp
     ``app`` for every step, as ``@app.<action>("<handler_name>")``.
 
     Raises
     ------
+    TypeError
+        ``app`` is a ``client_fn``/``NumPyClient`` App (:func:`require_message_api`).
     ValueError
         If a step has no handler or a handler matches no step.
     """
+    require_message_api(app)
     steps = list(steps)
     types = [s.message_type for s in steps]
     missing = [t for t in types if t not in handlers]

@@ -407,7 +407,8 @@ class KeygenRequest(Payload):
     backend : str
         ``fhe.backend``, the CKKS engine (one of :data:`flwr_fedeval.fhe.backend.BACKENDS`).
     slots : int
-        ``fhe.slots``, the slots the protocol needs (N + 1 semi-honest, S·(N+1) + 2 malicious, ≥ 4).
+        ``fhe.slots``, the slots the protocol needs
+        (:meth:`flwr_fedeval.strategies.fhe_phase.FHEAUCPhase.slots_needed`).
     max_rows : int
         ``fhe.max-rows``, the public pooled bound; the CKKS parameters follow from it
         (:func:`flwr_fedeval.fhe.auc.ckks_params_for`).

@@ -7,6 +7,7 @@
 ``FHEAUCPhase``                global AUC under FHE, known to the clients
 ``DPAUCLaplacePhase``, ...     DP AUC baselines (``DPAUCRRPhase``, ``FedAUCRRPhase``, ``FedAUCLaplacePhase``)
 ``SecSVPhase``                 secure Federated Shapley Values (two servers)
+``train_with_checkpoints``     any strategy's rounds with a checkpoint per round, resumable
 =============================  ===================================================
 
 Every phase has ``run(grid, arrays)`` (the abstract ``EvaluationPhase.run``), validates its
@@ -34,6 +35,10 @@ _EXPORTS = {
     "NodeSubsetGrid": "flwr_fedeval.strategies.shapley_phase",
     "discover_roles": "flwr_fedeval.strategies.shapley_phase",
     "EvaluationPhase": "flwr_fedeval.strategies.base",
+    "ClientAppNotWired": "flwr_fedeval.strategies.base",
+    "train_with_checkpoints": "flwr_fedeval.strategies.checkpoint",
+    "load_checkpoint": "flwr_fedeval.strategies.checkpoint",
+    "NodeNotConfigured": "flwr_fedeval.strategies.base",
 }
 
 __all__ = sorted(_EXPORTS)

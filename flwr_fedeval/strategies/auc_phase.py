@@ -86,7 +86,8 @@ class AUCPhaseResult:
     Attributes
     ----------
     auc : float
-        The global AUC over all contributing clients.
+        The global AUC over all contributing clients; ``nan`` when the server does not learn it (an
+        FHE AUC the clients keep): ``str(result)`` says why and how to change it.
     thresholds : ndarray of shape (N,)
     counts : ConfusionCounts or None
         The summed counts, when the phase reveals them (plaintext only).
@@ -130,6 +131,13 @@ class AUCPhaseResult:
             if isinstance(value, (int, float)) and math.isfinite(value):
                 out[key] = float(value)
         return out
+
+    def __str__(self) -> str:
+        """One readable line (:func:`flwr_fedeval.reporting.auc_summary`): the AUC with its resolution
+        bound and, above 0.01, the fix; or why the server does not know it and how to change that."""
+        from flwr_fedeval.reporting import auc_summary
+
+        return auc_summary(self)
 
     @property
     def label(self) -> str:

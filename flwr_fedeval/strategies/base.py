@@ -31,6 +31,11 @@
   policy): no other node or attempt can fix that, so every exchange raises it
   at the first such reply and the run stops there, naming the keys to set
   (issue 23 item 4), instead of retrying every round.
+* :class:`ClientAppNotWired` — every node failed a step for a reason in its
+  ClientApp's code (no handler registered for the message type, ``xmkckks_mod``
+  missing or listed after a Flower mod, a ``client_fn``/``NumPyClient`` App):
+  the run stops with one error naming the line to add (:func:`wiring_fix`),
+  instead of running every round on the initial model.
 * :class:`ReadableFailuresMixin` — the same collapsed failure lines for
   Flower's FedAvg family (instead of one line, with a full remote traceback,
   per failing node).
@@ -56,9 +61,10 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import validate_message_reply_consistency
 
 from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
-from flwr_fedeval.protocol import config_keys_of
+from flwr_fedeval.protocol import MESSAGE_API_GUIDE, MalformedMessage, config_keys_of
 
 __all__ = [
+    "ClientAppNotWired",
     "EvaluationPhase",
     "Failure",
     "FailureLog",
@@ -66,6 +72,8 @@ __all__ = [
     "Failures",
     "NodeNotConfigured",
     "raise_if_not_configured",
+    "raise_if_not_wired",
+    "wiring_fix",
     "ReadableFailuresMixin",
     "ReadableFedAvg",
     "StepTimer",
@@ -185,6 +193,117 @@ def raise_if_not_configured(step: str, failures: Mapping[int, Failure | str]) ->
                if isinstance(f, Failure) and f.code == int(ReplyCode.NOT_CONFIGURED)}
     if refused:
         raise NodeNotConfigured(step, refused)
+
+
+# ------------------------------------------------------------------ App wiring errors
+#: What Flower's ``ClientApp`` raises for a message type without a registered handler
+#: (``flwr.clientapp.ClientApp.__call__``), reported in a ``CLIENT_APP_RAISED_EXCEPTION`` reply.
+_NO_HANDLER = re.compile(r"No (train|evaluate|query) function registered with name '(\w+)'")
+#: What a ``ClientApp(client_fn=...)`` raises for a message type the legacy API does not know
+#: (``flwr.client.message_handler.handle_legacy_message_from_msgtype``).
+_LEGACY_APP = re.compile(r"Invalid message type: ([\w.]+)")
+
+
+def registration_lines() -> dict[str, str]:
+    """``{message type: the ClientApp line that registers its handler}`` for every step of ours with a
+    handler of ours (the ``train`` step is the App's own handler, wrapped by ``xmkckks_mod``)."""
+    from flwr_fedeval.protocol import auc, dp_auc, fhe_auc, secsv, xmk
+
+    table = (
+        (xmk.QUERY_STEPS, "register_xmkckks_handlers(app)"),
+        (fhe_auc.STEPS, "register_fhe_handlers(app, test_scores=..., test_labels=...)"),
+        (dp_auc.STEPS, "register_dp_handlers(app, test_scores=..., test_labels=...)"),
+        (auc.STEPS, "register_auc_handlers(app, test_scores=...)"),
+        (secsv.STEPS, "register_shapley_handlers(app, test_set=...)"),
+    )
+    return {step.message_type: line for steps, line in table for step in steps}
+
+
+def wiring_fix(message_type: str, code: int, reason: str, exc: BaseException | None = None) -> str | None:
+    """The fix, in one line, if a failed reply says the node's ClientApp is wired wrongly; else ``None``.
+
+    A reason in the App's code, the same on every node and for every retry:
+
+    * no handler for ``message_type`` (Flower's ``CLIENT_APP_RAISED_EXCEPTION`` with "No ...
+      function registered"): the ``register_*_handlers(app)`` line of :func:`registration_lines`,
+      or an ``@app.train()`` / ``@app.evaluate()`` handler;
+    * a ``client_fn``/``NumPyClient`` App (Flower's legacy "Invalid message type"): the Message API,
+      with Flower's migration guide;
+    * the ClientApp could not be loaded (``LOAD_CLIENT_APP_EXCEPTION``): its reason;
+    * a Flower mod refused a ``train`` request (``MOD_FAILED_PRECONDITION``, e.g.
+      ``fixedclipping_mod`` outside ``xmkckks_mod``): ``xmkckks_mod`` first;
+    * a ``train`` reply without our record (``exc`` a :class:`~flwr_fedeval.protocol.MalformedMessage`
+      with ``record_missing``):
+      ``@app.train(mods=[xmkckks_mod])``.
+
+    Flower reports the first two only as text (``Error.reason``); the patterns are Flower 1.30-1.42's.
+    """
+    from flwr.common.constant import ErrorCode
+
+    action = message_type.split(".", 1)[0]
+    line = one_line_reason(reason)
+    if int(code) == ErrorCode.CLIENT_APP_RAISED_EXCEPTION:
+        if _LEGACY_APP.search(reason):
+            return (f"the ClientApp is a client_fn/NumPyClient App, which cannot answer {message_type!r}: "
+                    f"flwr-fedeval needs Flower's Message API (app = ClientApp() with @app.train(), "
+                    f"then the register_*_handlers(app) lines); Flower's migration guide: {MESSAGE_API_GUIDE}")
+        hit = _NO_HANDLER.search(reason)
+        if hit:
+            registered = registration_lines().get(message_type)
+            if registered:
+                return f"the ClientApp has no handler for {message_type!r}: add `{registered}` to it"
+            if hit.group(2) == "default":
+                return (f"the ClientApp has no {action} handler: add `@app.{action}()` (with "
+                        f"`mods=[xmkckks_mod]` under secure aggregation) to it")
+            return f"the ClientApp has no handler for {message_type!r}: register one with `@app.{action}(...)`"
+    if int(code) == ErrorCode.LOAD_CLIENT_APP_EXCEPTION:
+        return f"the ClientApp could not be loaded: {line}"
+    if int(code) == ErrorCode.MOD_FAILED_PRECONDITION and action == "train":
+        return (f"a Flower mod refused the train request ({line}): list xmkckks_mod first (outermost), "
+                f"e.g. `@app.train(mods=[xmkckks_mod, fixedclipping_mod])`, so that the mods inside it get "
+                f"Flower's own train message")
+    if isinstance(exc, MalformedMessage) and exc.record_missing and action == "train":
+        return (f"the train reply carries no encrypted update (record {exc.field!r} missing): wrap the train "
+                f"handler with xmkckks_mod, `@app.train(mods=[xmkckks_mod])`")
+    return None
+
+
+class ClientAppNotWired(RuntimeError):
+    """Every node failed a step for a reason in its ClientApp's code (:func:`wiring_fix`): the run stops.
+
+    ``str(error)`` names the step, the nodes and the fix (one line per distinct fix).
+
+    Attributes
+    ----------
+    step : str
+        The step (message type or phase step) every node failed.
+    fixes : dict of str to list of int
+        The fix → the nodes it applies to.
+    failures : dict of int to Failure
+        Node → its failure.
+    """
+
+    def __init__(self, step: str, fixes: Mapping[int, str], failures: Mapping[int, Failure]) -> None:
+        self.step = step
+        self.failures = dict(failures)
+        by_fix: dict[str, list[int]] = defaultdict(list)
+        for node in sorted(fixes):
+            by_fix[fixes[node]].append(int(node))
+        self.fixes = dict(by_fix)
+        text = "; ".join(f"{fix} [node(s) {_ids(nodes)}]" for fix, nodes in self.fixes.items())
+        super().__init__(f"{step}: every node failed for its ClientApp's code, the run stops: {text}")
+
+
+def raise_if_not_wired(step: str, failures: Mapping[int, Failure], fixes: Mapping[int, str | None],
+                       num_valid: int) -> None:
+    """Raise :class:`ClientAppNotWired` if no node replied validly and every failure has a fix.
+
+    A node that fails for another reason (a timeout, a refusal), or any valid reply, keeps the
+    run going: one node's wiring is logged with the other failures, not fatal.
+    """
+    if num_valid or not failures or any(fixes.get(n) is None for n in failures):
+        return
+    raise ClientAppNotWired(step, {n: str(fixes[n]) for n in failures}, failures)
 
 
 def code_name(code: int) -> str:
@@ -442,6 +561,9 @@ def exchange_replies(
     NodeNotConfigured
         A node refused for its configuration (``NOT_CONFIGURED``); after the
         failures are logged and recorded.
+    ClientAppNotWired
+        No node replied validly and every node failed for its ClientApp's code
+        (:func:`wiring_fix`); after the failures are logged and recorded.
     """
     from flwr_fedeval.strategies.collect import collect
 
@@ -451,17 +573,20 @@ def exchange_replies(
                                               f"no reply within step-timeout {timeout:g} s")
                                    for n in contents}
     valid: dict[int, Any] = {}
+    fixes: dict[int, str | None] = {}
     for node, reply in replies.items():
         if node not in missing:
             continue
         if reply.has_error():
             missing[node] = Failure(step, int(reply.error.code), f"error reply: {reply.error.reason}")
+            fixes[node] = wiring_fix(message_type, reply.error.code, str(reply.error.reason))
             continue
         try:
             valid[node] = parse(node, reply.content)
         except (KeyError, ValueError, TypeError) as exc:
             missing[node] = Failure(step, int(ReplyCode.MALFORMED_REPLY),
                                     f"malformed {what}: {type(exc).__name__}: {exc}")
+            fixes[node] = wiring_fix(message_type, ReplyCode.MALFORMED_REPLY, str(exc), exc)
             continue
         missing.pop(node)
     if missing:
@@ -471,6 +596,7 @@ def exchange_replies(
     else:  # a plain dict keeps the full reasons as strings
         failures.update({n: f.reason for n, f in missing.items()})
     raise_if_not_configured(f"{label} {step}", missing)
+    raise_if_not_wired(f"{label} {step}", missing, fixes, len(valid))
     return valid
 
 
@@ -671,7 +797,8 @@ class ReadableFailuresMixin:
 
     def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool, validate: bool = True):
         """As Flower's ``FedAvg._check_and_log_replies``, with failures collapsed by reason; a
-        ``NOT_CONFIGURED`` reply raises :class:`NodeNotConfigured` (the run stops)."""
+        ``NOT_CONFIGURED`` reply raises :class:`NodeNotConfigured`, and every node failing for its
+        ClientApp's code :class:`ClientAppNotWired` (the run stops)."""
         replies = list(replies)
         valid = [r for r in replies if not r.has_error()]
         errors = [r for r in replies if r.has_error()]
@@ -681,6 +808,10 @@ class ReadableFailuresMixin:
             failed = {r.metadata.src_node_id: Failure(step, int(r.error.code), str(r.error.reason)) for r in errors}
             log_failures(type(self).__name__, step, failed)
             raise_if_not_configured(f"{type(self).__name__} {step}", failed)
+            message_type = "train" if is_train else "evaluate"
+            fixes = {r.metadata.src_node_id: wiring_fix(message_type, r.error.code, str(r.error.reason))
+                     for r in errors}
+            raise_if_not_wired(f"{type(self).__name__} {step}", failed, fixes, len(valid))
         if validate and valid:
             validate_message_reply_consistency(
                 replies=[r.content for r in valid],

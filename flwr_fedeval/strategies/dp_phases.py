@@ -37,13 +37,16 @@ from __future__ import annotations
 import math
 import secrets
 from logging import INFO, WARNING
-from typing import Any
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flwr_fedeval import constraints
+from flwr_fedeval.constraints import Choices, Interval
 from flwr_fedeval.dp import (
     AUCEstimate,
     DPAUCLaplaceParams,
@@ -56,7 +59,7 @@ from flwr_fedeval.dp import (
     fedauc_server_auc,
     fedauc_server_ranks,
 )
-from flwr_fedeval.metrics.counts import decision_points
+from flwr_fedeval.metrics.counts import SPACINGS, decision_points
 from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.protocol.auc import ThresholdCounts
 from flwr_fedeval.protocol.dp_auc import (
@@ -170,14 +173,21 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
 
     method = "dpauc-laplace"
     message_type = DPAUC_LAPLACE.message_type
+    #: What each parameter accepts (:mod:`flwr_fedeval.constraints`); ``math.inf`` ε = no noise.
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "num_decision_points": [Interval(Integral, 2, None, closed="left")],
+        "epsilon": [Interval(Real, 0, math.inf, closed="right")],
+        "clipping": [Choices(("clip-sort", "no-clip"))],
+        "spacing": [Choices(SPACINGS)],
+    }
 
     def __init__(self, num_decision_points: int = 100, *, epsilon: float = 1.0, clipping: str = "clip-sort",
                  spacing: str = "linear", min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY,
                  timeout: float = 3600) -> None:
+        constraints.check_params(type(self), {"num_decision_points": num_decision_points, "epsilon": epsilon,
+                                              "clipping": clipping, "spacing": spacing})
         super().__init__(num_decision_points, spacing=spacing,
                          min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
-        if clipping not in ("clip-sort", "no-clip"):
-            raise ValueError(f"clipping must be 'clip-sort' or 'no-clip', got {clipping!r}")
         self.params = DPAUCLaplaceParams(epsilon, self.thresholds.size)  # validates epsilon
         self.clipping = clipping
 
@@ -389,10 +399,33 @@ class FedAUCLaplacePhase(_FedAUCPhase):
 
     method = "fedauc-laplace"
     mechanism = "laplace"
+    #: What each parameter accepts (:mod:`flwr_fedeval.constraints`); relations: :meth:`parameter_relations`.
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "epsilon": [Interval(Real, 0, math.inf, closed="right")],
+        "sensitivity": [Choices(("local", "global"))],
+        "allocation": [Choices(("alpha", "orthogonal"))],
+        "alpha": [Interval(Real, 0, 1, closed="neither")],
+        "beta": [Choices(("adaptive",)), Interval(Real, 0, 1, closed="right")],
+    }
+
+    @classmethod
+    def parameter_relations(cls, **params: Any) -> list[constraints.Problem]:
+        """Problems between parameters each valid alone: those :class:`~flwr_fedeval.dp.FedAUCLaplaceParams`
+        refuses (the orthogonal allocation needs local sensitivities)."""
+        names = ("epsilon", "sensitivity", "allocation", "alpha", "beta")
+        full = {name: constraints.default_of(cls, name) for name in names}
+        full.update({k: v for k, v in params.items() if k in full})
+        try:
+            FedAUCLaplaceParams(full.pop("epsilon"), **full)
+        except ValueError as exc:
+            return [constraints.Problem(("sensitivity", "allocation"), str(exc))]
+        return []
 
     def __init__(self, *, epsilon: float = 1.0, sensitivity: str = "local", allocation: str = "orthogonal",
                  alpha: float = 0.5, beta: float | str = "adaptive", ties: str = "average",
                  min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600) -> None:
+        constraints.check_params(type(self), {"epsilon": epsilon, "sensitivity": sensitivity,
+                                              "allocation": allocation, "alpha": alpha, "beta": beta})
         super().__init__(ties=ties, min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         self.params = FedAUCLaplaceParams(epsilon, sensitivity=sensitivity, allocation=allocation,
                                           alpha=alpha, beta=beta)

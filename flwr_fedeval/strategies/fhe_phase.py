@@ -52,8 +52,11 @@ refuse a second evaluation of the same model anyway (node config
 Who learns the AUC: the clients. With ``share_auc_with_server`` the server
 expects the clients to report it; each client decides with its node policy
 (``fedeval-share-auc``, default false; :mod:`flwr_fedeval.clients.policy`);
-otherwise ``AUCPhaseResult.auc`` is ``nan`` and
-``details["auc_known_to"] == "clients"``. A client whose
+otherwise ``AUCPhaseResult.auc`` is ``nan``,
+``details["auc_known_to"] == "clients"``, ``details["withheld_by"]`` lists the nodes that
+replied "not shared", and ``str(result)`` (logged as a WARNING) says "not shared by policy"
+with the command that changes the policy (:func:`flwr_fedeval.reporting.auc_summary`).
+A resolution bound above 0.01 is logged as a WARNING with the fix (logit-spaced decision points). A client whose
 verification fails (malicious protocol) replies ``TamperingDetectedError``;
 the phase then raises :class:`TamperingReportedError` naming those clients.
 
@@ -72,13 +75,16 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from logging import ERROR, INFO, WARNING
-from typing import Any
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flwr_fedeval import constraints
+from flwr_fedeval.constraints import Choices, Interval
 from flwr_fedeval.fhe.auc import (
     FHEAUCConfig,
     aggregate_auc,
@@ -100,7 +106,7 @@ from flwr_fedeval.fhe.backend import (
 from flwr_fedeval.identity import Roster, SignedKey
 from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
 from flwr_fedeval.metrics.auc import UndefinedAUCError
-from flwr_fedeval.metrics.counts import decision_points
+from flwr_fedeval.metrics.counts import SPACINGS, decision_points
 from flwr_fedeval.protocol import Step, fhe_auc
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
@@ -207,8 +213,8 @@ class FHEAUCPhase(EvaluationPhase):
         §IV-C, or §IV-D (zero-sum offsets, multipliers, S splits, permutation,
         double execution verified by the clients).
     n_splits : int, default=4
-        S, additive shares per value (malicious only). Needs
-        ``S·(N+1) + 2 ≤`` slot count (4096 with TenSEAL).
+        S, additive shares per value (malicious only). The slots N and S need are
+        :meth:`slots_needed`; they must fit the backend's slot count (:meth:`parameter_relations`).
     backend : {"tenseal", "openfhe"}, default="tenseal"
         CKKS engine the key holder uses (OpenFHE: the ``[openfhe]`` extra,
         CPython 3.10 here; without it ``MissingExtraError``, an ``ImportError``).
@@ -237,6 +243,42 @@ class FHEAUCPhase(EvaluationPhase):
     method = "fhe"
     label = "FHE AUC phase"
 
+    #: What each parameter accepts (:mod:`flwr_fedeval.constraints`); relations: :meth:`parameter_relations`.
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "num_decision_points": [Interval(Integral, 2, None, closed="left")],
+        "protocol": [Choices(fhe_auc.PROTOCOLS)],
+        "n_splits": [Interval(Integral, 2, None, closed="left")],
+        "backend": [Choices(BACKENDS)],
+        "spacing": [Choices(SPACINGS)],
+        "share_auc_with_server": ["boolean"],
+        "metrics_threshold": [None, Interval(Real, 0, 1, closed="both")],
+    }
+
+    @staticmethod
+    def slots_needed(num_decision_points: int, protocol: str = "semi-honest", n_splits: int = 4) -> int:
+        """CKKS slots one ciphertext of the phase needs: N + 1 (semi-honest), S·(N+2) + 2 (malicious,
+        :func:`flwr_fedeval.fhe.auc_malicious.required_slots`), at least 4 (the threshold metrics)."""
+        n = int(num_decision_points)
+        return max(required_slots(n, int(n_splits)) if protocol == "malicious" else n + 1, 4)
+
+    @classmethod
+    def parameter_relations(cls, **params: Any) -> list[constraints.Problem]:
+        """Problems between parameters each valid alone (:mod:`flwr_fedeval.constraints`): the slots
+        N decision points (with S splits) need (:meth:`slots_needed`) exceed the backend's."""
+        names = ("num_decision_points", "protocol", "n_splits", "backend")
+        full = {name: constraints.default_of(cls, name) for name in names}
+        full.update({k: v for k, v in params.items() if k in full})
+        slots = cls.slots_needed(full["num_decision_points"], full["protocol"], full["n_splits"])
+        try:
+            CKKSParams.for_slots(slots, full["backend"])
+        except ValueError as exc:
+            malicious = full["protocol"] == "malicious"
+            splits = f" with S={full['n_splits']} splits" if malicious else ""
+            involved = names if malicious else ("num_decision_points", "protocol", "backend")
+            return [constraints.Problem(involved, f"N={full['num_decision_points']} decision points{splits} need "
+                                                  f"{slots} slots (FHEAUCPhase.slots_needed): {exc}")]
+        return []
+
     def __init__(
         self,
         num_decision_points: int = 100,
@@ -253,27 +295,14 @@ class FHEAUCPhase(EvaluationPhase):
         roster: Roster | None = None,
     ) -> None:
         super().__init__(min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
-        if protocol not in fhe_auc.PROTOCOLS:
-            raise ValueError(f"protocol must be one of {fhe_auc.PROTOCOLS}, got {protocol!r}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        constraints.check_params(type(self), {
+            "num_decision_points": num_decision_points, "protocol": protocol, "n_splits": n_splits,
+            "backend": backend, "spacing": spacing, "share_auc_with_server": share_auc_with_server,
+            "metrics_threshold": metrics_threshold})
         if backend == "openfhe":  # the aggregator needs the engine too: fail before any client works
             import flwr_fedeval.fhe.openfhe_backend  # noqa: F401  (MissingExtraError names [openfhe])
-        if isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 2:
-            raise ValueError(f"n_splits must be an integer >= 2, got {n_splits!r}")
-        if metrics_threshold is not None and not 0.0 <= float(metrics_threshold) <= 1.0:
-            raise ValueError(f"metrics_threshold must be None or in [0, 1], got {metrics_threshold!r}")
         self.thresholds = decision_points(num_decision_points, spacing=spacing)  # type: ignore[arg-type]
-        n = self.thresholds.size
-        self.slots = required_slots(n, n_splits) if protocol == "malicious" else n + 1
-        self.slots = max(self.slots, 4)  # the threshold metrics use 4 slots
-        try:
-            CKKSParams.for_slots(self.slots, backend)
-        except ValueError as exc:
-            raise ValueError(
-                f"N={n} decision points{f' with S={n_splits} splits' if protocol == 'malicious' else ''} "
-                f"need {self.slots} slots: {exc}"
-            ) from None
+        self.slots = self.slots_needed(self.thresholds.size, protocol, n_splits)
         self.protocol = protocol
         self.n_splits = n_splits
         self.backend = backend
@@ -601,6 +630,8 @@ class FHEAUCPhase(EvaluationPhase):
         }
         if self.protocol == "malicious":
             details["n_splits"] = self.n_splits
+        details["share_requested"] = self.share_auc_with_server
+        details["withheld_by"] = sorted(n for n, r in reports.items() if not r.shared)
         auc = bound = math.nan
         if self.share_auc_with_server and shared:
             values = np.array([r.auc for r in shared.values()])
@@ -613,9 +644,6 @@ class FHEAUCPhase(EvaluationPhase):
             details["auc_known_to"] = "clients and server"
             details["reported_by"] = sorted(shared)
         else:
-            if self.share_auc_with_server:
-                log(WARNING, "FHE AUC phase: share_auc_with_server is set but no client reported the AUC "
-                             "(their node policy 'fedeval-share-auc' is false)")
             details["auc_known_to"] = "clients"
         if self.metrics_threshold is not None:
             details["metrics_threshold"] = self.metrics_threshold
@@ -625,18 +653,7 @@ class FHEAUCPhase(EvaluationPhase):
                 details["threshold_metrics"] = {k: float(np.median([m[k] for m in with_metrics]))
                                                 for k in fhe_auc.METRICS}
 
-        if details["auc_known_to"] == "clients":
-            log(INFO, "FHE AUC phase (%s): %d clients; the AUC is known to the clients only "
-                "(%d decrypted it); %.1f s", self.protocol, len(contributors), len(reports), t_total)
-        else:
-            log(INFO, "FHE AUC phase (%s): %d clients, global AUC %.6f (reported by %d clients); "
-                "aggregation %.2f s, phase %.1f s", self.protocol, len(contributors), auc, len(shared),
-                t_agg, t_total)
-        if "threshold_metrics" in details:
-            tm = details["threshold_metrics"]
-            log(INFO, "FHE metrics at threshold %g (reported by the clients): accuracy %.6f precision %.6f "
-                "recall %.6f F1 %.6f", self.metrics_threshold, *(tm[k] for k in fhe_auc.METRICS))
-        return AUCPhaseResult(
+        result = AUCPhaseResult(
             auc=auc,
             thresholds=np.asarray(self.thresholds, dtype=np.float64),
             counts=None,
@@ -646,3 +663,20 @@ class FHEAUCPhase(EvaluationPhase):
             details=details,
             resolution_bound=bound,
         )
+        self._log_result(result, t_agg=t_agg, t_total=t_total)
+        if "threshold_metrics" in details:
+            tm = details["threshold_metrics"]
+            log(INFO, "FHE metrics at threshold %g (reported by the clients): accuracy %.6f precision %.6f "
+                "recall %.6f F1 %.6f", self.metrics_threshold, *(tm[k] for k in fhe_auc.METRICS))
+        return result
+
+    def _log_result(self, result: AUCPhaseResult, *, t_agg: float, t_total: float) -> None:
+        """The result as a person reads it on the server (:func:`flwr_fedeval.reporting.auc_summary`):
+        INFO with the resolution bound; WARNING when the bound exceeds 0.01 (with the fix) or when the
+        clients kept an AUC the phase asked for (with the command that changes their policy)."""
+        from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD
+
+        wide = result.resolution_bound > RESOLUTION_WARN_THRESHOLD  # nan: unknown, no warning
+        withheld = self.share_auc_with_server and not math.isfinite(result.auc)
+        log(WARNING if wide or withheld else INFO, "FHE AUC phase (%s): %d clients: %s; aggregation %.2f s, "
+            "phase %.1f s", self.protocol, len(result.contributors), result, t_agg, t_total)

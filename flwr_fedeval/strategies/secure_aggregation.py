@@ -19,11 +19,23 @@ the decoding bound of XMKFedAvg: about M·B_smudge/Δ per value).
 
 Strategies whose aggregation needs each client's update (FedMedian, FedTrimmedAvg, Krum,
 MultiKrum, Bulyan, QFedAvg, the XGBoost strategies) cannot be wrapped: secure aggregation
-reveals only the sum; the constructor refuses them with a ``TypeError``.
+reveals only the sum; the constructor refuses them with a ``TypeError``. So are Flower's
+server-side DP wrappers (``DifferentialPrivacyServerSideFixedClipping``,
+``DifferentialPrivacyServerSideAdaptiveClipping``), inside the wrapper (constructor) or around it
+(:meth:`SecureAggregation.summary`, the first thing ``start`` calls, before any message): they
+clip each client's update on the server, which secure aggregation hides. Their client-side
+counterparts compose (clipping in ``fixedclipping_mod`` inside ``xmkckks_mod``).
+
+A wrapped strategy with its own ``start()`` (Flower's advanced-pytorch ``CustomFedAvg``: results
+and checkpoints written inside its round loop) keeps it: :meth:`SecureAggregation.start` runs that
+``start()`` on a view of the strategy whose train and evaluate steps are this wrapper's
+(:func:`composed_view`), so its loop, files and logs stay as they are and every update is
+aggregated under xMK-CKKS.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from logging import INFO
 from typing import Any
@@ -33,6 +45,10 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import (
     Bulyan,
+    DifferentialPrivacyClientSideAdaptiveClipping,
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideAdaptiveClipping,
+    DifferentialPrivacyServerSideFixedClipping,
     FedAvg,
     FedMedian,
     FedTrimmedAvg,
@@ -50,11 +66,93 @@ from flwr_fedeval.strategies.base import StepTimer
 from flwr_fedeval.strategies.collect import DetectingGrid
 from flwr_fedeval.strategies.xmk_fedavg import DEFAULT_PARAMETER_SET, RoundAborted, XMKFedAvg, _FoldingGrid
 
-__all__ = ["SecureAggregation"]
+__all__ = ["SecureAggregation", "composed_view"]
 
 #: Strategies of ``flwr.serverapp.strategy`` whose aggregate needs every client's update, not the sum.
 PER_CLIENT_AGGREGATORS: tuple[type, ...] = (Bulyan, FedMedian, FedTrimmedAvg, FedXgbBagging, FedXgbCyclic,
                                             MultiKrum, QFedAvg)
+#: Flower's DP wrappers that clip each client's update on the server: they cannot see one under secure aggregation.
+SERVER_SIDE_DP: tuple[type, ...] = (DifferentialPrivacyServerSideFixedClipping,
+                                    DifferentialPrivacyServerSideAdaptiveClipping)
+#: Flower's DP wrappers whose clipping runs on the clients (a mod): they go around SecureAggregation.
+CLIENT_SIDE_DP: tuple[type, ...] = (DifferentialPrivacyClientSideFixedClipping,
+                                    DifferentialPrivacyClientSideAdaptiveClipping)
+#: The steps of Flower's round loop a composed view (:func:`composed_view`) routes to the wrapper.
+ROUND_STEPS = ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate", "summary")
+
+
+def check_wrappable(strategy: Any) -> None:
+    """Refuse a strategy :class:`SecureAggregation` cannot wrap, naming what composes instead.
+
+    Raises
+    ------
+    TypeError
+        ``strategy`` is one of Flower's DP wrappers (server-side: refused; client-side: it goes
+        around SecureAggregation), not a FedAvg-family strategy, or its aggregate needs each
+        client's update (:data:`PER_CLIENT_AGGREGATORS`).
+    """
+    name = type(strategy).__name__
+    if isinstance(strategy, SERVER_SIDE_DP):
+        raise TypeError(_server_side_dp_message(name))
+    if isinstance(strategy, CLIENT_SIDE_DP):
+        raise TypeError(f"{name} goes around SecureAggregation, not inside it: "
+                        f"{name}(SecureAggregation(FedAvg(...)), ...) with fixedclipping_mod (or "
+                        f"adaptiveclipping_mod) inside xmkckks_mod on the clients")
+    if not isinstance(strategy, FedAvg) or isinstance(strategy, XMKFedAvg):
+        raise TypeError(f"SecureAggregation wraps a FedAvg-family strategy of flwr.serverapp.strategy "
+                        f"(FedAvg, FedProx, FedAdam, ...), got {name}")
+    if isinstance(strategy, PER_CLIENT_AGGREGATORS):
+        raise TypeError(f"{name} aggregates each client's update; secure aggregation reveals only their weighted sum")
+
+
+def _server_side_dp_message(name: str) -> str:
+    return (f"{name} clips each client's update on the server, which secure aggregation hides from it; use "
+            f"client-side clipping instead: DifferentialPrivacyClientSideFixedClipping(SecureAggregation(...), ...) "
+            f"on the server and @app.train(mods=[xmkckks_mod, fixedclipping_mod]) on the clients")
+
+
+def refuse_server_side_dp_caller() -> None:
+    """Raise ``TypeError`` if the caller of the calling method is a server-side DP wrapper.
+
+    Flower's DP wrappers never call into the wrapped strategy when they are built; the first call
+    is ``summary()`` at the start of ``Strategy.start``, then ``configure_train`` of round 1, each
+    made by a method of the wrapper: its frame's ``self`` is the wrapper.
+    """
+    try:
+        caller = sys._getframe(2).f_locals.get("self")
+    except ValueError:  # a shallower stack: no caller to check
+        return
+    if isinstance(caller, SERVER_SIDE_DP):
+        raise TypeError(_server_side_dp_message(type(caller).__name__))
+
+
+def overrides_start(strategy: Any) -> bool:
+    """Whether ``strategy``'s class has its own ``start()`` (not Flower's ``Strategy.start``)."""
+    return type(strategy).start is not Strategy.start
+
+
+def composed_view(wrapper: SecureAggregation, strategy: FedAvg) -> FedAvg:
+    """``strategy`` as its own ``start()`` sees it, with the round steps (:data:`ROUND_STEPS`) of ``wrapper``.
+
+    The view is an instance of a subclass of ``type(strategy)`` sharing its ``__dict__``: attributes the
+    strategy's ``start()`` sets or reads (a save path, the best accuracy so far) are the strategy's, its
+    helper methods are its own, ``super().start(...)`` inside it reaches Flower's loop, and
+    ``configure_train`` / ``aggregate_train`` / ``configure_evaluate`` / ``aggregate_evaluate`` /
+    ``summary`` are the wrapper's, which call the strategy's own (its sampling, config schedule and server
+    update) around the xMK-CKKS protocol.
+    """
+    def step(name: str) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(wrapper, name)(*args, **kwargs)
+
+        call.__name__ = name
+        return call
+
+    cls = type(strategy)
+    view_cls = type(cls.__name__, (cls,), {name: step(name) for name in ROUND_STEPS})
+    view = object.__new__(view_cls)
+    object.__setattr__(view, "__dict__", strategy.__dict__)
+    return view
 
 
 class SecureAggregation(Strategy):
@@ -84,8 +182,9 @@ limbs, decryption_attempts
     Raises
     ------
     TypeError
-        ``strategy`` is not a FedAvg-family strategy, or its aggregate needs each client's update
-        (:data:`PER_CLIENT_AGGREGATORS`).
+        ``strategy`` is not a FedAvg-family strategy, its aggregate needs each client's update
+        (:data:`PER_CLIENT_AGGREGATORS`), or it is one of Flower's DP wrappers (:func:`check_wrappable`);
+        also from :meth:`start` when a server-side DP wrapper wraps this one (:meth:`summary`).
     ValueError
         ``strategy.weighted_by_key`` is not ``"num-examples"`` or ``strategy.arrayrecord_key`` is
         not ``"arrays"``; or a protocol parameter is invalid (as :class:`XMKFedAvg`).
@@ -107,12 +206,7 @@ limbs, decryption_attempts
         decryption_attempts: int = MAX_DECRYPTION_ATTEMPTS,
     ) -> None:
         super().__init__()
-        if not isinstance(strategy, FedAvg) or isinstance(strategy, XMKFedAvg):
-            raise TypeError(f"SecureAggregation wraps a FedAvg-family strategy of flwr.serverapp.strategy "
-                            f"(FedAvg, FedProx, FedAdam, ...), got {type(strategy).__name__}")
-        if isinstance(strategy, PER_CLIENT_AGGREGATORS):
-            raise TypeError(f"{type(strategy).__name__} aggregates each client's update; secure aggregation "
-                            f"reveals only their weighted sum")
+        check_wrappable(strategy)
         if strategy.arrayrecord_key != "arrays":
             raise ValueError(f"the strategy's arrayrecord_key must be 'arrays' (what xmkckks_mod encrypts), "
                              f"got {strategy.arrayrecord_key!r}")
@@ -164,13 +258,25 @@ limbs, decryption_attempts
 
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
         """Flower's ``Strategy.start`` (same parameters) over a grid that folds each encrypted update into
-        the round's running sum as it arrives (as :meth:`XMKFedAvg.start`)."""
+        the round's running sum as it arrives (as :meth:`XMKFedAvg.start`). A wrapped strategy with its own
+        ``start()`` runs it, on :func:`composed_view` (its loop, this wrapper's round steps)."""
         if not callable(getattr(grid, "collect_replies", None)):
             grid = DetectingGrid(grid)
-        return Strategy.start(self, _FoldingGrid(grid, self.engine), *args, **kwargs)  # type: ignore[arg-type]
+        folding = _FoldingGrid(grid, self.engine)
+        if overrides_start(self.strategy):
+            return type(self.strategy).start(composed_view(self, self.strategy), folding, *args, **kwargs)
+        return Strategy.start(self, folding, *args, **kwargs)  # type: ignore[arg-type]
 
     def summary(self) -> None:
-        """Log the wrapper, the protocol's parameters and the inner strategy's summary."""
+        """Log the wrapper, the protocol's parameters and the inner strategy's summary.
+
+        Raises
+        ------
+        TypeError
+            Called by one of Flower's server-side DP wrappers (its ``start`` calls this first, before
+            any message): they clip each client's update, which secure aggregation hides.
+        """
+        refuse_server_side_dp_caller()
         log(INFO, "\t├──> Secure aggregation (xMK-CKKS) of %s", type(self.strategy).__name__)
         self.engine.summary()
         self.strategy.summary()
@@ -186,7 +292,10 @@ limbs, decryption_attempts
         ValueError
             The inner strategy sent different models or configs to different clients (one key set
             sums updates of one global model).
+        TypeError
+            Called by one of Flower's server-side DP wrappers (:meth:`summary`).
         """
+        refuse_server_side_dp_caller()
         inner = list(self.strategy.configure_train(server_round, arrays, config, grid))
         if not inner:
             return []

@@ -109,7 +109,8 @@ def test_checkpoint_of_another_run_is_refused(tmp_path):
         load_checkpoint(tmp_path, run_config=CONFIG, like=ArrayRecord([a.astype(np.float64) for a in initial()]))
     with pytest.raises(CheckpointError, match="no checkpoint"):
         load_checkpoint(tmp_path / "nothing", run_config=CONFIG, like=like)
-    model = next((tmp_path / "checkpoint").glob("*.npz"))
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    model = tmp_path / "checkpoint" / state["model_file"]  # every round's model is kept; state.json names the last
     data = bytearray(model.read_bytes())
     data[100] ^= 0xFF
     model.write_bytes(bytes(data))
