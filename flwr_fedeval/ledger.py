@@ -369,7 +369,9 @@ class NodeLedger:
         except (BudgetError, ValueError) as exc:
             raise BudgetExhausted(f"ε spent {math.fsum(spends):g} exceeds the budget {budget:g}: {exc}") from None
 
-    def _spend(self, db: sqlite3.Connection, dataset: str, epsilon: float, budget: float) -> float:
+    def _spend(
+        self, db: sqlite3.Connection, dataset: str, epsilon: float, budget: float, *, record: bool = True
+    ) -> float:
         from flwr_fedeval.dp.budget import BudgetError, charge, check_epsilon
 
         dataset = _text(dataset, "dataset")
@@ -384,6 +386,8 @@ class NodeLedger:
                 f"dataset {dataset!r}: ε {epsilon:g} requested, {math.fsum(spends):g} of the "
                 f"budget {budget:g} spent before (node ledger, across runs): {exc}"
             ) from None
+        if not record:
+            return float(accountant.remaining()[0])
         self._room(db, "epsilon")
         db.execute(
             "INSERT INTO epsilon (dataset, epsilon, budget, recorded) VALUES (?, ?, ?, ?)",
@@ -422,6 +426,17 @@ class NodeLedger:
         """
         with self._transaction() as db:
             return self._spend(db, dataset, epsilon, budget)
+
+    def check_spend(self, dataset: str, epsilon: float, budget: float) -> float:
+        """What :meth:`spend_epsilon` would leave, without recording anything (a read).
+
+        Raises
+        ------
+        BudgetExhausted
+            :meth:`spend_epsilon` would refuse it now.
+        """
+        with self._connect() as db:
+            return self._spend(db, dataset, epsilon, budget, record=False)
 
     def spent(self, dataset: str) -> float:
         """Total ε recorded for ``dataset`` (0.0 if none; a read)."""
@@ -501,6 +516,15 @@ class NodeLedger:
                 raise TypeError(f"draw() must return a numeric array, got dtype {out.dtype}")
             db.execute("INSERT INTO responses VALUES (?, ?, ?, ?)", (dataset, key, _array_bytes(out), _now()))
             return out
+
+    def response(self, dataset: str, key: bytes) -> np.ndarray | None:
+        """The stored randomized response for ``(dataset, key)``, or ``None`` (a read)."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT output FROM responses WHERE dataset = ? AND key = ?",
+                (_text(dataset, "dataset"), _blob(key, "key")),
+            ).fetchone()
+        return None if row is None else _array_of(row[0])
 
     # --- evaluations per model -----------------------------------------------------------------
     def record_evaluation(self, model_hash: bytes, phase: str, limit: int) -> int:

@@ -12,13 +12,15 @@ node config key                    default  meaning
                                             Baykara et al. (2025)
 ``fedeval-dp-epsilon``             1.0      the largest ε this node spends on one DP evaluation
                                             (``inf``: no noise, i.e. no privacy)
-``fedeval-dp-budget``              0.0      the node's total ε over a run (0: ``fedeval-dp-epsilon``,
-                                            one DP evaluation)
+``fedeval-dp-budget``              0.0      the node's total ε over its life, across runs (0:
+                                            ``fedeval-dp-epsilon``, one DP evaluation); kept in the
+                                            node's privacy ledger (``fedeval-ledger``)
 ``fedeval-min-clients``            2        the floor on the parties of any evaluation or key set
                                             this node joins
 ``fedeval-evaluations-per-model``  1        how many evaluations of one global model (the same
-                                            SHA-256 of its arrays) this node answers; a second
-                                            one, over another subset, gives a difference
+                                            SHA-256 of its arrays) this node answers, across runs
+                                            (the privacy ledger); a second one, over another
+                                            subset, gives a difference
 ``fedeval-dp-seed``                0        > 0 seeds the DP noise (reproducible runs) and
                                             **gives up the privacy** of the noise; 0: a CSPRNG
 ``fedeval-secsv-trust-principal``  false    take part in SecSV, which protects the test set against
@@ -45,8 +47,10 @@ run). A server-set seed does nothing: the run config key ``fedeval-dp-seed`` is 
 Evaluations per model: every handler that evaluates a global model (FHE AUC steps 3–4,
 DPAUC, FedAUC round 1, the plaintext AUC) calls :func:`record_evaluation` with the
 model's digest (:func:`model_digest`) before anything computed from the test data leaves
-the node; the ledger lives in ``context.state`` (``fedeval-policy.evaluated``), i.e. per
-run and node: a new run starts with an empty ledger (README, threat model).
+the node; the count lives in the node's privacy ledger (:mod:`flwr_fedeval.clients.ledger`,
+node config ``fedeval-ledger``, default beside the identity key), so it holds across runs: a
+server that starts a new run finds the count where the last run left it. A node without a
+ledger refuses every evaluation (``NOT_CONFIGURED``, naming ``fedeval-ledger``).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message
 
 from flwr_fedeval import config_keys
 from flwr_fedeval.identity import IdentityError
@@ -100,8 +104,6 @@ POLICY_DEFAULTS: dict[str, Any] = {
 }
 #: Suffix of the policy file next to a node's identity key (``node-3.key`` → ``node-3.policy.toml``).
 POLICY_SUFFIX = ".policy.toml"
-#: ``context.state`` record: ``{model digest (hex): evaluations answered}``.
-STATE_EVALUATED = "fedeval-policy.evaluated"
 
 _KEY_CONFIG, _DIR_CONFIG = "fedeval-identity-key", config_keys.IDENTITY_DIR
 _FILE_CACHE: dict[tuple, dict[str, Any]] = {}
@@ -387,24 +389,32 @@ def message_model_digest(msg: Message) -> bytes | None:
 
 
 def record_evaluation(context: Context, digest: bytes | None, what: str) -> int:
-    """Count one more evaluation of the model ``digest``; the number answered before this one
-    (``digest`` ``None``: no model, nothing counted, 0).
+    """Count one more evaluation of the model ``digest`` in the node's privacy ledger (across runs);
+    the number answered before this one (``digest`` ``None``: no model, nothing counted, 0).
+
+    Written before anything computed from the test data leaves the node (the ledger commits before
+    it returns).
 
     Raises
     ------
     flwr_fedeval.protocol.Refused
-        This node already answered ``fedeval-evaluations-per-model`` evaluations of this model
-        (names the key; nothing is recorded).
+        This node already answered ``fedeval-evaluations-per-model`` evaluations of this model, in
+        this run or an earlier one (names the key; nothing is recorded), or the ledger is full.
+    flwr_fedeval.clients.ledger.LedgerNotConfigured
+        The node has no privacy ledger (names ``fedeval-ledger``).
     """
+    from flwr_fedeval.clients.ledger import ledger_refusals, node_ledger
+    from flwr_fedeval.ledger import AlreadyGiven
+
     if digest is None:
         return 0
     allowed = node_policy(context).evaluations_per_model
-    ledger = dict(context.state[STATE_EVALUATED]) if STATE_EVALUATED in context.state else {}
-    key = bytes(digest).hex()
-    done = int(ledger.get(key, 0))
-    if done >= allowed:
-        raise Refused(f"{what}: this node already answered {done} evaluation(s) of this global model "
-                      f"(SHA-256 {key[:16]}); node config '{EVALUATIONS}' = {allowed}: refused")
-    ledger[key] = done + 1
-    context.state[STATE_EVALUATED] = ConfigRecord(ledger)
-    return done
+    ledger = node_ledger(context)
+    with ledger_refusals(what):
+        try:
+            return ledger.record_evaluation(bytes(digest), what, allowed)
+        except AlreadyGiven:
+            done = ledger.evaluations(bytes(digest))
+    raise Refused(f"{what}: this node already answered {done} evaluation(s) of this global model (SHA-256 "
+                  f"{bytes(digest).hex()[:16]}; node privacy ledger, across runs); node config '{EVALUATIONS}' = "
+                  f"{allowed}: refused")
