@@ -42,8 +42,11 @@ def _labels_scores(pid: int):
 
 def _dp_app() -> ClientApp:
     app = ClientApp()
-    register_dp_handlers(app, test_scores=lambda msg, ctx: _labels_scores(int(ctx.node_config["partition-id"])),
-                         test_labels=lambda ctx: _labels_scores(int(ctx.node_config["partition-id"]))[0])
+    register_dp_handlers(
+        app,
+        test_scores=lambda msg, ctx: _labels_scores(int(ctx.node_config["partition-id"])),
+        test_labels=lambda ctx: _labels_scores(int(ctx.node_config["partition-id"]))[0],
+    )
     return app
 
 
@@ -58,8 +61,9 @@ def ids(tmp_path):
 def _new_run(app, ids, fault=None) -> InProcessGrid:
     """A new run over the same nodes: fresh ``context.state``, the same identity folder and ledgers."""
     configs = [{"partition-id": i, "num-partitions": NODES} for i in range(NODES)]
-    return InProcessGrid(app, NODES, {"fedeval-identity-dir": str(ids)}, node_configs=configs, fault=fault,
-                         ledgers=None)
+    return InProcessGrid(
+        app, NODES, {"fedeval-identity-dir": str(ids)}, node_configs=configs, fault=fault, ledgers=None
+    )
 
 
 def _model(k: int) -> ArrayRecord:
@@ -130,8 +134,13 @@ def test_a_node_without_a_ledger_refuses_naming_the_key(ids):
 
 # --- symptom 3: the no-retry ledger forgets -------------------------------------------------------------
 def _context(ids, run: int) -> Context:
-    return Context(run_id=run, node_id=7, node_config={"partition-id": 0, "num-partitions": NODES},
-                   state=RecordDict(), run_config={"fedeval-identity-dir": str(ids)})
+    return Context(
+        run_id=run,
+        node_id=7,
+        node_config={"partition-id": 0, "num-partitions": NODES},
+        state=RecordDict(),
+        run_config={"fedeval-identity-dir": str(ids)},
+    )
 
 
 def test_300_filler_models_do_not_push_a_model_out(ids):
@@ -162,9 +171,11 @@ def test_a_replayed_deal_and_a_second_helper_are_refused_by_the_auxiliary_server
 
     create(tmp_path / "ids", [f"node-{i}" for i in range(4)], policy={"fedeval-secsv-trust-principal": True})
     configs = [{"partition-id": i, "num-partitions": 3} for i in range(3)] + [
-        {"fedeval-role": "shapley-aux", "partition-id": 3}]
-    grid = InProcessGrid(secsv_app, 4, {"fedeval-identity-dir": str(tmp_path / "ids")}, node_configs=configs,
-                         ledgers=None)
+        {"fedeval-role": "shapley-aux", "partition-id": 3}
+    ]
+    grid = InProcessGrid(
+        secsv_app, 4, {"fedeval-identity-dir": str(tmp_path / "ids")}, node_configs=configs, ledgers=None
+    )
     train_two_rounds(grid)
     outcomes: list[tuple[str, Message]] = []
 
@@ -181,8 +192,9 @@ def test_a_replayed_deal_and_a_second_helper_are_refused_by_the_auxiliary_server
                 return result
             S, ids = jobs[0]
             deal_p, sealed, helper = preds[0]
-            replay = {0: (sealed, ids.astype(np.int64), st.pk[helper],
-                          (self._e(st, ids, deal_p) + 1) % proto.LABEL_PRIME)}
+            replay = {
+                0: (sealed, ids.astype(np.int64), st.pk[helper], (self._e(st, ids, deal_p) + 1) % proto.LABEL_PRIME)
+            }
             outcomes.append(("same deal", self._ask(grid, st.aux, proto.AuxDiffRequest(st.public, replay))))
             owners = {st.clients[i] for i in set(st.owners[ids].tolist())}
             others = [c for c in st.clients if c != helper]
@@ -192,8 +204,12 @@ def test_a_replayed_deal_and_a_second_helper_are_refused_by_the_auxiliary_server
             reply = self._ask(grid, second, proto.HelperRequest(st.public, st.pk[st.aux], t, job))
             deal_p2, sealed2 = proto.HelperReply.from_record(reply.content).preds[0]
             again = {0: (sealed2, ids.astype(np.int64), st.pk[second], self._e(st, ids, deal_p2))}
-            outcomes.append((f"second helper (owner: {second in owners})",
-                             self._ask(grid, st.aux, proto.AuxDiffRequest(st.public, again))))
+            outcomes.append(
+                (
+                    f"second helper (owner: {second in owners})",
+                    self._ask(grid, st.aux, proto.AuxDiffRequest(st.public, again)),
+                )
+            )
             return result
 
         @staticmethod
