@@ -88,8 +88,10 @@ def test_clipped_values_are_counted_in_total_only():
     grid = InProcessGrid(make_app(), 3, RUN_CONFIG)
     # n_i·Δw is up to (10 + 7p)·1: a bound of 5 clips a share of every client's values
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=5.0)
-    run(grid, strategy)
+    result = run(grid, strategy)
     assert not strategy.aborted_attempts
+    # n_i travels in an integer slot: never clipped, exact (CKKS mode clips it with the values)
+    assert result.train_metrics_clientapp[1]["num-examples"] == sum(num_examples(p) for p in range(3))
     from xmk_app import update
 
     expected = sum(int(np.count_nonzero(np.abs(num_examples(p) * flat(update(p, 1))) > 5.0)) for p in range(3))
