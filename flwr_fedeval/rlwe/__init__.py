@@ -25,6 +25,10 @@ any t > N/2 members decrypt with ``threshold_partial_decrypt``; self-masks
 (:mod:`~flwr_fedeval.rlwe.selfmask`) and ``split_bytes``/``combine_bytes``
 recover the SecAgg masks.
 
+KAHE (:mod:`~flwr_fedeval.rlwe.kahe`): the update under key-additive RLWE, one message per
+client; ``kahe_parameters`` sizes Q, ``kahe.encrypt`` encrypts, ``KaheSum`` folds and decodes with
+the key sum (``round_key_sum``).
+
 Compact uploads (:mod:`~flwr_fedeval.rlwe.compact`): ``compact_limbs`` picks
 how many RNS limbs c0 and the decryption shares keep; ``compress_ciphertext``
 / ``compress_decryption_share`` switch them, ``compact_combine_and_decode``
@@ -44,6 +48,17 @@ from .compact import (
     switch_modulus,
 )
 from .encoding import EncodingRangeError, decode, encode, num_polys
+from .kahe import (
+    KaheCiphertext,
+    KaheError,
+    KaheParameters,
+    KaheSum,
+    kahe_parameters,
+    public_polynomials,
+    public_seed,
+    round_key_sum,
+    sample_key,
+)
 from .params import (
     DEFAULT_PARAMETER_SET,
     HE_STANDARD_128_MAX_LOG2Q,
@@ -98,6 +113,15 @@ from .xmkckks import (
 
 __all__ = [
     "Ciphertext",
+    "KaheCiphertext",
+    "KaheError",
+    "KaheParameters",
+    "KaheSum",
+    "kahe_parameters",
+    "public_polynomials",
+    "public_seed",
+    "round_key_sum",
+    "sample_key",
     "CompactCiphertext",
     "DEFAULT_PARAMETER_SET",
     "DecryptionShare",

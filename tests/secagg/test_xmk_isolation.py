@@ -322,8 +322,9 @@ def test_control_without_pairwise_masks_the_correlated_capsule_recovers_the_key(
 
 def test_replayed_earlier_round_capsule_is_refused_and_ciphertext_decodes_to_noise():
     """Round 2 of a key set reused across rounds: the victim's round-1 capsule c1 and signature in place of its
-    round-2 one is refused (signed for round 1); its round-1 KAHE ciphertext in the round-2 sum decodes to
-    nothing of either round's update (fresh key, fresh a_j)."""
+    round-2 one is refused (signed for round 1); its round-1 KAHE ciphertext is refused by the round-2 sum (its
+    seed tag), and with the tag rewritten it does not decode (fresh key, fresh a_j: the decoding's residual
+    check fails) -- nothing of either round's update comes out."""
     server = _kahe_round(3)
     names = sorted(server.key_set.names)
     victim = names[0]
@@ -349,16 +350,29 @@ def test_replayed_earlier_round_capsule_is_refused_and_ciphertext_decodes_to_noi
         compact.dropped_modulus(P, server.key_set.limbs))
     key_sum = kahe.round_key_sum(approx)
     length = _victim_update(0).size - 1
-    replayed = kahe.KaheSum(server.key_set.kahe, kahe.public_seed(server.key_set.transcript, 2), length)
-    replayed.add(old_ct)
+    kp = server.key_set.kahe
+    seed1, seed2 = (kahe.public_seed(server.key_set.transcript, r) for r in (1, 2))
+    replayed = kahe.KaheSum(kp, seed2, length)
+    with pytest.raises(kahe.KaheError, match="seed tag"):
+        replayed.add(old_ct)
+    assert replayed.count == 0
+    old_tag, new_tag = kahe._seed_tag(kp, seed1), kahe._seed_tag(kp, seed2)
+    assert old_ct.count(old_tag) == 1
+    replayed.add(old_ct.replace(old_tag, new_tag))  # the server rewrites the public header
     for name in names[1:]:
         reply = server.replies[server.key_set.node_of(name)]
         replayed.add(array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]))
-    values, _ = replayed.decode(key_sum)
-    others = sum(num_examples(_pid(n)) * flat(update(_pid(n), 2)) for n in names[1:])
-    pid = _pid(victim)
-    for round_ in (1, 2):
-        assert np.mean(np.abs(values - others - num_examples(pid) * flat(update(pid, round_))) < 1.0) < 0.01
+    with pytest.raises(kahe.KaheError):
+        replayed.decode(key_sum)
+    # the control: the victim's round-2 ciphertext in its place decodes the round-2 sum exactly
+    honest = kahe.KaheSum(kp, seed2, length)
+    for name in names:
+        reply = server.replies[server.key_set.node_of(name)]
+        honest.add(array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]))
+    values, integers = honest.decode(key_sum)
+    expected = sum(num_examples(_pid(n)) * flat(update(_pid(n), 2)) for n in names)
+    assert np.max(np.abs(values - expected)) < 1e-5
+    assert int(integers[0]) == sum(num_examples(_pid(n)) for n in names)
 
 
 def test_key_sum_that_does_not_round_aborts_the_round_and_leaves_the_model(monkeypatch):
@@ -374,7 +388,7 @@ def test_key_sum_that_does_not_round_aborts_the_round_and_leaves_the_model(monke
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=1e4)
     result = run(grid, strategy)
     ((_, exc),) = strategy.aborted_attempts
-    assert exc.step == "decoding" and all("does not round" in r for r in exc.failed.values())
+    assert exc.step == "decoding" and all("from an integer" in r for r in exc.failed.values())
     # Flower's result holds no arrays when no round produced any: the global model is the initial one
     assert not len(result.arrays) or np.array_equal(flat(result.arrays.to_numpy_ndarrays()), flat(initial()))
     assert real is not off_by_half

@@ -1,0 +1,395 @@
+"""KAHE: key-additive RLWE encryption of the update (flwr_fedeval.rlwe.kahe)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from flwr_fedeval import rlwe
+from flwr_fedeval.rlwe import kahe
+from flwr_fedeval.rlwe.kahe import (
+    KaheCiphertext,
+    KaheError,
+    KaheParameters,
+    KaheSum,
+    encrypt,
+    kahe_parameters,
+    public_polynomials,
+    public_seed,
+    round_key_sum,
+    sample_key,
+)
+from flwr_fedeval.rlwe.ring import find_ntt_primes
+
+# test data only (not key material): the keys and errors come from the module's CSPRNG
+DATA = np.random.default_rng(20250730)
+
+
+def _q_min(M: int, bound: float, F: int) -> int:
+    """The sizing formula, restated: Q >= 2 (2 (2 eb + 1) pb + eb) + 1."""
+    pb = M * math.ceil(bound * 2.0**F)
+    eb = M * math.ceil(kahe.KAHE_TAIL * kahe.KAHE_SIGMA_ERROR)
+    return 2 * (2 * (2 * eb + 1) * pb + eb) + 1
+
+
+def _round(params: KaheParameters, M: int, m: int, *, seed: bytes | None = None, scale: float = 1.0):
+    seed = seed or public_seed(b"transcript", 1)
+    vals = [DATA.uniform(-scale, scale, m) for _ in range(M)]
+    ints = [DATA.integers(-1000, 1000, params.integer_slots) for _ in range(M)]
+    keys = [sample_key(params) for _ in range(M)]
+    cts = [encrypt(params, seed, k, v, i) for k, v, i in zip(keys, vals, ints)]
+    return seed, vals, ints, keys, cts
+
+
+def test_exported_from_rlwe():
+    assert rlwe.KaheSum is KaheSum and rlwe.kahe_parameters is kahe_parameters
+
+
+@pytest.mark.parametrize("M", [1, 2, 5, 10])
+def test_round_trip(M):
+    p = kahe_parameters(M)
+    m = 3 * p.n + 17  # several blocks, last one partly padding
+    seed, vals, ints, keys, cts = _round(p, M, m, scale=3.0)
+    S = KaheSum(p, seed, m, chunk_blocks=2)
+    for ct in cts:
+        S.add(ct.to_bytes())
+    assert S.count == M
+    sums, isum = S.decode(round_key_sum(np.sum(keys, axis=0).astype(np.float64) + 0.1))
+    ref = np.sum(vals, axis=0)
+    assert sums.shape == (m,) and sums.dtype == np.float64
+    assert np.max(np.abs(sums - ref)) <= p.max_sum_error
+    # exactly the sum of the quantised values
+    q = np.sum([np.rint(v * 2.0**p.fractional_bits) for v in vals], axis=0) / 2.0**p.fractional_bits
+    np.testing.assert_array_equal(sums, q)
+    np.testing.assert_array_equal(isum, np.sum(ints, axis=0))
+
+
+def test_clipping_counted_and_sum_of_clipped():
+    p = kahe_parameters(2, bound=4.0)
+    seed = public_seed(b"T", 0)
+    v0 = np.array([1.5, 4.0, -4.0, 5.0, -100.0, 7.25, 0.0])
+    v1 = np.array([0.5, 0.5, 0.5, 0.5, 0.5, -9.0, 3.0])
+    keys = [sample_key(p) for _ in range(2)]
+    cts = [
+        encrypt(p, seed, keys[0], v0, np.array([kahe.count_clipped(p, v0), 1])),
+        encrypt(p, seed, keys[1], v1, np.array([kahe.count_clipped(p, v1), 2])),
+    ]
+    assert (cts[0].clipped, cts[1].clipped) == (3, 1)
+    S = KaheSum(p, seed, v0.size)
+    for ct in cts:
+        S.add(ct.to_bytes())
+    sums, ints = S.decode(keys[0] + keys[1])
+    ref = np.clip(v0, -4, 4) + np.clip(v1, -4, 4)
+    assert np.max(np.abs(sums - ref)) <= p.max_sum_error
+    np.testing.assert_array_equal(ints, [4, 3])
+
+
+def test_wrong_key_sum_refused():
+    p = kahe_parameters(3)
+    seed, _, _, keys, cts = _round(p, 3, 2 * p.n)
+    S = KaheSum(p, seed, 2 * p.n)
+    for ct in cts:
+        S.add(ct.to_bytes())
+    K = np.sum(keys, axis=0)
+    before = S.residues.tobytes()
+    for bad in (K + np.eye(p.n, dtype=np.int64)[5], K - keys[2], np.roll(K, 1)):
+        with pytest.raises(KaheError, match="not exact"):
+            S.decode(bad)
+    assert S.residues.tobytes() == before
+    sums, _ = S.decode(K)  # the right key still decodes
+    assert sums.shape == (2 * p.n,)
+
+
+def test_key_sum_out_of_range_and_too_many_contributors():
+    p = kahe_parameters(2)
+    seed, _, _, keys, cts = _round(p, 3, 100)
+    S = KaheSum(p, seed, 100)
+    S.add(cts[0].to_bytes())
+    with pytest.raises(KaheError, match="beyond"):
+        S.decode(np.full(p.n, p.key_cut + 1, dtype=np.int64))
+    S.add(cts[1].to_bytes())
+    S.add(cts[2].to_bytes())
+    with pytest.raises(KaheError, match="max_contributors"):
+        S.decode(np.sum(keys, axis=0))
+    with pytest.raises(KaheError, match="nothing to decode"):
+        KaheSum(p, seed, 100).decode(keys[0])
+
+
+def test_round_key_sum():
+    K = DATA.integers(-300, 300, 4096)
+    approx = K + DATA.uniform(-0.2, 0.2, K.size)
+    approx[17] = K[17] + 0.2
+    np.testing.assert_array_equal(round_key_sum(approx), K)
+    approx[17] = K[17] + 0.3
+    with pytest.raises(KaheError, match="1/4"):
+        round_key_sum(approx)
+    approx[17] = K[17] - 0.3
+    with pytest.raises(KaheError):
+        round_key_sum(approx)
+    approx[17] = np.nan
+    with pytest.raises(KaheError):
+        round_key_sum(approx)
+
+
+def _corrupt_residue(data: bytes, p: KaheParameters, limb: int, block: int) -> bytes:
+    """Set the first packed residue of (limb, block) to all ones: 2^b - 1 >= q."""
+    nb = KaheCiphertext.read_header(data, p)[1]
+    pos = kahe.HEADER_SIZE + sum(nb * p.n * q.bit_length() // 8 for q in p.primes[:limb])
+    b = p.primes[limb].bit_length()
+    off = pos + block * p.n * b // 8
+    out = bytearray(data)
+    out[off : off + b] = b"\xff" * b  # eight residues of b bits
+    return bytes(out)
+
+
+def test_refused_reply_leaves_sum_unchanged():
+    p = kahe_parameters(5)
+    m = 5 * p.n
+    seed, _, _, keys, cts = _round(p, 3, m)
+    S = KaheSum(p, seed, m, chunk_blocks=1)
+    S.add(cts[0].to_bytes())
+    before, count = S.residues.tobytes(), S.count
+    good = cts[1].to_bytes()
+    other_seed = encrypt(p, public_seed(b"transcript", 2), keys[1], np.zeros(m), np.zeros(2, np.int64)).to_bytes()
+    other_m = encrypt(p, seed, keys[1], np.zeros(m - p.n), np.zeros(2, np.int64)).to_bytes()
+    other_p = encrypt(kahe_parameters(6), seed, keys[1], np.zeros(m), np.zeros(2, np.int64)).to_bytes()
+    bad = {
+        "short": good[:-1],
+        "long": good + b"\0",
+        "header only": good[: kahe.HEADER_SIZE],
+        "magic": b"XXXX" + good[4:],
+        "last block limb 1": _corrupt_residue(good, p, 1, 5),
+        "first block limb 0": _corrupt_residue(good, p, 0, 0),
+        "middle block limb 0": _corrupt_residue(good, p, 0, 3),
+        "other seed": other_seed,
+        "other num_values": other_m,
+        "other params": other_p,
+    }
+    for name, data in bad.items():
+        with pytest.raises(KaheError):
+            S.add(data)
+        assert S.residues.tobytes() == before, name
+        assert S.count == count, name
+    S.add(good)
+    sums, _ = S.decode(keys[0] + keys[1])
+    assert sums.shape == (m,)
+
+
+def test_streaming_decode_equals_one_shot_reference():
+    p = kahe_parameters(3, bound=2.0**4, fractional_bits=10, n=2048)
+    m = 3 * p.n + 5
+    seed, vals, ints, keys, cts = _round(p, 3, m, scale=20.0)
+    K = np.sum(keys, axis=0)
+    outs = []
+    for chunk in (1, 2, 100):
+        S = KaheSum(p, seed, m, chunk_blocks=chunk)
+        for ct in cts:
+            S.add(ct.to_bytes())
+        outs.append(S.decode(K))
+    # one-shot reference with Python integers: the whole sum parsed, a_j K by the schoolbook product
+    ring = p.ring
+    total = sum(KaheCiphertext.from_bytes(ct.to_bytes(), p).residues.astype(object) for ct in cts)
+    a = public_polynomials(p, seed, 0, p.num_blocks(m))
+    ref = []
+    for j in range(a.shape[0]):
+        aK = np.stack([rlwe.schoolbook_negacyclic(a[j, i], K, q) for i, q in enumerate(p.primes)])
+        y = ring.to_int(
+            np.stack([(total[j, i] - aK[i].astype(object)) % q for i, q in enumerate(p.primes)]).astype(np.uint64)
+        )
+        ref.extend(int(v) for v in y)
+    ref = np.array(ref, dtype=object)
+    x = (ref + p.delta // 2) // p.delta
+    assert max(abs(int(r)) for r in ref - x * p.delta) <= p.error_bound
+    x = x.astype(np.int64)
+    for sums, isum in outs:
+        np.testing.assert_array_equal(sums, x[:m] / 2.0**p.fractional_bits)
+        np.testing.assert_array_equal(isum, x[m : m + 2])
+    np.testing.assert_array_equal(outs[0][1], np.sum(ints, axis=0))
+
+
+def test_encrypt_matches_slow_reference():
+    """c - a k - Δ x, all in Python integers with a naive negacyclic product, is a tail-cut error."""
+    p = kahe_parameters(1, bound=1.0, fractional_bits=8, integer_slots=1, n=1024)
+    assert p.limbs == 1 and p.modulus.bit_length() <= 27
+    seed = public_seed(b"slow", 7)
+    k = sample_key(p)
+    v = DATA.uniform(-1.5, 1.5, p.n + 3)
+    ct = encrypt(p, seed, k, v, np.array([-200]))
+    a = public_polynomials(p, seed, 0, ct.num_blocks)
+    Q, n = p.modulus, p.n
+    x = [int(t) for t in np.rint(np.clip(v, -1.0, 1.0) * 256.0)] + [-200]
+    x += [0] * (ct.num_blocks * n - len(x))
+    kk = [int(t) for t in k]
+    for j in range(ct.num_blocks):
+        aj = [int(t) for t in a[j, 0]]
+        prod = [0] * n
+        for s in range(n):
+            if kk[s]:
+                for t in range(n):
+                    if s + t < n:
+                        prod[s + t] += aj[t] * kk[s]
+                    else:
+                        prod[s + t - n] -= aj[t] * kk[s]
+        for i in range(n):
+            e = (int(ct.residues[j, 0, i]) - prod[i] - p.delta * x[j * n + i]) % Q
+            e = e - Q if e > Q // 2 else e
+            assert abs(e) <= p.error_cut
+
+
+def test_encrypt_refuses_bad_input():
+    p = kahe_parameters(2)
+    seed, k = public_seed(b"T", 1), sample_key(p)
+    with pytest.raises(KaheError, match="integer slot"):
+        encrypt(p, seed, k, np.zeros(10), np.array([p.value_bound + 1, 0]))
+    with pytest.raises(KaheError, match="finite"):
+        encrypt(p, seed, k, np.array([0.0, np.nan]), np.zeros(2, np.int64))
+    with pytest.raises(KaheError, match="shape"):
+        encrypt(p, seed, k, np.zeros(10), np.zeros(3, np.int64))
+    with pytest.raises(KaheError, match="tail cut"):
+        encrypt(p, seed, np.full(p.n, p.key_cut + 1), np.zeros(10), np.zeros(2, np.int64))
+    with pytest.raises(KaheError, match="seed"):
+        encrypt(p, b"short", k, np.zeros(10), np.zeros(2, np.int64))
+    ct = encrypt(p, seed, k, np.zeros(10), np.array([p.value_bound, -p.value_bound]))
+    assert ct.num_values == 10
+
+
+def test_sample_key_distribution():
+    p = kahe_parameters(2)
+    k = np.concatenate([sample_key(p) for _ in range(8)])
+    assert k.dtype == np.int64 and np.abs(k).max() <= p.key_cut
+    assert abs(k.std() - p.sigma_key) < 0.3  # 32768 samples: the std error of the std is ~0.02
+    assert len(np.unique(k)) > 9  # not ternary
+
+
+def _fields(p: KaheParameters) -> dict:
+    return {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.init}
+
+
+def test_parameter_validation():
+    p = kahe_parameters(10)
+    base = _fields(p)
+    with pytest.raises(KaheError, match="too small"):  # Q for 10 clients but 1000 declared
+        KaheParameters(**{**base, "max_contributors": 1000})
+    with pytest.raises(KaheError, match="too small"):  # delta below 2 (2 eb + 1)
+        KaheParameters(**{**base, "primes": find_ntt_primes(4096, 27, 1)})
+    with pytest.raises(KaheError, match="HE-Standard"):  # 54 bits at n = 1024 (bound 27)
+        KaheParameters(**{**base, "n": 1024, "primes": find_ntt_primes(1024, 27, 2)})
+    with pytest.raises(KaheError, match="HE-Standard"):
+        KaheParameters(**{**base, "primes": find_ntt_primes(4096, 30, 4)})  # 120 > 109
+    with pytest.raises(KaheError, match="primes"):
+        KaheParameters(**{**base, "primes": (p.primes[0], p.primes[0])})
+    with pytest.raises(KaheError, match="primes"):
+        KaheParameters(**{**base, "primes": (p.primes[0] + 2,)})
+    with pytest.raises(KaheError, match="sigma_key"):
+        KaheParameters(**{**base, "sigma_key": 3.2})
+    with pytest.raises(KaheError, match="sigma_error"):
+        KaheParameters(**{**base, "sigma_error": 1.0})
+    with pytest.raises(KaheError, match="tail"):
+        KaheParameters(**{**base, "tail": 3.0})
+    with pytest.raises(KaheError, match="bound"):
+        KaheParameters(**{**base, "bound": float("nan")})
+    with pytest.raises(KaheError, match="n ="):
+        KaheParameters(**{**base, "n": 4000})
+    with pytest.raises(KaheError):
+        kahe_parameters(10**6, n=4096, bound=2.0**40)  # needs more than 109 bits
+    assert isinstance(KaheError("x"), ValueError)
+
+
+def test_parameter_bytes():
+    p = kahe_parameters(10)
+    data = p.to_bytes()
+    assert KaheParameters.from_bytes(data) == p and KaheParameters.from_bytes(data).to_bytes() == data
+    assert kahe_parameters(10).to_bytes() == data  # deterministic
+    changes = {
+        "n": 8192,
+        "primes": find_ntt_primes(8192, 27, 2),
+        "sigma_key": 5.0,
+        "sigma_error": 7.0,
+        "tail": 9.0,
+        "bound": 2.0**15,
+        "fractional_bits": 20,
+        "max_contributors": 9,
+        "integer_slots": 3,
+    }
+    base = _fields(p)
+    for name, value in changes.items():
+        fields = {**base, name: value}
+        if name == "n":
+            fields["primes"] = changes["primes"]
+        other = KaheParameters(**fields)
+        assert other.to_bytes() != data, name
+        assert other.digest != p.digest, name
+    with pytest.raises(KaheError):
+        KaheParameters.from_bytes(data[:-1])
+    with pytest.raises(KaheError):
+        KaheParameters.from_bytes(b"XXXX" + data[4:])
+
+
+def test_modulus_grows_with_m_and_b_as_the_formula_says():
+    prev_by_b: dict[float, int] = {}
+    for M in (1, 2, 3, 5, 10, 16, 50, 100):
+        prev = 0
+        for B in (2.0**4, 2.0**10, 2.0**16, 2.0**20):
+            p = kahe_parameters(M, bound=B)
+            q_min = _q_min(M, B, 21)
+            bits = p.modulus.bit_length()
+            assert p.modulus >= q_min
+            assert bits <= q_min.bit_length() + 1  # at most one bit above the floor
+            assert bits >= prev  # grows with B
+            assert bits >= prev_by_b.get(B, 0)  # grows with M
+            assert p.limbs == -(-p.bits_per_coefficient // 31)
+            prev = prev_by_b[B] = bits
+    assert kahe_parameters(10).bits_per_coefficient == 53  # 2 + log2(10 B 2^F) + log2(2 eb + 1) = 52.3
+    assert kahe_parameters(100).bits_per_coefficient == 59
+
+
+def test_public_polynomials():
+    p = kahe_parameters(5)
+    s1, s2 = public_seed(b"T", 1), public_seed(b"T", 2)
+    a = public_polynomials(p, s1, 0, 5)
+    assert a.shape == (5, p.limbs, p.n) and a.dtype == np.uint64
+    np.testing.assert_array_equal(a, public_polynomials(p, s1, 0, 5))
+    np.testing.assert_array_equal(a[2:4], public_polynomials(p, s1, 2, 2))
+    assert not np.array_equal(a, public_polynomials(p, s2, 0, 5))
+    assert not np.array_equal(a[0], a[1])
+    assert not np.array_equal(a, public_polynomials(kahe_parameters(6), s1, 0, 5))
+    for i, q in enumerate(p.primes):
+        assert a[:, i].max() < q
+        # uniform mod q_i: the mean of 20480 residues is within 5 standard errors of (q - 1)/2
+        assert abs(a[:, i].astype(np.float64).mean() / q - 0.5) < 5 * (1 / math.sqrt(12 * a[:, i].size))
+    assert public_seed(b"T", 1) != public_seed(b"T2", 1) and len(s1) == 32
+    with pytest.raises(KaheError):
+        public_polynomials(p, b"x" * 31, 0, 1)
+
+
+def test_ciphertext_bytes():
+    p = kahe_parameters(4)
+    seed, _, _, _, cts = _round(p, 1, p.n + 10)
+    ct = cts[0]
+    data = ct.to_bytes()
+    assert len(data) == kahe.HEADER_SIZE + ct.num_blocks * p.n * p.bits_per_coefficient // 8
+    back = KaheCiphertext.from_bytes(data, p)
+    np.testing.assert_array_equal(back.residues, ct.residues)
+    assert back.num_values == ct.num_values and back.to_bytes() == data
+    np.testing.assert_array_equal(KaheCiphertext.rows(data, p, 1, 1), ct.residues[1:2])
+    with pytest.raises(KaheError):
+        KaheCiphertext.rows(data, p, 1, 2)
+
+
+def test_encrypt_in_ranges_of_one_block(monkeypatch):
+    """Encrypting and packing a range of blocks at a time gives a reply that decodes exactly."""
+    monkeypatch.setattr(kahe, "_ENCRYPT_BLOCKS", 1)
+    p = kahe_parameters(2)
+    m = 3 * p.n + 1
+    seed, vals, ints, keys, cts = _round(p, 2, m)
+    S = KaheSum(p, seed, m, chunk_blocks=3)
+    for ct in cts:
+        data = ct.to_bytes()
+        np.testing.assert_array_equal(KaheCiphertext.from_bytes(data, p).residues, ct.residues)
+        S.add(data)
+    sums, isum = S.decode(keys[0] + keys[1])
+    assert np.max(np.abs(sums - (vals[0] + vals[1]))) <= p.max_sum_error
+    np.testing.assert_array_equal(isum, ints[0] + ints[1])
