@@ -51,9 +51,9 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
 * ``train`` (the mod): ▲ **no retries**: at most one update per global model
   (:func:`~flwr_fedeval.protocol.xmk.model_hash`, whatever the key set) and
   the round strictly after its last (refused with
-  ``ReplyCode.ALREADY_CONTRIBUTED``, the ledger ``"xmk-ledger"`` survives
-  re-keys; with node config ``fedeval-xmk-ledger`` the model hashes are also
-  kept in that file, across runs); ▲ the openings and T again; ▲ a valid share from every member
+  ``ReplyCode.ALREADY_CONTRIBUTED``): the model is checked in the node's privacy
+  ledger (:mod:`flwr_fedeval.clients.ledger`, across runs, never evicted) before
+  training and recorded there before the reply leaves; ▲ the openings and T again; ▲ a valid share from every member
   (it keeps sk_j = Σ_i share_{i→j}). Clips n_i·Δw_i and n_i to the signed B
   (the count is logged and kept in the ledger, never sent), encrypts
   m_i + r_i + u_i under b = Σ b_j, r_i over its neighbours in the mask graph it
@@ -89,10 +89,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import replace
 from logging import WARNING
-from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
@@ -101,12 +99,12 @@ from flwr.common.logger import log
 from flwr_fedeval import rlwe
 from flwr_fedeval.clients.identity import key_set_floor, mask_degree_floor, node_identity
 from flwr_fedeval.clients.keras_adapter import WeightLayout
+from flwr_fedeval.clients.ledger import node_ledger, record_training
 from flwr_fedeval.identity import IdentityError
 from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, error_reply, handler, register, xmk
 from flwr_fedeval.rlwe import capsule, compact, kahe, keyset, masking, selfmask, threshold
 
 __all__ = [
-    "LEDGER_FILE_CONFIG",
     "PartialDecryptionRefused",
     "register_xmkckks_handlers",
     "xmk_contributors",
@@ -119,10 +117,6 @@ __all__ = [
 
 _STATE_KEY = "xmk-state"
 _LEDGER_KEY = "xmk-ledger"
-_MAX_LEDGER = 256  # global-model hashes kept (rounds strictly increase besides)
-_MAX_FILE_LEDGER = 4096  # global-model hashes kept in the node's ledger file
-#: Node config: a file where the node keeps the hashes of every global model it trained on, across runs.
-LEDGER_FILE_CONFIG = "fedeval-xmk-ledger"
 _MAX_USED_KEY_IDS = 64  # key-set ids this client committed for (refuses to commit twice)
 _LABEL = "xMK-CKKS"
 
@@ -193,58 +187,31 @@ def _keygen(request: xmk.KeygenRequest, msg: Message, context: Context) -> xmk.K
     return xmk.KeygenReply(key_id, identity.name, h, signature)
 
 
-def _ledger_file(context: Context) -> Path | None:
-    """The node operator's ledger file (node config ``fedeval-xmk-ledger``), or ``None``."""
-    path = dict(context.node_config).get(LEDGER_FILE_CONFIG) or ""
-    return Path(str(path)).expanduser() if path else None
-
-
-def _trained_models(context: Context) -> list[str]:
-    """Hex hashes of the global models this node trained on: this run's (``context.state``) and, with
-    node config ``fedeval-xmk-ledger``, every run's (a JSON file the node keeps; a new run, e.g. a
-    ``resume-from``, starts a new ``context.state``).
+def _check_not_trained(context: Context, model: bytes) -> None:
+    """Refuse, before any training, a global model this node already gave an update for, in any run
+    (the node's privacy ledger, :mod:`flwr_fedeval.clients.ledger`: a new run is a fresh
+    ``context.state``, so the record cannot live there).
 
     Raises
     ------
     Refused
-        The ledger file exists but is not a JSON object with a list of hex strings under ``models``.
+        Code ``ALREADY_CONTRIBUTED``: trained on ``model`` before; ``NOT_CONFIGURED``: no ledger.
     """
-    models = [str(m) for m in _ledger(context)["models"]]
-    path = _ledger_file(context)
-    if path is not None and path.exists():
-        try:
-            stored = json.loads(path.read_text())["models"]
-            if not isinstance(stored, list) or not all(isinstance(m, str) for m in stored):
-                raise TypeError("models is not a list of strings")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise Refused(f"the node's xMK ledger {path} ({LEDGER_FILE_CONFIG}) is unreadable: {exc}") from None
-        models += stored
-    return models
-
-
-def _record_model(context: Context, model: bytes) -> None:
-    """Add ``model`` to this run's ledger and, with ``fedeval-xmk-ledger``, to the file (atomic replace)."""
-    ledger = _ledger(context)
-    ledger["models"] = (list(ledger["models"]) + [model.hex()])[-_MAX_LEDGER:]
-    path = _ledger_file(context)
-    if path is not None:
-        stored = [m for m in _trained_models(context) if m not in list(ledger["models"])]
-        models = (stored + list(ledger["models"]))[-_MAX_FILE_LEDGER:]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps({"models": models}))
-        os.replace(tmp, path)
+    if node_ledger(context).trained(model):
+        raise Refused(f"no retries: this node already trained on global model {model.hex()[:16]}… "
+                      f"(one update per global model, whatever the key set or run)",
+                      code=ReplyCode.ALREADY_CONTRIBUTED)
 
 
 def _ledger(context: Context) -> ConfigRecord:
     """The no-retry ledger (``"xmk-ledger"``): kept across key sets, never cleared by a re-key.
 
-    ``models``: hex SHA-256 of the global models this client trained on (the last
-    :data:`_MAX_LEDGER`); ``last-round``: the latest round it trained in; ``clipped-values`` /
+    ``last-round``: the latest round it trained in (the global models it trained on are in the
+    node's privacy ledger, across runs); ``clipped-values`` /
     ``clipped-last``: the node operator's metric of values clipped to the signed bound (never sent).
     """
     if _LEDGER_KEY not in context.state:
-        context.state[_LEDGER_KEY] = ConfigRecord({"models": [], "last-round": -1, "clipped-values": 0,
+        context.state[_LEDGER_KEY] = ConfigRecord({"last-round": -1, "clipped-values": 0,
                                                    "clipped-last": 0})
     return context.state[_LEDGER_KEY]
 
@@ -505,10 +472,7 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
         if params.name != state["params"]:
             raise keyset.KeySetError("parameter set differs from the key set's")
         model = xmk.model_hash(msg.content["arrays"])
-        if model.hex() in _trained_models(context):
-            raise Refused(f"no retries: this client already trained on global model {model.hex()[:16]}… "
-                          f"(one update per global model, whatever the key set)",
-                          code=ReplyCode.ALREADY_CONTRIBUTED)
+        _check_not_trained(context, model)
         _check_round(state, context, request.round)
         if int(state.get("shares-round", -1)) != request.round:
             raise Refused(f"round {request.round}: this client shared no keys for key set {request.key_id} "
@@ -579,9 +543,11 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
             payload = xmk.TrainReply(kahe_reply, None, upload.to_bytes(), signature)
         else:
             payload = xmk.TrainReply(upload.to_bytes())
+        # written before the reply leaves (a kill -9 after this line never allows a second update);
+        # a concurrent run that recorded the model first makes this raise, and nothing is sent
+        record_training(context, model)
     except (Refused, *_ERRORS) as exc:
         return error_reply(msg, exc, _LABEL)
-    _record_model(context, model)  # one update per global model, whatever the key set
     _ledger(context)["last-round"] = request.round  # rounds strictly increase
     state["enc-round"] = request.round
     state["enc-model"] = model

@@ -18,6 +18,7 @@ from test_xmk_deviating_server import LENGTH, Server, _refused, _reveal_config
 from xmk_app import RUN_CONFIG, flat, initial, make_app, num_examples, plain_fedavg, run
 
 from flwr_fedeval import rlwe
+from flwr_fedeval.ledger import NodeLedger
 from flwr_fedeval.protocol import ReplyCode, xmk
 from flwr_fedeval.protocol.xmk import QUERY_XMK_CONTRIBUTORS, QUERY_XMK_PDEC, QUERY_XMK_SHARES, XMK_CONFIG_KEY
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
@@ -295,14 +296,12 @@ def test_round_completes_with_the_exact_mean_of_the_signed_contributors():
     assert len(pdec_nodes) == 3 and lost["after"] not in pdec_nodes  # t = 3 decryptors, all survivors
 
 
-def test_a_new_run_refuses_a_model_trained_on_in_an_earlier_run_with_the_node_ledger(tmp_path):
-    """A new run starts a new context.state (e.g. a resume-from, or a server that simply starts another run):
-    with node config fedeval-xmk-ledger each node keeps its model hashes in a file and refuses the same global
-    model in the new run; without it only this run is covered (README: threat model)."""
-    configs = [{"partition-id": p, "num-partitions": 3, "fedeval-xmk-ledger": str(tmp_path / f"ledger-{p}.json")}
-               for p in range(3)]
-    run(InProcessGrid(make_app(), 3, RUN_CONFIG, node_configs=configs), _strategy(3))
-    assert all((tmp_path / f"ledger-{p}.json").exists() for p in range(3))
+def test_a_new_run_refuses_a_model_trained_on_in_an_earlier_run(tmp_path):
+    """A new run starts a new context.state (a resume-from, or a server that simply starts another run): the
+    nodes' privacy ledgers (the same nodes: one ledger folder) refuse the same global model in the new run,
+    before training; new nodes (fresh ledgers) train on it."""
+    run(InProcessGrid(make_app(), 3, RUN_CONFIG, ledgers=tmp_path), _strategy(3))
+    assert all(NodeLedger(tmp_path / f"node-{p}.ledger.sqlite").summary().trained == {"train": 1} for p in range(3))
     codes = []
 
     def spy(node, msg, reply):
@@ -310,14 +309,13 @@ def test_a_new_run_refuses_a_model_trained_on_in_an_earlier_run_with_the_node_le
             codes.append(reply.error.code if reply.has_error() else None)
         return reply
 
-    second = InProcessGrid(make_app(), 3, RUN_CONFIG, node_configs=configs, fault=spy)  # a new run: new states
+    second = InProcessGrid(make_app(), 3, RUN_CONFIG, ledgers=tmp_path, fault=spy)  # a new run: new states
     result = run(second, _strategy(3))
     assert codes == [int(ReplyCode.ALREADY_CONTRIBUTED)] * 3
     assert not len(result.arrays) or np.array_equal(flat(result.arrays.to_numpy_ndarrays()), flat(initial()))
-    # without the node's ledger file the new run's empty state does not know the model
-    plain = InProcessGrid(make_app(), 3, RUN_CONFIG, fault=spy)
+    # other nodes (their own, fresh ledgers) have not trained on it
     codes.clear()
-    run(plain, _strategy(3))
+    run(InProcessGrid(make_app(), 3, RUN_CONFIG, fault=spy), _strategy(3))
     assert codes == [None] * 3
 
 
