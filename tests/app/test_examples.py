@@ -70,7 +70,7 @@ def test_project_readme_states_the_examples_added_lines(example):
 def test_example_has_flowers_structure(example):
     app, pkg = EXAMPLES / example, APPS[example]
     project = tomllib.loads((app / "pyproject.toml").read_text())
-    assert project["project"]["name"] == pkg
+    assert project["project"]["name"] == pkg.replace("_", "-")  # Flower's app names have no "_"
     assert project["tool"]["flwr"]["app"]["components"] == {
         "serverapp": f"{pkg}.server_app:app", "clientapp": f"{pkg}.client_app:app"}
     assert {"num-server-rounds", "min-nodes", "output-dir"} <= set(project["tool"]["flwr"]["app"]["config"])
