@@ -12,9 +12,10 @@ CNN's size (default 949,002 float32 weights in four tensors), three ways:
   min(M, k + 1) with k XMKFedAvg's default mask degree (the same number of
   neighbours), ``reconstruction_threshold`` = num_shares // 2 + 1, Flower's
   defaults otherwise (``clipping_range`` 8, ``quantization_range`` 2^22);
-* **xmk**: :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg` with the real
+* **xmk** (KAHE bulk mode, the default) and **xmk-ckks** (``bulk="ckks"``: every weight under
+  xMK-CKKS): :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg` with the real
   client handlers and roster identities (the test roster), default settings
-  (parameter set, compact L', mask degree, threshold).
+  (parameter set, compact L', mask degree, threshold), re-keying every round.
 
 Reported per (M, variant), median over ``--repeat`` interleaved rounds: CPU
 seconds of the whole round (all clients and the server: ``time.process_time``,
@@ -169,10 +170,10 @@ def run_secaggplus(shapes, clients: int) -> dict:
             "new_model": _flat(final["w"]), "client_cpu_s": dict(app.cpu)}
 
 
-def run_xmk(shapes, clients: int) -> dict:
+def run_xmk(shapes, clients: int, bulk: str = "kahe") -> dict:
     app = _Timed(_message_app(shapes, secure=True))
     grid = InProcessGrid(app, clients, {"fedeval-identity-dir": IDENTITY_DIR})
-    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients)
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients, bulk=bulk)
     w0 = [np.zeros(s, dtype=np.float32) for s in shapes]
     c0, t0 = time.process_time(), time.perf_counter()
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(w0), num_rounds=1, train_config=ConfigRecord({}),
@@ -187,7 +188,11 @@ def run_xmk(shapes, clients: int) -> dict:
             "limbs": strategy.limbs_for(clients, strategy.scale_bits_for(clients))}
 
 
-RUNNERS = {"plain": run_plain, "secagg+": run_secaggplus, "xmk": run_xmk}
+def run_xmk_ckks(shapes, clients: int) -> dict:
+    return run_xmk(shapes, clients, bulk="ckks")
+
+
+RUNNERS = {"plain": run_plain, "secagg+": run_secaggplus, "xmk": run_xmk, "xmk-ckks": run_xmk_ckks}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", type=int, default=949_002)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_xmk_round.json"))
+    ap.add_argument("--variants", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
     args = ap.parse_args(argv)
+    runners = {name: RUNNERS[name] for name in args.variants}
     logging.getLogger("flwr").setLevel(logging.ERROR)
     shapes = _shapes(args.params)
     rows = []
@@ -204,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         expected = _expected(shapes, m)
         runs: dict[str, list[dict]] = defaultdict(list)
         for _ in range(args.repeat):  # interleaved: each variant sees the same load
-            for name, runner in RUNNERS.items():
+            for name, runner in runners.items():
                 res = runner(shapes, m)
                 res["max_error_of_mean"] = float(np.max(np.abs(res.pop("new_model") - expected)))
                 runs[name].append(res)
@@ -212,13 +219,17 @@ def main(argv: list[str] | None = None) -> int:
         for name, rs in runs.items():
             row[name] = {"cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
                          "wall_s_median": statistics.median(r["wall_s"] for r in rs), "runs": rs}
-        row["xmk_over_secaggplus_cpu"] = row["xmk"]["cpu_s_median"] / row["secagg+"]["cpu_s_median"]
-        row["secaggplus_over_plain_cpu"] = row["secagg+"]["cpu_s_median"] / row["plain"]["cpu_s_median"]
+        for name in ("xmk", "xmk-ckks"):
+            if name in row and "secagg+" in row:
+                row[f"{name}_over_secaggplus_cpu"] = row[name]["cpu_s_median"] / row["secagg+"]["cpu_s_median"]
+        if "secagg+" in row and "plain" in row:
+            row["secaggplus_over_plain_cpu"] = row["secagg+"]["cpu_s_median"] / row["plain"]["cpu_s_median"]
         rows.append(row)
         print(f"M={m}: " + ", ".join(f"{k} {row[k]['cpu_s_median']:.2f} s CPU "
                                       f"({row[k]['runs'][0]['bytes_up_per_client'] / 2**20:.1f} MiB up, "
-                                      f"err {row[k]['runs'][0]['max_error_of_mean']:.1e})" for k in RUNNERS)
-              + f"; xmk / secagg+ = {row['xmk_over_secaggplus_cpu']:.2f}", flush=True)
+                                      f"err {row[k]['runs'][0]['max_error_of_mean']:.1e})" for k in runners)
+              + "".join(f"; {k} / secagg+ = {row[f'{k}_over_secaggplus_cpu']:.2f}" for k in ("xmk", "xmk-ckks")
+                        if f"{k}_over_secaggplus_cpu" in row), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"rows": rows}, indent=1, default=float) + "\n")
     return 0

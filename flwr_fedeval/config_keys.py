@@ -27,6 +27,11 @@ run-config key                 default  read by, meaning
                                         ``fedeval-xmk-mask-degree``
 =============================  =======  ===========================================================
 
+Node-config keys the library reads besides the policy's (:mod:`flwr_fedeval.clients.policy`) and the
+identity's (:mod:`flwr_fedeval.clients.identity`): ``fedeval-ledger`` (:data:`LEDGER`), the path of the
+node's privacy ledger (:mod:`flwr_fedeval.clients.ledger`; default: beside the identity key). It is
+never read from the run config: whoever starts a run must not be able to point a node at a fresh ledger.
+
 An App declares (with ``""`` or its default) only the keys it lets its users set: Flower
 refuses a ``--run-config`` key the App does not declare. The demo App
 (:mod:`flwr_fedeval.app`) keeps its short names and maps them onto these
@@ -37,7 +42,7 @@ code outside :mod:`flwr_fedeval.app` reads no run-config key without the prefix.
 from __future__ import annotations
 
 __all__ = ["PREFIX", "RUN_CONFIG_KEYS", "IDENTITY_DIR", "ROSTER", "MIN_CLIENTS", "DP_EPSILON", "DP_BUDGET",
-           "SHARE_AUC", "XMK_MASK_DEGREE"]
+           "SHARE_AUC", "XMK_MASK_DEGREE", "LEDGER"]
 
 #: The prefix of every config key the library reads (run config and node config).
 PREFIX = "fedeval-"
@@ -49,6 +54,8 @@ DP_EPSILON = "fedeval-dp-epsilon"
 DP_BUDGET = "fedeval-dp-budget"
 SHARE_AUC = "fedeval-share-auc"
 XMK_MASK_DEGREE = "fedeval-xmk-mask-degree"
+#: Node config only: the path of the node's privacy ledger (:mod:`flwr_fedeval.clients.ledger`).
+LEDGER = "fedeval-ledger"
 
 #: The run-config keys the library reads, in the module docstring's order.
 RUN_CONFIG_KEYS: tuple[str, ...] = (IDENTITY_DIR, ROSTER, MIN_CLIENTS, DP_EPSILON, DP_BUDGET, SHARE_AUC,

@@ -13,7 +13,11 @@ Writes, into ``DIR`` (created with mode 0700 if missing):
 * ``<name>.policy.toml`` — the node's policy (what leaves the node:
   :mod:`flwr_fedeval.clients.policy`), the documented defaults (AUC sharing off,
   ε = 1 per evaluation, one evaluation per global model) unless ``--policy
-  KEY=VALUE`` sets a key for every node; node config ``fedeval-*`` keys override it.
+  KEY=VALUE`` sets a key for every node; node config ``fedeval-*`` keys override it;
+* ``<name>.ledger.sqlite`` — the node's privacy ledger (:mod:`flwr_fedeval.ledger`), mode 0600:
+  what the node has given, across runs (models trained on, ε spent, randomized responses,
+  evaluations per model, SecSV deals). Keep it with the key and back it up; deleting it gives
+  a server a fresh budget (docs/how-to/node-ledger.md).
 
 Names default to ``node-0 … node-{N-1}`` (simulation: partition id i loads
 ``node-i.key``). Existing files are never overwritten. Prints the roster
@@ -21,6 +25,10 @@ fingerprint, to be compared out of band by every node operator.
 
 ``python -m flwr_fedeval.keys show ROSTER`` prints the names, key
 fingerprints and the roster fingerprint.
+
+``python -m flwr_fedeval.keys ledger PATH`` prints a node's ledger as a person reads it (models
+trained on, ε spent per dataset and what is left, evaluations per model, SecSV deals and
+batches); ``--create`` makes an empty one at ``PATH`` (e.g. for a key made before ledgers existed).
 """
 
 from __future__ import annotations
@@ -38,8 +46,9 @@ __all__ = ["create", "main"]
 
 
 def create(out: str | os.PathLike, names: list[str], *, policy: dict[str, Any] | None = None) -> Roster:
-    """Generate one key per name into ``out``, write ``roster.json`` and one policy file per node
-    (:data:`~flwr_fedeval.clients.policy.POLICY_DEFAULTS` updated by ``policy``); returns the roster.
+    """Generate one key per name into ``out``, write ``roster.json``, one policy file per node
+    (:data:`~flwr_fedeval.clients.policy.POLICY_DEFAULTS` updated by ``policy``) and one empty privacy
+    ledger per node (``<name>.ledger.sqlite``); returns the roster.
 
     Raises
     ------
@@ -47,7 +56,9 @@ def create(out: str | os.PathLike, names: list[str], *, policy: dict[str, Any] |
         Duplicate or invalid names, a file that already exists, or a ``policy`` key that is not a
         node policy key.
     """
+    from flwr_fedeval.clients.ledger import LEDGER_SUFFIX
     from flwr_fedeval.clients.policy import POLICY_DEFAULTS, POLICY_SUFFIX, write_policy_file
+    from flwr_fedeval.ledger import NodeLedger
 
     unknown = sorted(set(policy or {}) - set(POLICY_DEFAULTS))
     if unknown:
@@ -59,7 +70,8 @@ def create(out: str | os.PathLike, names: list[str], *, policy: dict[str, Any] |
     out = Path(out)
     if not out.exists():
         out.mkdir(parents=True, mode=0o700)
-    targets = [out / "roster.json"] + [out / f"{n}{ext}" for n in names for ext in (".key", ".pub", POLICY_SUFFIX)]
+    targets = [out / "roster.json"] + [out / f"{n}{ext}" for n in names
+                                       for ext in (".key", ".pub", POLICY_SUFFIX, LEDGER_SUFFIX)]
     existing = [str(p) for p in targets if p.exists()]
     if existing:
         raise IdentityError(f"refusing to overwrite {existing}")
@@ -69,6 +81,7 @@ def create(out: str | os.PathLike, names: list[str], *, policy: dict[str, Any] |
         ident.save(out / f"{ident.name}.key")
         (out / f"{ident.name}.pub").write_bytes(ident.public_key_bytes() + b"\n")
         write_policy_file(out / f"{ident.name}{POLICY_SUFFIX}", policy)
+        NodeLedger.create(out / f"{ident.name}{LEDGER_SUFFIX}")
     roster.save(out / "roster.json")
     return roster
 
@@ -124,10 +137,23 @@ def main(argv: list[str] | None = None) -> int:
                             "fedeval-share-auc=true); repeat for several")
     s = sub.add_parser("show", help="print the names and fingerprints of a roster")
     s.add_argument("roster")
+    g = sub.add_parser("ledger", help="print a node's privacy ledger (or --create an empty one)")
+    g.add_argument("path", help="the ledger, e.g. DIR/node-0.ledger.sqlite")
+    g.add_argument("--create", action="store_true", help="create an empty ledger at PATH (never overwrites)")
     args = parser.parse_args(argv)
     try:
         if args.command == "show":
             _show(Roster.load(args.roster))
+            return 0
+        if args.command == "ledger":
+            from flwr_fedeval.ledger import LedgerError, NodeLedger
+
+            try:
+                ledger = NodeLedger.create(args.path) if args.create else NodeLedger(args.path)
+                print(ledger.summary().text())
+            except LedgerError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
             return 0
         if args.names and args.nodes is not None and len(args.names) != args.nodes:
             parser.error(f"--names lists {len(args.names)} names, --nodes says {args.nodes}")
@@ -156,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     except (IdentityError, ValueError) as exc:  # ValueError: protocol.Refused, a bad policy value
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {len(names)} private keys and roster.json to {args.out}")
+    print(f"wrote {len(names)} private keys, policy files, privacy ledgers and roster.json to {args.out}")
     _show(roster)
     _show_policy(names, policy)
     return 0

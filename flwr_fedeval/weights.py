@@ -86,6 +86,9 @@ class WeightLayout:
     def unflatten(self, vector: np.ndarray) -> list[np.ndarray]:
         """Split a (possibly padded) vector back into arrays of this layout.
 
+        Integer arrays (e.g. BatchNorm's ``num_batches_tracked``) are rounded to the nearest integer, not
+        truncated: an aggregate's 2.9999999 is 3.
+
         Raises
         ------
         ValueError
@@ -99,6 +102,9 @@ class WeightLayout:
         out, offset = [], 0
         for shape, dtype in zip(self.shapes, self.dtypes):
             count = int(np.prod(shape, dtype=np.int64))
-            out.append(vector[offset : offset + count].reshape(shape).astype(np.dtype(dtype)))
+            part = vector[offset : offset + count].reshape(shape)
+            if np.dtype(dtype).kind in "iub" and part.dtype.kind == "f":
+                part = np.rint(part)  # an integer tensor (a step counter) rounds: 2.9999999 is 3, not 2
+            out.append(part.astype(np.dtype(dtype)))
             offset += count
         return out

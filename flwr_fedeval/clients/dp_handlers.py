@@ -7,24 +7,25 @@ wraps them (``protocol.handler``) and registers them. The DP math is in
 :mod:`flwr_fedeval.dp` (these functions only keep the client's state).
 
 Privacy budget (the node's policy, :mod:`flwr_fedeval.clients.policy`)
-    Every client holds a diffprivlib ``BudgetAccountant`` whose total is its
-    node policy's (``fedeval-dp-budget``, or ``fedeval-dp-epsilon`` when it is
-    0), which run config ``fedeval-dp-budget`` / ``fedeval-dp-epsilon`` may only
-    lower; a run config asking more is refused naming the node key (a configuration
-    refusal, ``NOT_CONFIGURED``: the server stops the run). The server's request
-    names the ε of one evaluation: above the node's ``fedeval-dp-epsilon`` it
-    is refused; otherwise the :mod:`flwr_fedeval.dp` client step charges it
-    before any noise is drawn. The spends are kept in
-    ``context.state["dp-accountant"]`` (a ConfigRecord of floats), so repeated
-    evaluations in one run accumulate. A request the accountant cannot afford
-    is refused (:class:`flwr_fedeval.protocol.dp_auc.BudgetError`, code
-    ``BUDGET_EXHAUSTED``): the error reply reads ``BudgetError: ...`` and
-    nothing noisy is sent.
+    Every client charges its ε to its **node privacy ledger** (:mod:`flwr_fedeval.clients.ledger`,
+    :meth:`~flwr_fedeval.ledger.NodeLedger.spend_epsilon`), which keeps the spends of every run
+    (dataset :data:`~flwr_fedeval.clients.ledger.TEST_SET`); diffprivlib's ``BudgetAccountant``
+    checks each spend against the node's total (``fedeval-dp-budget``, or ``fedeval-dp-epsilon``
+    when it is 0), which run config ``fedeval-dp-budget`` / ``fedeval-dp-epsilon`` may only lower;
+    a run config asking more is refused naming the node key (a configuration refusal,
+    ``NOT_CONFIGURED``: the server stops the run). The server's request names the ε of one
+    evaluation: above the node's ``fedeval-dp-epsilon`` it is refused; otherwise it is charged to
+    the ledger (committed) before any noise is drawn, and the :mod:`flwr_fedeval.dp` client step
+    runs with an accountant of exactly that ε. A request the ledger cannot afford is refused
+    (:class:`flwr_fedeval.protocol.dp_auc.BudgetError`, code ``BUDGET_EXHAUSTED``): the error reply
+    reads ``BudgetError: ...`` and nothing noisy is sent. A new run does not give a new budget.
 
-Randomized response
-    Labels are flipped **once** per ε (DPAUC_RR Step 1) and kept in
-    ``context.state["dp-rr-labels"]``; later RR evaluations at the same ε reuse
-    them for free (post-processing), DPAUC_RR and FedAUC_RR alike.
+Randomized response (permanent, RAPPOR)
+    Labels are flipped **once** per ε and label vector (DPAUC_RR Step 1) and the flipped labels are
+    kept in the ledger (:meth:`~flwr_fedeval.ledger.NodeLedger.randomized_response`, Erlingsson et
+    al. 2014): later RR evaluations at the same ε, in this run or any later one, reuse them for free
+    (post-processing), DPAUC_RR and FedAUC_RR alike, so a server that asks again cannot average the
+    flips away.
 
 Evaluations per model
     DPAUC_Lap, DPAUC_RR and FedAUC round 1 (the requests that carry the global
@@ -43,8 +44,8 @@ Randomness
 FedAUC round trips
     1. :func:`fedauc_scores`: shuffle the scores, keep the permutation (secret)
        and the server's session id in ``context.state["fedauc-shuffle"]``, send
-       the shuffled scores. The budget is checked (not spent) here, so a client
-       that could not pay is left out *before* the server ranks anything.
+       the shuffled scores. The budget is checked in the ledger (not spent) here, so
+       a client that could not pay is left out *before* the server ranks anything.
     2. :func:`fedauc_stats`: unshuffle the global ranks, send
        ``(localSum, localP, localN)`` (RR labels or Laplace noise). The stored
        permutation is used once and deleted.
@@ -55,8 +56,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -66,12 +66,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr_fedeval import config_keys
 from flwr_fedeval.clients import policy
 from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # also importable from here
+from flwr_fedeval.clients.ledger import TEST_SET, digest, ledger_refusals, node_ledger
 from flwr_fedeval.dp import (
-    BudgetError,
     DPAUCLaplaceParams,
     FedAUCLaplaceParams,
     RandomizedResponseParams,
-    charge,
     dpauc_laplace_client,
     fedauc_laplace_client,
     fedauc_local_stats,
@@ -79,15 +78,14 @@ from flwr_fedeval.dp import (
     fedauc_unshuffle_ranks,
     randomize_labels,
 )
+from flwr_fedeval.ledger import NodeLedger
 from flwr_fedeval.metrics.counts import threshold_counts
 from flwr_fedeval.protocol import Refused, dp_auc
 from flwr_fedeval.protocol.auc import ThresholdCounts
 
 __all__ = [
     "CLIENT_DP_DEFAULTS",
-    "STATE_ACCOUNTANT",
     "STATE_FEDAUC",
-    "STATE_RR_LABELS",
     "SystemRandomState",
     "dpauc_laplace",
     "dpauc_rr",
@@ -99,10 +97,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: ConfigRecord: ``epsilon-spent`` (list of float, one per charge), ``epsilon-total``.
-STATE_ACCOUNTANT = "dp-accountant"
-#: ArrayRecord ``labels`` (flipped, int64) + ConfigRecord ``dp-rr-labels.meta`` (ε, fingerprint).
-STATE_RR_LABELS = "dp-rr-labels"
 #: ArrayRecord ``permutation`` + ConfigRecord ``fedauc-shuffle.meta`` (session id).
 STATE_FEDAUC = "fedauc-shuffle"
 _STATE_RNG = "dp-rng"
@@ -165,36 +159,32 @@ def _config(context: Context) -> _Settings:
     return _Settings(context)
 
 
-def _accountant(context: Context, cfg: _Settings) -> BudgetAccountant:
-    """This client's accountant, rebuilt from ``context.state`` (raises BudgetError if overspent)."""
-    spent: list[float] = []
-    if STATE_ACCOUNTANT in context.state:
-        spent = [float(e) for e in context.state[STATE_ACCOUNTANT]["epsilon-spent"]]
-    return BudgetAccountant(epsilon=cfg.dp_total, delta=0.0, spent_budget=[(e, 0.0) for e in spent])
-
-
-def _save_accountant(context: Context, accountant: BudgetAccountant) -> None:
-    context.state[STATE_ACCOUNTANT] = ConfigRecord(
-        {
-            "epsilon-spent": [float(e) for e, _ in accountant.spent_budget],
-            "epsilon-total": float(accountant.epsilon),
-        }
-    )
-
-
 def spent_epsilon(context: Context) -> float:
-    """Total ε this client has spent in the run (0.0 before any DP evaluation)."""
-    if STATE_ACCOUNTANT not in context.state:
-        return 0.0
-    return float(sum(context.state[STATE_ACCOUNTANT]["epsilon-spent"]))
+    """Total ε this node has spent on its test set, in every run (its privacy ledger; 0.0 before any
+    DP evaluation).
+
+    Raises
+    ------
+    flwr_fedeval.clients.ledger.LedgerNotConfigured
+        The node has no privacy ledger.
+    """
+    return node_ledger(context).spent(TEST_SET)
 
 
-def _can_afford(accountant: BudgetAccountant, epsilon: float) -> None:
-    """Raise BudgetError if ``epsilon`` cannot be charged (charges a copy only)."""
+def _charge(ledger: NodeLedger, cfg: _Settings, epsilon: float) -> BudgetAccountant:
+    """Charge ``epsilon`` to the node's test set in its ledger (committed before any noise is
+    drawn), and the accountant of exactly that ε the :mod:`flwr_fedeval.dp` step charges again."""
+    with ledger_refusals("DP budget"):
+        ledger.spend_epsilon(TEST_SET, epsilon, cfg.dp_total)
+    return BudgetAccountant(epsilon=epsilon, delta=0.0)
+
+
+def _can_afford(ledger: NodeLedger, cfg: _Settings, epsilon: float) -> None:
+    """Raise BudgetError if ``epsilon`` cannot be charged now (records nothing)."""
     if epsilon == 0.0:
         return
-    trial = BudgetAccountant(epsilon=accountant.epsilon, delta=0.0, spent_budget=list(accountant.spent_budget))
-    charge(trial, epsilon)
+    with ledger_refusals("DP budget"):
+        ledger.check_spend(TEST_SET, epsilon, cfg.dp_total)
 
 
 def _random_state(context: Context, cfg: _Settings) -> np.random.RandomState:
@@ -209,29 +199,21 @@ def _random_state(context: Context, cfg: _Settings) -> np.random.RandomState:
     return np.random.RandomState(np.random.MT19937(seq))
 
 
-@contextmanager
-def _refuse_over_budget() -> Iterator[None]:
-    """diffprivlib's ``BudgetError`` becomes the protocol's refusal (code ``BUDGET_EXHAUSTED``)."""
-    try:
-        yield
-    except BudgetError as exc:
-        raise dp_auc.BudgetError(str(exc)) from exc
-
-
-def _dp_request(context: Context, step: Callable[[_Settings, BudgetAccountant, Any], Any], *,
+def _dp_request(context: Context, step: Callable[[_Settings, NodeLedger, Any], Any], *,
                 epsilon: float | None = None, model: bytes | None = None, what: str = "DP AUC",
                 participants: Any = False) -> Any:
-    """``step(cfg, accountant, random_state)``; always persist the spends.
+    """``step(cfg, ledger, random_state)`` after the node's checks.
 
     ``epsilon`` (the request's ε) is checked against the node's ε per evaluation, and ``model``
     (the digest of the evaluated global model; ``None``: not counted) against
-    ``fedeval-evaluations-per-model``, before anything is drawn. A refused budget (raised as
+    ``fedeval-evaluations-per-model`` in the node's ledger, before anything is drawn. The step
+    charges its ε to the ledger (:func:`_charge`) before it draws noise. A refused budget (raised as
     :class:`~flwr_fedeval.protocol.dp_auc.BudgetError`), a refused policy
     (:class:`~flwr_fedeval.protocol.Refused`) or an invalid request becomes an error reply in
-    ``protocol.handler``; the state, including any spend already charged, is kept (the engines
-    only persist ``context`` when the handler returns).
+    ``protocol.handler``; whatever the ledger recorded stays recorded (it commits per call).
     """
     cfg = _config(context)
+    ledger = node_ledger(context)  # a node without a ledger refuses before anything else
     if participants is not False:  # the requests that start an evaluation: the members' signed list
         from flwr_fedeval.clients.auc_handlers import STATE_DP_JOINED
         from flwr_fedeval.clients.identity import check_participants
@@ -241,41 +223,33 @@ def _dp_request(context: Context, step: Callable[[_Settings, BudgetAccountant, A
         policy.check_epsilon(context, epsilon)
     if model is not None:
         policy.record_evaluation(context, model, what)
-    with _refuse_over_budget():
-        accountant = _accountant(context, cfg)
-    try:
-        with _refuse_over_budget():
-            return step(cfg, accountant, _random_state(context, cfg))
-    finally:
-        _save_accountant(context, accountant)
+    return step(cfg, ledger, _random_state(context, cfg))
 
 
 def _fingerprint(y_true: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(y_true, dtype=np.int64).tobytes()).hexdigest()
 
 
-def _stored_rr_labels(context: Context, y_true: np.ndarray, epsilon: float) -> np.ndarray | None:
-    meta_key = f"{STATE_RR_LABELS}.meta"
-    if STATE_RR_LABELS not in context.state or meta_key not in context.state:
-        return None
-    meta = context.state[meta_key]
-    if float(meta["epsilon"]) != epsilon or meta["fingerprint"] != _fingerprint(y_true):
-        return None
-    return context.state[STATE_RR_LABELS]["labels"].numpy()
+def _rr_key(y_true: np.ndarray, epsilon: float) -> bytes:
+    """The ledger key of the flipped labels: the label vector and the ε (the decision points do not
+    enter: the response is the flipped labels, whatever the thresholds)."""
+    return digest("dpauc-rr/labels", repr(float(epsilon)), _fingerprint(y_true))
 
 
-def _rr_labels(context: Context, y_true, epsilon: float, accountant, rng) -> np.ndarray:
-    """The flipped labels at ``epsilon``: stored ones (free) or flipped now (charged)."""
+def _rr_labels(ledger: NodeLedger, cfg: _Settings, y_true, epsilon: float, rng) -> np.ndarray:
+    """The flipped labels at ``epsilon``: the ledger's (free) or flipped now (ε charged in the same
+    transaction, then kept for good: RAPPOR's permanent randomized response)."""
     y_true = np.asarray(y_true, dtype=np.int64)
-    stored = _stored_rr_labels(context, y_true, epsilon)
-    if stored is not None:
-        return stored
-    flipped = randomize_labels(y_true, RandomizedResponseParams(epsilon), accountant=accountant, random_state=rng)
-    context.state[STATE_RR_LABELS] = ArrayRecord({"labels": Array(np.ascontiguousarray(flipped, dtype=np.int64))})
-    context.state[f"{STATE_RR_LABELS}.meta"] = ConfigRecord(
-        {"epsilon": float(epsilon), "fingerprint": _fingerprint(y_true)}
-    )
-    return flipped
+
+    def draw() -> np.ndarray:
+        accountant = BudgetAccountant(epsilon=epsilon, delta=0.0)  # the ledger charged ε just before
+        flipped = randomize_labels(y_true, RandomizedResponseParams(epsilon), accountant=accountant,
+                                   random_state=rng)
+        return np.ascontiguousarray(flipped, dtype=np.int64)
+
+    with ledger_refusals("DP budget"):
+        return ledger.randomized_response(TEST_SET, _rr_key(y_true, epsilon), draw, epsilon=epsilon,
+                                          budget=cfg.dp_total)
 
 
 # --- DPAUC ---------------------------------------------------------------------
@@ -291,9 +265,10 @@ def dpauc_laplace(request: dp_auc.DPAUCRequest, context: Context, y_true: np.nda
         If this client's budget cannot pay ε (nothing is sent).
     """
 
-    def step(cfg, accountant, rng):
+    def step(cfg, ledger, rng):
         params = DPAUCLaplaceParams(request.epsilon, request.thresholds.size)
         counts = threshold_counts(y_true, y_score, request.thresholds)
+        accountant = _charge(ledger, cfg, request.epsilon)
         return dp_auc.NoisyCounts(*dpauc_laplace_client(counts, params, accountant=accountant, random_state=rng))
 
     return _dp_request(context, step, epsilon=request.epsilon, model=model, what="DPAUC_Lap",
@@ -310,8 +285,8 @@ def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
         If the labels must be flipped at a new ε this client's budget cannot pay.
     """
 
-    def step(cfg, accountant, rng):
-        flipped = _rr_labels(context, y_true, request.epsilon, accountant, rng)
+    def step(cfg, ledger, rng):
+        flipped = _rr_labels(ledger, cfg, y_true, request.epsilon, rng)
         return ThresholdCounts.of(threshold_counts(flipped, y_score, request.thresholds))
 
     return _dp_request(context, step, epsilon=request.epsilon, model=model, what="DPAUC_RR",
@@ -319,10 +294,11 @@ def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
 
 
 # --- FedAUC --------------------------------------------------------------------
-def _fedauc_cost(request: dp_auc.FedAUCScoresRequest, context: Context, y_true) -> float:
-    """The ε round 2 will charge: ε, or 0 for RR labels already flipped at this ε."""
+def _fedauc_cost(request: dp_auc.FedAUCScoresRequest, ledger: NodeLedger, y_true) -> float:
+    """The ε round 2 will charge: ε, or 0 for RR labels already flipped at this ε (in any run)."""
     eps = request.epsilon
-    if request.mechanism == "rr" and _stored_rr_labels(context, np.asarray(y_true, dtype=np.int64), eps) is not None:
+    if request.mechanism == "rr" and ledger.response(TEST_SET, _rr_key(np.asarray(y_true, dtype=np.int64), eps)) \
+            is not None:
         return 0.0
     return eps
 
@@ -339,8 +315,8 @@ def fedauc_scores(request: dp_auc.FedAUCScoresRequest, context: Context, y_true:
         If round 2 would exceed this client's budget (the client is left out before any ranking).
     """
 
-    def step(cfg, accountant, rng):
-        _can_afford(accountant, _fedauc_cost(request, context, y_true))
+    def step(cfg, ledger, rng):
+        _can_afford(ledger, cfg, _fedauc_cost(request, ledger, y_true))
         shuffled, perm = fedauc_shuffle_scores(y_score, random_state=rng)
         context.state[STATE_FEDAUC] = ArrayRecord({"permutation": Array(perm)})
         context.state[f"{STATE_FEDAUC}.meta"] = ConfigRecord({"session": request.session})
@@ -376,14 +352,15 @@ def fedauc_stats(request: dp_auc.FedAUCStatsRequest, context: Context, y_true: n
         If this client's budget cannot pay ε.
     """
 
-    def step(cfg, accountant, rng):
+    def step(cfg, ledger, rng):
         perm = _pop_permutation(context, request.session)
         ranks = fedauc_unshuffle_ranks(request.ranks, perm)
         if request.mechanism == "rr":
-            flipped = _rr_labels(context, y_true, request.epsilon, accountant, rng)
+            flipped = _rr_labels(ledger, cfg, y_true, request.epsilon, rng)
             return dp_auc.LocalStatsReply(*fedauc_local_stats(ranks, flipped))
         params = FedAUCLaplaceParams(request.epsilon, sensitivity=request.sensitivity, allocation=request.allocation,
                                      alpha=request.alpha, beta=request.beta)
+        accountant = _charge(ledger, cfg, request.epsilon)
         return dp_auc.LocalStatsReply(*fedauc_laplace_client(ranks, y_true, params, max_rank=request.max_rank,
                                                       accountant=accountant, random_state=rng))
 

@@ -8,34 +8,7 @@ the node's policy file or with node config keys (``flower-supernode --node-confi
 the table below, ``docs/how-to/node-policy.md`` and the file written by ``python -m
 flwr_fedeval.keys create`` follow from it (a test checks the docs against it).
 
-==================================  ==========  =============================================
-key                                 default     meaning (tighter; run config)
-==================================  ==========  =============================================
-``fedeval-share-auc``               false       report the AUC this node decrypted (FHE AUC)
-                                                to the server (tighter: false; run config may
-                                                set false)
-``fedeval-fhe-min-protocol``        (unset)     the least FHE AUC protocol this node takes
-                                                part in; unset: ``malicious`` when
-                                                ``fedeval-share-auc`` is true, else
-                                                ``semi-honest`` (tighter: malicious)
-``fedeval-dp-epsilon``              1.0         the largest ε of one DP evaluation (tighter:
-                                                smaller; run config may lower it)
-``fedeval-dp-budget``               0.0         the node's total ε (0: one evaluation at
-                                                ``fedeval-dp-epsilon``; run config may lower)
-``fedeval-min-clients``             2           the floor on the parties of every key set or
-                                                evaluation (tighter: larger; run config may
-                                                raise it)
-``fedeval-xmk-mask-degree``         4           the floor on the xMK-CKKS mask-graph degree,
-                                                0 = the complete graph (tighter: larger, 0
-                                                tightest; run config may raise it)
-``fedeval-evaluations-per-model``   1           evaluations of one global model answered
-                                                (tighter: smaller)
-``fedeval-dp-seed``                 0           > 0 seeds the DP noise and **gives up its
-                                                privacy**; 0: a CSPRNG (run config not read)
-``fedeval-secsv-trust-principal``   false       take part in SecSV, which protects the test
-                                                set against an honest-but-curious P only
-==================================  ==========  =============================================
-
+==================================  ==========  ======================================
 Where the policy comes from, later entries overriding earlier ones:
 
 1. the defaults above;
@@ -46,7 +19,7 @@ Where the policy comes from, later entries overriding earlier ones:
 3. node config keys of the same names.
 
 Node config keys that *locate* the node's files (:data:`NODE_CONFIG_ONLY`: the identity key,
-the roster, the xMK ledger file, the SecSV role) are not policy: the file refuses them, naming
+the roster, the privacy ledger, the SecSV role) are not policy: the file refuses them, naming
 node config.
 
 The run config may only **tighten** the keys it may set (:mod:`flwr_fedeval.config_keys`):
@@ -65,8 +38,10 @@ so a server cannot run steps 3–6 under another protocol than the one the key h
 Evaluations per model: every handler that evaluates a global model (FHE AUC steps 3–4,
 DPAUC, FedAUC round 1, the plaintext AUC) calls :func:`record_evaluation` with the
 model's digest (:func:`model_digest`) before anything computed from the test data leaves
-the node; the ledger lives in ``context.state`` (``fedeval-policy.evaluated``), i.e. per
-run and node: a new run starts with an empty ledger (README, threat model).
+the node; the count lives in the node's privacy ledger (:mod:`flwr_fedeval.clients.ledger`,
+node config ``fedeval-ledger``, default beside the identity key), so it holds across runs: a
+server that starts a new run finds the count where the last run left it. A node without a
+ledger refuses every evaluation (``NOT_CONFIGURED``, naming ``fedeval-ledger``).
 """
 
 from __future__ import annotations
@@ -77,7 +52,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message
 
 from flwr_fedeval import config_keys
 from flwr_fedeval.identity import IdentityError
@@ -172,7 +147,8 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
               "the largest ε of one DP evaluation this node answers (inf: no noise, i.e. no privacy)",
               run_config=True, low=0.0),
     PolicyKey(DP_BUDGET, float, 0.0, "smaller",
-              "the node's total ε (0: fedeval-dp-epsilon, one DP evaluation)", run_config=True, low=0.0),
+              "the node's total ε over its life, across runs, kept in its privacy ledger (0: fedeval-dp-epsilon, "
+              "one DP evaluation)", run_config=True, low=0.0),
     PolicyKey(MIN_CLIENTS, int, 2, "larger",
               "the floor on the parties of every key set, participant list and contributor set this node joins",
               run_config=True, low=2),
@@ -180,8 +156,8 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
               "the floor on the xMK-CKKS mask-graph degree: an update stays masked while fewer than this many "
               "of its neighbours collude with the server (0: the complete graph)", run_config=True, low=0),
     PolicyKey(EVALUATIONS, int, 1, "smaller",
-              "how many evaluations of one global model (SHA-256 of its arrays) this node answers; a second "
-              "one over another subset gives a difference", low=1),
+              "how many evaluations of one global model (SHA-256 of its arrays) this node answers, across runs "
+              "(its privacy ledger); a second one over another subset gives a difference", low=1),
     PolicyKey(DP_SEED, int, 0, "node only",
               "> 0 seeds the DP noise (reproducible runs) and gives up the privacy of the noise; 0: a CSPRNG",
               low=0),
@@ -196,13 +172,11 @@ POLICY_DEFAULTS: dict[str, Any] = {k.name: k.default for k in POLICY_KEYS}
 NODE_CONFIG_ONLY: dict[str, str] = {
     "fedeval-identity-key": "path to this node's private key (the policy file lies next to it)",
     config_keys.ROSTER: "path to the federation's roster",
-    "fedeval-xmk-ledger": "path to the xMK-CKKS ledger file of this node",
+    config_keys.LEDGER: "path to this node's privacy ledger (default: beside its identity key)",
     "fedeval-role": "this node's SecSV role (client or aux)",
 }
 #: Suffix of the policy file next to a node's identity key (``node-3.key`` → ``node-3.policy.toml``).
 POLICY_SUFFIX = ".policy.toml"
-#: ``context.state`` record: ``{model digest (hex): evaluations answered}``.
-STATE_EVALUATED = "fedeval-policy.evaluated"
 
 _KEY_CONFIG, _DIR_CONFIG = "fedeval-identity-key", config_keys.IDENTITY_DIR
 _FILE_CACHE: dict[tuple, dict[str, Any]] = {}
@@ -623,24 +597,32 @@ def message_model_digest(msg: Message) -> bytes | None:
 
 
 def record_evaluation(context: Context, digest: bytes | None, what: str) -> int:
-    """Count one more evaluation of the model ``digest``; the number answered before this one
-    (``digest`` ``None``: no model, nothing counted, 0).
+    """Count one more evaluation of the model ``digest`` in the node's privacy ledger (across runs);
+    the number answered before this one (``digest`` ``None``: no model, nothing counted, 0).
+
+    Written before anything computed from the test data leaves the node (the ledger commits before
+    it returns).
 
     Raises
     ------
     flwr_fedeval.protocol.Refused
-        This node already answered ``fedeval-evaluations-per-model`` evaluations of this model
-        (names the key; nothing is recorded).
+        This node already answered ``fedeval-evaluations-per-model`` evaluations of this model, in
+        this run or an earlier one (names the key; nothing is recorded), or the ledger is full.
+    flwr_fedeval.clients.ledger.LedgerNotConfigured
+        The node has no privacy ledger (names ``fedeval-ledger``).
     """
+    from flwr_fedeval.clients.ledger import ledger_refusals, node_ledger
+    from flwr_fedeval.ledger import AlreadyGiven
+
     if digest is None:
         return 0
     allowed = node_policy(context).evaluations_per_model
-    ledger = dict(context.state[STATE_EVALUATED]) if STATE_EVALUATED in context.state else {}
-    key = bytes(digest).hex()
-    done = int(ledger.get(key, 0))
-    if done >= allowed:
-        raise Refused(f"{what}: this node already answered {done} evaluation(s) of this global model "
-                      f"(SHA-256 {key[:16]}); node config '{EVALUATIONS}' = {allowed}: refused")
-    ledger[key] = done + 1
-    context.state[STATE_EVALUATED] = ConfigRecord(ledger)
-    return done
+    ledger = node_ledger(context)
+    with ledger_refusals(what):
+        try:
+            return ledger.record_evaluation(bytes(digest), what, allowed)
+        except AlreadyGiven:
+            done = ledger.evaluations(bytes(digest))
+    raise Refused(f"{what}: this node already answered {done} evaluation(s) of this global model (SHA-256 "
+                  f"{bytes(digest).hex()[:16]}; node privacy ledger, across runs); node config '{EVALUATIONS}' = "
+                  f"{allowed}: refused")

@@ -61,7 +61,10 @@ Against a deviating P (issue 22): each client signs its encrypted model of a rou
 (``"secsv-model"``) and A computes only on models so signed by the roster member it
 checked for that node; A signs its half of every job (``"secsv-products"``: session,
 round, coalition, sample ids, ciphertexts) and a helper decrypts only jobs A signed, adding
-P's half itself, and each (round, coalition, sample) once. P's own half is not checked
+P's half itself, and each (round, coalition, sample) once. A answers each sealed deal of the zero
+test once and each (round, coalition, sample) once whichever helper dealt it, and never a deal
+from a helper that owns a sample of the batch (A's node privacy ledger, across runs:
+:func:`aux_diff`). P's own half is not checked
 (no MACs), so a deviating P can still learn labels: every node refuses the phase at
 hello unless its node config ``fedeval-secsv-trust-principal`` is true
 (:func:`trusts_principal`).
@@ -565,7 +568,9 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
 
     Reply per job: P's part of the zero test's deal (:func:`~flwr_fedeval.shapley.zerotest.deal`:
     its share of ``r·Ŷ`` and its triple part, uint64 in ``F_p``) and A's part (``q'', r, v, c''``
-    and the job's sample ids), sealed for A. The predictions themselves never leave the helper.
+    and the job's sample ids, round and coalition, so that A answers each (round, coalition,
+    sample) once whichever helper decrypted it: :func:`aux_diff`), sealed for A. The predictions
+    themselves never leave the helper.
 
     Raises
     ------
@@ -596,14 +601,16 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
                           "before (each is decrypted once)")
         seen[key] = np.union1d(before, ids)
     out = {}
-    for j, (own, aux, ids, _members, _sig) in request.batches.items():
+    for j, (own, aux, ids, members, _sig) in request.batches.items():
         halves = [[ctx.deserialize_ciphertext(b) for b in unpack_blobs(h, expected=params.n_limbs)]
                   for h in (own, aux)]
         pred = helper_predict(ctx, add_products(ctx, *halves), ids.size, params, m=m, d_out=d_out,
                               out_of_range="zero")  # the reply must not depend on the decrypted value
         deal_p, deal_a = deal(pred)
-        sealed = keyshare.seal_for(_pack_arrays(**deal_a._asdict(), ids=ids.astype(np.int64)), sender=kp,
-                                   recipient_public=aux_pk)
+        sealed = keyshare.seal_for(_pack_arrays(**deal_a._asdict(), ids=ids.astype(np.int64),
+                                                round=np.array([request.round], dtype=np.int64),
+                                                members=np.array([int(n) for n in members], dtype=np.uint64)),
+                                   sender=kp, recipient_public=aux_pk)
         out[j] = (deal_p, sealed)
     for key, ids_done in seen.items():
         done[key] = _arr(ids_done.astype(np.int64))
@@ -654,7 +661,7 @@ def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetu
     X, Y = np.vstack(xs), np.concatenate(ys)
     context.state[STATE_AUX] = ArrayRecord({"x": _arr(X), "y": _arr(Y),
                                             "context": proto.bytes_array(request.public_context)})
-    context.state[STATE_AUX + ".order"] = ConfigRecord({"order": order})
+    context.state[STATE_AUX + ".order"] = ConfigRecord({"order": order, "sizes": [len(y) for y in ys]})
     context.state[STATE_PEERS] = ConfigRecord({"session": public.session, **keys})
     context.state[STATE_AUX_NAMES] = ConfigRecord({str(n): str(name) for n, name in names.items()})
     log(INFO, "Shapley phase: auxiliary server (%s) checked the keys of clients %s", ident.name,
@@ -746,20 +753,53 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
     return proto.AuxEvalReply(out)
 
 
+def _sample_owners(context: Context, ids: np.ndarray) -> tuple[list[str], list[str]]:
+    """A: the node (decimal ID) owning each sample id and the sample's stable name
+    ``"<owner's roster name>/<index in the owner's test set>"`` (from the order and sizes of the setup)."""
+    rec = context.state[STATE_AUX + ".order"]
+    order, sizes = [str(n) for n in rec["order"]], [int(k) for k in rec["sizes"]]
+    ends = np.cumsum(sizes)
+    which = np.searchsorted(ends, ids, side="right")
+    names = context.state[STATE_AUX_NAMES]
+    owners = [order[k] for k in which.tolist()]
+    local = (ids - (ends[which] - np.asarray(sizes)[which])).tolist()
+    return owners, [f"{names[o]}/{i}" for o, i in zip(owners, local)]
+
+
 def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffReply:
     """``query.shapley_aux_diff`` (the zero test replacing Algorithm 4 steps 12–14): A's share of
     ``r·(Ŷ − Y)`` per batch (:func:`~flwr_fedeval.shapley.zerotest.aux_share`).
 
     Each helper key must be one of the client keys checked at setup; each deal must be a raw
     ``.npz`` with ``q``, ``r``, ``v``, ``c`` uint64 of the batch's length, in ``F_p``, ``r`` non-zero,
-    and the sample ``ids`` (int64) the helper dealt it for, equal to the job's (P cannot move a
-    deal to other samples).
+    the sample ``ids`` (int64) the helper dealt it for, equal to the job's (P cannot move a
+    deal to other samples), and the ``round`` (int64 ``(1,)``) and coalition ``members`` (node IDs,
+    uint64) of the job the helper decrypted.
+
+    Single use, in A's node privacy ledger (:mod:`flwr_fedeval.clients.ledger`, across runs):
+    ▲ the helper owns none of the batch's samples; ▲ each sealed deal is answered once
+    (:meth:`~flwr_fedeval.ledger.NodeLedger.record_deal`: two answers to one deal with two label
+    shares give P ``z1 − z2 = r``, Beaver 1991); ▲ each (round, coalition, sample) is zero-tested
+    once, whichever helper decrypted it (:meth:`~flwr_fedeval.ledger.NodeLedger.record_batch`, by
+    roster names and the sample's place in its owner's test set; scope: the run). All jobs are
+    checked before any is recorded; each record is committed before the reply.
     Reply per job: ``f = r − v`` and ``z''``, uint64 ``(n_j,)``.
+
+    Raises
+    ------
+    Refused
+        Code ``ALREADY_CONTRIBUTED``: a deal answered before or a (round, coalition, sample)
+        zero-tested before; ``REFUSED``: a helper that owns a sample of its batch, a malformed deal.
     """
+    from flwr_fedeval.clients.ledger import digest, ledger_refusals, node_ledger
+
     keypair = _keypair(context, request.public.session)
     _, Y, _ = _aux_state(context)
     clients = _verified_client_keys(context, request.public)
-    out = {}
+    node_of_key = {bytes(v): k for k, v in context.state[STATE_PEERS].items() if k != "session"}
+    names = context.state[STATE_AUX_NAMES]
+    ledger = node_ledger(context)
+    checked = []
     for j, (sealed, ids, helper_pk, e) in request.jobs.items():
         if ids.size == 0 or ids.min() < 0 or ids.max() >= len(Y):
             raise Refused(f"job {j}: sample ids out of range")
@@ -767,10 +807,25 @@ def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffRe
             raise IdentityError(f"job {j}: the helper's key is not one of the clients' keys checked at setup")
         raw = keyshare.open_from(sealed, recipient=keypair, sender_public=helper_pk)
         shape_ok = {name: (np.uint64, lambda s, n=ids.size: s == (n,)) for name in AuxDeal._fields}
-        *parts, dealt_ids = read_raw_npz(raw, {**shape_ok, "ids": (np.int64, lambda s, n=ids.size: s == (n,))})
+        *parts, dealt_ids, round_, members = read_raw_npz(raw, {
+            **shape_ok, "ids": (np.int64, lambda s, n=ids.size: s == (n,)), "round": (np.int64, lambda s: s == (1,)),
+            "members": (np.uint64, lambda s: len(s) == 1 and 1 <= s[0] <= len(names))})
         if not np.array_equal(dealt_ids, ids):
             raise Refused(f"job {j}: the helper dealt this zero test for other samples")
-        deal_a = AuxDeal(*parts)
+        coalition = [str(int(n)) for n in members]
+        if any(n not in names for n in coalition) or len(set(coalition)) != len(coalition):
+            raise Refused(f"job {j}: the deal names a coalition {coalition} of nodes not checked at setup")
+        owners, samples = _sample_owners(context, ids)
+        helper_node = node_of_key[bytes(helper_pk)]
+        if helper_node in owners:
+            raise Refused(f"job {j}: the helper ({names[helper_node]!r}) owns samples of the batch it decrypted; "
+                          "a helper decrypts only batches of other clients' samples")
+        checked.append((j, raw, int(round_[0]), [str(names[n]) for n in coalition], samples, AuxDeal(*parts), ids, e))
+    out = {}
+    for j, raw, round_, coalition, samples, deal_a, ids, e in checked:
+        with ledger_refusals(f"SecSV zero test, job {j}"):
+            ledger.record_deal(digest("secsv-deal", raw))
+            ledger.record_batch(round_, coalition, samples, scope=f"run {context.run_id}")
         try:
             out[j] = aux_share(deal_a, Y[ids], e)
         except ValueError as exc:

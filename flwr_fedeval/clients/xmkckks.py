@@ -90,6 +90,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from logging import WARNING
 from pathlib import Path
 
@@ -102,7 +103,7 @@ from flwr_fedeval.clients.identity import key_set_floor, mask_degree_floor, node
 from flwr_fedeval.clients.keras_adapter import WeightLayout
 from flwr_fedeval.identity import IdentityError
 from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, error_reply, handler, register, xmk
-from flwr_fedeval.rlwe import compact, keyset, masking, selfmask, threshold
+from flwr_fedeval.rlwe import capsule, compact, kahe, keyset, masking, selfmask, threshold
 
 __all__ = [
     "LEDGER_FILE_CONFIG",
@@ -129,7 +130,8 @@ _LABEL = "xMK-CKKS"
 PartialDecryptionRefused = Refused
 
 #: What a handler turns into an error reply besides :class:`Refused` and a malformed request.
-_ERRORS = (keyset.KeySetError, IdentityError, masking.MaskKeyError, threshold.ThresholdError, ValueError, KeyError)
+_ERRORS = (keyset.KeySetError, IdentityError, masking.MaskKeyError, threshold.ThresholdError, kahe.KaheError,
+           ValueError, KeyError)
 
 
 def _state(context: Context) -> ConfigRecord:
@@ -285,16 +287,24 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
     if not threshold.min_threshold(n) <= request.threshold <= n:
         raise Refused(f"threshold t={request.threshold} must be in [{threshold.min_threshold(n)}, {n}] "
                       f"(t > N/2: two disjoint survivor groups must not both decrypt)")
-    best = rlwe.max_scale_bits(params, num_clients=n, max_abs_value=request.max_abs_value)
+    kahe_bytes, bound = b"", request.max_abs_value  # the value bound of the xMK-CKKS encoding
+    if request.bulk == "kahe":
+        if request.fractional_bits < 1:
+            raise Refused(f"KAHE mode needs fractional bits F >= 1, got {request.fractional_bits}")
+        # derived here from (N, B, F), never taken from the server
+        kahe_params = kahe.kahe_parameters(n, bound=request.max_abs_value, fractional_bits=request.fractional_bits)
+        kahe_bytes, bound = kahe_params.to_bytes(), capsule.capsule_bound(kahe_params)
+    elif request.fractional_bits != 0:
+        raise Refused(f"CKKS mode has no KAHE fractional bits, got F={request.fractional_bits}")
+    best = rlwe.max_scale_bits(params, num_clients=n, max_abs_value=bound)
     if request.scale_bits > best:
         raise Refused(f"scale 2^{request.scale_bits} exceeds the noise budget for {n} clients and bound "
-                      f"{request.max_abs_value:.4g} (at most 2^{best})")
-    fewest = compact.compact_limbs(params, num_clients=n, scale_bits=request.scale_bits,
-                                   max_abs_value=request.max_abs_value)
+                      f"{bound:.4g} (at most 2^{best})")
+    fewest = compact.compact_limbs(params, num_clients=n, scale_bits=request.scale_bits, max_abs_value=bound)
     if not fewest <= request.limbs <= params.limbs:
         raise Refused(f"limb count L'={request.limbs} must be in [{fewest}, {params.limbs}]: fewer limbs than "
                       f"{fewest} do not hold the sum of {n} updates at scale 2^{request.scale_bits} and bound "
-                      f"{request.max_abs_value:.4g} after modulus switching")
+                      f"{bound:.4g} after modulus switching")
     if not 1 <= request.decryption_attempts <= rlwe.MAX_DECRYPTION_ATTEMPTS:
         raise Refused(f"decryption attempts a={request.decryption_attempts} must be in "
                       f"[1, {rlwe.MAX_DECRYPTION_ATTEMPTS}]: the smudging noise is sized for at most "
@@ -302,8 +312,10 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
     digest = keyset.transcript_digest(params, key_id=key_id, seed_a=bytes(state["seed-a"]), round_=request.round,
                                       members=members, mask_degree=degree, scale_bits=request.scale_bits,
                                       max_abs_value=request.max_abs_value, threshold=request.threshold,
-                                      limbs=request.limbs, decryption_attempts=request.decryption_attempts)
+                                      limbs=request.limbs, decryption_attempts=request.decryption_attempts,
+                                      bulk=request.bulk, kahe_parameters=kahe_bytes)
     state.update({"limbs": request.limbs, "decryption-attempts": request.decryption_attempts,
+                  "bulk": request.bulk, "kahe-params": kahe_bytes,
                   "mask-degree": degree, "scale-bits": request.scale_bits,
                   "max-abs-value": request.max_abs_value,
                   "threshold": request.threshold, "members": [name for name, _ in members],
@@ -528,10 +540,26 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
             raise ValueError(f"num-examples must be >= 1, got {num_examples}")
         layout = WeightLayout.of(global_arrays)
         update = layout.flatten(new_arrays) - layout.flatten(global_arrays)
-        vector = _clip(np.append(num_examples * update, float(num_examples)), float(state["max-abs-value"]),
-                       context)
         m = len(state["members"])
-        plaintext = rlwe.encode(params, vector, scale_bits=int(state["scale-bits"]), num_clients=m)
+        bound, scale_bits = float(state["max-abs-value"]), int(state["scale-bits"])
+        kahe_reply = b""
+        if state["bulk"] == "kahe":
+            # the update under KAHE with a fresh key k_i (never reused: two rounds would give k_i = K_C - K_C'),
+            # n_i and the clipped count in the integer slots (the server learns only their totals)
+            vector = _clip(num_examples * update, bound, context)
+            kahe_params = kahe.KaheParameters.from_bytes(bytes(state["kahe-params"]))
+            key = kahe.sample_key(kahe_params)
+            seed = kahe.public_seed(bytes(state["transcript"]), request.round)
+            integers = np.array([num_examples, int(_ledger(context)["clipped-last"])], dtype=np.int64)
+            kahe_reply = kahe.encrypt(kahe_params, seed, key, vector, integers).to_bytes()
+            del vector
+            # the key capsule: k_i as one xMK-CKKS polynomial, masked below like a CKKS-mode update
+            plaintext = _capsule_plaintext(params, key, scale_bits=scale_bits, num_clients=m,
+                                           kahe_params=kahe_params)
+            del key
+        else:
+            vector = _clip(np.append(num_examples * update, float(num_examples)), bound, context)
+            plaintext = rlwe.encode(params, vector, scale_bits=scale_bits, num_clients=m)
         context_bytes = masking.mask_context(bytes(state["transcript"]), request.round)
         masked = masking.mask_plaintext(
             params, plaintext, own_name=str(state["name"]), own_private=bytes(state["mask-private"]),
@@ -542,6 +570,15 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
         a = rlwe.expand_a(params, bytes(state["seed-a"]))
         ct = rlwe.encrypt(params, joint, a, masked)
         upload = compact.compress_ciphertext(ct, int(state["limbs"]))  # c0 at L' limbs, c1 exact
+        c1_bytes = rlwe.polys_to_bytes(params, ct.c1)
+        if state["bulk"] == "kahe":
+            identity, _ = node_identity(context)
+            signature = keyset.sign_capsule(identity, key_id=str(state["key-id"]),
+                                            transcript=bytes(state["transcript"]), round_=request.round,
+                                            model_hash=model, c1=c1_bytes)
+            payload = xmk.TrainReply(kahe_reply, None, upload.to_bytes(), signature)
+        else:
+            payload = xmk.TrainReply(upload.to_bytes())
     except (Refused, *_ERRORS) as exc:
         return error_reply(msg, exc, _LABEL)
     _record_model(context, model)  # one update per global model, whatever the key set
@@ -549,10 +586,17 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
     state["enc-round"] = request.round
     state["enc-model"] = model
     state["num-polys"] = ct.num_polys
-    state["own-c1"] = _digest(rlwe.polys_to_bytes(params, ct.c1))
+    state["own-c1"] = _digest(c1_bytes)
     del state["self-seed"]  # used once
     clear_metrics = MetricRecord({k: v for k, v in metrics.items() if k != "num-examples"})
-    return Message(content=xmk.TrainReply(upload.to_bytes(), clear_metrics).to_record(), reply_to=msg)
+    return Message(content=replace(payload, metrics=clear_metrics).to_record(), reply_to=msg)
+
+
+def _capsule_plaintext(params: rlwe.ParameterSet, key: np.ndarray, *, scale_bits: int, num_clients: int,
+                       kahe_params: kahe.KaheParameters) -> np.ndarray:
+    """The key capsule's plaintext: k_i (n integers) at the signed scale, one polynomial
+    (:func:`flwr_fedeval.rlwe.capsule.encode_key`)."""
+    return capsule.encode_key(params, key, scale_bits=scale_bits, num_clients=num_clients, kahe_params=kahe_params)
 
 
 def _check_contributors(state: ConfigRecord, context: Context, contributors: tuple[str, ...], round_: int,
@@ -664,6 +708,44 @@ def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str
     return used, ks
 
 
+def _capsule_sum(request: xmk.PdecRequest, state: ConfigRecord, roster, params: rlwe.ParameterSet) -> np.ndarray:
+    """▲ KAHE mode: one capsule c1 per contributor of C, each canonical (one polynomial at L limbs) and signed
+    by that contributor for (T, round, model hash), this client's own the one it sent; returns
+    C1 = Σ_{i∈C} c1_i (shape (1, L, n), uint64), computed here: the server cannot ask for any other
+    combination of the capsules (such as 2·c1_v).
+
+    Raises
+    ------
+    Refused
+        C1 sent instead of the capsules, a count other than |C|, a non-canonical c1, this client's own c1
+        not the one it sent.
+    flwr_fedeval.identity.IdentityError
+        A signature that does not verify for its contributor.
+    """
+    contributors = request.contributors
+    if request.c1:
+        raise Refused("KAHE mode: a decryptor sums the contributors' signed capsule c1 itself; the request "
+                      "carries a C1 instead")
+    if len(request.capsule_c1s) != len(contributors) or len(request.capsule_signatures) != len(contributors):
+        raise Refused(f"KAHE mode: {len(request.capsule_c1s)} capsule c1s and {len(request.capsule_signatures)} "
+                      f"signatures for {len(contributors)} contributors: one of each per contributor")
+    own = str(state["name"])
+    total = None
+    for name, raw, signature in zip(contributors, request.capsule_c1s, request.capsule_signatures):
+        keyset.check_capsule_signature(roster, name, signature, key_id=str(state["key-id"]),
+                                       transcript=bytes(state["transcript"]), round_=request.round,
+                                       model_hash=request.model_hash, c1=raw)
+        if name == own and _digest(raw) != state.get("own-c1"):
+            raise Refused("the capsule c1 listed for this client is not the one it sent")
+        try:
+            c1 = rlwe.polys_from_bytes(raw, params, count=capsule.CAPSULE_POLYS)
+        except ValueError as exc:
+            raise Refused(f"the capsule c1 of {name!r} is not canonical: {exc}") from None
+        total = c1 if total is None else params.ring.add(total, c1)
+    assert total is not None  # |C| >= t >= 1
+    return total
+
+
 def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -> xmk.PdecReply:
     """Step 3: D_j = λ_j·sk_j·C1 + e*_j (threshold form of Walskaar et al. 2023, Eq. 7) plus
     Σ_{k∈A∖{j}} ±PRG(K_jk) (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`), once per
@@ -728,14 +810,23 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     if outside:
         raise Refused(f"the active decryptors {outside} are not contributors that signed C: A must be within "
                       f"the signers of the contributor set")
-    try:
-        count = int(state["num-polys"]) if "num-polys" in state else None
-        c1 = rlwe.polys_from_bytes(request.c1, params, count=count)
-    except ValueError as exc:
-        raise Refused(f"C1 is not canonical: {exc}") from None
-    c1_digest = _digest(request.c1)
-    if "own-c1" in state and c1_digest == state["own-c1"]:
-        raise Refused("C1 equals this client's own c1")
+    if state["bulk"] == "kahe":
+        c1 = _capsule_sum(request, state, roster, params)
+        c1_digest = _digest(rlwe.polys_to_bytes(params, c1))
+    else:
+        if request.capsule_c1s:
+            raise Refused("CKKS mode: the request carries capsule c1s, not C1")
+        try:
+            count = int(state["num-polys"]) if "num-polys" in state else None
+            c1 = rlwe.polys_from_bytes(request.c1, params, count=count)
+        except ValueError as exc:
+            raise Refused(f"C1 is not canonical: {exc}") from None
+        c1_digest = _digest(request.c1)
+        if "own-c1" in state and c1_digest == state["own-c1"]:
+            raise Refused("C1 equals this client's own c1")
+    # only multiples of the sum over C are masked once the masks of K∖C are rebuilt: C must be connected
+    masking.check_contributors_connected(members, int(state["mask-degree"]), bytes(state["transcript"]),
+                                         contributors)
     used, ks = _check_attempt(state, key_id, round_, c1_digest, request.model_hash, active, contributors,
                               request.attempt)
     dropped = [name for name in members if name not in contributors]

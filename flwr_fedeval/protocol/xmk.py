@@ -65,6 +65,7 @@ from flwr_fedeval.protocol._base import (
 )
 
 __all__ = [
+    "BULK_MODES",
     "CONTRIBUTORS",
     "KEYGEN",
     "PDEC",
@@ -101,6 +102,10 @@ XMK_CONFIG_KEY = "xmk"
 XMK_CIPHERTEXT_KEY = "xmk-ciphertext"
 XMK_C1_KEY = "xmk-c1"
 XMK_SHARE_KEY = "xmk-share"
+#: Record key of the key capsule (KAHE mode: the xMK-CKKS ciphertext of the KAHE key k_i, reply of step 2).
+XMK_CAPSULE_KEY = "xmk-capsule"
+#: The bulk modes: the update under KAHE and its key under xMK-CKKS, or every weight under xMK-CKKS.
+BULK_MODES = ("kahe", "ckks")
 #: Flower's key of a train reply's MetricRecord (``FedAvg``'s default, ``messages.METRICS_KEY``).
 _METRICS_KEY = "metrics"
 
@@ -131,6 +136,14 @@ def model_hash(arrays: ArrayRecord) -> bytes:
 
 
 # ------------------------------------------------------------------ generic helpers (this protocol's)
+def _bulk(rec: ConfigRecord) -> str:
+    """``bulk``: one of :data:`BULK_MODES`."""
+    bulk = config_field(rec, _K, "bulk", str)
+    if bulk not in BULK_MODES:
+        raise MalformedMessage(f"{_K}.bulk", f"must be one of {BULK_MODES}, got {bulk!r}")
+    return bulk
+
+
 def _round(rec: ConfigRecord) -> int:
     """``round``: the training round, an int in [0, 2**63)."""
     return config_field(rec, _K, "round", int, minimum=0, maximum=_MAX_ROUND)
@@ -257,6 +270,15 @@ class RevealRequest(Payload):
         a, the most active sets A a member gives a decryption share for per round (>= 1; each member
         requires a <= :data:`flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`, which the smudging is
         sized for): a decryptor lost during step 3 is replaced within the round, at most a - 1 times.
+    bulk : {"kahe", "ckks"}
+        How the update travels: ``"kahe"``, under key-additive RLWE with only its key k_i under
+        xMK-CKKS (the key capsule; ``max_abs_value`` is then the KAHE clip bound B and the scale and L'
+        are the capsule's, for values bounded by the tail of k), or ``"ckks"``, every weight under
+        xMK-CKKS (Walskaar et al. 2023).
+    fractional_bits : int
+        F, the fixed-point fraction bits of the KAHE encoding (>= 1 in ``"kahe"`` mode, 0 in ``"ckks"``).
+        Each member derives the KAHE parameter set from (N, B, F) itself
+        (:func:`flwr_fedeval.rlwe.kahe.kahe_parameters`) and binds its bytes in T.
 
     The members sign all of these in the key-set transcript T: the server cannot vary them per
     request. ``from_record`` raises :class:`~flwr_fedeval.protocol.MalformedMessage` for misaligned
@@ -275,12 +297,15 @@ class RevealRequest(Payload):
     threshold: int
     limbs: int
     decryption_attempts: int
+    bulk: str = "kahe"
+    fractional_bits: int = 0
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, round=self.round, signers=self.signers, commitments=self.commitments,
                        signatures=self.signatures, mask_degree=self.mask_degree, scale_bits=self.scale_bits,
                        max_abs_value=self.max_abs_value, threshold=self.threshold, limbs=self.limbs,
-                       decryption_attempts=self.decryption_attempts)
+                       decryption_attempts=self.decryption_attempts, bulk=self.bulk,
+                       fractional_bits=self.fractional_bits)
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> RevealRequest:
@@ -300,7 +325,8 @@ class RevealRequest(Payload):
         return cls(config_field(rec, _K, "key-id", str), _round(rec), tuple(signers), tuple(commitments),
                    tuple(signatures), degree, config_field(rec, _K, "scale-bits", int, minimum=1), bound,
                    config_field(rec, _K, "threshold", int, minimum=1), config_field(rec, _K, "limbs", int, minimum=1),
-                   config_field(rec, _K, "decryption-attempts", int, minimum=1))
+                   config_field(rec, _K, "decryption-attempts", int, minimum=1), _bulk(rec),
+                   config_field(rec, _K, "fractional-bits", int, minimum=0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -486,26 +512,40 @@ class TrainRequest(Payload):
 
 @dataclasses.dataclass(frozen=True)
 class TrainReply(Payload):
-    """Step 2 reply: record ``"xmk-ciphertext"`` (ArrayRecord ``ciphertext``, uint8) and Flower's ``"metrics"``.
+    """Step 2 reply: record ``"xmk-ciphertext"`` (ArrayRecord ``ciphertext``, uint8), in KAHE mode also
+    record ``"xmk-capsule"`` (ArrayRecord ``capsule``, uint8) and record ``"xmk"`` (``capsule-signature``),
+    and Flower's ``"metrics"``.
 
     Attributes
     ----------
     ciphertext : bytes or memoryview
         (Parsed: a read-only view into the message's buffer, :func:`~flwr_fedeval.protocol._base.array_bytes_view`.)
-        Enc(n_i·(w_i − w), n_i) + r_i + u_i under b = Σ b_j (Eq. 6) with c0 modulus-switched to the L' limbs
-        of T and c1 exact: :meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.to_bytes` (c0 then c1, each
-        with its own header; the receiver parses it strictly with
-        :meth:`~flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes` at T's L').
+        KAHE mode: the KAHE ciphertext of [clip(n_i·(w_i − w), ±B)] with the integer slots [n_i, clipped
+        count], under a fresh key k_i and the a_j of (T, round)
+        (:meth:`flwr_fedeval.rlwe.kahe.KaheCiphertext.to_bytes`). CKKS mode: Enc(n_i·(w_i − w), n_i) + r_i + u_i
+        under b = Σ b_j (Eq. 6) with c0 modulus-switched to the L' limbs of T and c1 exact:
+        :meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.to_bytes` (c0 then c1, each with its own header;
+        the receiver parses it strictly at T's L').
     metrics : MetricRecord or None
         The train handler's metrics without ``num-examples`` (n_i stays encrypted).
+    capsule : bytes, memoryview or None
+        KAHE mode: the key capsule, Enc(k_i) + r_i + u_i under b (one polynomial, compact as the CKKS-mode
+        ciphertext); ``None`` in CKKS mode.
+    capsule_signature : bytes
+        KAHE mode: the member's signature over the capsule's c1 (:func:`flwr_fedeval.rlwe.keyset.sign_capsule`).
     """
 
     LABEL = "xMK train reply"
     ciphertext: bytes | memoryview
     metrics: MetricRecord | None = None
+    capsule: bytes | memoryview | None = None
+    capsule_signature: bytes = b""
 
     def _to_record(self) -> RecordDict:
         content = RecordDict({XMK_CIPHERTEXT_KEY: _blob("ciphertext", self.ciphertext)})
+        if self.capsule is not None:
+            content[XMK_CAPSULE_KEY] = _blob("capsule", self.capsule)
+            content.update(_config(capsule_signature=self.capsule_signature))
         if self.metrics is not None:
             content[_METRICS_KEY] = self.metrics
         return content
@@ -517,7 +557,11 @@ class TrainReply(Payload):
         metrics = content.get(_METRICS_KEY)  # RecordDict is a Mapping
         if metrics is not None and not isinstance(metrics, MetricRecord):
             raise MalformedMessage(_METRICS_KEY, f"expected a MetricRecord, got {type(metrics).__name__}")
-        return cls(data, metrics)
+        capsule, signature = None, b""
+        if XMK_CAPSULE_KEY in content:
+            capsule = array_bytes(array_record(content, XMK_CAPSULE_KEY), XMK_CAPSULE_KEY, "capsule")
+            signature = config_bytes(config_record(content, _K), _K, "capsule-signature")
+        return cls(data, metrics, capsule, signature)
 
 
 # ------------------------------------------------------------------ step 2b
@@ -594,8 +638,9 @@ class PdecRequest(Payload):
     num_clients : int
         |K| (>= 1).
     c1 : bytes
-        C1 = Σ_{j∈C} c1_j (Eq. 3), :func:`flwr_fedeval.rlwe.polys_to_bytes` at the full L limbs (its
-        canonical form is the client's check).
+        CKKS mode: C1 = Σ_{j∈C} c1_j (Eq. 3), :func:`flwr_fedeval.rlwe.polys_to_bytes` at the full L limbs
+        (its canonical form is the client's check). KAHE mode: empty (each decryptor sums the capsules'
+        c1 itself, ``capsule_c1s``).
     limbs : int
         L' (>= 1), the limbs of the decryption share the server will combine: a member refuses any
         other value than the L' signed in T.
@@ -611,6 +656,11 @@ class PdecRequest(Payload):
         k, the index of the attempt (>= 1): a member answers each k at most once per key set and round,
         only k <= a, and sends attempt 1 modulus-switched to L' limbs, every later attempt at the full
         L limbs (unswitched, its pairwise masks mod q; :func:`flwr_fedeval.rlwe.threshold.share_limbs`).
+    capsule_c1s, capsule_signatures : tuple of bytes
+        KAHE mode, aligned with ``contributors``: each contributor's capsule c1 (one polynomial,
+        :func:`flwr_fedeval.rlwe.polys_to_bytes` at L) and its signature over it
+        (:func:`flwr_fedeval.rlwe.keyset.sign_capsule`): every decryptor checks each and computes
+        C1 = Σ_{i∈C} c1_i itself. Empty in CKKS mode.
     """
 
     LABEL = "xMK partial decryption request"
@@ -626,14 +676,18 @@ class PdecRequest(Payload):
     contributor_signatures: tuple[bytes, ...] = ()
     active: tuple[str, ...] = ()
     attempt: int = 1
+    capsule_c1s: tuple[bytes, ...] = ()
+    capsule_signatures: tuple[bytes, ...] = ()
 
     def _to_record(self) -> RecordDict:
         content = _config(params=self.params, key_id=self.key_id, round=self.round, contributors=self.contributors,
                           num_clients=self.num_clients, limbs=self.limbs, model_hash=self.model_hash,
                           contributor_signers=self.contributor_signers,
                           contributor_signatures=self.contributor_signatures, active=self.active,
-                          attempt=self.attempt)
-        content[XMK_C1_KEY] = _blob("c1", self.c1)
+                          attempt=self.attempt, capsule_c1s=self.capsule_c1s,
+                          capsule_signatures=self.capsule_signatures)
+        if self.c1:
+            content[XMK_C1_KEY] = _blob("c1", self.c1)
         return content
 
     @classmethod
@@ -642,13 +696,23 @@ class PdecRequest(Payload):
         signers = config_list(rec, _K, "contributor-signers", str)
         signatures = config_list(rec, _K, "contributor-signatures", bytes)
         _aligned(**{"contributor-signers": signers, "contributor-signatures": signatures})
+        contributors = config_list(rec, _K, "contributors", str)
+        c1s = config_list(rec, _K, "capsule-c1s", bytes) if "capsule-c1s" in rec else []
+        c1_signatures = config_list(rec, _K, "capsule-signatures", bytes) if "capsule-signatures" in rec else []
+        _aligned(**{"capsule-c1s": c1s, "capsule-signatures": c1_signatures})
+        if c1s and len(c1s) != len(contributors):
+            raise MalformedMessage(f"{_K}.capsule-c1s", f"{len(c1s)} items, but contributors has "
+                                                        f"{len(contributors)}: one capsule c1 per contributor")
+        if c1s and XMK_C1_KEY in content:
+            raise MalformedMessage(XMK_C1_KEY, "a request carries either C1 or the contributors' capsule c1, "
+                                               "not both")
+        c1 = array_bytes(array_record(content, XMK_C1_KEY), XMK_C1_KEY, "c1") if not c1s else b""
         return cls(config_field(rec, _K, "params", str), config_field(rec, _K, "key-id", str), _round(rec),
-                   tuple(config_list(rec, _K, "contributors", str)),
-                   config_field(rec, _K, "num-clients", int, minimum=1),
-                   array_bytes(array_record(content, XMK_C1_KEY), XMK_C1_KEY, "c1"),
+                   tuple(contributors), config_field(rec, _K, "num-clients", int, minimum=1), c1,
                    config_field(rec, _K, "limbs", int, minimum=1),
                    config_bytes(rec, _K, "model-hash", length=DIGEST_BYTES), tuple(signers), tuple(signatures),
-                   tuple(config_list(rec, _K, "active", str)), config_field(rec, _K, "attempt", int, minimum=1))
+                   tuple(config_list(rec, _K, "active", str)), config_field(rec, _K, "attempt", int, minimum=1),
+                   tuple(c1s), tuple(c1_signatures))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,7 +73,11 @@ __all__ = [
     "ROLE_COMMITMENT",
     "ROLE_CONTRIBUTORS",
     "ROLE_KEY_SET",
+    "ROLE_CAPSULE",
+    "capsule_digest",
+    "check_capsule_signature",
     "check_contributor_signatures",
+    "sign_capsule",
     "contributors_digest",
     "open_shares",
     "seal_shares",
@@ -95,11 +99,13 @@ ROLE_COMMITMENT = "share-commitment"
 ROLE_KEY_SET = "key-set"
 _ID_DOMAIN = b"flwr-fedeval/xmkckks/key-set-id/v1"
 _COMMIT_DOMAIN = b"flwr-fedeval/xmkckks/share-commitment/v1"
-_TRANSCRIPT_DOMAIN = b"flwr-fedeval/xmkckks/key-set-transcript/v2"  # v2: binds scale, bound and t
+_TRANSCRIPT_DOMAIN = b"flwr-fedeval/xmkckks/key-set-transcript/v3"  # v3: binds the bulk mode and the KAHE set
 _CONTRIBUTORS_DOMAIN = b"flwr-fedeval/xmkckks/contributors/v1"
 #: The HKDF info label of the share boxes (its own: a box key never equals a mask key).
 _SEAL_LABEL = b"flwr-fedeval/xmkckks/share-seal/v1"
 ROLE_CONTRIBUTORS = "contributors"
+ROLE_CAPSULE = "key-capsule"
+_CAPSULE_DOMAIN = b"flwr-fedeval/xmkckks/key-capsule-c1/v1"
 _NONCE_BYTES = 12
 DIGEST_BYTES = 32
 
@@ -217,8 +223,10 @@ def transcript_digest(
     threshold: int = 0,
     limbs: int = 0,
     decryption_attempts: int = 0,
+    bulk: str = "ckks",
+    kahe_parameters: bytes = b"",
 ) -> bytes:
-    """T = SHA-256(domain, params, kid, seed_a, r, k, Δ bits, B, t, L', a, (name, h) sorted by name).
+    """T = SHA-256(domain, params, kid, seed_a, r, k, Δ bits, B, t, L', a, bulk, KAHE set, (name, h) sorted by name).
 
     The key set every member must agree on, with every public parameter of its rounds (issue 21):
     the parameter set and a (via kid, seed_a), the first round r, the mask degree k
@@ -227,9 +235,15 @@ def transcript_digest(
     threshold t of the t-out-of-N decryption, and the limb count L' that c0 and the decryption
     shares are switched to before sending (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`; 0 in
     tests that do not use it), and a, the most active sets A a member gives a decryption share for
-    per round (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`; 0 in tests that do not use it).
+    per round (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`; 0 in tests that do not use it),
+    the bulk mode (``"kahe"``: the update under KAHE and only its key under xMK-CKKS; ``"ckks"``: every
+    weight under xMK-CKKS) and the canonical bytes of the KAHE parameter set
+    (:meth:`flwr_fedeval.rlwe.kahe.KaheParameters.to_bytes`; empty in ``"ckks"`` mode), from which the
+    public polynomials a_j of every round are derived (:func:`flwr_fedeval.rlwe.kahe.public_seed` of T).
     Signed by every member, so the server cannot vary any of them per request.
     """
+    if bulk not in ("kahe", "ckks"):
+        raise KeySetError(f"bulk must be 'kahe' or 'ckks', got {bulk!r}")
     if isinstance(mask_degree, bool) or not isinstance(mask_degree, int) or mask_degree < 0:
         raise KeySetError(f"mask degree must be an integer >= 0, got {mask_degree!r}")
     for name, value in (("scale bits", scale_bits), ("threshold", threshold), ("limbs", limbs),
@@ -241,7 +255,8 @@ def transcript_digest(
     parts = [_TRANSCRIPT_DOMAIN, _lp(params.name.encode()), _lp(key_id.encode()), _lp(seed_a),
              struct.pack(">Q", round_), struct.pack(">Q", mask_degree), struct.pack(">Q", scale_bits),
              struct.pack(">d", float(max_abs_value)), struct.pack(">Q", threshold),
-             struct.pack(">Q", limbs), struct.pack(">Q", decryption_attempts), struct.pack(">Q", len(members))]
+             struct.pack(">Q", limbs), struct.pack(">Q", decryption_attempts), _lp(bulk.encode()),
+             _lp(bytes(kahe_parameters)), struct.pack(">Q", len(members))]
     for name, h in sorted(members):
         parts += [_lp(name.encode()), _lp(h)]
     return hashlib.sha256(b"".join(parts)).digest()
@@ -455,3 +470,40 @@ def check_contributor_signatures(roster: Roster, signatures: Mapping[str, bytes]
                        role=ROLE_CONTRIBUTORS, key=digest)
         except IdentityError as exc:
             raise IdentityError(f"member {name!r} did not sign this contributor set: {exc}") from None
+
+
+# ------------------------------------------------------------------ step 2: the key capsule's c1
+def capsule_digest(*, transcript: bytes, round_: int, model_hash: bytes, c1: bytes) -> bytes:
+    """SHA-256(domain, T, r, model hash, c1): what a contributor signs for its key capsule (KAHE mode).
+
+    ``c1`` is the canonical encoding of the capsule's c1 at the full L limbs
+    (:func:`flwr_fedeval.rlwe.polys_to_bytes`); binding T, the round and the model hash makes a capsule
+    of another key set, round or model fail the decryptors' check.
+    """
+    parts = [_CAPSULE_DOMAIN, _lp(bytes(transcript)), struct.pack(">Q", round_), _lp(bytes(model_hash)),
+             _lp(bytes(c1))]
+    return hashlib.sha256(b"".join(parts)).digest()
+
+
+def sign_capsule(identity: NodeIdentity, *, key_id: str, transcript: bytes, round_: int, model_hash: bytes,
+                 c1: bytes) -> bytes:
+    """Sign_i("xmkckks", kid, r, "key-capsule", :func:`capsule_digest`)."""
+    digest = capsule_digest(transcript=transcript, round_=round_, model_hash=model_hash, c1=c1)
+    return sign_key(identity, protocol=PROTOCOL, session=key_id, round=round_, role=ROLE_CAPSULE, key=digest)
+
+
+def check_capsule_signature(roster: Roster, name: str, signature: bytes, *, key_id: str, transcript: bytes,
+                            round_: int, model_hash: bytes, c1: bytes) -> None:
+    """Step 3 ▲ (KAHE mode): member ``name`` signed this capsule c1 for (T, round, model hash).
+
+    Raises
+    ------
+    flwr_fedeval.identity.IdentityError
+        The signature does not verify (another c1, round, key set or model, or not the member's key).
+    """
+    digest = capsule_digest(transcript=transcript, round_=round_, model_hash=model_hash, c1=c1)
+    try:
+        verify_key(roster, name, signature, protocol=PROTOCOL, session=key_id, round=round_, role=ROLE_CAPSULE,
+                   key=digest)
+    except IdentityError as exc:
+        raise IdentityError(f"member {name!r} did not sign this key capsule c1: {exc}") from None

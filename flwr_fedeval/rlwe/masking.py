@@ -73,6 +73,8 @@ __all__ = [
     "graph_degree",
     "check_mask_degree",
     "mask_neighbours",
+    "induced_components",
+    "check_contributors_connected",
 ]
 
 MASK_KEY_BYTES = 32
@@ -603,3 +605,59 @@ def mask_neighbours(names: Iterable[str], degree: int, transcript: bytes) -> dic
         adj = {ring[(i + o) % m] for o in offsets} | {ring[(i - o) % m] for o in offsets}
         out[name] = tuple(sorted(adj))
     return out
+
+
+def induced_components(graph: Mapping[str, Sequence[str]], subset: Iterable[str]) -> list[list[str]]:
+    """The connected components of the mask graph induced on ``subset`` (each sorted, in order of their
+    first member).
+
+    Why it matters: the masks of a combination Σ a_i (m_i + r_i) over C cancel on the edges inside C only
+    if a is constant on each component of the graph induced on C; the masks of the edges from C to K∖C
+    are removed by the server (it reconstructs the mask keys of K∖C). So once the members of K∖C are
+    rebuilt, only the sums over the components of C are protected: with two components the server
+    could decrypt each one, and a member whose neighbours all left C is alone in its component
+    (its update unmasked by 2·c1 or by one colluding contributor's correlated ciphertext).
+
+    Raises
+    ------
+    MaskKeyError
+        A member of ``subset`` that is not in ``graph``.
+    """
+    members = sorted({str(s) for s in subset})
+    unknown = [m for m in members if m not in graph]
+    if unknown:
+        raise MaskKeyError(f"{unknown} are not members of the mask graph")
+    inside = set(members)
+    seen: set[str] = set()
+    components = []
+    for start in members:
+        if start in seen:
+            continue
+        stack, component = [start], []
+        seen.add(start)
+        while stack:
+            node = stack.pop()
+            component.append(node)
+            for peer in graph[node]:
+                if peer in inside and peer not in seen:
+                    seen.add(peer)
+                    stack.append(peer)
+        components.append(sorted(component))
+    return components
+
+
+def check_contributors_connected(names: Iterable[str], degree: int, transcript: bytes,
+                                 contributors: Iterable[str]) -> None:
+    """A decryptor's check that the mask graph of the key set (:func:`mask_neighbours`) induced on the
+    contributor set C is connected (:func:`induced_components`).
+
+    Raises
+    ------
+    MaskKeyError
+        The induced graph has more than one component (naming them), or a contributor is not a member.
+    """
+    components = induced_components(mask_neighbours(names, degree, transcript), contributors)
+    if len(components) > 1:
+        raise MaskKeyError(f"the mask graph induced on the contributor set is not connected (components "
+                           f"{components}): the server could decrypt each part, or a member whose neighbours "
+                           f"all left C alone")

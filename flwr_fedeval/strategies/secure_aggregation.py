@@ -167,9 +167,11 @@ class SecureAggregation(Strategy):
         ``weighted_by_key`` must be ``"num-examples"`` and its ``arrayrecord_key`` ``"arrays"``
         (what :func:`~flwr_fedeval.clients.xmkckks.xmkckks_mod` reads and encrypts).
     parameter_set, max_abs_value, scale_bits, rekey, step_timeout, max_attempts, mask_degree, threshold, \
-limbs, decryption_attempts
+limbs, decryption_attempts, bulk, fractional_bits
         The protocol's parameters, as :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg`
-        (``max_abs_value`` B bounds every ``|n_i·Δw|`` and ``n_i``; clients clip to it).
+        (``max_abs_value`` B bounds every ``|n_i·Δw|``; clients clip to it and the server warns with the
+        total of clipped values; ``bulk="kahe"``, the default, sends the update under KAHE and only its
+        key under xMK-CKKS, ``bulk="ckks"`` every weight under xMK-CKKS).
 
     Attributes
     ----------
@@ -204,6 +206,8 @@ limbs, decryption_attempts
         threshold: int | None = None,
         limbs: int | None = None,
         decryption_attempts: int = MAX_DECRYPTION_ATTEMPTS,
+        bulk: str = "kahe",
+        fractional_bits: int = 21,
     ) -> None:
         super().__init__()
         check_wrappable(strategy)
@@ -219,7 +223,7 @@ limbs, decryption_attempts
             configrecord_key=strategy.configrecord_key, parameter_set=parameter_set,
             max_abs_value=max_abs_value, scale_bits=scale_bits, rekey=rekey, step_timeout=step_timeout,
             max_attempts=max_attempts, mask_degree=mask_degree, threshold=threshold, limbs=limbs,
-            decryption_attempts=decryption_attempts,
+            decryption_attempts=decryption_attempts, bulk=bulk, fractional_bits=fractional_bits,
         )
 
     def __repr__(self) -> str:

@@ -32,7 +32,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import Payload, ReplyCode, Step, xmk
-from flwr_fedeval.rlwe import compact, keyset, masking, selfmask
+from flwr_fedeval.rlwe import capsule, compact, kahe, keyset, masking, selfmask
 from flwr_fedeval.rlwe import serialization as ser
 from flwr_fedeval.rlwe import threshold as shamir
 from flwr_fedeval.strategies.base import (
@@ -50,6 +50,7 @@ from flwr_fedeval.weights import WeightLayout
 __all__ = ["RoundAborted", "XMKFedAvg"]
 
 REKEY_CHOICES = ("every-round", "per-client-set")
+BULK_CHOICES = xmk.BULK_MODES
 #: Default parameter set (the protocol layer's): n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
 DEFAULT_PARAMETER_SET = rlwe.DEFAULT_PARAMETER_SET.name
 
@@ -101,6 +102,8 @@ class _KeySet:
     scale_bits: int = 0  # log2 Δ (signed in T)
     limbs: int = 0  # L', the limbs of c0 and of the decryption shares on the wire (signed in T)
     decryption_attempts: int = 1  # a, the most active sets of step 3 per round (signed in T)
+    bulk: str = "ckks"  # "kahe": the update under KAHE, its key in a capsule; "ckks": every weight (signed in T)
+    kahe: kahe.KaheParameters | None = None  # the KAHE parameter set of KAHE mode (its bytes signed in T)
 
     def name_of(self, node: int) -> str:
         return self.names[self.nodes.index(node)]
@@ -127,6 +130,8 @@ class _RoundState:
     inboxes: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # step 1c: name -> (sender, box)
     train_results: dict[int, Any] = field(default_factory=dict)  # node -> its reply's metrics, or the error
     pdec_attempts: list[tuple[str, ...]] = field(default_factory=list)  # step 3: every active set A asked
+    kahe_sum: kahe.KaheSum | None = None  # KAHE mode: Σ of the KAHE ciphertexts, folded as the replies arrive
+    capsules: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # KAHE mode: node -> (c1, signature)
 
     @property
     def keys(self) -> _KeySet:
@@ -530,6 +535,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         threshold: int | None = None,
         limbs: int | None = None,
         decryption_attempts: int = rlwe.MAX_DECRYPTION_ATTEMPTS,
+        bulk: str = "kahe",
+        fractional_bits: int = 21,
     ) -> None:
         super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
                          min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
@@ -574,6 +581,16 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             raise ValueError(f"decryption_attempts must be an integer in [1, {rlwe.MAX_DECRYPTION_ATTEMPTS}], "
                              f"got {decryption_attempts!r}")
         self.decryption_attempts = decryption_attempts
+        if bulk not in BULK_CHOICES:
+            raise ValueError(f"bulk must be one of {BULK_CHOICES}, got {bulk!r}")
+        self.bulk = bulk
+        if isinstance(fractional_bits, bool) or not isinstance(fractional_bits, int) or fractional_bits < 1:
+            raise ValueError(f"fractional_bits must be an integer >= 1, got {fractional_bits!r}")
+        self.fractional_bits = fractional_bits
+        if bulk == "kahe":
+            kahe.kahe_parameters(2, bound=self.max_abs_value, fractional_bits=fractional_bits)  # KaheError if none fits
+        #: Total values clipped to ``max_abs_value`` per round (KAHE mode: the decrypted total): (round, count).
+        self.clipped_values: list[tuple[int, int]] = []
         #: Members left out of a round's contributor set: (round, {node: reason}); no retry was run.
         self.left_out: list[tuple[int, dict[int, str]]] = []
         #: Contributors lost after their upload (no signature of C): (round, {node: reason}); they cost nothing.
@@ -611,15 +628,31 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         log(INFO, "\t\t└── Re-key: %s, attempts per round: %d, step timeout: %.0f s",
             self.rekey, self.max_attempts, self.step_timeout)
 
+    def kahe_for(self, num_clients: int) -> kahe.KaheParameters | None:
+        """The KAHE parameter set of a key set of ``num_clients`` members (KAHE mode; ``None`` in CKKS mode):
+        :func:`flwr_fedeval.rlwe.kahe.kahe_parameters` of (N, B = ``max_abs_value``, F = ``fractional_bits``),
+        which every member derives itself and binds in T."""
+        if self.bulk != "kahe":
+            return None
+        return kahe.kahe_parameters(num_clients, bound=self.max_abs_value, fractional_bits=self.fractional_bits)
+
+    def ckks_bound(self, num_clients: int) -> float:
+        """The value bound of the xMK-CKKS encoding: the capsule's (the tail bound of the KAHE key) in KAHE
+        mode, ``max_abs_value`` in CKKS mode."""
+        params = self.kahe_for(num_clients)
+        return self.max_abs_value if params is None else capsule.capsule_bound(params)
+
     def scale_bits_for(self, num_clients: int) -> int:
-        """log2 Δ used with ``num_clients`` contributors (checked against the noise budget)."""
-        best = rlwe.max_scale_bits(self.params, num_clients=num_clients, max_abs_value=self.max_abs_value)
+        """log2 Δ of the xMK-CKKS encoding (the capsule's in KAHE mode) with ``num_clients`` contributors
+        (checked against the noise budget)."""
+        bound = self.ckks_bound(num_clients)
+        best = rlwe.max_scale_bits(self.params, num_clients=num_clients, max_abs_value=bound)
         if self.scale_bits is None:
             return best
         if self.scale_bits > best:
             raise rlwe.NoiseBudgetError(
                 f"scale 2^{self.scale_bits} exceeds the noise budget for {num_clients} clients "
-                f"and max |value| {self.max_abs_value} (at most 2^{best})"
+                f"and max |value| {bound} (at most 2^{best})"
             )
         return self.scale_bits
 
@@ -627,7 +660,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         """L' for a key set of ``num_clients`` members at scale 2^scale_bits: ``limbs``, raised to the fewest
         the noise budget allows after modulus switching (:func:`flwr_fedeval.rlwe.compact.compact_limbs`)."""
         fewest = compact.compact_limbs(self.params, num_clients=num_clients, scale_bits=scale_bits,
-                                       max_abs_value=self.max_abs_value)
+                                       max_abs_value=self.ckks_bound(num_clients))
         return fewest if self.limbs is None else max(int(self.limbs), fewest)
 
     # ------------------------------------------------------------ training
@@ -674,6 +707,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             return None, None
         finally:
             state.running = None
+            state.kahe_sum = None
+            state.capsules = {}
 
     # ------------------------------------------------------- protocol steps
     def keygen(self, nodes: list[int]) -> _KeySet:
@@ -735,9 +770,11 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         t = self.threshold_for(len(nodes))
         scale_bits = self.scale_bits_for(len(nodes))
         limbs = self.limbs_for(len(nodes), scale_bits)
+        kahe_params = self.kahe_for(len(nodes))
         request = xmk.RevealRequest(committed.key_id, committed.round, committed.names, committed.commitments,
                                     committed.signatures, self.mask_degree, scale_bits, self.max_abs_value, t,
-                                    limbs, self.decryption_attempts)
+                                    limbs, self.decryption_attempts, self.bulk,
+                                    self.fractional_bits if self.bulk == "kahe" else 0)
         expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
 
         def check(node: int, reply: xmk.RevealReply) -> xmk.RevealReply:
@@ -753,7 +790,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         return _KeySet(committed.key_id, committed.seed_a, committed.round, nodes, committed.names,
                        tuple(r.public_share for r in parsed), tuple(r.mask_key for r in parsed),
                        tuple(r.transcript_signature for r in parsed), parsed[0].transcript, t, scale_bits, limbs,
-                       self.decryption_attempts)
+                       self.decryption_attempts, self.bulk, kahe_params)
 
     def threshold_for(self, num_clients: int) -> int:
         """t of a key set of ``num_clients`` members: ``threshold`` if set, else floor(N/2) + 1.
@@ -829,33 +866,56 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         try:
             parsed = xmk.TrainReply.from_record(reply.content, node=node)
             reply.content = RecordDict()  # the ciphertext is a view into the message's buffer: one copy
-            state.train_results[node] = self._fold_ciphertext(node, parsed.ciphertext, parsed.metrics)
+            state.train_results[node] = self._fold_ciphertext(node, parsed)
             del parsed
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, kahe.KaheError) as exc:
             state.train_results[node] = exc
         reply.content = RecordDict()
         return reply
 
-    def _fold_ciphertext(self, node: int, data: bytes | memoryview,
-                         metrics: MetricRecord | None) -> MetricRecord | None:
-        """Check one step-2 ciphertext and add it into the round's running sum; return the reply's metrics.
+    def _fold_ciphertext(self, node: int, reply: xmk.TrainReply) -> MetricRecord | None:
+        """Check one step-2 reply and add it into the round's running sums; return the reply's metrics.
 
-        The checks: canonical compact encoding (c0 at the key set's L', c1 at L), of the model's size
-        (those of :meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes`, made a range of
-        polynomials at a time by :meth:`_RunningSum.add`; a malformed ciphertext adds nothing).
+        CKKS mode: the ciphertext into the running sum (canonical compact encoding, c0 at the key set's L',
+        c1 at L, of the model's size: the checks of
+        :meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes`, made a range of polynomials at a
+        time by :meth:`_RunningSum.add`; a malformed ciphertext adds nothing). KAHE mode: the capsule is
+        parsed strictly first (one polynomial), then the KAHE ciphertext is added into the KAHE sum
+        (:meth:`flwr_fedeval.rlwe.kahe.KaheSum.add`, which adds nothing from a malformed one), then the
+        capsule into the capsule sum; the capsule's c1 and its signature are kept for step 3.
 
         Raises
         ------
-        ValueError
-            The ciphertext is malformed, at another level, or of another size, or it is the node's
-            second in this round.
+        ValueError, flwr_fedeval.rlwe.kahe.KaheError
+            The ciphertext or capsule is malformed, at another level, or of another size, or it is the
+            node's second in this round.
         """
         state = self._current()
+        keys = state.keys
+        if keys.bulk != "kahe":
+            if state.running is None:
+                num_polys = -(-self._plaintext_length() // self.params.n)
+                state.running = _RunningSum(self.params, keys.limbs, num_polys, self.chunk_polys)
+            state.running.add(node, reply.ciphertext, reply.metrics)
+            return reply.metrics
+        assert keys.kahe is not None
+        if reply.capsule is None or not reply.capsule_signature:
+            raise ValueError("KAHE mode: the reply carries no key capsule or no signature over its c1")
         if state.running is None:
-            num_polys = -(-self._plaintext_length() // self.params.n)
-            state.running = _RunningSum(self.params, state.keys.limbs, num_polys, self.chunk_polys)
-        state.running.add(node, data, metrics)
-        return metrics
+            state.running = _RunningSum(self.params, keys.limbs, capsule.CAPSULE_POLYS, self.chunk_polys)
+        if node in state.running.folded:
+            raise ValueError(f"node {node}: a second ciphertext in one round")
+        parsed = compact.CompactCiphertext.from_bytes(bytes(reply.capsule), self.params, keys.limbs)
+        if parsed.c1.shape[0] != capsule.CAPSULE_POLYS:
+            raise ValueError(f"the key capsule has {parsed.c1.shape[0]} polynomials, expected {capsule.CAPSULE_POLYS}")
+        c1 = rlwe.polys_to_bytes(self.params, parsed.c1)
+        if state.kahe_sum is None:
+            state.kahe_sum = kahe.KaheSum(keys.kahe, kahe.public_seed(keys.transcript, state.server_round),
+                                          self._plaintext_length())
+        state.kahe_sum.add(reply.ciphertext)
+        state.running.add(node, reply.capsule, reply.metrics)  # parsed above: cannot fail now
+        state.capsules[node] = (c1, bytes(reply.capsule_signature))
+        return reply.metrics
 
     def sum_ciphertexts(self, replies: list[Message]) -> tuple[_CiphertextSum, list[MetricRecord], list[int]]:
         """Step 2 (replies) and Eq. 3: the sum of the well-formed fresh ciphertexts, one per contributor.
@@ -880,7 +940,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         key_set = state.keys
 
         def check(node: int, reply: xmk.TrainReply) -> MetricRecord | None:
-            return self._fold_ciphertext(node, reply.ciphertext, reply.metrics)
+            return self._fold_ciphertext(node, reply)
 
         received = _Received(replies_by_node(state.sent, replies))
         valid, failed = self._exchange_some("encrypted training", "ciphertext", key_set.nodes, xmk.TRAIN, None, check,
@@ -892,6 +952,12 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                 state.server_round, len(failed), sorted(failed))
         if len(contributors) < max(key_set.threshold, 1):
             raise RoundAborted("encrypted training", failed or dict.fromkeys(key_set.nodes, "no contributor"))
+        # every decryptor refuses a C whose induced mask graph is disconnected: name it here, before asking
+        graph = masking.mask_neighbours(key_set.names, self.mask_degree, key_set.transcript)
+        parts = masking.induced_components(graph, [key_set.name_of(n) for n in contributors])
+        if len(parts) > 1:
+            reason = f"the mask graph induced on the contributor set is not connected ({parts}): the members refuse"
+            raise RoundAborted("contributor set", dict.fromkeys(contributors, reason))
         assert state.running is not None  # at least one ciphertext was folded
         return state.running.total(contributors), [valid[n] for n in contributors if valid[n] is not None], \
             contributors
@@ -1017,9 +1083,13 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                 raise RoundAborted("partial decryption", {**lost, **{key_set.node_of(n): "fewer than t signers of C "
                                                                      "left to decrypt" for n in active}})
             state.pdec_attempts.append(active)
+            # KAHE mode: each contributor's signed capsule c1 (one polynomial each), never a C1 of the server's
+            capsule_c1s = tuple(state.capsules[n][0] for n in contributors) if key_set.bulk == "kahe" else ()
+            capsule_signatures = tuple(state.capsules[n][1] for n in contributors) if key_set.bulk == "kahe" else ()
             request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names,
-                                      len(key_set.nodes), c1, key_set.limbs, xmk.model_hash(state.arrays),
-                                      active, tuple(signatures[n] for n in active), active, attempt)
+                                      len(key_set.nodes), c1 if key_set.bulk != "kahe" else b"", key_set.limbs,
+                                      xmk.model_hash(state.arrays), active, tuple(signatures[n] for n in active),
+                                      active, attempt, capsule_c1s, capsule_signatures)
             sent_at = shamir.share_limbs(self.params, key_set.limbs, attempt)
             acc.fill(0)
             _, failed = self._exchange_some("partial decryption", "decryption share",
@@ -1085,7 +1155,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         scale_bits = state.keys.scale_bits or self.scale_bits_for(len(nodes))
         limbs = state.keys.limbs or self.params.limbs
         level = compact.level_parameter_set(self.params, limbs)
-        length = self._plaintext_length()
+        kahe_mode = state.keys.bulk == "kahe"
+        length = self.params.n if kahe_mode else self._plaintext_length()  # KAHE mode: the capsule sum, K_C
         level.ring.check(plaintext, "plaintext")
         if plaintext.ndim != 3 or length > plaintext.shape[0] * self.params.n:
             raise ValueError(f"plaintext of shape {plaintext.shape} does not hold {length} values")
@@ -1096,12 +1167,16 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             decoded[start : start + step] = rlwe.decode(level, part, scale_bits=scale_bits,
                                                         length=min(step, length - start))
         decoded *= float(compact.dropped_modulus(self.params, limbs))
-        total_examples = decoded[-1]
+        if kahe_mode:
+            decoded, total_examples = self._decode_kahe(decoded, nodes)
+        else:
+            total_examples = decoded[-1]
+            decoded = decoded[:-1]
         if not (np.isfinite(total_examples) and total_examples >= count - 0.5
                 and abs(total_examples - round(total_examples)) < 1e-3):
             raise RoundAborted("decoding",
                                dict.fromkeys(nodes, f"decoded Σ n_i = {total_examples!r} is not a valid count"))
-        mean_update = decoded[:-1]
+        mean_update = decoded
         mean_update /= round(total_examples)
         new_flat = layout.flatten(state.arrays.to_numpy_ndarrays())
         new_flat += mean_update
@@ -1112,11 +1187,41 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         arrays = ArrayRecord({key: Array(a) for key, a in zip(state.arrays.keys(), layout.unflatten(new_flat))})
         return arrays, int(round(total_examples))
 
+    def _decode_kahe(self, key_sum: np.ndarray, nodes: Sequence[int]) -> tuple[np.ndarray, float]:
+        """KAHE mode, step 4: round K_C = Σ_{i∈C} k_i from the decrypted capsule sum and decode the KAHE sum
+        (Σ_C c_j − a_j·K_C = Δ·Σ x_j + Σ e_j). Returns ``(Σ_C clip(n_i·Δw_i) (float64, the weights'
+        length), Σ_C n_i)``; warns with the total of clipped values (decrypted from the integer slot).
+
+        Raises
+        ------
+        RoundAborted
+            At ``"decoding"``: a coefficient of K_C is more than 1/4 from an integer (a wrong rounding
+            would be a silently wrong model: the round is aborted, the model unchanged), or the KAHE sum
+            does not decode.
+        """
+        state = self._current()
+        assert state.kahe_sum is not None
+        try:
+            rounded = kahe.round_key_sum(key_sum)
+            sums, integers = state.kahe_sum.decode(rounded)
+        except kahe.KaheError as exc:
+            raise RoundAborted("decoding", dict.fromkeys(nodes, f"the key sum of the capsules does not decode: "
+                                                                f"{exc}")) from None
+        total_examples, clipped = int(integers[0]), int(integers[1])
+        self.clipped_values.append((state.server_round, clipped))
+        if clipped:
+            log(WARNING, "Round %d: %d values clipped to max_abs_value = %.4g in all (|n_i·Δw| beyond the bound; "
+                "the mean is biased): raise max_abs_value of XMKFedAvg / SecureAggregation", state.server_round,
+                clipped, self.max_abs_value)
+        return np.asarray(sums, dtype=np.float64), float(total_examples)
+
     # ------------------------------------------------------------ internals
     def _plaintext_length(self) -> int:
-        """Encoded values per update: every weight and n_i."""
+        """Encoded values per update: every weight and n_i (CKKS mode), every weight (KAHE mode: n_i is an
+        integer slot)."""
         state = self._current()
-        return WeightLayout.of(state.arrays.to_numpy_ndarrays()).size + 1
+        size = WeightLayout.of(state.arrays.to_numpy_ndarrays()).size
+        return size if state.keys.bulk == "kahe" else size + 1
 
     def _record_abort(self, exc: RoundAborted) -> None:
         self._key_cache = {}  # no key set survives a failed attempt (DESIGN.md §8)
@@ -1226,7 +1331,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                               "nodes": [int(n) for n in key_set.nodes]})
         log(INFO, "configure_train: key set %s of %d clients ready (t = %d)", key_set.key_id, len(key_set.nodes),
             key_set.threshold)
-        state.running, state.train_results = None, {}
+        state.running, state.train_results, state.kahe_sum, state.capsules = None, {}, None, {}
         state.sent = self.train_messages(key_set)
         return state.sent
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
+import shutil
+import tempfile
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -79,6 +83,14 @@ class InProcessGrid(Grid):
     fault : callable, optional
         Hook to drop or alter replies (see :data:`Fault`); may also be set
         later as ``grid.fault`` (e.g. once ``grid.node_ids`` are known).
+    ledgers : "fresh", path or None, default "fresh"
+        The nodes' privacy ledgers (:mod:`flwr_fedeval.clients.ledger`): ``"fresh"`` gives every
+        node an empty ledger in a temporary folder (removed with the grid): each grid is a new
+        federation of new nodes. A folder gives node ``i`` ``<folder>/node-<i>.ledger.sqlite``
+        (created if missing, kept otherwise): a second grid over the same folder is a new run of
+        the same nodes. ``None`` sets nothing: the nodes find their ledger as in deployment (node
+        config ``fedeval-ledger``, else beside their identity key). A node config that sets
+        ``fedeval-ledger`` is never overridden.
 
     Attributes
     ----------
@@ -103,6 +115,7 @@ class InProcessGrid(Grid):
         *,
         node_configs: list[dict] | None = None,
         fault: Fault | None = None,
+        ledgers: str | os.PathLike | None = "fresh",
     ) -> None:
         self.client_app = client_app
         self._run = Run.create_empty(run_id=1)
@@ -115,6 +128,7 @@ class InProcessGrid(Grid):
         node_configs = node_configs or [
             {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
         ]
+        node_configs = self._with_ledgers(node_configs, ledgers)
         self.contexts = {
             nid: Context(
                 run_id=1,
@@ -137,6 +151,30 @@ class InProcessGrid(Grid):
         self._joins_at: dict[int, float] = {}  # restarted node's new ID -> simulated time it connects
         self._superlink_errors: set[int] = set()  # gone nodes the SuperLink answers for (NODE_UNAVAILABLE)
         self._waiting: dict[str, Message] = {}  # pushed to a dead node: message id -> instruction
+
+    def _with_ledgers(self, node_configs: list[dict], ledgers: str | os.PathLike | None) -> list[dict]:
+        """``node_configs`` with node config ``fedeval-ledger`` set as ``ledgers`` says (see the class)."""
+        from flwr_fedeval.clients.ledger import LEDGER_CONFIG, LEDGER_SUFFIX
+        from flwr_fedeval.ledger import NodeLedger
+
+        if ledgers is None:
+            return [dict(c) for c in node_configs]
+        if isinstance(ledgers, str) and ledgers == "fresh":
+            folder = tempfile.mkdtemp(prefix="fedeval-ledgers-")
+            weakref.finalize(self, shutil.rmtree, folder, True)
+        else:
+            folder = os.fspath(ledgers)
+            os.makedirs(folder, exist_ok=True)
+        out = []
+        for i, cfg in enumerate(node_configs):
+            cfg = dict(cfg)
+            if not cfg.get(LEDGER_CONFIG):
+                path = os.path.join(folder, f"node-{i}{LEDGER_SUFFIX}")
+                if not os.path.exists(path):
+                    NodeLedger.create(path)
+                cfg[LEDGER_CONFIG] = path
+            out.append(cfg)
+        return out
 
     # --- Grid API ---------------------------------------------------------
     def set_run(self, run: Run) -> None:

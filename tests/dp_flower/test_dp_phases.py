@@ -17,6 +17,7 @@ from flwr_fedeval.app.client_app import app as client_app
 from flwr_fedeval.app.client_app import local_test_scores
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.clients import dp_handlers
+from flwr_fedeval.clients.ledger import TEST_SET, node_ledger
 from flwr_fedeval.dp import dpauc_laplace_server, fedauc_local_stats, fedauc_server_auc, fedauc_server_ranks
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.dp_phases import (
@@ -85,9 +86,8 @@ def _budget_grid(num_nodes=3, **run_config):
 
 
 def _exhaust(grid, node, total):
-    grid.contexts[node].state[dp_handlers.STATE_ACCOUNTANT] = ConfigRecord(
-        {"epsilon-spent": [float(total)], "epsilon-total": float(total)}
-    )
+    """Spend the node's whole budget in its privacy ledger (as earlier runs would have)."""
+    node_ledger(grid.contexts[node]).spend_epsilon(TEST_SET, float(total), float(total))
 
 
 # --- noise disabled: exactly the plaintext value of the same protocol ---------

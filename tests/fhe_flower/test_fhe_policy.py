@@ -18,6 +18,7 @@ from identities import IDENTITY_DIR, node_configs
 from flwr_fedeval.app.client_app import app as client_app
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.clients import policy
+from flwr_fedeval.clients.ledger import node_ledger
 from flwr_fedeval.fhe.auc import FHEAUCConfig
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig
 from flwr_fedeval.fhe.backend import default_backend
@@ -127,7 +128,7 @@ def test_clients_refuse_a_participant_list_the_key_holder_did_not_sign(arrays, p
     for reply in replies:
         assert reply.has_error() and "IdentityError" in reply.error.reason and "participant list" in reply.error.reason
     for node in run.participants:
-        assert policy.STATE_EVALUATED not in grid.contexts[node].state  # nothing evaluated
+        assert node_ledger(grid.contexts[node]).summary().evaluations == []  # nothing evaluated
 
 
 def test_a_client_refuses_a_list_without_itself_or_below_its_floor(arrays):

@@ -4,6 +4,8 @@ over Flower's serialization; the client handlers they are registered with."""
 from __future__ import annotations
 
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ from flwr.app import Array, ConfigRecord, Context, Message, RecordDict
 
 from flwr_fedeval._compat import set_serverapp_identity
 from flwr_fedeval.clients.auc_handlers import register_auc_handlers, register_dp_handlers
+from flwr_fedeval.clients.dp_handlers import spent_epsilon
+from flwr_fedeval.ledger import NodeLedger
 from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points, threshold_counts
 from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, auc, dp_auc
 from flwr_fedeval.testing.grid import _roundtrip_message
@@ -188,7 +192,10 @@ class _App:
 
 
 def _context(node_policy=None, **run_config) -> Context:
-    node_config = {"partition-id": 0, **(node_policy or {})}
+    """A node with a fresh privacy ledger (node config ``fedeval-ledger``)."""
+    ledger = Path(tempfile.mkdtemp(prefix="fedeval-ledger-")) / "node.ledger.sqlite"
+    NodeLedger.create(ledger)
+    node_config = {"partition-id": 0, "fedeval-ledger": str(ledger), **(node_policy or {})}
     return Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(), run_config=run_config)
 
 
@@ -216,11 +223,11 @@ def test_dp_handlers_budget_refusal_and_malformed_request():
     reply = serve(_message(dp_auc.DPAUCRequest(THETA, 1.0).to_record()), ctx)
     noisy = dp_auc.NoisyCounts.from_record(roundtrip(reply.content), node=5, num_points=THETA.size)
     assert all(np.isfinite(a).all() for a in noisy.values())
-    assert list(ctx.state["dp-accountant"]["epsilon-spent"]) == [1.0]
+    assert spent_epsilon(ctx) == 1.0
     reply = serve(_message(dp_auc.DPAUCRequest(THETA, 1.0).to_record()), ctx)  # the budget (1.0) is spent
     assert reply.has_error() and reply.error.code == ReplyCode.BUDGET_EXHAUSTED
     assert reply.error.reason.startswith("BudgetError: ")
-    assert list(ctx.state["dp-accountant"]["epsilon-spent"]) == [1.0]
+    assert spent_epsilon(ctx) == 1.0
     bad = dp_auc.DPAUCRequest(THETA, 1.0).to_record()
     bad["dp"] = ConfigRecord({"epsilon": True})
     reply = app.handlers["evaluate.dpauc_rr"](_message(bad), _context())

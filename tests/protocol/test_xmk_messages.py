@@ -35,7 +35,7 @@ PAYLOADS = {
     "keygen-request": xmk.KeygenRequest("xmk-n4096-q108", bytes(range(32)), KID, 3),
     "keygen-reply": xmk.KeygenReply(KID, "node-0", b"\x07" * 32, b"s" * 64),
     "reveal-request": xmk.RevealRequest(KID, 3, NAMES, (b"\x01" * 32, b"\x02" * 32), (b"a" * 64, b"b" * 64), 4,
-                                        40, 65536.0, 2, 3, 2),
+                                        40, 65536.0, 2, 3, 2, "kahe", 21),
     "reveal-reply": xmk.RevealReply(KID, "node-1", b"b_i bytes", b"\x03" * 32, b"\x04" * 32, b"t" * 64),
     "shares-request": xmk.SharesRequest("xmk-n4096-q108", KID, 3, NAMES, (b"b0", b"b1"),
                                         (b"\x05" * 32, b"\x06" * 32), (b"u" * 64, b"v" * 64)),
@@ -46,6 +46,9 @@ PAYLOADS = {
     "contributors-reply": xmk.ContributorsReply(KID, "node-0", b"s" * 64),
     "pdec-request": xmk.PdecRequest("xmk-n4096-q108", KID, 3, NAMES, 2, b"C1 polynomials", 2, b"\x08" * 32, NAMES,
                                     (b"s" * 64, b"t" * 64), NAMES, 2),
+    "pdec-request-kahe": xmk.PdecRequest("xmk-n4096-q108", KID, 3, NAMES, 2, b"", 2, b"\x08" * 32, NAMES,
+                                         (b"s" * 64, b"t" * 64), NAMES, 1, (b"c1 of node-0", b"c1 of node-1"),
+                                         (b"u" * 64, b"v" * 64)),
     "pdec-reply": xmk.PdecReply(b"D_i polynomials", (b"seed share",), (b"key share",)),
 }
 
@@ -55,7 +58,8 @@ WIRE = {
     "keygen-reply": {"xmk": {"key-id": str, "signer": str, "commitment": bytes, "signature": bytes}},
     "reveal-request": {"xmk": {"key-id": str, "round": int, "signers": list, "commitments": list,
                                "signatures": list, "mask-degree": int, "scale-bits": int, "max-abs-value": float,
-                               "threshold": int, "limbs": int, "decryption-attempts": int}},
+                               "threshold": int, "limbs": int, "decryption-attempts": int, "bulk": str,
+                               "fractional-bits": int}},
     "reveal-reply": {"xmk": {"key-id": str, "signer": str, "public-share": bytes, "mask-key": bytes,
                              "transcript": bytes, "transcript-signature": bytes}},
     "shares-request": {"xmk": {"params": str, "key-id": str, "round": int, "signers": list, "public-shares": list,
@@ -69,8 +73,13 @@ WIRE = {
     "contributors-reply": {"xmk": {"key-id": str, "signer": str, "signature": bytes}},
     "pdec-request": {"xmk": {"params": str, "key-id": str, "round": int, "contributors": list, "num-clients": int,
                              "limbs": int, "model-hash": bytes, "contributor-signers": list,
-                             "contributor-signatures": list, "active": list, "attempt": int},
+                             "contributor-signatures": list, "active": list, "attempt": int,
+                             "capsule-c1s": list, "capsule-signatures": list},
                      "xmk-c1": {"c1": Array}},
+    "pdec-request-kahe": {"xmk": {"params": str, "key-id": str, "round": int, "contributors": list,
+                                  "num-clients": int, "limbs": int, "model-hash": bytes, "contributor-signers": list,
+                                  "contributor-signatures": list, "active": list, "attempt": int,
+                                  "capsule-c1s": list, "capsule-signatures": list}},
     "pdec-reply": {"xmk-share": {"share": Array}, "xmk": {"seed-shares": list, "mask-shares": list}},
 }
 
@@ -92,6 +101,27 @@ def test_train_reply_round_trips_with_its_metrics():
     back = xmk.TrainReply.from_record(roundtrip(content), node=NODE)
     assert back.ciphertext == b"ciphertext bytes" and dict(back.metrics) == {"train-loss": 0.25}
     assert xmk.TrainReply.from_record(roundtrip(xmk.TrainReply(b"c").to_record())).metrics is None
+
+
+def test_kahe_train_reply_round_trips_with_its_capsule_and_signature():
+    reply = xmk.TrainReply(b"kahe ciphertext", MetricRecord({"train-loss": 0.5}), b"capsule bytes", b"s" * 64)
+    content = reply.to_record()
+    assert list(content.keys()) == ["xmk-ciphertext", "xmk-capsule", "xmk", "metrics"]
+    back = xmk.TrainReply.from_record(roundtrip(content), node=NODE)
+    assert bytes(back.ciphertext) == b"kahe ciphertext" and back.capsule == b"capsule bytes"
+    assert back.capsule_signature == b"s" * 64
+
+
+def test_pdec_request_with_both_c1_and_capsules_or_misaligned_capsules_is_malformed():
+    content = PAYLOADS["pdec-request-kahe"].to_record()
+    content["xmk-c1"] = ArrayRecord({"c1": bytes_array(b"C1")})
+    with pytest.raises(MalformedMessage, match="either C1 or"):
+        xmk.PdecRequest.from_record(content)
+    content = PAYLOADS["pdec-request-kahe"].to_record()
+    content["xmk"]["capsule-c1s"] = [b"only one"]
+    content["xmk"]["capsule-signatures"] = [b"s" * 64]
+    with pytest.raises(MalformedMessage, match="one capsule c1 per contributor"):
+        xmk.PdecRequest.from_record(content)
 
 
 def _set(record, field, value):

@@ -154,7 +154,8 @@ def test_round_in_ranges_of_one_polynomial_refuses_a_bad_last_residue_and_gets_t
 
     grid = InProcessGrid(make_app(), 4, RUN_CONFIG, fault=fault)
     bad["node"] = grid.node_ids[-1]  # the last to reply: the others are in the sum already
-    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=4, min_available_nodes=4, max_abs_value=1e4)
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=4, min_available_nodes=4, max_abs_value=1e4,
+                         bulk="ckks")  # a model of 20 polynomials, every weight under xMK-CKKS
     strategy.chunk_polys = 1
     result = run(grid, strategy)
     assert not strategy.aborted_attempts

@@ -157,7 +157,8 @@ def test_upload_at_another_level_than_t_is_left_out_naming_the_node(other):
 
     grid = InProcessGrid(make_app(), 3, {"fedeval-identity-dir": IDENTITY_DIR}, fault=fault)
     bad["node"] = grid.node_ids[1]
-    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=1e4)
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=1e4,
+                         bulk="ckks")
     bad["limbs"] = strategy.limbs_for(3, strategy.scale_bits_for(3))
     assert bad["limbs"] != other  # the level the server expects differs from the upload's
     result = run(grid, strategy)
@@ -175,7 +176,7 @@ def test_round_over_the_grid_at_the_split_set_decodes_within_its_bound(num_nodes
     # exceeds B_total and condition 6 holds through the error target (rlwe.compact.ERROR_TARGET)
     params = rlwe.get_parameter_set("xmk-n4096-q109")
     grid = InProcessGrid(make_app(), num_nodes, {"fedeval-identity-dir": IDENTITY_DIR})
-    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=num_nodes, min_available_nodes=num_nodes,
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=num_nodes, min_available_nodes=num_nodes, bulk="ckks",
                          max_abs_value=2.0**16, parameter_set="xmk-n4096-q109")
     scale_bits = strategy.scale_bits_for(num_nodes)
     limbs = strategy.limbs_for(num_nodes, scale_bits)

@@ -44,12 +44,14 @@ LENGTH = sum(int(np.prod(s)) for s in SHAPES) + 1
 class Server:
     """A server that runs :class:`XMKFedAvg`'s steps one by one and may deviate between them."""
 
-    def __init__(self, num_nodes=3, node_configs=None):
+    def __init__(self, num_nodes=3, node_configs=None, bulk="ckks"):
         self.grid = InProcessGrid(make_app(), num_nodes, RUN_CONFIG, node_configs=node_configs)
         self.nodes = list(self.grid.node_ids)
-        # at the full L limbs (compaction is post-processing of c0 and D: tests/secagg/test_xmk_compact.py)
+        # at the full L limbs (compaction is post-processing of c0 and D: tests/secagg/test_xmk_compact.py); every
+        # weight under xMK-CKKS (bulk="ckks"): these attacks craft C1 from the uploads themselves (KAHE mode, where
+        # the decryptors sum the signed capsule c1 themselves: tests/secagg/test_xmk_isolation.py)
         self.strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=num_nodes,
-                                  max_abs_value=1e4, limbs=rlwe.DEFAULT_PARAMETER_SET.limbs)
+                                  max_abs_value=1e4, limbs=rlwe.DEFAULT_PARAMETER_SET.limbs, bulk=bulk)
         self.params = self.strategy.params
         self.set_round(1)
 
@@ -216,7 +218,7 @@ def _reveal_config(committed, **changes):
     """A reveal request of ``committed`` with valid public parameters for its size (scale, bound, t)."""
     config = {"key-id": committed.key_id, "round": committed.round, "signers": list(committed.names),
               "commitments": list(committed.commitments), "signatures": list(committed.signatures),
-              "mask-degree": 0, "max-abs-value": 1e4}
+              "mask-degree": 0, "max-abs-value": 1e4, "bulk": "ckks", "fractional-bits": 0}
     config.update(changes)
     n = len(config["signers"])
     config.setdefault("scale-bits", rlwe.max_scale_bits(rlwe.DEFAULT_PARAMETER_SET, num_clients=n,

@@ -50,7 +50,8 @@ def test_start_folds_every_ciphertext_before_aggregate_train_and_gets_the_exact_
     _RunningSum.add = counting_add
     try:
         grid = InProcessGrid(make_app(), 4, RUN_CONFIG)
-        result = run(grid, Spy(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=4, max_abs_value=1e4))
+        result = run(grid, Spy(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=4, max_abs_value=1e4,
+                               bulk="ckks"))
     finally:
         _RunningSum.add = add
     assert len(seen) == 4 and all(xmk.XMK_CIPHERTEXT_KEY not in r.content for r in seen)

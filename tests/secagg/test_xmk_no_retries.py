@@ -91,9 +91,12 @@ def test_bound_varied_per_train_request_is_ignored_and_never_refused():
 
 def test_a_signed_bound_below_the_data_clips_and_the_server_learns_no_refusal():
     """A key set whose signed bound (12) is below some n_i (10, 17, 24): no refusal (the refusal was the
-    oracle); each value is clipped to [-12, 12] and the count stays on the node (ledger), not in the reply."""
+    oracle); each value is clipped to [-12, 12] and the count stays on the node (ledger), not in the reply.
+    CKKS mode, where n_i is a value of the update (KAHE mode carries n_i and the clipped count in integer
+    slots: tests/secagg/test_xmk_kahe.py)."""
     grid = InProcessGrid(make_app(), 3, RUN_CONFIG)
-    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=12.0)
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=12.0,
+                         bulk="ckks")
     sent = []
 
     def spy(node, msg, reply):

@@ -161,7 +161,7 @@ def test_one_identity_under_two_node_ids_in_one_key_set_is_refused():
     reveal = ConfigRecord({"key-id": key_id, "round": 1, "signers": [c[0] for c in commits],
                            "commitments": [c[1] for c in commits], "signatures": [c[2] for c in commits],
                            "mask-degree": 0, "scale-bits": 20, "max-abs-value": 1e4, "threshold": 3,
-                           "limbs": 4, "decryption-attempts": 2})
+                           "limbs": 4, "decryption-attempts": 2, "bulk": "ckks", "fractional-bits": 0})
     for node in inner.node_ids:
         msg = Message(RecordDict({XMK_CONFIG_KEY: reveal}), dst_node_id=node, message_type=QUERY_XMK_REVEAL)
         (reply,) = inner.send_and_receive([msg])

@@ -23,6 +23,14 @@ from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
 
 
+def _ledger(grid, node):
+    """The node's privacy ledger (the grid's fresh ledger of that node)."""
+    from flwr_fedeval.clients.ledger import LEDGER_CONFIG
+    from flwr_fedeval.ledger import NodeLedger
+
+    return NodeLedger(grid.contexts[node].node_config[LEDGER_CONFIG])
+
+
 @pytest.fixture(scope="module")
 def arrays():
     return ArrayRecord(build_model(JobConfig()).get_weights())
@@ -37,7 +45,7 @@ def test_sharing_nodes_refuse_a_semi_honest_session_naming_the_key(tmp_path, arr
     with pytest.raises((NodeNotConfigured, RuntimeError)) as info:
         FHEAUCPhase(N, backend=BACKEND, share_auc_with_server=True).run(grid, arrays)
     assert "fedeval-fhe-min-protocol" in str(info.value)
-    assert all(policy.STATE_EVALUATED not in grid.contexts[n].state for n in grid.node_ids)
+    assert all(not _ledger(grid, n).summary().evaluations for n in grid.node_ids)
 
 
 def test_a_semi_honest_counts_request_under_a_malicious_key_set_is_refused_by_every_client(tmp_path, arrays):
@@ -62,7 +70,7 @@ def test_a_semi_honest_counts_request_under_a_malicious_key_set_is_refused_by_ev
     for reply in replies:
         assert reply.has_error() and "participant list" in reply.error.reason and "malicious" in reply.error.reason
     for node in run_.participants:
-        assert policy.STATE_EVALUATED not in grid.contexts[node].state
+        assert not _ledger(grid, node).summary().evaluations
 
 
 def test_the_honest_malicious_run_on_sharing_nodes_completes(tmp_path, arrays):

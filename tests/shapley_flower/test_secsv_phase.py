@@ -95,8 +95,10 @@ def plaintext_reference(grid, aux, frac_bits=None):
     return federated_shapley(rounds, w, X, y, n_classes=2), clients, w
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def trained():
+    """A new run per test: the auxiliary server zero-tests each (round, coalition, sample) of a run's
+    models once (its node ledger), so a second SecSV phase over one run's models is refused."""
     grid = make_grid()
     aux = train_two_rounds(grid)
     return grid, aux
@@ -123,6 +125,7 @@ def test_phase_fsv_equals_plaintext_fsv(trained, sample_skip):
 
 def test_auxiliary_server_never_trains_and_never_gets_a_secret_key(trained):
     grid, aux = trained
+    SecSVPhase(sample_skip=True).run(grid)
     types = [t for n, t, ok in grid.log if n == aux]
     assert "train" not in types
     assert "query.shapley_aux_setup" in types and "query.shapley_keygen" not in types
@@ -206,6 +209,7 @@ def _ask(grid, node, message_type, request):
 
 def test_nodes_refuse_other_sessions_and_other_roles(trained):
     grid, aux = trained
+    SecSVPhase().run(grid)                                   # leaves a session at every node
     client = next(n for n in grid.node_ids if n != aux)
     reply = _ask(grid, client, "query.shapley_models", {"session": "not-this-one", "round": 1})
     assert reply.has_error() and "session" in reply.error.reason

@@ -23,8 +23,10 @@ from flwr_fedeval.shapley.zerotest import open_zero_test
 from flwr_fedeval.strategies.shapley_phase import SecSVPhase, ShapleyPhaseError
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def trained():
+    """A new run per test: the auxiliary server zero-tests each (round, coalition, sample) of a run's
+    models once (its node ledger), so a second SecSV phase over one run's models is refused."""
     grid = make_grid()
     aux = train_two_rounds(grid)
     return grid, aux
