@@ -189,14 +189,15 @@ def test_the_tutorial_runs_as_written(tmp_path):
                 if "flwr run" in text:
                     flwr_runs.append(last_output)
         assert len(flwr_runs) == 2  # the plain quickstart, then the private one
-        statuses = [r["status"] for r in session.runs()]
-        assert statuses == ["finished:completed"] * 2, statuses
+        statuses = [r["status"] for r in sorted(session.runs(), key=lambda r: r["pending-at"])]
+        assert statuses == ["finished:completed"] * 2, (statuses, [out[-3000:] for out in flwr_runs])
         project = session.cwd
         auc, bound = _fhe_auc(flwr_runs[1])
         reference = _reference_auc(project)
         assert 0 <= bound < 0.05
         assert abs(auc - reference) <= bound + 1e-6, (auc, bound, reference)
         assert "FHE AUC" not in flwr_runs[0]
+        assert not list(project.rglob("*.key"))  # the private keys stay out of the App's folder (its FAB)
     finally:
         left = session.stop()
     assert not left, f"processes left running: {left}"
