@@ -135,7 +135,8 @@ class Session:
 
 
 def _fhe_auc(output: str) -> tuple[float, float]:
-    found = re.findall(r"FHE AUC ([\d.]+) ± ([\d.]+) \(resolution bound", output)
+    """The AUC and bound of the line the ServerApp prints (``print(fhe)``: at a line's start)."""
+    found = re.findall(r"^FHE AUC ([\d.]+) ± ([\d.]+) \(resolution bound", output, re.M)
     assert len(found) == 1, output[-4000:]
     return float(found[0][0]), float(found[0][1])
 
@@ -194,7 +195,7 @@ def test_the_tutorial_runs_as_written(tmp_path):
         project = session.cwd
         auc, bound = _fhe_auc(flwr_runs[1])
         reference = _reference_auc(project)
-        assert 0 <= bound < 0.05
+        assert 0 <= bound <= 0.01  # logit-spaced decision points: no resolution warning
         assert abs(auc - reference) <= bound + 1e-6, (auc, bound, reference)
         assert "FHE AUC" not in flwr_runs[0]
         assert not list(project.rglob("*.key"))  # the private keys stay out of the App's folder (its FAB)
