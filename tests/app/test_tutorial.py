@@ -74,8 +74,12 @@ def _install(line: str) -> None:
     assert words[:2] == ["pip", "install"], words
     reqs = ["flwr-fedeval" if w.startswith("flwr-fedeval @ ") else w for w in words[2:]]
     assert "flwr-fedeval" in reqs and "torch==2.13.0" in reqs and any(r.startswith("flwr[simulation]") for r in reqs)
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", *reqs],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", *reqs],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Would install" not in done.stdout, done.stdout
 
@@ -89,24 +93,33 @@ class Session:
         self.token = uuid.uuid4().hex
         bin_dir = Path(sys.executable).parent
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
-        self.env.update({
-            "PATH": f"{bin_dir}{os.pathsep}{self.env.get('PATH', '')}",
-            "VIRTUAL_ENV": str(bin_dir.parent),
-            "PYTHONPATH": str(ROOT),  # this checkout's flwr_fedeval, also in the simulated nodes
-            "FLWR_HOME": str(folder / ".flwr-home"),  # a local SuperLink of this test's own
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-            "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
-            "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "OMP_NUM_THREADS": "1",
-            MARKER: self.token,  # every process started from here carries it (teardown)
-        })
+        self.env.update(
+            {
+                "PATH": f"{bin_dir}{os.pathsep}{self.env.get('PATH', '')}",
+                "VIRTUAL_ENV": str(bin_dir.parent),
+                "PYTHONPATH": str(ROOT),  # this checkout's flwr_fedeval, also in the simulated nodes
+                "FLWR_HOME": str(folder / ".flwr-home"),  # a local SuperLink of this test's own
+                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+                "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+                "FLWR_TELEMETRY_ENABLED": "0",
+                "FLWR_DISABLE_UPDATE_CHECK": "1",
+                "OMP_NUM_THREADS": "1",
+                MARKER: self.token,  # every process started from here carries it (teardown)
+            }
+        )
 
     def run(self, script: str) -> str:
         state = self.folder / ".session-env"
         wrapped = f"{script}\nenv -0 > {shlex.quote(str(state))}\n"
-        done = subprocess.run(["bash", "-e", "-c", wrapped], cwd=self.cwd, env=self.env, capture_output=True,
-                              text=True, timeout=STEP_TIMEOUT_S, start_new_session=True)
+        done = subprocess.run(
+            ["bash", "-e", "-c", wrapped],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT_S,
+            start_new_session=True,
+        )
         output = done.stdout + done.stderr
         assert done.returncode == 0, f"$ {script}\n{output[-4000:]}"
         env = dict(item.split("=", 1) for item in state.read_text().split("\0") if "=" in item)
@@ -116,9 +129,10 @@ class Session:
 
     def runs(self) -> list[dict]:
         """The local SuperLink's runs, from its Control API."""
-        done = subprocess.run(["flwr", "ls", "--format", "json"], cwd=self.cwd, env=self.env, capture_output=True,
-                              text=True, timeout=120)
-        return json.loads(done.stdout[done.stdout.index("{"):])["runs"]
+        done = subprocess.run(
+            ["flwr", "ls", "--format", "json"], cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=120
+        )
+        return json.loads(done.stdout[done.stdout.index("{") :])["runs"]
 
     def stop(self) -> list[int]:
         """Stop every process this session started (the local SuperLink and what it spawned)."""
