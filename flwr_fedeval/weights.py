@@ -87,7 +87,8 @@ class WeightLayout:
         """Split a (possibly padded) vector back into arrays of this layout.
 
         Integer arrays (e.g. BatchNorm's ``num_batches_tracked``) are rounded to the nearest integer, not
-        truncated: an aggregate's 2.9999999 is 3.
+        truncated: an aggregate's 2.9999999 is 3. Every part is an ndarray of its layout's shape and
+        dtype, a 0-d one included (PyTorch's ``num_batches_tracked`` has shape ``()``).
 
         Raises
         ------
@@ -105,6 +106,7 @@ class WeightLayout:
             part = vector[offset : offset + count].reshape(shape)
             if np.dtype(dtype).kind in "iub" and part.dtype.kind == "f":
                 part = np.rint(part)  # an integer tensor (a step counter) rounds: 2.9999999 is 3, not 2
-            out.append(part.astype(np.dtype(dtype)))
+            # np.rint of a 0-d array (PyTorch's BatchNorm num_batches_tracked) is a numpy scalar: keep an ndarray
+            out.append(np.asarray(part, dtype=np.dtype(dtype)))
             offset += count
         return out

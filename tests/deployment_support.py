@@ -69,7 +69,7 @@ def run_example(deployment, tmp_path: Path, example: Path, num_nodes: int = 3) -
 def check_example_aucs(results: dict, labels: list, scores: list, num_nodes: int = 3) -> None:
     """The FHE AUC of ``results.json`` equals ``roc_auc_score`` of the final model's ``scores`` on the
     pooled test ``labels`` (one array per node) within the certified resolution bound; every node
-    contributed; the DP AUC is in [0, 1]."""
+    contributed; the DP AUC, for an example that runs DPAUC_Lap (``dp_auc`` in ``results.json``), is in [0, 1]."""
     import numpy as np
     from sklearn.metrics import roc_auc_score
 
@@ -78,4 +78,5 @@ def check_example_aucs(results: dict, labels: list, scores: list, num_nodes: int
     bound = results["fhe_resolution_bound"]
     assert 0 <= bound < 0.05, results
     assert abs(results["fhe_auc"] - reference) <= bound + 1e-6, (results, reference)
-    assert 0.0 <= results["dp_auc"] <= 1.0, results
+    if "dp_auc" in results:
+        assert 0.0 <= results["dp_auc"] <= 1.0, results

@@ -25,8 +25,9 @@ except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-#: example folder -> its Python package (Flower's names: ``pytorchexample``, ``tfexample``)
-APPS = {"quickstart-pytorch": "pytorchexample", "quickstart-tensorflow": "tfexample"}
+#: example folder -> its Python package (Flower's names: ``pytorchexample``, ``tfexample``, ``pytorch_example``)
+APPS = {"quickstart-pytorch": "pytorchexample", "quickstart-tensorflow": "tfexample",
+        "advanced-pytorch": "pytorch_example"}
 
 
 def _marked(path: Path) -> int:
@@ -53,7 +54,7 @@ def test_example_states_its_added_lines(example):
     total, client, server = map(int, stated.groups())
     assert (client, server) == (python["client_app.py"], python["server_app.py"]), python
     assert total == sum(python.values()), python
-    keys = re.search(r"and (\d+) run-config keys in `pyproject.toml`", readme)
+    keys = re.search(r"and (\d+) run-config keys? in `pyproject.toml`", readme)
     assert keys and int(keys.group(1)) == _marked(app / "pyproject.toml")
 
 
@@ -69,7 +70,7 @@ def test_project_readme_states_the_examples_added_lines(example):
 def test_example_has_flowers_structure(example):
     app, pkg = EXAMPLES / example, APPS[example]
     project = tomllib.loads((app / "pyproject.toml").read_text())
-    assert project["project"]["name"] == pkg
+    assert project["project"]["name"] == pkg.replace("_", "-")  # Flower's app names have no "_"
     assert project["tool"]["flwr"]["app"]["components"] == {
         "serverapp": f"{pkg}.server_app:app", "clientapp": f"{pkg}.client_app:app"}
     assert {"num-server-rounds", "min-nodes", "output-dir"} <= set(project["tool"]["flwr"]["app"]["config"])
@@ -78,8 +79,10 @@ def test_example_has_flowers_structure(example):
         assigned = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
                     if isinstance(t, ast.Name)}
         assert "app" in assigned, f"{pkg}/{module}.py defines no module-level `app`"
-    assert _marked(app / pkg / "task.py") == 0  # the user's task stays as it is
-    assert "flwr_fedeval" not in (app / pkg / "task.py").read_text()
+    for own in ("task.py", "strategy.py"):  # the user's task (and strategy) stay as they are
+        if (app / pkg / own).exists():
+            assert _marked(app / pkg / own) == 0, own
+            assert "flwr_fedeval" not in (app / pkg / own).read_text(), own
 
 
 def test_tensorflow_example_apps_load_without_tensorflow():

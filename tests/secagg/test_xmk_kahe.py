@@ -97,3 +97,31 @@ def test_clipped_values_are_counted_in_total_only():
     expected = sum(int(np.count_nonzero(np.abs(num_examples(p) * flat(update(p, 1))) > 5.0)) for p in range(3))
     assert expected > 0
     assert strategy.clipped_values == [(1, expected)]
+
+
+def test_a_0d_integer_tensor_survives_as_an_array():
+    """PyTorch's BatchNorm ``num_batches_tracked`` is a 0-d int64 tensor: after a round it is still a 0-d
+    int64 array (a numpy scalar cannot go into Flower's ``Array``), rounded."""
+    from flwr_fedeval.weights import WeightLayout
+
+    layout = WeightLayout.of([np.zeros(2, np.float32), np.zeros((), np.int64)])
+    weights, counter = layout.unflatten(np.array([0.5, 1.5, 2.9999999]))
+    assert isinstance(counter, np.ndarray) and counter.shape == () and counter.dtype == np.int64
+    assert int(counter) == 3
+
+    app = ClientApp()
+    register_xmkckks_handlers(app)
+
+    @app.train(mods=[xmkckks_mod])
+    def train(msg, context):
+        w, c = msg.content["arrays"].to_numpy_ndarrays()
+        new = [w + np.float32(0.5), np.asarray(c + 3, dtype=np.int64)]
+        metrics = MetricRecord({"num-examples": 3 + int(context.node_config["partition-id"])})
+        return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics}), reply_to=msg)
+
+    strategy = _strategy(3)
+    result = strategy.start(grid=InProcessGrid(app, 3, RUN_CONFIG), num_rounds=2, train_config=ConfigRecord({}),
+                            initial_arrays=ArrayRecord([np.zeros(5, np.float32), np.zeros((), np.int64)]))
+    assert not strategy.aborted_attempts
+    _, counter = result.arrays.to_numpy_ndarrays()
+    assert counter.shape == () and counter.dtype == np.int64 and int(counter) == 6
