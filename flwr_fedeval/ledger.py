@@ -104,7 +104,12 @@ def _keep_open(path: Path) -> None:
         # inherited through fork: never used nor closed here (closing it in the child could
         # checkpoint and delete the parent's WAL: SQLite connections do not survive a fork)
         _INHERITED.append(_KEEPERS.pop(other))
-    _KEEPERS[key] = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
+    keeper = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
+    # SQLite opens the file lazily: one read makes this connection hold the WAL and its index open,
+    # so the other connections' closes neither checkpoint nor delete the WAL (each write is then one
+    # fsync of the WAL instead of a new WAL header, the frames and a checkpoint: five)
+    keeper.execute("SELECT version FROM schema_version").fetchone()
+    _KEEPERS[key] = keeper
     while len(_KEEPERS) > KEEP_OPEN:
         _KEEPERS.popitem(last=False)[1].close()
 
