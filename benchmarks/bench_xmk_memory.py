@@ -42,7 +42,8 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import xmk
-from flwr_fedeval.rlwe import compact, threshold
+from flwr_fedeval.rlwe import compact, keyset, threshold
+from flwr_fedeval.secagg import KeySetParameters
 from flwr_fedeval.strategies.collect import collect
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
 from flwr_fedeval.testing.grid import set_serverapp_identity
@@ -168,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         state = _RoundState(1, arrays, ConfigRecord({"server-round": 1}), grid)
         nodes = tuple(range(1, m + 1))
         names = tuple(f"client-{i}" for i in nodes)
-        state.key_set = _KeySet("bench", b"\0" * 32, 1, nodes, names, (b"",) * m, (b"",) * m, (b"",) * m,
-                                b"\0" * 32, threshold.min_threshold(m), scale_bits, limbs)
+        seed = bytes(32)
+        protocol = strategy.protocol
+        signed = KeySetParameters(params.name, keyset.key_set_id(params, seed), seed, 1, m, protocol.mask_degree,
+                                  scale_bits, protocol.max_abs_value, threshold.min_threshold(m), limbs,
+                                  protocol.decryption_attempts, "ckks", 0)
+        state.key_set = _KeySet(signed, nodes, names, (b"",) * m, (b"",) * m, (b"",) * m, b"\0" * 32)
         state.sent = [Message(RecordDict(), dst_node_id=n, message_type=xmk.TRAIN.message_type) for n in nodes]
         strategy._round = state
         return strategy

@@ -185,7 +185,7 @@ def run_xmk(shapes, clients: int, bulk: str = "kahe") -> dict:
     return {"cpu_s": cpu, "wall_s": wall, "bytes_up_per_client": max(grid.bytes_up.values()),
             "new_model": _flat(result.arrays.to_numpy_ndarrays()), "client_cpu_s": dict(app.cpu),
             "server_steps_wall_s": dict(steps), "parameter_set": strategy.params.name,
-            "limbs": strategy.limbs_for(clients, strategy.scale_bits_for(clients))}
+            "limbs": strategy.protocol.limbs_for(clients, strategy.protocol.scale_bits_for(clients))}
 
 
 def run_xmk_ckks(shapes, clients: int) -> dict:

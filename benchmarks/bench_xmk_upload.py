@@ -90,13 +90,13 @@ def _round(num_params: int, clients: int, limbs: int | None, parameter_set: str,
     n = np.array([10 + p for p in range(clients)], dtype=np.float64)
     ups = [np.concatenate([u.ravel() for u in _update(p, shapes)]).astype(np.float64) for p in range(clients)]
     expected = np.sum([ni * u for ni, u in zip(n, ups)], axis=0) / n.sum()
-    scale_bits = strategy.scale_bits_for(clients)
-    key_limbs = strategy.limbs_for(clients, scale_bits)
+    scale_bits = strategy.protocol.scale_bits_for(clients)
+    key_limbs = strategy.protocol.limbs_for(clients, scale_bits)
     # worst-case error of the decoded sum (rlwe.compact, condition 6); of the weighted mean: over sum n_i,
     # plus half an ulp of the float32 the new weights are stored in
     bound_sum = (compact.compact_noise_bound(strategy.params, key_limbs, num_clients=clients) + clients / 2) \
         / 2.0**scale_bits
-    kahe_params = strategy.kahe_for(clients)
+    kahe_params = strategy.protocol.kahe_for(clients)
     if kahe_params is not None:  # KAHE mode: exact decoding, the quantisation of M values only
         bound_sum = clients * 2.0 ** -(kahe_params.fractional_bits + 1)
     per_client = [s["ciphertext"] + s.get("capsule", 0) + s.get("share", 0) for s in sizes.values()]

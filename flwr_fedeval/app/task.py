@@ -93,8 +93,8 @@ def library_default(key: str) -> Any:
 
 def library_choices() -> dict[str, tuple[str, ...]]:
     """``{field name: choices}`` of the App keys that set a library parameter with a set of choices
-    (:func:`flwr_fedeval.constraints.choices`; XMKFedAvg's re-key policies: its ``REKEY_CHOICES``)."""
-    from flwr_fedeval.strategies.xmk_fedavg import REKEY_CHOICES
+    (:func:`flwr_fedeval.constraints.choices`; the re-key policies: :data:`flwr_fedeval.secagg.REKEY_CHOICES`)."""
+    from flwr_fedeval.secagg import REKEY_CHOICES
 
     out: dict[str, tuple[str, ...]] = {"xmk_rekey": tuple(REKEY_CHOICES)}
     for key in LIBRARY_PARAMETERS:

@@ -87,10 +87,13 @@ process per message).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from logging import WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
@@ -103,6 +106,7 @@ from flwr_fedeval.clients.ledger import node_ledger, record_training
 from flwr_fedeval.identity import IdentityError
 from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, error_reply, handler, register, xmk
 from flwr_fedeval.rlwe import capsule, compact, kahe, keyset, masking, selfmask, threshold
+from flwr_fedeval.secagg.member import MemberLedger, MemberState
 
 __all__ = [
     "PartialDecryptionRefused",
@@ -125,13 +129,33 @@ PartialDecryptionRefused = Refused
 
 #: What a handler turns into an error reply besides :class:`Refused` and a malformed request.
 _ERRORS = (keyset.KeySetError, IdentityError, masking.MaskKeyError, threshold.ThresholdError, kahe.KaheError,
-           ValueError, KeyError)
+           ValueError)
 
 
-def _state(context: Context) -> ConfigRecord:
-    if _STATE_KEY not in context.state:
-        context.state[_STATE_KEY] = ConfigRecord()
-    return context.state[_STATE_KEY]
+@contextlib.contextmanager
+def _member(context: Context) -> Iterator[tuple[MemberState, MemberLedger]]:
+    """The member's typed state and ledger, loaded once from ``context.state`` and saved once when the
+    message is done (also when it is refused: what a step wrote before refusing stays written)."""
+    state = MemberState.from_config(context.state[_STATE_KEY]) if _STATE_KEY in context.state else MemberState()
+    ledger = (MemberLedger.from_config(context.state[_LEDGER_KEY]) if _LEDGER_KEY in context.state
+              else MemberLedger())
+    try:
+        yield state, ledger
+    finally:
+        context.state[_STATE_KEY] = ConfigRecord(state.to_config())
+        context.state[_LEDGER_KEY] = ConfigRecord(ledger.to_config())
+
+
+def _serve(step: Callable[..., Any]) -> Callable[[Any, Message, Context], Any]:
+    """A handler's ``serve(request, msg, context)`` running ``step(request, state, ledger, context)`` on the
+    member's state (:func:`_member`)."""
+
+    def serve(request: Any, msg: Message, context: Context) -> Any:
+        with _member(context) as (state, ledger):
+            return step(request, state, ledger, context)
+
+    serve.__doc__ = step.__doc__
+    return serve
 
 
 def _params(name: str) -> rlwe.ParameterSet:
@@ -144,16 +168,17 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _current(state: ConfigRecord, key_id: str, phase: str) -> str:
+def _current(state: MemberState, key_id: str, phase: str) -> str:
     """``key_id`` of the request, checked against this client's key set and its phase."""
-    if "key-id" not in state or state["key-id"] != key_id:
+    if not state.key_id or state.key_id != key_id:
         raise Refused(f"no key for key set {key_id!r}")
-    if phase == "revealed" and not state.get("members"):
+    if phase == "revealed" and not state.revealed:
         raise Refused(f"key set {key_id} has not been revealed to this client")
     return key_id
 
 
-def _keygen(request: xmk.KeygenRequest, msg: Message, context: Context) -> xmk.KeygenReply:
+def _keygen(request: xmk.KeygenRequest, state: MemberState, ledger: MemberLedger,
+            context: Context) -> xmk.KeygenReply:
     """Step 1 (commit): s_i, b_i = −s_i·a + e_i (Eq. 1) and a mask key; reply a signed commitment.
 
     Request :class:`~flwr_fedeval.protocol.xmk.KeygenRequest` (``params``, 32-byte ``seed-a``,
@@ -168,8 +193,7 @@ def _keygen(request: xmk.KeygenRequest, msg: Message, context: Context) -> xmk.K
     key_id = keyset.key_set_id(params, request.seed_a)
     if request.key_id != key_id:
         raise keyset.KeySetError(f"key-id {request.key_id!r} is not H(params, seed-a) = {key_id}")
-    state = _state(context)
-    used = list(state.get("used-key-ids", []))
+    used = list(state.used_key_ids)
     if key_id in used:
         raise keyset.KeySetError(f"this client has already committed for key set {key_id}")
     secret, public = rlwe.keygen(params, rlwe.expand_a(params, request.seed_a))
@@ -177,13 +201,11 @@ def _keygen(request: xmk.KeygenRequest, msg: Message, context: Context) -> xmk.K
     share = public.to_bytes()
     h = keyset.commitment(key_id, share, mask_public)
     signature = keyset.sign_commitment(identity, key_id=key_id, round_=request.round, commitment_=h)
-    state.clear()  # a new key set replaces the old one (no key survives a re-key)
-    state.update({
-        "key-id": key_id, "params": params.name, "seed-a": request.seed_a, "round": request.round,
-        "name": identity.name, "secret": secret.to_bytes(), "share": share, "mask-private": mask_private,
-        "mask-public": mask_public, "commitment": h, "used-key-ids": (used + [key_id])[-_MAX_USED_KEY_IDS:],
-        "enc-round": -1, "pdec-round": -1,
-    })
+    # a new key set replaces the old one (no key survives a re-key)
+    fresh = MemberState(key_id=key_id, params=params.name, seed_a=request.seed_a, round=request.round,
+                        name=identity.name, secret=secret.to_bytes(), share=share, mask_private=mask_private,
+                        mask_public=mask_public, commitment=h, used_key_ids=(used + [key_id])[-_MAX_USED_KEY_IDS:])
+    state.__dict__.update(fresh.__dict__)
     return xmk.KeygenReply(key_id, identity.name, h, signature)
 
 
@@ -203,20 +225,8 @@ def _check_not_trained(context: Context, model: bytes) -> None:
                       code=ReplyCode.ALREADY_CONTRIBUTED)
 
 
-def _ledger(context: Context) -> ConfigRecord:
-    """The no-retry ledger (``"xmk-ledger"``): kept across key sets, never cleared by a re-key.
-
-    ``last-round``: the latest round it trained in (the global models it trained on are in the
-    node's privacy ledger, across runs); ``clipped-values`` /
-    ``clipped-last``: the node operator's metric of values clipped to the signed bound (never sent).
-    """
-    if _LEDGER_KEY not in context.state:
-        context.state[_LEDGER_KEY] = ConfigRecord({"last-round": -1, "clipped-values": 0,
-                                                   "clipped-last": 0})
-    return context.state[_LEDGER_KEY]
-
-
-def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.RevealReply:
+def _reveal(request: xmk.RevealRequest, state: MemberState, ledger: MemberLedger,
+            context: Context) -> xmk.RevealReply:
     """Step 1b (reveal): check every member's signed commitment and the public parameters, then open b_i and X_i.
 
     Request :class:`~flwr_fedeval.protocol.xmk.RevealRequest` (``key-id``, ``round``, aligned
@@ -236,63 +246,29 @@ def _reveal(request: xmk.RevealRequest, msg: Message, context: Context) -> xmk.R
     maximum), or a second reveal for the same key set.
     """
     identity, roster = node_identity(context)
-    state = _state(context)
     key_id = _current(state, request.key_id, "committed")
-    if state.get("members"):
+    if state.revealed:
         raise keyset.KeySetError(f"this client has already revealed its share for key set {key_id}")
-    if request.round != state["round"]:
-        raise keyset.KeySetError(f"round {request.round} differs from the round of the commitment ({state['round']})")
+    if request.round != state.round:
+        raise keyset.KeySetError(f"round {request.round} differs from the round of the commitment ({state.round})")
     members = keyset.check_commitments(
         roster, list(zip(request.signers, request.commitments, request.signatures)), key_id=key_id,
-        round_=request.round, own_name=identity.name, own_commitment=bytes(state["commitment"]),
+        round_=request.round, own_name=identity.name, own_commitment=state.commitment,
         floor=key_set_floor(context),
     )
     degree = request.mask_degree
     masking.check_mask_degree(degree, len(members), mask_degree_floor(context))
-    params = rlwe.get_parameter_set(str(state["params"]))
-    n = len(members)
-    if not threshold.min_threshold(n) <= request.threshold <= n:
-        raise Refused(f"threshold t={request.threshold} must be in [{threshold.min_threshold(n)}, {n}] "
-                      f"(t > N/2: two disjoint survivor groups must not both decrypt)")
-    kahe_bytes, bound = b"", request.max_abs_value  # the value bound of the xMK-CKKS encoding
-    if request.bulk == "kahe":
-        if request.fractional_bits < 1:
-            raise Refused(f"KAHE mode needs fractional bits F >= 1, got {request.fractional_bits}")
-        # derived here from (N, B, F), never taken from the server
-        kahe_params = kahe.kahe_parameters(n, bound=request.max_abs_value, fractional_bits=request.fractional_bits)
-        kahe_bytes, bound = kahe_params.to_bytes(), capsule.capsule_bound(kahe_params)
-    elif request.fractional_bits != 0:
-        raise Refused(f"CKKS mode has no KAHE fractional bits, got F={request.fractional_bits}")
-    best = rlwe.max_scale_bits(params, num_clients=n, max_abs_value=bound)
-    if request.scale_bits > best:
-        raise Refused(f"scale 2^{request.scale_bits} exceeds the noise budget for {n} clients and bound "
-                      f"{bound:.4g} (at most 2^{best})")
-    fewest = compact.compact_limbs(params, num_clients=n, scale_bits=request.scale_bits, max_abs_value=bound)
-    if not fewest <= request.limbs <= params.limbs:
-        raise Refused(f"limb count L'={request.limbs} must be in [{fewest}, {params.limbs}]: fewer limbs than "
-                      f"{fewest} do not hold the sum of {n} updates at scale 2^{request.scale_bits} and bound "
-                      f"{bound:.4g} after modulus switching")
-    if not 1 <= request.decryption_attempts <= rlwe.MAX_DECRYPTION_ATTEMPTS:
-        raise Refused(f"decryption attempts a={request.decryption_attempts} must be in "
-                      f"[1, {rlwe.MAX_DECRYPTION_ATTEMPTS}]: the smudging noise is sized for at most "
-                      f"{rlwe.MAX_DECRYPTION_ATTEMPTS} active sets per round")
-    digest = keyset.transcript_digest(params, key_id=key_id, seed_a=bytes(state["seed-a"]), round_=request.round,
-                                      members=members, mask_degree=degree, scale_bits=request.scale_bits,
-                                      max_abs_value=request.max_abs_value, threshold=request.threshold,
-                                      limbs=request.limbs, decryption_attempts=request.decryption_attempts,
-                                      bulk=request.bulk, kahe_parameters=kahe_bytes)
-    state.update({"limbs": request.limbs, "decryption-attempts": request.decryption_attempts,
-                  "bulk": request.bulk, "kahe-params": kahe_bytes,
-                  "mask-degree": degree, "scale-bits": request.scale_bits,
-                  "max-abs-value": request.max_abs_value,
-                  "threshold": request.threshold, "members": [name for name, _ in members],
-                  "member-commitments": [h for _, h in members], "transcript": digest})
+    # the one check of the public parameters (t, scale, L', a, bulk, the KAHE set derived from N, B, F)
+    signed = request.parameters(state.params, state.seed_a, len(members))
+    digest = signed.transcript(members)
+    state.reveal(signed, members, digest)
     signature = keyset.sign_transcript(identity, key_id=key_id, round_=request.round, digest=digest)
-    return xmk.RevealReply(key_id, identity.name, bytes(state["share"]), bytes(state["mask-public"]), digest,
+    return xmk.RevealReply(key_id, identity.name, state.share, state.mask_public, digest,
                            signature)
 
 
-def _open(request, state: ConfigRecord, context: Context, params: rlwe.ParameterSet):
+def _open(request: xmk.SharesRequest | xmk.TrainRequest, state: MemberState, context: Context,
+          params: rlwe.ParameterSet) -> tuple[rlwe.PublicKey, dict[str, bytes], dict[str, bytes]]:
     """▲ the joint key b = Σ b_j and every member's mask key, from openings checked here.
 
     The client never takes an aggregate key from the server: every b_j must
@@ -301,9 +277,9 @@ def _open(request, state: ConfigRecord, context: Context, params: rlwe.Parameter
     ``(b, {member: X_j} of every member, {neighbour: X_j} of its mask graph)``.
     """
     _, roster = node_identity(context)
-    key_id = str(state["key-id"])
-    names = list(state["members"])
-    members = list(zip(names, [bytes(h) for h in state["member-commitments"]]))
+    key_id = state.key_id
+    names = list(state.members)
+    members = list(zip(names, [bytes(h) for h in state.member_commitments]))
     floor = key_set_floor(context)
     if len(names) < floor:
         raise keyset.KeySetError(f"key set {key_id} has {len(names)} members, this client requires at least {floor}")
@@ -316,32 +292,33 @@ def _open(request, state: ConfigRecord, context: Context, params: rlwe.Parameter
                                  "one entry per member")
     openings = dict(zip(signers, zip(request.public_shares, request.mask_keys)))
     joint, peers = keyset.open_key_set(params, key_id=key_id, members=members, openings=openings)
-    if not state.get("confirmed"):
+    if not state.confirmed:
         keyset.check_transcript_signatures(
             roster, dict(zip(signers, request.transcript_signatures)), members=names, key_id=key_id,
-            round_=int(state["round"]), digest=bytes(state["transcript"]),
+            round_=state.round, digest=state.transcript,
         )
-        state["confirmed"] = True
-    own = str(state["name"])
-    if peers[own] != bytes(state["mask-public"]) or openings[own][0] != bytes(state["share"]):
+        state.confirmed = True
+    own = state.name
+    if peers[own] != state.mask_public or openings[own][0] != state.share:
         raise keyset.KeySetError("the relayed opening of this client is not its own")
     # the mask graph: recomputed here from the signed transcript, never taken from the server
-    neighbours = masking.mask_neighbours(names, int(state["mask-degree"]), bytes(state["transcript"]))[own]
+    neighbours = masking.mask_neighbours(names, state.mask_degree, state.transcript)[own]
     return joint, peers, {name: peers[name] for name in neighbours}
 
 
-def _check_round(state: ConfigRecord, context: Context, round_: int) -> None:
+def _check_round(state: MemberState, ledger: MemberLedger, round_: int) -> None:
     """▲ no retries: ``round_`` is after the last round this client trained in (any key set) and not
     before the key set's first round."""
-    last = int(_ledger(context)["last-round"])
+    last = ledger.last_round
     if round_ <= last:
         raise Refused(f"no retries: round {round_} is not after round {last}, the last this client trained in "
                       f"(rounds strictly increase)", code=ReplyCode.ALREADY_CONTRIBUTED)
-    if round_ < int(state["round"]):
-        raise Refused(f"round {round_} is before the round of key set {state['key-id']} ({state['round']})")
+    if round_ < state.round:
+        raise Refused(f"round {round_} is before the round of key set {state.key_id} ({state.round})")
 
 
-def _shares(request: xmk.SharesRequest, msg: Message, context: Context) -> xmk.SharesReply:
+def _shares(request: xmk.SharesRequest, state: MemberState, ledger: MemberLedger,
+            context: Context) -> xmk.SharesReply:
     """Step 1c: Shamir-split s_i, the mask key x_i and a fresh self-mask seed u_i; seal each share to its member.
 
     Request :class:`~flwr_fedeval.protocol.xmk.SharesRequest` (every member's opening and signature over
@@ -353,58 +330,57 @@ def _shares(request: xmk.SharesRequest, msg: Message, context: Context) -> xmk.S
     commitments or a T not signed by every member (as the train step), a round not after its last
     training round, or a second request for the same key set and round.
     """
-    state = _state(context)
     key_id = _current(state, request.key_id, "revealed")
     params = _params(request.params)
-    if params.name != state["params"]:
+    if params.name != state.params:
         raise Refused("parameter set differs from the key set's")
-    _check_round(state, context, request.round)
-    if int(state.get("shares-round", -1)) >= request.round:
-        raise Refused(f"already shared its keys for key set {key_id} in round {state['shares-round']}: "
+    _check_round(state, ledger, request.round)
+    if state.shares_round >= request.round:
+        raise Refused(f"already shared its keys for key set {key_id} in round {state.shares_round}: "
                       f"one sharing per key set and round", code=ReplyCode.ALREADY_CONTRIBUTED)
     _, peers, _ = _open(request, state, context, params)
-    names = list(state["members"])
-    own = str(state["name"])
-    t = int(state["threshold"])
+    names = list(state.members)
+    own = state.name
+    t = state.threshold
     points = threshold.member_points(len(names), params=params)
-    secret = rlwe.SecretKey.from_bytes(bytes(state["secret"]), params)
+    secret = rlwe.SecretKey.from_bytes(state.secret, params)
     ring_shares = threshold.split_secret(params, secret, threshold=t, points=points)
     seed = selfmask.new_self_mask_seed()
-    key_shares = threshold.split_bytes(bytes(state["mask-private"]), threshold=t, points=points)
+    key_shares = threshold.split_bytes(state.mask_private, threshold=t, points=points)
     seed_shares = threshold.split_bytes(seed, threshold=t, points=points)
     recipients, sealed = [], []
     for name, x in zip(names, points):
         parts = [ring_shares[x].to_bytes(), key_shares[x], seed_shares[x]]
         if name == own:
-            state["own-shares"] = parts
+            state.own_shares = parts
             continue
         recipients.append(name)
         sealed.append(keyset.seal_shares(parts, key_id=key_id, round_=request.round,
-                                         transcript=bytes(state["transcript"]), sender=own,
-                                         own_private=bytes(state["mask-private"]), recipient=name,
+                                         transcript=state.transcript, sender=own,
+                                         own_private=state.mask_private, recipient=name,
                                          recipient_public=peers[name]))
-    state.update({"shares-round": request.round, "self-seed": seed})
+    state.shares_round, state.self_seed = request.round, seed
     return xmk.SharesReply(key_id, own, request.round, tuple(recipients), tuple(sealed))
 
 
-def _open_inbox(request: xmk.TrainRequest, state: ConfigRecord, params: rlwe.ParameterSet,
+def _open_inbox(request: xmk.TrainRequest, state: MemberState, params: rlwe.ParameterSet,
                 peers: dict[str, bytes]) -> None:
     """▲ a valid share from every member of K; keep sk_j = Σ_i share_{i→j} and the byte shares (step 2)."""
-    names = list(state["members"])
-    own = str(state["name"])
+    names = list(state.members)
+    own = state.name
     others = sorted(set(names) - {own})
     if sorted(request.senders) != others or len(set(request.senders)) != len(request.senders):
         raise Refused(f"the inbox must hold one box from every other member of the key set: from "
                       f"{sorted(request.senders)}, expected {others}")
     points = dict(zip(names, threshold.member_points(len(names), params=params)))
-    t = int(state["threshold"])
-    own_parts = [bytes(p) for p in state["own-shares"]]
+    t = state.threshold
+    own_parts = [bytes(p) for p in state.own_shares]
     by_sender = {own: own_parts}
     for sender, box in zip(request.senders, request.sealed_shares):
-        by_sender[sender] = keyset.open_shares(box, key_id=str(state["key-id"]), round_=request.round,
-                                               transcript=bytes(state["transcript"]), sender=sender,
+        by_sender[sender] = keyset.open_shares(box, key_id=state.key_id, round_=request.round,
+                                               transcript=state.transcript, sender=sender,
                                                sender_public=peers[sender], recipient=own,
-                                               own_private=bytes(state["mask-private"]), count=3)
+                                               own_private=state.mask_private, count=3)
     ring_shares = []
     for name in names:
         share = threshold.SecretShare.from_bytes(by_sender[name][0], params)
@@ -415,29 +391,29 @@ def _open_inbox(request: xmk.TrainRequest, state: ConfigRecord, params: rlwe.Par
             if len(part) != threshold.BYTES_SHARE_SIZE:
                 raise Refused(f"a byte share from {name!r} is not {threshold.BYTES_SHARE_SIZE} bytes")
         ring_shares.append(share)
-    state.update({"sk-share": threshold.aggregate_shares(params, ring_shares).to_bytes(),
-                  "member-mask-keys": [peers[name] for name in names],  # checked openings: masks of step 3
-                  "key-shares": [by_sender[name][1] for name in names],
-                  "seed-shares": [by_sender[name][2] for name in names], "sk-round": request.round})
-    del state["own-shares"]
+    state.sk_share = threshold.aggregate_shares(params, ring_shares).to_bytes()
+    state.member_mask_keys = [peers[name] for name in names]  # checked openings: masks of step 3
+    state.key_shares = [by_sender[name][1] for name in names]
+    state.seed_shares = [by_sender[name][2] for name in names]
+    state.sk_round = request.round
+    state.own_shares = []
 
 
-def _clip(vector: np.ndarray, bound: float, context: Context) -> np.ndarray:
+def _clip(vector: np.ndarray, bound: float, ledger: MemberLedger) -> np.ndarray:
     """Clip every value to the signed bound [-B, B] (Flower SecAgg+'s ``clipping_range``); the count is
     logged on the node and kept in the ledger, never sent."""
     if not np.all(np.isfinite(vector)):
         raise ValueError(f"the update has {int(np.sum(~np.isfinite(vector)))} NaN/inf values")
     clipped = int(np.count_nonzero(np.abs(vector) > bound))
-    ledger = _ledger(context)
-    ledger["clipped-last"] = clipped
-    ledger["clipped-values"] = int(ledger["clipped-values"]) + clipped
+    ledger.clipped_last = clipped
+    ledger.clipped_values += clipped
     if clipped:
         log(WARNING, "xMK-CKKS: %d of %d values clipped to the signed bound %.4g (kept on this node)",
             clipped, vector.size, bound)
     return np.clip(vector, -bound, bound)
 
 
-def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
+def xmkckks_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Flower mod: encrypt the reply of a ``train`` handler under the joint key, masked.
 
     Active only when the message carries the key set
@@ -464,23 +440,29 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
     """
     if msg.metadata.message_type != xmk.TRAIN.message_type or not xmk.TrainRequest.carried_by(msg.content):
         return call_next(msg, context)
-    state = _state(context)
+    with _member(context) as (state, ledger):
+        return _train(msg, context, call_next, state, ledger)
+
+
+def _train(msg: Message, context: Context, call_next: Callable[[Message, Context], Message], state: MemberState,
+           ledger: MemberLedger) -> Message:
+    """:func:`xmkckks_mod` on the member's state (loaded and saved once by the caller)."""
     try:
         request = xmk.TrainRequest.from_record(msg.content)
         _current(state, request.key_id, "revealed")
         params = _params(request.params)
-        if params.name != state["params"]:
+        if params.name != state.params:
             raise keyset.KeySetError("parameter set differs from the key set's")
         model = xmk.model_hash(msg.content["arrays"])
         _check_not_trained(context, model)
-        _check_round(state, context, request.round)
-        if int(state.get("shares-round", -1)) != request.round:
+        _check_round(state, ledger, request.round)
+        if state.shares_round != request.round:
             raise Refused(f"round {request.round}: this client shared no keys for key set {request.key_id} "
                           f"in that round")
-        if request.round <= int(state["enc-round"]):
+        if request.round <= state.enc_round:
             raise keyset.KeySetError(
                 f"round {request.round} is not after this client's last encryption under this key set "
-                f"(round {state['enc-round']}): masks are never reused"
+                f"(round {state.enc_round}): masks are never reused"
             )
         joint, all_peers, peers = _open(request, state, context, params)  # checks before any training
         _open_inbox(request, state, params, all_peers)
@@ -504,17 +486,18 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
             raise ValueError(f"num-examples must be >= 1, got {num_examples}")
         layout = WeightLayout.of(global_arrays)
         update = layout.flatten(new_arrays) - layout.flatten(global_arrays)
-        m = len(state["members"])
-        bound, scale_bits = float(state["max-abs-value"]), int(state["scale-bits"])
+        m = len(state.members)
+        bound, scale_bits = state.max_abs_value, state.scale_bits
         kahe_reply = b""
-        if state["bulk"] == "kahe":
+        if state.bulk == "kahe":
             # the update under KAHE with a fresh key k_i (never reused: two rounds would give k_i = K_C - K_C'),
             # n_i and the clipped count in the integer slots (the server learns only their totals)
-            vector = _clip(num_examples * update, bound, context)
-            kahe_params = kahe.KaheParameters.from_bytes(bytes(state["kahe-params"]))
+            vector = _clip(num_examples * update, bound, ledger)
+            kahe_params = state.parameters().kahe  # derived from the signed (N, B, F)
+            assert kahe_params is not None
             key = kahe.sample_key(kahe_params)
-            seed = kahe.public_seed(bytes(state["transcript"]), request.round)
-            integers = np.array([num_examples, int(_ledger(context)["clipped-last"])], dtype=np.int64)
+            seed = kahe.public_seed(state.transcript, request.round)
+            integers = np.array([num_examples, ledger.clipped_last], dtype=np.int64)
             kahe_reply = kahe.encrypt(kahe_params, seed, key, vector, integers).to_bytes()
             del vector
             # the key capsule: k_i as one xMK-CKKS polynomial, masked below like a CKKS-mode update
@@ -522,23 +505,23 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
                                            kahe_params=kahe_params)
             del key
         else:
-            vector = _clip(np.append(num_examples * update, float(num_examples)), bound, context)
+            vector = _clip(np.append(num_examples * update, float(num_examples)), bound, ledger)
             plaintext = rlwe.encode(params, vector, scale_bits=scale_bits, num_clients=m)
-        context_bytes = masking.mask_context(bytes(state["transcript"]), request.round)
+        context_bytes = masking.mask_context(state.transcript, request.round)
         masked = masking.mask_plaintext(
-            params, plaintext, own_name=str(state["name"]), own_private=bytes(state["mask-private"]),
+            params, plaintext, own_name=state.name, own_private=state.mask_private,
             peers=peers, context=context_bytes,
         )
-        masked = masking.apply_mask(params, masked, selfmask.self_mask(params, bytes(state["self-seed"]),
+        masked = masking.apply_mask(params, masked, selfmask.self_mask(params, state.self_seed,
                                                                        plaintext.shape[0]))
-        a = rlwe.expand_a(params, bytes(state["seed-a"]))
+        a = rlwe.expand_a(params, state.seed_a)
         ct = rlwe.encrypt(params, joint, a, masked)
-        upload = compact.compress_ciphertext(ct, int(state["limbs"]))  # c0 at L' limbs, c1 exact
+        upload = compact.compress_ciphertext(ct, state.limbs)  # c0 at L' limbs, c1 exact
         c1_bytes = rlwe.polys_to_bytes(params, ct.c1)
-        if state["bulk"] == "kahe":
+        if state.bulk == "kahe":
             identity, _ = node_identity(context)
-            signature = keyset.sign_capsule(identity, key_id=str(state["key-id"]),
-                                            transcript=bytes(state["transcript"]), round_=request.round,
+            signature = keyset.sign_capsule(identity, key_id=state.key_id,
+                                            transcript=state.transcript, round_=request.round,
                                             model_hash=model, c1=c1_bytes)
             payload = xmk.TrainReply(kahe_reply, None, upload.to_bytes(), signature)
         else:
@@ -548,12 +531,12 @@ def xmkckks_mod(msg: Message, context: Context, call_next) -> Message:
         record_training(context, model)
     except (Refused, *_ERRORS) as exc:
         return error_reply(msg, exc, _LABEL)
-    _ledger(context)["last-round"] = request.round  # rounds strictly increase
-    state["enc-round"] = request.round
-    state["enc-model"] = model
-    state["num-polys"] = ct.num_polys
-    state["own-c1"] = _digest(c1_bytes)
-    del state["self-seed"]  # used once
+    ledger.last_round = request.round  # rounds strictly increase
+    state.enc_round = request.round
+    state.enc_model = model
+    state.num_polys = ct.num_polys
+    state.own_c1 = _digest(c1_bytes)
+    state.self_seed = b""  # used once
     clear_metrics = MetricRecord({k: v for k, v in metrics.items() if k != "num-examples"})
     return Message(content=replace(payload, metrics=clear_metrics).to_record(), reply_to=msg)
 
@@ -565,30 +548,31 @@ def _capsule_plaintext(params: rlwe.ParameterSet, key: np.ndarray, *, scale_bits
     return capsule.encode_key(params, key, scale_bits=scale_bits, num_clients=num_clients, kahe_params=kahe_params)
 
 
-def _check_contributors(state: ConfigRecord, context: Context, contributors: tuple[str, ...], round_: int,
+def _check_contributors(state: MemberState, context: Context, contributors: tuple[str, ...], round_: int,
                         model: bytes) -> None:
     """▲ C ⊆ K without duplicates, |C| >= this client's floor and >= t; itself ∈ C iff it uploaded in
     ``round_``; the model hash is the one it trained on (when it did)."""
-    members = list(state["members"])
-    own = str(state["name"])
+    members = list(state.members)
+    own = state.name
     if len(set(contributors)) != len(contributors):
         raise Refused("contributor list has duplicates")
     extra = sorted(set(contributors) - set(members))
     if extra:
-        raise Refused(f"contributors {extra} are not members of key set {state['key-id']}")
-    floor, t = key_set_floor(context), int(state["threshold"])
+        raise Refused(f"contributors {extra} are not members of key set {state.key_id}")
+    floor, t = key_set_floor(context), state.threshold
     if len(contributors) < max(floor, t):
         raise Refused(f"{len(contributors)} contributors, this client requires at least {max(floor, t)} "
                       f"(its floor {floor}, the threshold {t})")
-    uploaded = int(state["enc-round"]) == round_
+    uploaded = state.enc_round == round_
     if uploaded != (own in contributors):
         raise Refused(f"the contributor list {'leaves out' if uploaded else 'lists'} this client, which "
                       f"{'uploaded' if uploaded else 'did not upload'} in round {round_}")
-    if uploaded and bytes(state["enc-model"]) != model:
+    if uploaded and state.enc_model != model:
         raise Refused("the model hash is not the one of the global model this client trained on")
 
 
-def _contributors(request: xmk.ContributorsRequest, msg: Message, context: Context) -> xmk.ContributorsReply:
+def _contributors(request: xmk.ContributorsRequest, state: MemberState, ledger: MemberLedger,
+                  context: Context) -> xmk.ContributorsReply:
     """Step 2b: sign the contributor set C once per key set and round (SecAgg's consistency check,
     Bonawitz et al. 2017, §4).
 
@@ -599,15 +583,14 @@ def _contributors(request: xmk.ContributorsRequest, msg: Message, context: Conte
     ``ALREADY_CONTRIBUTED``), and any C that fails :func:`_check_contributors`.
     """
     identity, _ = node_identity(context)
-    state = _state(context)
     key_id = _current(state, request.key_id, "revealed")
-    if int(state.get("sk-round", -1)) != request.round:
+    if state.sk_round != request.round:
         raise Refused(f"round {request.round}: this client holds no decryption share of key set {key_id}")
-    if int(state.get("signed-round", -1)) == request.round:
+    if state.signed_round == request.round:
         raise Refused(f"already signed a contributor set for key set {key_id} in round {request.round}: "
                       f"one per key set and round", code=ReplyCode.ALREADY_CONTRIBUTED)
     _check_contributors(state, context, request.contributors, request.round, request.model_hash)
-    state["signed-round"] = request.round
+    state.signed_round = request.round
     signature = keyset.sign_contributors(identity, key_id=key_id, round_=request.round,
                                          model_hash=request.model_hash, contributors=request.contributors)
     return xmk.ContributorsReply(key_id, identity.name, signature)
@@ -625,7 +608,7 @@ def _passed_over(contributors, active) -> set[str]:
     return {name for name in contributors if name < last and name not in active}
 
 
-def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str, model: bytes, active,
+def _check_attempt(state: MemberState, key_id: str, round_: int, c1_digest: str, model: bytes, active,
                    contributors, attempt: int) -> tuple[list[str], list[int]]:
     """▲ the decryption ledger of (key set, round): one C1 and model hash, one share per active set A, one per
     attempt index k, at most a (signed in T) active sets, and a passed-over set L(A) (:func:`_passed_over`)
@@ -646,20 +629,20 @@ def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str
         a + 1 distinct A, a k already answered, or an A whose passed-over set does not strictly contain
         an earlier one's.
     """
-    if int(state["pdec-round"]) != round_:
+    if state.pdec_round != round_:
         return [], []
-    if state.get("pdec-c1") != c1_digest or bytes(state.get("pdec-model", b"")) != model:
+    if state.pdec_c1 != c1_digest or state.pdec_model != model:
         raise Refused(f"already decrypted once for key set {key_id} in round {round_} for another C1 or model: "
                       f"one C1 per key set and round", code=ReplyCode.ALREADY_CONTRIBUTED)
-    used = [str(a) for a in state.get("pdec-active", [])]
+    used = [str(a) for a in state.pdec_active]
     if _active_key(active) in used:
         raise Refused(f"already decrypted once for key set {key_id} in round {round_} for the active set "
                       f"{sorted(active)}: one share per active set", code=ReplyCode.ALREADY_CONTRIBUTED)
-    attempts = int(state["decryption-attempts"])
+    attempts = state.decryption_attempts
     if len(used) >= attempts:
         raise Refused(f"already decrypted for {len(used)} active sets of key set {key_id} in round {round_}: at "
                       f"most a = {attempts} (signed in the key-set transcript)", code=ReplyCode.ALREADY_CONTRIBUTED)
-    ks = [int(k) for k in state.get("pdec-attempts", [])]
+    ks = [int(k) for k in state.pdec_attempts]
     if attempt in ks:
         raise Refused(f"already decrypted once for key set {key_id} in round {round_} as attempt k={attempt}: one "
                       f"share per attempt index (at most one switched to L' limbs)",
@@ -674,7 +657,7 @@ def _check_attempt(state: ConfigRecord, key_id: str, round_: int, c1_digest: str
     return used, ks
 
 
-def _capsule_sum(request: xmk.PdecRequest, state: ConfigRecord, roster, params: rlwe.ParameterSet) -> np.ndarray:
+def _capsule_sum(request: xmk.PdecRequest, state: MemberState, roster, params: rlwe.ParameterSet) -> np.ndarray:
     """▲ KAHE mode: one capsule c1 per contributor of C, each canonical (one polynomial at L limbs) and signed
     by that contributor for (T, round, model hash), this client's own the one it sent; returns
     C1 = Σ_{i∈C} c1_i (shape (1, L, n), uint64), computed here: the server cannot ask for any other
@@ -695,13 +678,13 @@ def _capsule_sum(request: xmk.PdecRequest, state: ConfigRecord, roster, params: 
     if len(request.capsule_c1s) != len(contributors) or len(request.capsule_signatures) != len(contributors):
         raise Refused(f"KAHE mode: {len(request.capsule_c1s)} capsule c1s and {len(request.capsule_signatures)} "
                       f"signatures for {len(contributors)} contributors: one of each per contributor")
-    own = str(state["name"])
+    own = state.name
     total = None
     for name, raw, signature in zip(contributors, request.capsule_c1s, request.capsule_signatures):
-        keyset.check_capsule_signature(roster, name, signature, key_id=str(state["key-id"]),
-                                       transcript=bytes(state["transcript"]), round_=request.round,
+        keyset.check_capsule_signature(roster, name, signature, key_id=state.key_id,
+                                       transcript=state.transcript, round_=request.round,
                                        model_hash=request.model_hash, c1=raw)
-        if name == own and _digest(raw) != state.get("own-c1"):
+        if name == own and _digest(raw) != state.own_c1:
             raise Refused("the capsule c1 listed for this client is not the one it sent")
         try:
             c1 = rlwe.polys_from_bytes(raw, params, count=capsule.CAPSULE_POLYS)
@@ -712,7 +695,8 @@ def _capsule_sum(request: xmk.PdecRequest, state: ConfigRecord, roster, params: 
     return total
 
 
-def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -> xmk.PdecReply:
+def _partial_decrypt(request: xmk.PdecRequest, state: MemberState, ledger: MemberLedger,
+                     context: Context) -> xmk.PdecReply:
     """Step 3: D_j = λ_j·sk_j·C1 + e*_j (threshold form of Walskaar et al. 2023, Eq. 7) plus
     Σ_{k∈A∖{j}} ±PRG(K_jk) (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`), once per
     active set A and attempt index k: attempt 1 switched to L' limbs before the masks are added (mod q'),
@@ -742,23 +726,22 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
       of the key set: SecAgg's rule).
     """
     _, roster = node_identity(context)
-    state = _state(context)
     key_id = _current(state, request.key_id, "revealed")
     params = _params(request.params)
-    if params.name != state["params"]:
+    if params.name != state.params:
         raise Refused("parameter set differs from the key's")
     round_ = request.round
-    if int(state.get("sk-round", -1)) != round_:
+    if state.sk_round != round_:
         raise Refused(f"round {round_}: this client holds no decryption share of key set {key_id} for that round")
-    members = list(state["members"])
-    own = str(state["name"])
-    t = int(state["threshold"])
+    members = list(state.members)
+    own = state.name
+    t = state.threshold
     if request.num_clients != len(members):
         raise Refused("num-clients disagrees with the key set")
-    if request.limbs != int(state["limbs"]):
-        raise Refused(f"limbs={request.limbs} is not the limb count L'={state['limbs']} signed in the key-set "
+    if request.limbs != state.limbs:
+        raise Refused(f"limbs={request.limbs} is not the limb count L'={state.limbs} signed in the key-set "
                       f"transcript")
-    attempts = int(state["decryption-attempts"])
+    attempts = state.decryption_attempts
     if not 1 <= request.attempt <= attempts:
         raise Refused(f"attempt k={request.attempt} must be in [1, {attempts}]: a = {attempts} attempts are signed "
                       f"in the key-set transcript")
@@ -776,59 +759,59 @@ def _partial_decrypt(request: xmk.PdecRequest, msg: Message, context: Context) -
     if outside:
         raise Refused(f"the active decryptors {outside} are not contributors that signed C: A must be within "
                       f"the signers of the contributor set")
-    if state["bulk"] == "kahe":
+    if state.bulk == "kahe":
         c1 = _capsule_sum(request, state, roster, params)
         c1_digest = _digest(rlwe.polys_to_bytes(params, c1))
     else:
         if request.capsule_c1s:
             raise Refused("CKKS mode: the request carries capsule c1s, not C1")
         try:
-            count = int(state["num-polys"]) if "num-polys" in state else None
+            count = state.num_polys or None
             c1 = rlwe.polys_from_bytes(request.c1, params, count=count)
         except ValueError as exc:
             raise Refused(f"C1 is not canonical: {exc}") from None
         c1_digest = _digest(request.c1)
-        if "own-c1" in state and c1_digest == state["own-c1"]:
+        if state.own_c1 and c1_digest == state.own_c1:
             raise Refused("C1 equals this client's own c1")
     # only multiples of the sum over C are masked once the masks of K∖C are rebuilt: C must be connected
-    masking.check_contributors_connected(members, int(state["mask-degree"]), bytes(state["transcript"]),
+    masking.check_contributors_connected(members, state.mask_degree, state.transcript,
                                          contributors)
     used, ks = _check_attempt(state, key_id, round_, c1_digest, request.model_hash, active, contributors,
                               request.attempt)
     dropped = [name for name in members if name not in contributors]
-    seeds, keys = list(state.get("revealed-seeds", [])), list(state.get("revealed-keys", []))
+    seeds, keys = list(state.revealed_seeds), list(state.revealed_keys)
     both = sorted(set(contributors) & set(keys) | set(dropped) & set(seeds))
     if both:
         raise Refused(f"would reveal both the self-mask seed and the mask key of {both} (SecAgg's rule)")
     # before computing: one share per active set and per k, at most a active sets and one C1 per key set and round
-    state.update({"pdec-round": round_, "pdec-c1": c1_digest, "pdec-model": request.model_hash,
-                  "pdec-active": used + [_active_key(active)], "pdec-attempts": ks + [request.attempt],
-                  "revealed-seeds": sorted(set(seeds) | set(contributors)),
-                  "revealed-keys": sorted(set(keys) | set(dropped))})
+    state.pdec_round, state.pdec_c1, state.pdec_model = round_, c1_digest, request.model_hash
+    state.pdec_active, state.pdec_attempts = used + [_active_key(active)], ks + [request.attempt]
+    state.revealed_seeds = sorted(set(seeds) | set(contributors))
+    state.revealed_keys = sorted(set(keys) | set(dropped))
     points = dict(zip(members, threshold.member_points(len(members), params=params)))
-    sk = threshold.SecretShare.from_bytes(bytes(state["sk-share"]), params)
+    sk = threshold.SecretShare.from_bytes(state.sk_share, params)
     share = threshold.threshold_partial_decrypt(params, sk, [points[name] for name in active], c1,
                                                 num_clients=len(members))
     # attempt 1: D_j at L' limbs; a retry at the full L limbs (its masked shares sum to exactly s·C1 + Σ e*_j)
     share = compact.compress_decryption_share(params, share,
-                                              threshold.share_limbs(params, int(state["limbs"]), request.attempt))
-    mask_keys = dict(zip(members, [bytes(k) for k in state["member-mask-keys"]]))
+                                              threshold.share_limbs(params, state.limbs, request.attempt))
+    mask_keys = dict(zip(members, [bytes(k) for k in state.member_mask_keys]))
     share = threshold.mask_decryption_share(  # + Σ_{k ∈ A∖{j}} ±PRG(K_jk) at that level: cancels only over all of A
-        share, own_name=own, own_private=bytes(state["mask-private"]),
+        share, own_name=own, own_private=state.mask_private,
         peers={name: mask_keys[name] for name in active if name != own},
-        context=threshold.pdec_mask_context(bytes(state["transcript"]), round_, request.model_hash, active,
+        context=threshold.pdec_mask_context(state.transcript, round_, request.model_hash, active,
                                             attempt=request.attempt))
     index = {name: i for i, name in enumerate(members)}
-    return xmk.PdecReply(share.to_bytes(), tuple(bytes(state["seed-shares"][index[n]]) for n in contributors),
-                         tuple(bytes(state["key-shares"][index[n]]) for n in dropped))
+    return xmk.PdecReply(share.to_bytes(), tuple(bytes(state.seed_shares[index[n]]) for n in contributors),
+                         tuple(bytes(state.key_shares[index[n]]) for n in dropped))
 
 
 #: The query handlers (ClientApp handler functions ``(msg, context) -> reply``).
-xmk_keygen = handler(xmk.KEYGEN, _keygen, label=_LABEL, errors=_ERRORS)
-xmk_reveal = handler(xmk.REVEAL, _reveal, label=_LABEL, errors=_ERRORS)
-xmk_shares = handler(xmk.SHARES, _shares, label=_LABEL, errors=_ERRORS)
-xmk_contributors = handler(xmk.CONTRIBUTORS, _contributors, label=_LABEL, errors=_ERRORS)
-xmk_partial_decrypt = handler(xmk.PDEC, _partial_decrypt, label=_LABEL, errors=_ERRORS)
+xmk_keygen = handler(xmk.KEYGEN, _serve(_keygen), label=_LABEL, errors=_ERRORS)
+xmk_reveal = handler(xmk.REVEAL, _serve(_reveal), label=_LABEL, errors=_ERRORS)
+xmk_shares = handler(xmk.SHARES, _serve(_shares), label=_LABEL, errors=_ERRORS)
+xmk_contributors = handler(xmk.CONTRIBUTORS, _serve(_contributors), label=_LABEL, errors=_ERRORS)
+xmk_partial_decrypt = handler(xmk.PDEC, _serve(_partial_decrypt), label=_LABEL, errors=_ERRORS)
 for _handler, _serve in ((xmk_keygen, _keygen), (xmk_reveal, _reveal), (xmk_shares, _shares),
                          (xmk_contributors, _contributors), (xmk_partial_decrypt, _partial_decrypt)):
     _handler.__doc__ = _serve.__doc__

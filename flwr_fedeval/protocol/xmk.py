@@ -63,6 +63,7 @@ from flwr_fedeval.protocol._base import (
     config_list,
     config_record,
 )
+from flwr_fedeval.secagg import BULK_MODES, KeySetParameters
 
 __all__ = [
     "BULK_MODES",
@@ -105,7 +106,6 @@ XMK_SHARE_KEY = "xmk-share"
 #: Record key of the key capsule (KAHE mode: the xMK-CKKS ciphertext of the KAHE key k_i, reply of step 2).
 XMK_CAPSULE_KEY = "xmk-capsule"
 #: The bulk modes: the update under KAHE and its key under xMK-CKKS, or every weight under xMK-CKKS.
-BULK_MODES = ("kahe", "ckks")
 #: Flower's key of a train reply's MetricRecord (``FedAvg``'s default, ``messages.METRICS_KEY``).
 _METRICS_KEY = "metrics"
 
@@ -299,6 +299,28 @@ class RevealRequest(Payload):
     decryption_attempts: int
     bulk: str = "kahe"
     fractional_bits: int = 0
+
+    @classmethod
+    def of(cls, parameters: KeySetParameters, signers: tuple[str, ...], commitments: tuple[bytes, ...],
+           signatures: tuple[bytes, ...]) -> RevealRequest:
+        """The request relaying the commitments, with the public parameters of ``parameters`` (the members
+        sign them in T; seed-a and the parameter set went with step 1a)."""
+        return cls(parameters.key_id, parameters.round, signers, commitments, signatures, parameters.mask_degree,
+                   parameters.scale_bits, parameters.max_abs_value, parameters.threshold, parameters.limbs,
+                   parameters.decryption_attempts, parameters.bulk, parameters.fractional_bits)
+
+    def parameters(self, parameter_set: str, seed_a: bytes, num_members: int) -> KeySetParameters:
+        """The key set's parameters as this request shows them, with the parameter set and seed-a of step 1a
+        and N.
+
+        Raises
+        ------
+        flwr_fedeval.rlwe.keyset.KeySetError
+            They do not validate (:class:`~flwr_fedeval.secagg.KeySetParameters`).
+        """
+        return KeySetParameters(parameter_set, self.key_id, seed_a, self.round, num_members, self.mask_degree,
+                                self.scale_bits, self.max_abs_value, self.threshold, self.limbs,
+                                self.decryption_attempts, self.bulk, self.fractional_bits)
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, round=self.round, signers=self.signers, commitments=self.commitments,

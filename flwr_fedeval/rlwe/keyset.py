@@ -88,6 +88,8 @@ __all__ = [
     "sign_commitment",
     "check_commitments",
     "transcript_digest",
+    "transcript_of",
+    "transcript_parameters",
     "sign_transcript",
     "check_transcript_signatures",
     "open_key_set",
@@ -210,6 +212,68 @@ def check_commitments(
     return tuple(sorted(members.items()))
 
 
+def transcript_parameters(
+    params: ParameterSet,
+    *,
+    key_id: str,
+    seed_a: bytes,
+    round_: int,
+    mask_degree: int = 0,
+    scale_bits: int = 0,
+    max_abs_value: float = 0.0,
+    threshold: int = 0,
+    limbs: int = 0,
+    decryption_attempts: int = 0,
+    bulk: str = "ckks",
+    kahe_parameters: bytes = b"",
+) -> bytes:
+    """The canonical bytes of a key set's public parameters, as the transcript T binds them:
+    params, kid, seed_a, r, k, Δ bits, B, t, L', a, bulk, KAHE set (each length-prefixed or fixed-width,
+    big-endian).
+
+    The parameter set and a (via kid, seed_a), the first round r, the mask degree k
+    (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`; 0 = complete), the scale 2^scale_bits, the
+    value bound B (IEEE-754 binary64) every encrypted value is clipped to, the threshold t of the
+    t-out-of-N decryption, the limb count L' that c0 and the decryption shares are switched to before
+    sending (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`; 0 in tests that do not use it), a, the
+    most active sets A a member gives a decryption share for per round (0 in tests that do not use it),
+    the bulk mode (``"kahe"``: the update under KAHE and only its key under xMK-CKKS; ``"ckks"``: every
+    weight under xMK-CKKS) and the canonical bytes of the KAHE parameter set
+    (:meth:`flwr_fedeval.rlwe.kahe.KaheParameters.to_bytes`; empty in ``"ckks"`` mode).
+
+    Raises
+    ------
+    KeySetError
+        ``bulk`` is not ``"kahe"`` or ``"ckks"``, an integer field is not an integer >= 0, or B is not
+        a finite number >= 0.
+    """
+    if bulk not in ("kahe", "ckks"):
+        raise KeySetError(f"bulk must be 'kahe' or 'ckks', got {bulk!r}")
+    if isinstance(mask_degree, bool) or not isinstance(mask_degree, int) or mask_degree < 0:
+        raise KeySetError(f"mask degree must be an integer >= 0, got {mask_degree!r}")
+    for name, value in (("scale bits", scale_bits), ("threshold", threshold), ("limbs", limbs),
+                        ("decryption attempts", decryption_attempts)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise KeySetError(f"{name} must be an integer >= 0, got {value!r}")
+    if not np.isfinite(max_abs_value) or max_abs_value < 0:
+        raise KeySetError(f"the value bound must be a finite number >= 0, got {max_abs_value!r}")
+    return b"".join([_lp(params.name.encode()), _lp(key_id.encode()), _lp(seed_a),
+                     struct.pack(">Q", round_), struct.pack(">Q", mask_degree), struct.pack(">Q", scale_bits),
+                     struct.pack(">d", float(max_abs_value)), struct.pack(">Q", threshold),
+                     struct.pack(">Q", limbs), struct.pack(">Q", decryption_attempts), _lp(bulk.encode()),
+                     _lp(bytes(kahe_parameters))])
+
+
+def transcript_of(parameters: bytes, members: Sequence[tuple[str, bytes]]) -> bytes:
+    """T = SHA-256(domain, ``parameters`` (:func:`transcript_parameters`), (name, h) sorted by name):
+    the key set every member must agree on, signed by every member, so the server cannot vary any
+    public parameter per request."""
+    parts = [_TRANSCRIPT_DOMAIN, bytes(parameters), struct.pack(">Q", len(members))]
+    for name, h in sorted(members):
+        parts += [_lp(name.encode()), _lp(h)]
+    return hashlib.sha256(b"".join(parts)).digest()
+
+
 def transcript_digest(
     params: ParameterSet,
     *,
@@ -226,40 +290,18 @@ def transcript_digest(
     bulk: str = "ckks",
     kahe_parameters: bytes = b"",
 ) -> bytes:
-    """T = SHA-256(domain, params, kid, seed_a, r, k, Δ bits, B, t, L', a, bulk, KAHE set, (name, h) sorted by name).
+    """T of loose parameters: :func:`transcript_of` of :func:`transcript_parameters` (the protocol builds
+    T from one :class:`flwr_fedeval.secagg.KeySetParameters`; this form serves tests and benchmarks).
 
-    The key set every member must agree on, with every public parameter of its rounds (issue 21):
-    the parameter set and a (via kid, seed_a), the first round r, the mask degree k
-    (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`; 0 = complete), the scale 2^scale_bits, the
-    value bound B (IEEE-754 binary64, big-endian) every encrypted value is clipped to, the
-    threshold t of the t-out-of-N decryption, and the limb count L' that c0 and the decryption
-    shares are switched to before sending (:func:`~flwr_fedeval.rlwe.compact.compact_limbs`; 0 in
-    tests that do not use it), and a, the most active sets A a member gives a decryption share for
-    per round (:func:`~flwr_fedeval.rlwe.threshold.mask_decryption_share`; 0 in tests that do not use it),
-    the bulk mode (``"kahe"``: the update under KAHE and only its key under xMK-CKKS; ``"ckks"``: every
-    weight under xMK-CKKS) and the canonical bytes of the KAHE parameter set
-    (:meth:`flwr_fedeval.rlwe.kahe.KaheParameters.to_bytes`; empty in ``"ckks"`` mode), from which the
-    public polynomials a_j of every round are derived (:func:`flwr_fedeval.rlwe.kahe.public_seed` of T).
-    Signed by every member, so the server cannot vary any of them per request.
+    Raises
+    ------
+    KeySetError
+        As :func:`transcript_parameters`.
     """
-    if bulk not in ("kahe", "ckks"):
-        raise KeySetError(f"bulk must be 'kahe' or 'ckks', got {bulk!r}")
-    if isinstance(mask_degree, bool) or not isinstance(mask_degree, int) or mask_degree < 0:
-        raise KeySetError(f"mask degree must be an integer >= 0, got {mask_degree!r}")
-    for name, value in (("scale bits", scale_bits), ("threshold", threshold), ("limbs", limbs),
-                        ("decryption attempts", decryption_attempts)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise KeySetError(f"{name} must be an integer >= 0, got {value!r}")
-    if not np.isfinite(max_abs_value) or max_abs_value < 0:
-        raise KeySetError(f"the value bound must be a finite number >= 0, got {max_abs_value!r}")
-    parts = [_TRANSCRIPT_DOMAIN, _lp(params.name.encode()), _lp(key_id.encode()), _lp(seed_a),
-             struct.pack(">Q", round_), struct.pack(">Q", mask_degree), struct.pack(">Q", scale_bits),
-             struct.pack(">d", float(max_abs_value)), struct.pack(">Q", threshold),
-             struct.pack(">Q", limbs), struct.pack(">Q", decryption_attempts), _lp(bulk.encode()),
-             _lp(bytes(kahe_parameters)), struct.pack(">Q", len(members))]
-    for name, h in sorted(members):
-        parts += [_lp(name.encode()), _lp(h)]
-    return hashlib.sha256(b"".join(parts)).digest()
+    return transcript_of(transcript_parameters(
+        params, key_id=key_id, seed_a=seed_a, round_=round_, mask_degree=mask_degree, scale_bits=scale_bits,
+        max_abs_value=max_abs_value, threshold=threshold, limbs=limbs, decryption_attempts=decryption_attempts,
+        bulk=bulk, kahe_parameters=kahe_parameters), members)
 
 
 def sign_transcript(identity: NodeIdentity, *, key_id: str, round_: int, digest: bytes) -> bytes:

@@ -106,8 +106,9 @@ def strategy_state(strategy: Any) -> dict[str, Any]:
     """What ``state.json`` keeps of the strategy: its class, re-key policy, aborted attempts and the
     IDs and members of the key sets used so far (public values; no key material)."""
     out: dict[str, Any] = {"class": type(strategy).__name__}
-    if hasattr(strategy, "rekey"):
-        out["rekey"] = strategy.rekey
+    protocol = getattr(strategy, "protocol", None)
+    if protocol is not None:
+        out["rekey"] = protocol.rekey
         out["key_material"] = "none saved: every resumed round generates a new key set"
     if hasattr(strategy, "aborted_attempts"):
         out["aborted_attempts"] = [{"round": r, "step": e.step, "nodes": sorted(int(n) for n in e.failed)}

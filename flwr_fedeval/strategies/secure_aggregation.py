@@ -60,11 +60,10 @@ from flwr.serverapp.strategy import (
 )
 
 from flwr_fedeval.protocol import xmk
-from flwr_fedeval.rlwe import masking
-from flwr_fedeval.rlwe.params import MAX_DECRYPTION_ATTEMPTS
+from flwr_fedeval.secagg import ProtocolParameters, protocol_keywords
 from flwr_fedeval.strategies.base import StepTimer
 from flwr_fedeval.strategies.collect import DetectingGrid
-from flwr_fedeval.strategies.xmk_fedavg import DEFAULT_PARAMETER_SET, RoundAborted, XMKFedAvg, _FoldingGrid
+from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _FoldingGrid
 
 __all__ = ["SecureAggregation", "composed_view"]
 
@@ -168,7 +167,8 @@ class SecureAggregation(Strategy):
         (what :func:`~flwr_fedeval.clients.xmkckks.xmkckks_mod` reads and encrypts).
     parameter_set, max_abs_value, scale_bits, rekey, step_timeout, max_attempts, mask_degree, threshold, \
 limbs, decryption_attempts, bulk, fractional_bits
-        The protocol's parameters, as :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg`
+        The protocol's settings (:class:`~flwr_fedeval.secagg.ProtocolParameters`), as
+        :class:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg`
         (``max_abs_value`` B bounds every ``|n_i·Δw|``; clients clip to it and the server warns with the
         total of clipped values; ``bulk="kahe"``, the default, sends the update under KAHE and only its
         key under xMK-CKKS, ``bulk="ckks"`` every weight under xMK-CKKS).
@@ -192,23 +192,8 @@ limbs, decryption_attempts, bulk, fractional_bits
         not ``"arrays"``; or a protocol parameter is invalid (as :class:`XMKFedAvg`).
     """
 
-    def __init__(
-        self,
-        strategy: FedAvg,
-        *,
-        parameter_set: str = DEFAULT_PARAMETER_SET,
-        max_abs_value: float = 2.0**16,
-        scale_bits: int | None = None,
-        rekey: str = "every-round",
-        step_timeout: float = 600.0,
-        max_attempts: int = 3,
-        mask_degree: int = masking.DEFAULT_MASK_DEGREE,
-        threshold: int | None = None,
-        limbs: int | None = None,
-        decryption_attempts: int = MAX_DECRYPTION_ATTEMPTS,
-        bulk: str = "kahe",
-        fractional_bits: int = 21,
-    ) -> None:
+    @protocol_keywords
+    def __init__(self, strategy: FedAvg, **protocol: Any) -> None:
         super().__init__()
         check_wrappable(strategy)
         if strategy.arrayrecord_key != "arrays":
@@ -220,14 +205,16 @@ limbs, decryption_attempts, bulk, fractional_bits
             fraction_train=strategy.fraction_train, fraction_evaluate=0.0,
             min_train_nodes=strategy.min_train_nodes, min_available_nodes=strategy.min_available_nodes,
             weighted_by_key=strategy.weighted_by_key, arrayrecord_key=strategy.arrayrecord_key,
-            configrecord_key=strategy.configrecord_key, parameter_set=parameter_set,
-            max_abs_value=max_abs_value, scale_bits=scale_bits, rekey=rekey, step_timeout=step_timeout,
-            max_attempts=max_attempts, mask_degree=mask_degree, threshold=threshold, limbs=limbs,
-            decryption_attempts=decryption_attempts, bulk=bulk, fractional_bits=fractional_bits,
+            configrecord_key=strategy.configrecord_key, **protocol,
         )
 
     def __repr__(self) -> str:
         return f"SecureAggregation({self.strategy!r})"
+
+    @property
+    def protocol(self) -> ProtocolParameters:
+        """The protocol's settings, the engine's (:class:`~flwr_fedeval.secagg.ProtocolParameters`)."""
+        return self.engine.protocol
 
     # the engine's records, read by Apps and tests as a strategy's
     @property

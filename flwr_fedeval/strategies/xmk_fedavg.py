@@ -35,6 +35,7 @@ from flwr_fedeval.protocol import Payload, ReplyCode, Step, xmk
 from flwr_fedeval.rlwe import capsule, compact, kahe, keyset, masking, selfmask
 from flwr_fedeval.rlwe import serialization as ser
 from flwr_fedeval.rlwe import threshold as shamir
+from flwr_fedeval.secagg import BULK_MODES, KeySetParameters, ProtocolParameters, protocol_keywords
 from flwr_fedeval.strategies.base import (
     Failures,
     ReadableFailuresMixin,
@@ -49,8 +50,7 @@ from flwr_fedeval.weights import WeightLayout
 
 __all__ = ["RoundAborted", "XMKFedAvg"]
 
-REKEY_CHOICES = ("every-round", "per-client-set")
-BULK_CHOICES = xmk.BULK_MODES
+BULK_CHOICES = BULK_MODES
 #: Default parameter set (the protocol layer's): n = 4096, log2 q ≈ 108 ≤ 109 (HE-Standard, 128-bit).
 DEFAULT_PARAMETER_SET = rlwe.DEFAULT_PARAMETER_SET.name
 
@@ -89,21 +89,17 @@ class _Commitments:
 class _KeySet:
     """A revealed key set: what every member needs to check and sum b = Σ b_i and derive its mask."""
 
-    key_id: str
-    seed_a: bytes
-    round: int  # the round its commitments were signed for
+    parameters: KeySetParameters  # every public parameter, signed in T
     nodes: tuple[int, ...]
     names: tuple[str, ...]  # roster names, aligned with ``nodes``
     shares: tuple[bytes, ...]  # every b_i, sent so that clients check and sum them
     mask_keys: tuple[bytes, ...]  # every X25519 mask key
     transcript_signatures: tuple[bytes, ...]  # every member's signature over the key-set digest
     transcript: bytes = b""  # T, as the members computed it (the mask graph is derived from it)
-    threshold: int = 0  # t of the t-out-of-N decryption (signed in T)
-    scale_bits: int = 0  # log2 Δ (signed in T)
-    limbs: int = 0  # L', the limbs of c0 and of the decryption shares on the wire (signed in T)
-    decryption_attempts: int = 1  # a, the most active sets of step 3 per round (signed in T)
-    bulk: str = "ckks"  # "kahe": the update under KAHE, its key in a capsule; "ckks": every weight (signed in T)
-    kahe: kahe.KaheParameters | None = None  # the KAHE parameter set of KAHE mode (its bytes signed in T)
+
+    @property
+    def key_id(self) -> str:
+        return self.parameters.key_id
 
     def name_of(self, node: int) -> str:
         return self.names[self.nodes.index(node)]
@@ -512,6 +508,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         ``aborted_attempts``) and the global model is left unchanged.
     """
 
+    @protocol_keywords
     def __init__(
         self,
         *,
@@ -525,18 +522,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         configrecord_key: str = "config",
         train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-        parameter_set: str = DEFAULT_PARAMETER_SET,
-        max_abs_value: float = 2.0**16,
-        scale_bits: int | None = None,
-        rekey: str = "every-round",
-        step_timeout: float = 600.0,
-        max_attempts: int = 3,
-        mask_degree: int = masking.DEFAULT_MASK_DEGREE,
-        threshold: int | None = None,
-        limbs: int | None = None,
-        decryption_attempts: int = rlwe.MAX_DECRYPTION_ATTEMPTS,
-        bulk: str = "kahe",
-        fractional_bits: int = 21,
+        **protocol: Any,
     ) -> None:
         super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
                          min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
@@ -549,46 +535,14 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         if weighted_by_key != "num-examples":
             raise ValueError(f"weighted_by_key must be 'num-examples' (the count xmkckks_mod encrypts beside the "
                              f"update), got {weighted_by_key!r}")
-        self.params = rlwe.get_parameter_set(parameter_set)
-        rlwe.validate_security(self.params)
-        if not (np.isfinite(max_abs_value) and max_abs_value >= 1):
-            raise ValueError(f"max_abs_value must be a finite number >= 1, got {max_abs_value!r}")
-        if rekey not in REKEY_CHOICES:
-            raise ValueError(f"rekey must be one of {REKEY_CHOICES}, got {rekey!r}")
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        #: The protocol's settings (:class:`~flwr_fedeval.secagg.ProtocolParameters`), checked once.
+        self.protocol = ProtocolParameters(**protocol)
+        self.params = self.protocol.params
         if self.min_train_nodes < 2:
             log(WARNING, "XMKFedAvg: min_train_nodes raised to 2 (one client's sum is its update)")
             self.min_train_nodes = 2
-        self.max_abs_value = float(max_abs_value)
-        self.scale_bits = scale_bits
-        self.rekey = rekey
-        self.step_timeout = step_timeout
-        self.max_attempts = max_attempts
-        if isinstance(mask_degree, bool) or not isinstance(mask_degree, (int, np.integer)) or mask_degree < 0:
-            raise ValueError(f"mask_degree must be an integer >= 0 (0 = complete graph), got {mask_degree!r}")
-        self.mask_degree = int(mask_degree)
         #: polynomials per range of the server's fold, mask rebuild and decoding (memory, not results)
         self.chunk_polys = CHUNK_POLYS
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 2):
-            raise ValueError(f"threshold must be an integer >= 2 or None (floor(N/2) + 1), got {threshold!r}")
-        self.threshold = threshold
-        if limbs is not None:
-            compact.level_parameter_set(self.params, limbs)  # ValueError unless 1 <= limbs <= L
-        self.limbs = limbs
-        if (isinstance(decryption_attempts, bool) or not isinstance(decryption_attempts, int)
-                or not 1 <= decryption_attempts <= rlwe.MAX_DECRYPTION_ATTEMPTS):
-            raise ValueError(f"decryption_attempts must be an integer in [1, {rlwe.MAX_DECRYPTION_ATTEMPTS}], "
-                             f"got {decryption_attempts!r}")
-        self.decryption_attempts = decryption_attempts
-        if bulk not in BULK_CHOICES:
-            raise ValueError(f"bulk must be one of {BULK_CHOICES}, got {bulk!r}")
-        self.bulk = bulk
-        if isinstance(fractional_bits, bool) or not isinstance(fractional_bits, int) or fractional_bits < 1:
-            raise ValueError(f"fractional_bits must be an integer >= 1, got {fractional_bits!r}")
-        self.fractional_bits = fractional_bits
-        if bulk == "kahe":
-            kahe.kahe_parameters(2, bound=self.max_abs_value, fractional_bits=fractional_bits)  # KaheError if none fits
         #: Total values clipped to ``max_abs_value`` per round (KAHE mode: the decrypted total): (round, count).
         self.clipped_values: list[tuple[int, int]] = []
         #: Members left out of a round's contributor set: (round, {node: reason}); no retry was run.
@@ -623,45 +577,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         log(INFO, "\t└──> xMK-CKKS secure aggregation:")
         log(INFO, "\t\t├── Parameter set: %s (n=%d, log2 q=%.1f ≤ %d: 128-bit)",
             p.name, p.n, p.log2_q, p.security_bound_log2_q)
-        log(INFO, "\t\t├── Max |n_i·Δw|: %.4g, scale: %s", self.max_abs_value,
-            f"2^{self.scale_bits}" if self.scale_bits else "auto (noise budget)")
+        log(INFO, "\t\t├── Max |n_i·Δw|: %.4g, scale: %s", self.protocol.max_abs_value,
+            f"2^{self.protocol.scale_bits}" if self.protocol.scale_bits else "auto (noise budget)")
         log(INFO, "\t\t└── Re-key: %s, attempts per round: %d, step timeout: %.0f s",
-            self.rekey, self.max_attempts, self.step_timeout)
-
-    def kahe_for(self, num_clients: int) -> kahe.KaheParameters | None:
-        """The KAHE parameter set of a key set of ``num_clients`` members (KAHE mode; ``None`` in CKKS mode):
-        :func:`flwr_fedeval.rlwe.kahe.kahe_parameters` of (N, B = ``max_abs_value``, F = ``fractional_bits``),
-        which every member derives itself and binds in T."""
-        if self.bulk != "kahe":
-            return None
-        return kahe.kahe_parameters(num_clients, bound=self.max_abs_value, fractional_bits=self.fractional_bits)
-
-    def ckks_bound(self, num_clients: int) -> float:
-        """The value bound of the xMK-CKKS encoding: the capsule's (the tail bound of the KAHE key) in KAHE
-        mode, ``max_abs_value`` in CKKS mode."""
-        params = self.kahe_for(num_clients)
-        return self.max_abs_value if params is None else capsule.capsule_bound(params)
-
-    def scale_bits_for(self, num_clients: int) -> int:
-        """log2 Δ of the xMK-CKKS encoding (the capsule's in KAHE mode) with ``num_clients`` contributors
-        (checked against the noise budget)."""
-        bound = self.ckks_bound(num_clients)
-        best = rlwe.max_scale_bits(self.params, num_clients=num_clients, max_abs_value=bound)
-        if self.scale_bits is None:
-            return best
-        if self.scale_bits > best:
-            raise rlwe.NoiseBudgetError(
-                f"scale 2^{self.scale_bits} exceeds the noise budget for {num_clients} clients "
-                f"and max |value| {bound} (at most 2^{best})"
-            )
-        return self.scale_bits
-
-    def limbs_for(self, num_clients: int, scale_bits: int) -> int:
-        """L' for a key set of ``num_clients`` members at scale 2^scale_bits: ``limbs``, raised to the fewest
-        the noise budget allows after modulus switching (:func:`flwr_fedeval.rlwe.compact.compact_limbs`)."""
-        fewest = compact.compact_limbs(self.params, num_clients=num_clients, scale_bits=scale_bits,
-                                       max_abs_value=self.ckks_bound(num_clients))
-        return fewest if self.limbs is None else max(int(self.limbs), fewest)
+            self.protocol.rekey, self.protocol.max_attempts, self.protocol.step_timeout)
 
     # ------------------------------------------------------------ training
     def configure_train(
@@ -722,7 +641,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             A node failed, timed out or sent a malformed reply.
         """
         cached = self._key_cache.get(tuple(nodes))
-        if self.rekey == "per-client-set" and cached is not None:
+        if self.protocol.rekey == "per-client-set" and cached is not None:
             return cached
         key_set = self.reveal(self.commit(nodes))
         self._key_cache = {tuple(nodes): key_set}
@@ -767,14 +686,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             A node refused, timed out, or opened keys that do not match its commitment.
         """
         nodes = committed.nodes
-        t = self.threshold_for(len(nodes))
-        scale_bits = self.scale_bits_for(len(nodes))
-        limbs = self.limbs_for(len(nodes), scale_bits)
-        kahe_params = self.kahe_for(len(nodes))
-        request = xmk.RevealRequest(committed.key_id, committed.round, committed.names, committed.commitments,
-                                    committed.signatures, self.mask_degree, scale_bits, self.max_abs_value, t,
-                                    limbs, self.decryption_attempts, self.bulk,
-                                    self.fractional_bits if self.bulk == "kahe" else 0)
+        signed = self.protocol.key_set_parameters(len(nodes), key_id=committed.key_id, seed_a=committed.seed_a,
+                                                  round_=committed.round)
+        request = xmk.RevealRequest.of(signed, committed.names, committed.commitments, committed.signatures)
         expected = dict(zip(nodes, zip(committed.names, committed.commitments)))
 
         def check(node: int, reply: xmk.RevealReply) -> xmk.RevealReply:
@@ -787,25 +701,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             return reply
 
         parsed = self._exchange("key reveal", "opening", nodes, xmk.REVEAL, request, check)
-        return _KeySet(committed.key_id, committed.seed_a, committed.round, nodes, committed.names,
-                       tuple(r.public_share for r in parsed), tuple(r.mask_key for r in parsed),
-                       tuple(r.transcript_signature for r in parsed), parsed[0].transcript, t, scale_bits, limbs,
-                       self.decryption_attempts, self.bulk, kahe_params)
-
-    def threshold_for(self, num_clients: int) -> int:
-        """t of a key set of ``num_clients`` members: ``threshold`` if set, else floor(N/2) + 1.
-
-        Raises
-        ------
-        ValueError
-            ``threshold`` is set and not in [floor(N/2) + 1, N].
-        """
-        low = shamir.min_threshold(num_clients)
-        if self.threshold is None:
-            return low
-        if not low <= self.threshold <= num_clients:
-            raise ValueError(f"threshold {self.threshold} is not in [{low}, {num_clients}] for {num_clients} members")
-        return self.threshold
+        return _KeySet(signed, nodes, committed.names, tuple(r.public_share for r in parsed),
+                       tuple(r.mask_key for r in parsed), tuple(r.transcript_signature for r in parsed),
+                       parsed[0].transcript)
 
     def share_keys(self, key_set: _KeySet) -> dict[str, list[tuple[str, bytes]]]:
         """Step 1c (``query.xmk_shares``): every member Shamir-splits s_i, x_i and a fresh self-mask seed and
@@ -892,25 +790,25 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         """
         state = self._current()
         keys = state.keys
-        if keys.bulk != "kahe":
+        if keys.parameters.bulk != "kahe":
             if state.running is None:
                 num_polys = -(-self._plaintext_length() // self.params.n)
-                state.running = _RunningSum(self.params, keys.limbs, num_polys, self.chunk_polys)
+                state.running = _RunningSum(self.params, keys.parameters.limbs, num_polys, self.chunk_polys)
             state.running.add(node, reply.ciphertext, reply.metrics)
             return reply.metrics
-        assert keys.kahe is not None
+        assert keys.parameters.kahe is not None
         if reply.capsule is None or not reply.capsule_signature:
             raise ValueError("KAHE mode: the reply carries no key capsule or no signature over its c1")
         if state.running is None:
-            state.running = _RunningSum(self.params, keys.limbs, capsule.CAPSULE_POLYS, self.chunk_polys)
+            state.running = _RunningSum(self.params, keys.parameters.limbs, capsule.CAPSULE_POLYS, self.chunk_polys)
         if node in state.running.folded:
             raise ValueError(f"node {node}: a second ciphertext in one round")
-        parsed = compact.CompactCiphertext.from_bytes(bytes(reply.capsule), self.params, keys.limbs)
+        parsed = compact.CompactCiphertext.from_bytes(bytes(reply.capsule), self.params, keys.parameters.limbs)
         if parsed.c1.shape[0] != capsule.CAPSULE_POLYS:
             raise ValueError(f"the key capsule has {parsed.c1.shape[0]} polynomials, expected {capsule.CAPSULE_POLYS}")
         c1 = rlwe.polys_to_bytes(self.params, parsed.c1)
         if state.kahe_sum is None:
-            state.kahe_sum = kahe.KaheSum(keys.kahe, kahe.public_seed(keys.transcript, state.server_round),
+            state.kahe_sum = kahe.KaheSum(keys.parameters.kahe, kahe.public_seed(keys.transcript, state.server_round),
                                           self._plaintext_length())
         state.kahe_sum.add(reply.ciphertext)
         state.running.add(node, reply.capsule, reply.metrics)  # parsed above: cannot fail now
@@ -950,10 +848,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             self.left_out.append((state.server_round, failed))
             log(WARNING, "Round %d: %d member(s) left out of the contributor set (no ciphertext): %s",
                 state.server_round, len(failed), sorted(failed))
-        if len(contributors) < max(key_set.threshold, 1):
+        if len(contributors) < max(key_set.parameters.threshold, 1):
             raise RoundAborted("encrypted training", failed or dict.fromkeys(key_set.nodes, "no contributor"))
         # every decryptor refuses a C whose induced mask graph is disconnected: name it here, before asking
-        graph = masking.mask_neighbours(key_set.names, self.mask_degree, key_set.transcript)
+        graph = masking.mask_neighbours(key_set.names, self.protocol.mask_degree, key_set.transcript)
         parts = masking.induced_components(graph, [key_set.name_of(n) for n in contributors])
         if len(parts) > 1:
             reason = f"the mask graph induced on the contributor set is not connected ({parts}): the members refuse"
@@ -988,7 +886,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         failed.update({n: "left the SuperLink's node list after its upload" for n in contributors if n not in asked})
         if failed:
             self.lost_after_upload.append((state.server_round, dict(failed)))
-        if len(valid) < key_set.threshold:
+        if len(valid) < key_set.parameters.threshold:
             raise RoundAborted("contributor set", failed or dict.fromkeys(key_set.nodes, "too few signatures"))
         return {key_set.name_of(n): sig for n, sig in valid.items()}
 
@@ -1036,12 +934,12 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         """
         state = self._current()
         key_set = state.keys
-        t = key_set.threshold
+        t = key_set.parameters.threshold
         order = sorted(key_set.names)  # the members' points: 1..N in name order
         points = dict(zip(order, shamir.member_points(len(order), params=self.params)))
         c_names = tuple(key_set.name_of(n) for n in contributors)
         dropped = tuple(name for name in order if name not in c_names)
-        level = compact.level_parameter_set(self.params, key_set.limbs)
+        level = compact.level_parameter_set(self.params, key_set.parameters.limbs)
         ring = level.ring
         seed_shares: dict[str, dict[int, bytes]] = {name: {} for name in c_names}
         key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
@@ -1050,14 +948,14 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         # attempt), kept reduced in uint32 as the running sum of step 2: half the bytes of C0
         acc = np.zeros(c0.shape, dtype=np.uint32)
 
-        sent_at = key_set.limbs  # the level of the attempt in progress: L' for k = 1, L for a retry
+        sent_at = key_set.parameters.limbs  # the level of the attempt in progress: L' for k = 1, L for a retry
 
         def rows_at_l_prime(share: bytes | memoryview) -> Iterator[tuple[int, np.ndarray]]:
             """The share's ranges at L' limbs: as sent in attempt 1, switched on arrival in a retry (one
             rounding term per share, as attempt 1's: the masks still cancel, Σ m_j ≡ 0 mod q)."""
             for start, rows in compact.share_rows(share, self.params, sent_at, chunk_polys=self.chunk_polys):
-                yield start, (rows if sent_at == key_set.limbs
-                              else compact.switch_modulus(self.params, rows, key_set.limbs))
+                yield start, (rows if sent_at == key_set.parameters.limbs
+                              else compact.switch_modulus(self.params, rows, key_set.parameters.limbs))
 
         def check(node: int, reply: xmk.PdecReply) -> None:
             count = compact.share_count(reply.share, self.params, sent_at)  # strict, at the attempt's level
@@ -1073,7 +971,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             for name, part in zip(dropped, reply.mask_shares):
                 key_shares[name][x] = part
 
-        attempts = max(int(key_set.decryption_attempts), 1)
+        attempts = max(int(key_set.parameters.decryption_attempts), 1)
         for attempt in range(1, attempts + 1):
             listed = {int(n) for n in state.grid.get_node_ids()}
             lost.update({key_set.node_of(n): "left the SuperLink's node list before its partial decryption"
@@ -1084,13 +982,15 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                                                                      "left to decrypt" for n in active}})
             state.pdec_attempts.append(active)
             # KAHE mode: each contributor's signed capsule c1 (one polynomial each), never a C1 of the server's
-            capsule_c1s = tuple(state.capsules[n][0] for n in contributors) if key_set.bulk == "kahe" else ()
-            capsule_signatures = tuple(state.capsules[n][1] for n in contributors) if key_set.bulk == "kahe" else ()
+            capsule_c1s = tuple(state.capsules[n][0] for n in contributors) if key_set.parameters.bulk == "kahe" else ()
+            capsule_signatures = (tuple(state.capsules[n][1] for n in contributors)
+                                  if key_set.parameters.bulk == "kahe" else ())
             request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names,
-                                      len(key_set.nodes), c1 if key_set.bulk != "kahe" else b"", key_set.limbs,
+                                      len(key_set.nodes), c1 if key_set.parameters.bulk != "kahe" else b"",
+                                      key_set.parameters.limbs,
                                       xmk.model_hash(state.arrays), active, tuple(signatures[n] for n in active),
                                       active, attempt, capsule_c1s, capsule_signatures)
-            sent_at = shamir.share_limbs(self.params, key_set.limbs, attempt)
+            sent_at = shamir.share_limbs(self.params, key_set.parameters.limbs, attempt)
             acc.fill(0)
             _, failed = self._exchange_some("partial decryption", "decryption share",
                                             [key_set.node_of(n) for n in active], xmk.PDEC, request, check)
@@ -1115,7 +1015,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                      for name in c_names]
             if dropped:
                 mask_keys = dict(zip(key_set.names, key_set.mask_keys))
-                graph = masking.mask_neighbours(order, self.mask_degree, key_set.transcript)
+                graph = masking.mask_neighbours(order, self.protocol.mask_degree, key_set.transcript)
                 context = masking.mask_context(key_set.transcript, state.server_round)
                 for name in dropped:
                     peers = {j: mask_keys[j] for j in graph[name] if j in c_names}
@@ -1131,7 +1031,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         for start in range(0, acc.shape[0], chunk):
             rows = acc[start : start + chunk]
             correction = masks.next_rows(zero[: rows.shape[0]])
-            switched = compact.switch_modulus(self.params, correction, key_set.limbs)  # one rounding, < 1 unit of q'
+            # one rounding, < 1 unit of q'
+            switched = compact.switch_modulus(self.params, correction, key_set.parameters.limbs)
             np.add(switched, rows, out=switched)  # < 2q' (uint64)
             np.minimum(switched, switched - ring.q_col, out=rows, casting="unsafe")  # mod q' (wraps around below q')
         return acc.astype(np.uint64, copy=False)
@@ -1152,10 +1053,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         nodes = state.keys.nodes
         count = len(nodes) if num_contributors is None else num_contributors
         layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
-        scale_bits = state.keys.scale_bits or self.scale_bits_for(len(nodes))
-        limbs = state.keys.limbs or self.params.limbs
+        scale_bits = state.keys.parameters.scale_bits or self.protocol.scale_bits_for(len(nodes))
+        limbs = state.keys.parameters.limbs or self.params.limbs
         level = compact.level_parameter_set(self.params, limbs)
-        kahe_mode = state.keys.bulk == "kahe"
+        kahe_mode = state.keys.parameters.bulk == "kahe"
         length = self.params.n if kahe_mode else self._plaintext_length()  # KAHE mode: the capsule sum, K_C
         level.ring.check(plaintext, "plaintext")
         if plaintext.ndim != 3 or length > plaintext.shape[0] * self.params.n:
@@ -1212,7 +1113,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         if clipped:
             log(WARNING, "Round %d: %d values clipped to max_abs_value = %.4g in all (|n_i·Δw| beyond the bound; "
                 "the mean is biased): raise max_abs_value of XMKFedAvg / SecureAggregation", state.server_round,
-                clipped, self.max_abs_value)
+                clipped, self.protocol.max_abs_value)
         return np.asarray(sums, dtype=np.float64), float(total_examples)
 
     # ------------------------------------------------------------ internals
@@ -1221,7 +1122,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         integer slot)."""
         state = self._current()
         size = WeightLayout.of(state.arrays.to_numpy_ndarrays()).size
-        return size if state.keys.bulk == "kahe" else size + 1
+        return size if state.keys.parameters.bulk == "kahe" else size + 1
 
     def _record_abort(self, exc: RoundAborted) -> None:
         self._key_cache = {}  # no key set survives a failed attempt (DESIGN.md §8)
@@ -1285,7 +1186,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         valid = exchange_replies(_OnReplyGrid(state.grid if grid is None else grid, on_reply),
                                  dict.fromkeys(nodes, content),
                                  protocol_step.message_type, parse, failures, step=step, what=what,
-                                 timeout=self.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
+                                 timeout=self.protocol.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
         if grid is not None:  # step 2: the train replies came within Strategy.start's timeout, not ours
             for n, f in list(failures.items()):
                 if f.code == ReplyCode.TIMEOUT:
@@ -1308,7 +1209,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         """Steps 1a-1c with ``nodes`` (again without the failing ones, at most ``max_attempts`` times:
         nobody has trained yet, so a re-key leaks nothing), then the step-2 messages."""
         state = self._current()
-        for attempt in range(1, self.max_attempts + 1):
+        for attempt in range(1, self.protocol.max_attempts + 1):
             if len(nodes) < self.min_train_nodes:
                 raise RoundAborted(
                     "sampling",
@@ -1322,7 +1223,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                     state.inboxes = self.share_keys(key_set)
                 break
             except RoundAborted as exc:
-                if attempt == self.max_attempts:
+                if attempt == self.protocol.max_attempts:
                     raise
                 self._record_abort(exc)
                 remaining = [n for n in nodes if n not in exc.failed]
@@ -1330,7 +1231,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         self.key_sets.append({"round": int(state.server_round), "key_set": str(key_set.key_id),
                               "nodes": [int(n) for n in key_set.nodes]})
         log(INFO, "configure_train: key set %s of %d clients ready (t = %d)", key_set.key_id, len(key_set.nodes),
-            key_set.threshold)
+            key_set.parameters.threshold)
         state.running, state.train_results, state.kahe_sum, state.capsules = None, {}, None, {}
         state.sent = self.train_messages(key_set)
         return state.sent
@@ -1349,7 +1250,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             return {key_set.name_of(n): reason for _, failed in entries for n, reason in failed.items()
                     if n in key_set.nodes}
 
-        record = {"round": int(state.server_round), "key_set": str(key_set.key_id), "threshold": key_set.threshold,
+        record = {"round": int(state.server_round), "key_set": str(key_set.key_id),
+                  "threshold": key_set.parameters.threshold,
                   "members": sorted(key_set.names), "contributors": sorted(key_set.name_of(n) for n in contributors),
                   "num_contributors": len(contributors), "left_out": by_name(self.left_out[n_left:]),
                   "lost_after_upload": {}, "signers": [], "decryptors": [], "decryption_attempts": [],
@@ -1361,7 +1263,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         finally:
             record["lost_after_upload"] = by_name(self.lost_after_upload[n_lost:])
         record["signers"] = sorted(signatures)
-        record["decryptors"] = list(_active_set(signatures, key_set.threshold))
+        record["decryptors"] = list(_active_set(signatures, key_set.parameters.threshold))
         c0, c1 = total.c0, total.c1
         del total  # C1 is only sent; C0 is added to the shares' sum
         state.pdec_attempts = []

@@ -139,7 +139,7 @@ def test_fedauc_values_are_the_library_values(allocation, beta):
 
 
 def test_enumerations_match_the_library():
-    from flwr_fedeval.strategies.xmk_fedavg import REKEY_CHOICES
+    from flwr_fedeval.secagg import REKEY_CHOICES
 
     assert set(_CHOICES["xmk_rekey"]) == set(REKEY_CHOICES)
     assert set(JobConfig.__dataclass_fields__) == {f.name for f in fields(JobConfig)}

@@ -6,6 +6,7 @@ compared with what :mod:`flwr_fedeval.rlwe.compact` predicts and with the uncomp
 server that asks for another limb count than T's is refused.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -29,7 +30,8 @@ P = rlwe.DEFAULT_PARAMETER_SET
 
 def _compact_server(num_nodes=3, limbs=None):
     server = Server(num_nodes)
-    server.strategy.limbs = limbs  # None: the fewest the noise budget allows
+    # None: the fewest the noise budget allows
+    server.strategy.protocol = dataclasses.replace(server.strategy.protocol, limbs=limbs)
     return server
 
 
@@ -39,7 +41,7 @@ def _uploads(server):
     server.keys()
     server.train()
     blobs = {n: array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]) for n, r in server.replies.items()}
-    cts = [compact.CompactCiphertext.from_bytes(b, P, server.key_set.limbs) for b in blobs.values()]
+    cts = [compact.CompactCiphertext.from_bytes(b, P, server.key_set.parameters.limbs) for b in blobs.values()]
     total = compact.add_compact_ciphertexts(cts)
     shares = {}
     for node in server.nodes:
@@ -52,9 +54,10 @@ def _uploads(server):
 def test_upload_per_client_is_what_compact_predicts_and_below_the_uncompressed_form():
     server = _compact_server()
     uploads, cts = _uploads(server)
-    fewest = compact.compact_limbs(P, num_clients=3, scale_bits=server.strategy.scale_bits_for(3),
+    fewest = compact.compact_limbs(P, num_clients=3, scale_bits=server.strategy.protocol.scale_bits_for(3),
                                    max_abs_value=1e4)
-    assert server.key_set.limbs == fewest < P.limbs  # the strategy asks for the fewest, and that is fewer than L
+    # the strategy asks for the fewest, and that is fewer than L
+    assert server.key_set.parameters.limbs == fewest < P.limbs
     k = -(-LENGTH // P.n)
     level = compact.level_parameter_set(P, fewest)
     predicted_ct = 2 * ser.HEADER_SIZE + ser.packed_size(level, k, 1) + ser.packed_size(P, k, 1)
@@ -70,7 +73,7 @@ def test_upload_per_client_is_what_compact_predicts_and_below_the_uncompressed_f
 
     full_server = _compact_server(limbs=P.limbs)  # the uncompressed form, same messages
     full, _ = _uploads(full_server)
-    assert full_server.key_set.limbs == P.limbs
+    assert full_server.key_set.parameters.limbs == P.limbs
     today = (ser.HEADER_SIZE + ser.packed_size(P, k, 2)) + (ser.HEADER_SIZE + ser.packed_size(P, k, 1))
     assert {len(ct) + len(share) for ct, share in full.values()} == {today + ser.HEADER_SIZE}  # c0, c1 headers
     per_client = predicted_ct + predicted_share
@@ -85,9 +88,9 @@ def test_decryption_share_at_another_limb_count_than_t_is_refused_and_costs_noth
     server.keys()
     server.train()
     cts = [compact.CompactCiphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), P,
-                                                server.key_set.limbs) for r in server.replies.values()]
+                                                server.key_set.parameters.limbs) for r in server.replies.values()]
     c1 = compact.add_compact_ciphertexts(cts).c1
-    signed = server.key_set.limbs
+    signed = server.key_set.parameters.limbs
     node = server.nodes[0]
     for other in (signed - 1, signed + 1, P.limbs):
         if other != signed:
@@ -101,7 +104,8 @@ def test_decryption_share_at_another_limb_count_than_t_is_refused_and_costs_noth
 def test_limb_count_below_the_noise_budget_or_above_l_is_refused_at_the_reveal():
     server = _compact_server()
     committed = server.commit()
-    fewest = compact.compact_limbs(P, num_clients=3, scale_bits=server.strategy.scale_bits_for(3), max_abs_value=1e4)
+    fewest = compact.compact_limbs(P, num_clients=3, scale_bits=server.strategy.protocol.scale_bits_for(3),
+                                   max_abs_value=1e4)
     assert fewest > 1  # at the default set and M = 3 one limb (q' < 2^24) would not hold the sum
     node = server.nodes[0]
     _refused(server.send(node, "query.xmk_reveal", _reveal_config(committed, limbs=fewest - 1)),
@@ -116,13 +120,15 @@ def test_members_shown_different_limb_counts_refuse_before_sharing_keys():
     """A per-client limb count at the reveal gives that client another T: every member refuses to share keys."""
     server = _compact_server()
     committed = server.commit()
-    fewest = compact.compact_limbs(P, num_clients=3, scale_bits=server.strategy.scale_bits_for(3), max_abs_value=1e4)
+    fewest = compact.compact_limbs(P, num_clients=3, scale_bits=server.strategy.protocol.scale_bits_for(3),
+                                   max_abs_value=1e4)
     replies = {n: server.send(n, "query.xmk_reveal", _reveal_config(committed, limbs=lim))
                for n, lim in zip(server.nodes, (fewest, fewest, P.limbs))}
     assert not any(r.has_error() for r in replies.values())
     recs = [replies[n].content[XMK_CONFIG_KEY] for n in server.nodes]
     assert len({bytes(r["transcript"]) for r in recs}) == 2
-    key_set = _KeySet(committed.key_id, committed.seed_a, committed.round, tuple(server.nodes), committed.names,
+    key_set = _KeySet(server.strategy.protocol.key_set_parameters(len(server.nodes), key_id=committed.key_id,
+                      seed_a=committed.seed_a, round_=committed.round), tuple(server.nodes), committed.names,
                       tuple(bytes(r["public-share"]) for r in recs), tuple(bytes(r["mask-key"]) for r in recs),
                       tuple(bytes(r["transcript-signature"]) for r in recs))
     with pytest.raises(RoundAborted) as info:
@@ -159,7 +165,7 @@ def test_upload_at_another_level_than_t_is_left_out_naming_the_node(other):
     bad["node"] = grid.node_ids[1]
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=1e4,
                          bulk="ckks")
-    bad["limbs"] = strategy.limbs_for(3, strategy.scale_bits_for(3))
+    bad["limbs"] = strategy.protocol.limbs_for(3, strategy.protocol.scale_bits_for(3))
     assert bad["limbs"] != other  # the level the server expects differs from the upload's
     result = run(grid, strategy)
     assert not strategy.aborted_attempts
@@ -178,8 +184,8 @@ def test_round_over_the_grid_at_the_split_set_decodes_within_its_bound(num_nodes
     grid = InProcessGrid(make_app(), num_nodes, {"fedeval-identity-dir": IDENTITY_DIR})
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=num_nodes, min_available_nodes=num_nodes, bulk="ckks",
                          max_abs_value=2.0**16, parameter_set="xmk-n4096-q109")
-    scale_bits = strategy.scale_bits_for(num_nodes)
-    limbs = strategy.limbs_for(num_nodes, scale_bits)
+    scale_bits = strategy.protocol.scale_bits_for(num_nodes)
+    limbs = strategy.protocol.limbs_for(num_nodes, scale_bits)
     assert limbs == 2
     rounding = 2 * num_nodes * compact.dropped_modulus(params, limbs)
     assert (rounding > rlwe.total_noise_bound(params, num_nodes)) == (num_nodes == 2)

@@ -6,6 +6,9 @@ attack; the clients refuse with a clear error, or what the server can compute
 is independent of the victim's update (uniform mod q, uncorrelated).
 """
 
+import copy
+import dataclasses
+
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -88,7 +91,7 @@ class Server:
         out = {}
         for n, r in self.replies.items():
             ct = compact.CompactCiphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]),
-                                                      self.params, self.key_set.limbs)
+                                                      self.params, self.key_set.parameters.limbs)
             out[n] = rlwe.Ciphertext(self.params, ct.c0, ct.c1)
         return out
 
@@ -126,13 +129,13 @@ class Server:
         rnd = self.strategy._round.server_round if rnd is None else rnd
         answered = getattr(self, "answered", {})
         if attempt is None:
-            attempt = min(answered.get((ks.key_id, rnd, node), 0) + 1, ks.decryption_attempts)
+            attempt = min(answered.get((ks.key_id, rnd, node), 0) + 1, ks.parameters.decryption_attempts)
         if signatures is None:
             signatures = self.signatures if self.signatures is not None else self.sign()
         names = list(ks.names) if contributors is None else contributors
         config = {"params": self.params.name, "key-id": ks.key_id, "round": rnd, "attempt": attempt,
                   "contributors": names, "num-clients": len(ks.names) if num_clients is None else num_clients,
-                  "limbs": ks.limbs if limbs is None else limbs,
+                  "limbs": ks.parameters.limbs if limbs is None else limbs,
                   "model-hash": xmk.model_hash(self.arrays), "contributor-signers": list(signatures),
                   "contributor-signatures": list(signatures.values()),
                   "active": sorted(ks.names) if active is None else active}
@@ -149,7 +152,7 @@ class Server:
         """The share of a reply, parsed strictly at the level of its attempt (L' for k = 1, L for a retry)."""
         assert not reply.has_error(), reply.error.reason
         self.last_replies = getattr(self, "last_replies", []) + [reply]
-        limbs = threshold.share_limbs(self.params, self.key_set.limbs, self.sent_attempt[id(reply)][1])
+        limbs = threshold.share_limbs(self.params, self.key_set.parameters.limbs, self.sent_attempt[id(reply)][1])
         level = compact.level_parameter_set(self.params, limbs)
         return rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), level)
 
@@ -165,7 +168,7 @@ class Server:
             for name, part in zip(names, reply.content[XMK_CONFIG_KEY]["seed-shares"]):
                 seeds[name][x] = part
         for name in names if only is None else only:
-            seed = threshold.combine_bytes(seeds[name], threshold=self.key_set.threshold)
+            seed = threshold.combine_bytes(seeds[name], threshold=self.key_set.parameters.threshold)
             raw = self.params.ring.sub(raw, selfmask.self_mask(self.params, seed, raw.shape[0]))
         return raw
 
@@ -202,7 +205,7 @@ def test_honest_steps_decrypt_the_full_sum():
     cts = server.honest_round()
     total = rlwe.add_ciphertexts(list(cts.values()))
     shares = [server.share(server.pdec(n, total.c1)) for n in server.nodes]
-    scale = server.strategy.scale_bits_for(3)
+    scale = server.strategy.protocol.scale_bits_for(3)
     raw = server.without_self_masks(rlwe.combine(server.params, total.c0, shares), server.last_replies)
     got = rlwe.decode(server.params, raw, scale_bits=scale, length=LENGTH)
     expected = np.sum([_victim_update(p) for p in range(3)], axis=0)
@@ -345,7 +348,7 @@ def test_share_chosen_after_seeing_the_others_is_refused():
     committed = server.commit()
     ks = server.use(server.strategy.reveal(committed))
     params = server.params
-    a = rlwe.expand_a(params, ks.seed_a)
+    a = rlwe.expand_a(params, ks.parameters.seed_a)
     server_secret, server_pk = rlwe.keygen(params, a)  # b' = -s' a + e': the joint key would be the server's
     others = [rlwe.PublicKey.from_bytes(b, params) for b in ks.shares[1:]]
     rogue_b = params.ring.sub(server_pk.b, rlwe.aggregate_public_keys(others).b)
@@ -353,7 +356,8 @@ def test_share_chosen_after_seeing_the_others_is_refused():
     colluder = NodeIdentity.load(f"{IDENTITY_DIR}/{ks.names[0]}.key")
     mask_key = ks.mask_keys[0]
     h = keyset.commitment(ks.key_id, rogue, mask_key)
-    sig = keyset.sign_commitment(colluder, key_id=ks.key_id, round_=ks.round, commitment_=h)  # validly signed
+    # validly signed
+    sig = keyset.sign_commitment(colluder, key_id=ks.key_id, round_=ks.parameters.round, commitment_=h)
     # (a) the honest members already revealed: a second reveal with the new commitment is refused
     hs, sigs = list(committed.commitments), list(committed.signatures)
     hs[0], sigs[0] = h, sig
@@ -503,7 +507,7 @@ def test_replayed_request_of_an_earlier_round_is_refused_with_reused_keys():
     server.last_replies = []
     shares = [server.share(server.pdec(n, total2.c1)) for n in server.nodes]
     raw = server.without_self_masks(rlwe.combine(server.params, total2.c0, shares), server.last_replies)
-    got = rlwe.decode(server.params, raw, scale_bits=server.strategy.scale_bits_for(3), length=LENGTH)
+    got = rlwe.decode(server.params, raw, scale_bits=server.strategy.protocol.scale_bits_for(3), length=LENGTH)
     assert np.max(np.abs(got[-1] - sum(_num_examples(p) for p in range(3)))) < 1e-6
 
 
@@ -600,7 +604,9 @@ def test_decryption_for_an_unknown_key_set_is_refused():
     server = Server(3)
     server.honest_round()
     total = rlwe.add_ciphertexts(list(server.cts.values()))
-    server.key_set = server.key_set.__class__(**{**server.key_set.__dict__, "key_id": "f" * 32})
+    forged = copy.copy(server.key_set.parameters)  # the request names a key set no member holds
+    object.__setattr__(forged, "key_id", "f" * 32)
+    server.key_set = dataclasses.replace(server.key_set, parameters=forged)
     _refused(server.pdec(server.nodes[0], total.c1), "no key for key set")
 
 
@@ -630,7 +636,7 @@ def _own_c1_to_the_others(server, victim):
     cts = server.honest_round()
     ct = cts[victim]
     others = sorted(set(server.key_set.names) - {server.key_set.name_of(victim)})
-    active = others[: server.key_set.threshold]
+    active = others[: server.key_set.parameters.threshold]
     server.last_replies = []
     shares = [server.share(server.pdec(server.key_set.node_of(name), ct.c1, active=active)) for name in active]
     return server.without_self_masks(rlwe.combine(server.params, ct.c0, shares), server.last_replies,
@@ -651,7 +657,7 @@ def test_control_without_masks_the_own_c1_attack_recovers_the_update(monkeypatch
     monkeypatch.setattr(client_module.masking, "mask_plaintext", lambda params, plaintext, **kw: plaintext)
     server = Server(3)
     raw = _own_c1_to_the_others(server, server.nodes[0])
-    got = rlwe.decode(server.params, raw, scale_bits=server.strategy.scale_bits_for(3), length=LENGTH)
+    got = rlwe.decode(server.params, raw, scale_bits=server.strategy.protocol.scale_bits_for(3), length=LENGTH)
     assert np.max(np.abs(got - _victim_update(0))) < 1e-4
     with pytest.raises(AssertionError):
         _assert_independent_of(raw, server.params, _victim_update(0))
@@ -676,7 +682,7 @@ def test_honest_sparse_graph_round_equals_weighted_fedavg():
 
 def test_degree_below_the_client_floor_is_refused():
     server = Server(6)  # clients' floor: the default xmk-mask-degree (4)
-    server.strategy.mask_degree = 2
+    server.strategy.protocol = dataclasses.replace(server.strategy.protocol, mask_degree=2)
     committed = server.commit()
     _refused(server.send(server.nodes[0], QUERY_XMK_REVEAL, _reveal_config(committed, **{"mask-degree": 2})),
              "MaskKeyError", "requires at least 4")
@@ -707,8 +713,9 @@ def test_different_degrees_for_different_clients_are_refused_at_train():
     assert not any(r.has_error() for r in replies.values())
     recs = [replies[n].content[XMK_CONFIG_KEY] for n in server.nodes]
     assert len({bytes(r["transcript"]) for r in recs}) == 2
-    server.key_set = _KeySet(committed.key_id, committed.seed_a, committed.round, tuple(server.nodes),
-                             committed.names, tuple(bytes(r["public-share"]) for r in recs),
+    server.key_set = _KeySet(server.strategy.protocol.key_set_parameters(len(server.nodes), key_id=committed.key_id,
+                      seed_a=committed.seed_a, round_=committed.round), tuple(server.nodes), committed.names,
+                             tuple(bytes(r["public-share"]) for r in recs),
                              tuple(bytes(r["mask-key"]) for r in recs),
                              tuple(bytes(r["transcript-signature"]) for r in recs))
     server.strategy._round.key_set = server.key_set
@@ -721,7 +728,7 @@ def test_different_degrees_for_different_clients_are_refused_at_train():
 def test_partial_sum_over_a_closed_neighbourhood_is_uniform():
     """Sparse graph (M = 6, k = 2): the victim and all its neighbours still miss masks of edges leaving the set."""
     server = Server(6, node_configs=_configs(6, **{"fedeval-xmk-mask-degree": 2}))
-    server.strategy.mask_degree = 2
+    server.strategy.protocol = dataclasses.replace(server.strategy.protocol, mask_degree=2)
     committed = server.commit()
     server.use(server.strategy.reveal(committed))
     server.train()

@@ -42,7 +42,7 @@ def _isolating_round(bulk):
     """Keys for 9 members; only the victim and its 4 non-neighbours get a train request and sign C."""
     server = Server(9, bulk=bulk)
     ks = server.keys()
-    assert ks.threshold == 5 and server.strategy.mask_degree == 4 and ks.decryption_attempts == 2
+    assert ks.parameters.threshold == 5 and ks.parameters.mask_degree == 4 and ks.parameters.decryption_attempts == 2
     graph = masking.mask_neighbours(ks.names, 4, ks.transcript)
     victim = sorted(ks.names)[0]
     contributors = sorted(set(ks.names) - set(graph[victim]))
@@ -57,7 +57,7 @@ def _capsules(server):
     out = {}
     for node, reply in server.replies.items():
         data = array_to_bytes(reply.content[XMK_CAPSULE_KEY]["capsule"])
-        ct = compact.CompactCiphertext.from_bytes(data, P, server.key_set.limbs)
+        ct = compact.CompactCiphertext.from_bytes(data, P, server.key_set.parameters.limbs)
         out[server.key_set.name_of(node)] = (ct, rlwe.polys_to_bytes(P, ct.c1),
                                              bytes(reply.content[XMK_CONFIG_KEY]["capsule-signature"]))
     return out
@@ -68,7 +68,7 @@ def _pdec_capsules(server, node, contributors, c1s, signatures, *, active=None, 
     ks = server.key_set
     config = {"params": P.name, "key-id": ks.key_id, "round": server.strategy._round.server_round,
               "attempt": attempt, "contributors": list(contributors), "num-clients": len(ks.names),
-              "limbs": ks.limbs, "model-hash": xmk.model_hash(server.arrays),
+              "limbs": ks.parameters.limbs, "model-hash": xmk.model_hash(server.arrays),
               "contributor-signers": list(server.signatures),
               "contributor-signatures": list(server.signatures.values()),
               "active": list(contributors if active is None else active)}
@@ -98,11 +98,11 @@ def _unmask_isolated(server, replies, raw, victim, contributors, graph, factor):
         seeds[x] = rec["seed-shares"][list(contributors).index(victim)]
         for name, part in zip(dropped, rec["mask-shares"]):
             keys[name][x] = part
-    pairs = [(selfmask.self_mask_key(threshold.combine_bytes(seeds, threshold=ks.threshold)), np.subtract)]
+    pairs = [(selfmask.self_mask_key(threshold.combine_bytes(seeds, threshold=ks.parameters.threshold)), np.subtract)]
     mask_keys = dict(zip(ks.names, ks.mask_keys))
     context = masking.mask_context(ks.transcript, server.strategy._round.server_round)
     for name in graph[victim]:
-        private = threshold.combine_bytes(keys[name], threshold=ks.threshold)
+        private = threshold.combine_bytes(keys[name], threshold=ks.parameters.threshold)
         pairs += masking.mask_pairs(own_name=name, own_private=private, peers={victim: mask_keys[victim]},
                                     context=context)
     correction = masking.MaskSum(P, pairs, raw.shape[0]).next_rows(np.zeros_like(raw))
@@ -133,7 +133,7 @@ def test_control_without_the_graph_check_the_isolation_recovers_the_update_in_ck
     shares = [server.share(r) for r in replies]
     raw = rlwe.combine(P, P.ring.add(ct.c0, ct.c0), shares)
     raw = _unmask_isolated(server, replies, raw, victim, contributors, graph, factor=2)
-    got = rlwe.decode(P, raw, scale_bits=server.key_set.scale_bits, length=_victim_update(0).size) / 2
+    got = rlwe.decode(P, raw, scale_bits=server.key_set.parameters.scale_bits, length=_victim_update(0).size) / 2
     assert np.max(np.abs(got - _victim_update(_pid(victim)))) < 1e-4
 
 
@@ -243,7 +243,7 @@ def _correlated_capsule(server, victim, colluder):
     caps = _capsules(server)
     names = sorted(server.key_set.names)
     others = [n for n in names if n not in (victim, colluder)]
-    level = compact.level_parameter_set(P, server.key_set.limbs)
+    level = compact.level_parameter_set(P, server.key_set.parameters.limbs)
     c0 = level.ring.neg(level.ring.sum(np.stack([caps[n][0].c0 for n in others])))
     c1 = P.ring.neg(P.ring.sum(np.stack([caps[n][0].c1 for n in others])))
     c1_bytes = rlwe.polys_to_bytes(P, c1)
@@ -263,7 +263,7 @@ def _decrypt_capsule_sum(server, names, c1s, sigs, c0, active):
         assert not reply.has_error(), reply.error.reason
     server.sent_attempt = {id(r): (r, 1) for r in replies}
     shares = [server.share(r) for r in replies]
-    level = compact.level_parameter_set(P, server.key_set.limbs)
+    level = compact.level_parameter_set(P, server.key_set.parameters.limbs)
     raw = rlwe.combine(level, c0, shares)
     return replies, raw, level
 
@@ -272,8 +272,8 @@ def _strip_self_mask(server, replies, raw, level, victim, names):
     points = dict(zip(sorted(server.key_set.names), threshold.member_points(len(names), params=P)))
     seeds = {points[server.key_set.name_of(r.metadata.src_node_id)]:
              r.content[XMK_CONFIG_KEY]["seed-shares"][names.index(victim)] for r in replies}
-    seed = threshold.combine_bytes(seeds, threshold=server.key_set.threshold)
-    u = compact.switch_modulus(P, selfmask.self_mask(P, seed, 1), server.key_set.limbs)
+    seed = threshold.combine_bytes(seeds, threshold=server.key_set.parameters.threshold)
+    u = compact.switch_modulus(P, selfmask.self_mask(P, seed, 1), server.key_set.parameters.limbs)
     return level.ring.sub(raw, u)
 
 
@@ -285,11 +285,11 @@ def test_correlated_capsule_from_a_colluding_client_recovers_nothing():
     names = sorted(server.key_set.names)
     victim, colluder = names[0], names[1]
     names, c1s, sigs, c0, _ = _correlated_capsule(server, victim, colluder)
-    active = [n for n in names if n != colluder][: server.key_set.threshold]
+    active = [n for n in names if n != colluder][: server.key_set.parameters.threshold]
     replies, raw, level = _decrypt_capsule_sum(server, names, c1s, sigs, c0, active)
     raw = _strip_self_mask(server, replies, raw, level, victim, names)
-    approx = rlwe.decode(level, raw, scale_bits=server.key_set.scale_bits, length=P.n) * float(
-        compact.dropped_modulus(P, server.key_set.limbs))
+    approx = rlwe.decode(level, raw, scale_bits=server.key_set.parameters.scale_bits, length=P.n) * float(
+        compact.dropped_modulus(P, server.key_set.parameters.limbs))
     with pytest.raises(kahe.KaheError):
         kahe.round_key_sum(approx)
     frac = np.abs(approx - np.rint(approx))
@@ -304,14 +304,14 @@ def test_control_without_pairwise_masks_the_correlated_capsule_recovers_the_key(
     names = sorted(server.key_set.names)
     victim, colluder = names[0], names[1]
     names, c1s, sigs, c0, _ = _correlated_capsule(server, victim, colluder)
-    active = [n for n in names if n != colluder][: server.key_set.threshold]
+    active = [n for n in names if n != colluder][: server.key_set.parameters.threshold]
     replies, raw, level = _decrypt_capsule_sum(server, names, c1s, sigs, c0, active)
     raw = _strip_self_mask(server, replies, raw, level, victim, names)
-    approx = rlwe.decode(level, raw, scale_bits=server.key_set.scale_bits, length=P.n) * float(
-        compact.dropped_modulus(P, server.key_set.limbs))
+    approx = rlwe.decode(level, raw, scale_bits=server.key_set.parameters.scale_bits, length=P.n) * float(
+        compact.dropped_modulus(P, server.key_set.parameters.limbs))
     key = kahe.round_key_sum(approx)
     seed = kahe.public_seed(server.key_set.transcript, 1)
-    total = kahe.KaheSum(server.key_set.kahe, seed, _victim_update(0).size - 1)
+    total = kahe.KaheSum(server.key_set.parameters.kahe, seed, _victim_update(0).size - 1)
     reply = server.replies[server.key_set.node_of(victim)]
     total.add(array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]))
     values, integers = total.decode(key)
@@ -340,17 +340,18 @@ def test_replayed_earlier_round_capsule_is_refused_and_ciphertext_decodes_to_noi
     sigs = [old_caps[victim][2]] + [caps[n][2] for n in names[1:]]
     _refused(_pdec_capsules(server, server.key_set.node_of(names[1]), names, c1s, sigs), "did not sign")
     # the honest round-2 capsules decrypt K_C; the sum with the victim's round-1 KAHE ciphertext is noise
-    level = compact.level_parameter_set(P, server.key_set.limbs)
+    level = compact.level_parameter_set(P, server.key_set.parameters.limbs)
     c0 = level.ring.sum(np.stack([caps[n][0].c0 for n in names]))
     replies, raw, level = _decrypt_capsule_sum(server, names, [caps[n][1] for n in names],
-                                               [caps[n][2] for n in names], c0, names[: server.key_set.threshold])
+                                               [caps[n][2] for n in names], c0,
+                                               names[: server.key_set.parameters.threshold])
     for name in names:
         raw = _strip_self_mask(server, replies, raw, level, name, names)
-    approx = rlwe.decode(level, raw, scale_bits=server.key_set.scale_bits, length=P.n) * float(
-        compact.dropped_modulus(P, server.key_set.limbs))
+    approx = rlwe.decode(level, raw, scale_bits=server.key_set.parameters.scale_bits, length=P.n) * float(
+        compact.dropped_modulus(P, server.key_set.parameters.limbs))
     key_sum = kahe.round_key_sum(approx)
     length = _victim_update(0).size - 1
-    kp = server.key_set.kahe
+    kp = server.key_set.parameters.kahe
     seed1, seed2 = (kahe.public_seed(server.key_set.transcript, r) for r in (1, 2))
     replayed = kahe.KaheSum(kp, seed2, length)
     with pytest.raises(kahe.KaheError, match="seed tag"):

@@ -49,7 +49,7 @@ def test_round_equals_plaintext_weighted_fedavg_in_both_modes(bulk):
 
 
 def test_default_is_kahe():
-    assert XMKFedAvg().bulk == "kahe"
+    assert XMKFedAvg().protocol.bulk == "kahe"
     with pytest.raises(ValueError, match="bulk"):
         XMKFedAvg(bulk="plain")
 

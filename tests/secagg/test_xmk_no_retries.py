@@ -86,7 +86,7 @@ def test_bound_varied_per_train_request_is_ignored_and_never_refused():
     total = rlwe.add_ciphertexts(list(cts.values()))
     shares = [server.share(server.pdec(n, total.c1)) for n in server.nodes]
     raw = server.without_self_masks(rlwe.combine(server.params, total.c0, shares), server.last_replies)
-    got = rlwe.decode(server.params, raw, scale_bits=server.key_set.scale_bits, length=LENGTH)
+    got = rlwe.decode(server.params, raw, scale_bits=server.key_set.parameters.scale_bits, length=LENGTH)
     assert got[-1] == pytest.approx(sum(num_examples(p) for p in range(3)), abs=1e-6)
 
 
@@ -124,7 +124,8 @@ def test_members_shown_different_bounds_refuse_before_sharing_keys():
     assert not any(r.has_error() for r in replies.values())
     recs = [replies[n].content[XMK_CONFIG_KEY] for n in server.nodes]
     assert len({bytes(r["transcript"]) for r in recs}) == 2
-    key_set = _KeySet(committed.key_id, committed.seed_a, committed.round, tuple(server.nodes), committed.names,
+    key_set = _KeySet(server.strategy.protocol.key_set_parameters(len(server.nodes), key_id=committed.key_id,
+                      seed_a=committed.seed_a, round_=committed.round), tuple(server.nodes), committed.names,
                       tuple(bytes(r["public-share"]) for r in recs), tuple(bytes(r["mask-key"]) for r in recs),
                       tuple(bytes(r["transcript-signature"]) for r in recs))
     with pytest.raises(RoundAborted) as info:

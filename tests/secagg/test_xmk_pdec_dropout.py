@@ -12,6 +12,7 @@ client handlers and roster identities.
   parses each attempt's shares strictly at that attempt's level; one A answered under different k is noise.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -39,8 +40,8 @@ def _mean_bound(strategy, num_clients, partitions):
     """The stated worst-case error of the decoded mean: (compact_noise_bound + M/2) / Δ / Σ n_i."""
     from xmk_app import num_examples
 
-    scale = strategy.scale_bits_for(num_clients)
-    limbs = strategy.limbs_for(num_clients, scale)
+    scale = strategy.protocol.scale_bits_for(num_clients)
+    limbs = strategy.protocol.limbs_for(num_clients, scale)
     bound = (compact.compact_noise_bound(strategy.params, limbs, num_clients=num_clients) + num_clients / 2)
     return bound / 2.0**scale / sum(num_examples(p) for p in partitions)
 
@@ -101,7 +102,7 @@ def test_a_decryptor_lost_during_step_3_is_replaced_and_the_round_completes():
     pdecs = [n for n, kind, _ in grid.log if kind == QUERY_XMK_PDEC]
     assert pdecs.count(victim) == 1 and len(pdecs) == 6  # 3 + 3 requests, the victim asked once
     # attempt 1 switched to L' limbs, the retry at the full L (switched by the server on arrival)
-    limbs = strategy.limbs_for(5, strategy.scale_bits_for(5))
+    limbs = strategy.protocol.limbs_for(5, strategy.protocol.scale_bits_for(5))
     assert limbs < P.limbs
     assert [(grid.node_ids.index(n), r.attempt) for n, r, _ in grid.pdecs] == [(0, 1), (2, 1), (0, 2), (2, 2),
                                                                             (3, 2)]
@@ -125,7 +126,7 @@ def test_with_one_attempt_signed_a_lost_decryptor_still_fails_the_round():
 
 def _decode(server, c0, shares, replies):
     raw = server.without_self_masks(rlwe.combine(server.params, c0, shares), replies)
-    return rlwe.decode(server.params, raw, scale_bits=server.strategy.scale_bits_for(len(server.nodes)),
+    return rlwe.decode(server.params, raw, scale_bits=server.strategy.protocol.scale_bits_for(len(server.nodes)),
                        length=LENGTH), raw
 
 
@@ -186,7 +187,7 @@ def test_two_completed_attempts_decrypt_the_same_sum():
         assert got[-1] == pytest.approx(expected[-1], abs=1e-6)  # Σ n_i
         assert np.max(np.abs(got[:-1] / got[-1] - expected[:-1] / expected[-1])) < 1e-6
     # the same Σ m: each within B_total(M) / Δ of it (fresh smudging each: not the same noise)
-    bound = (rlwe.total_noise_bound(server.params, 4) + 2) / 2.0**server.strategy.scale_bits_for(4)
+    bound = (rlwe.total_noise_bound(server.params, 4) + 2) / 2.0**server.strategy.protocol.scale_bits_for(4)
     assert 0 < np.max(np.abs(sums[0] - sums[1])) <= 2 * bound
 
 
@@ -279,12 +280,12 @@ def test_a_retry_share_at_another_level_than_its_attempt_is_refused_by_the_serve
 def _compact_server(num_nodes):
     """A key set at the fewest L' the noise budget allows (< L), trained once; returns (server, C1)."""
     server = Server(num_nodes)
-    server.strategy.limbs = None
+    server.strategy.protocol = dataclasses.replace(server.strategy.protocol, limbs=None)
     server.keys()
     server.train()
-    assert server.key_set.limbs < P.limbs
+    assert server.key_set.parameters.limbs < P.limbs
     cts = [compact.CompactCiphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), P,
-                                                server.key_set.limbs) for r in server.replies.values()]
+                                                server.key_set.parameters.limbs) for r in server.replies.values()]
     return server, compact.add_compact_ciphertexts(cts).c1
 
 
@@ -301,9 +302,9 @@ def test_a_member_gives_one_share_per_attempt_index_switched_for_k_1_only():
     _refused(reply, "as attempt k=1", "one share per attempt index")
     assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
     retry = server.pdec(node(names[0]), c1, active=a2, attempt=2)  # the refusal spent nothing
-    for reply, limbs in ((first, server.key_set.limbs), (retry, P.limbs)):
+    for reply, limbs in ((first, server.key_set.parameters.limbs), (retry, P.limbs)):
         share = array_to_bytes(reply.content[XMK_SHARE_KEY]["share"])
-        assert _level_of(share, limbs) and not _level_of(share, P.limbs + server.key_set.limbs - limbs)
+        assert _level_of(share, limbs) and not _level_of(share, P.limbs + server.key_set.parameters.limbs - limbs)
     # another member, the other order: k = 2 first, then k = 2 again (refused), then k = 1 (its one switched share)
     server.share(server.pdec(node(names[1]), c1, active=a1, attempt=2))
     reply = server.pdec(node(names[1]), c1, active=a2, attempt=2)

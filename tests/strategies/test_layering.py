@@ -36,3 +36,45 @@ def test_record_keys_are_unique_and_not_spelled_out_in_phases_or_handlers():
         for match in pattern.finditer(path.read_text()):
             name = match.group(1) or match.group(2)
             assert name not in record_names, f"{path.name}: record key {name!r} spelled as a bare string"
+
+
+#: The layers below Flower: they import no flwr (nor TensorFlow), directly or through any module of the
+#: package they import; only strategies, clients, app, testing, protocol and experiments may.
+BELOW_FLOWER = ("rlwe", "fhe", "dp", "metrics", "shapley", "secagg")
+
+
+def _module_path(module: str) -> Path | None:
+    parts = module.split(".")[1:]
+    for candidate in (PACKAGE.joinpath(*parts).with_suffix(".py"), PACKAGE.joinpath(*parts, "__init__.py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def test_layers_below_flower_import_no_flower_even_through_another_module():
+    for layer in BELOW_FLOWER:
+        files = sorted((PACKAGE / layer).glob("*.py"))
+        assert files, layer
+        for start in files:
+            seen, todo = set(), [start]
+            while todo:
+                path = todo.pop()
+                if path in seen:
+                    continue
+                seen.add(path)
+                for module in _imports(path):
+                    top = module.split(".")[0]
+                    assert top not in ("flwr", "tensorflow", "keras"), \
+                        f"{start.relative_to(PACKAGE)} reaches {module} through {path.relative_to(PACKAGE)}"
+                    if top == "flwr_fedeval":
+                        # `from flwr_fedeval.rlwe import kahe` names a module too
+                        for name in (module, *(f"{module}.{a}" for a in _imported_names(path, module))):
+                            found = _module_path(name)
+                            if found is not None:
+                                todo.append(found)
+
+
+def _imported_names(path: Path, module: str) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == module
+            for a in node.names]

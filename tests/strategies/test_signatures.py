@@ -62,5 +62,6 @@ def test_secure_aggregation_hands_every_protocol_parameter_to_its_engine():
     values = {"max_abs_value": 2.0**10, "step_timeout": 30.0, "max_attempts": 2, "mask_degree": 2, "threshold": 3,
               "limbs": 4, "decryption_attempts": 1, "rekey": "every-round"}
     wrapped = SecureAggregation(FedAvg(), **values)
+    assert wrapped.protocol is wrapped.engine.protocol
     for name, value in values.items():
-        assert getattr(wrapped.engine, name) == value, name
+        assert getattr(wrapped.engine.protocol, name) == value, name
