@@ -63,7 +63,7 @@ from flwr_fedeval.protocol._base import (
     config_list,
     config_record,
 )
-from flwr_fedeval.secagg import BULK_MODES, KeySetParameters
+from flwr_fedeval.secagg import BULK_MODES, KeySetParameters, messages
 
 __all__ = [
     "BULK_MODES",
@@ -178,7 +178,7 @@ def _blob(name: str, data: bytes) -> ArrayRecord:
 
 # ------------------------------------------------------------------ step 1a
 @dataclasses.dataclass(frozen=True)
-class KeygenRequest(Payload):
+class KeygenRequest(Payload, messages.KeygenRequest):
     """Step 1a request (``query.xmk_keygen``), record ``"xmk"``.
 
     Attributes
@@ -194,10 +194,6 @@ class KeygenRequest(Payload):
     """
 
     LABEL = "xMK key generation request"
-    params: str
-    seed_a: bytes
-    key_id: str
-    round: int
 
     def _to_record(self) -> RecordDict:
         return _config(params=self.params, seed_a=self.seed_a, key_id=self.key_id, round=self.round)
@@ -210,7 +206,7 @@ class KeygenRequest(Payload):
 
 
 @dataclasses.dataclass(frozen=True)
-class KeygenReply(Payload):
+class KeygenReply(Payload, messages.KeygenReply):
     """Step 1a reply, record ``"xmk"``: a signed commitment, neither b_i nor X_i.
 
     Attributes
@@ -226,10 +222,6 @@ class KeygenReply(Payload):
     """
 
     LABEL = "xMK key generation reply"
-    key_id: str
-    signer: str
-    commitment: bytes
-    signature: bytes
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, signer=self.signer, commitment=self.commitment, signature=self.signature)
@@ -243,7 +235,7 @@ class KeygenReply(Payload):
 
 # ------------------------------------------------------------------ step 1b
 @dataclasses.dataclass(frozen=True)
-class RevealRequest(Payload):
+class RevealRequest(Payload, messages.RevealRequest):
     """Step 1b request (``query.xmk_reveal``), record ``"xmk"``: every member's signed commitment.
 
     Attributes
@@ -286,19 +278,6 @@ class RevealRequest(Payload):
     """
 
     LABEL = "xMK key reveal request"
-    key_id: str
-    round: int
-    signers: tuple[str, ...]
-    commitments: tuple[bytes, ...]
-    signatures: tuple[bytes, ...]
-    mask_degree: int
-    scale_bits: int
-    max_abs_value: float
-    threshold: int
-    limbs: int
-    decryption_attempts: int
-    bulk: str = "kahe"
-    fractional_bits: int = 0
 
     @classmethod
     def of(cls, parameters: KeySetParameters, signers: tuple[str, ...], commitments: tuple[bytes, ...],
@@ -308,19 +287,6 @@ class RevealRequest(Payload):
         return cls(parameters.key_id, parameters.round, signers, commitments, signatures, parameters.mask_degree,
                    parameters.scale_bits, parameters.max_abs_value, parameters.threshold, parameters.limbs,
                    parameters.decryption_attempts, parameters.bulk, parameters.fractional_bits)
-
-    def parameters(self, parameter_set: str, seed_a: bytes, num_members: int) -> KeySetParameters:
-        """The key set's parameters as this request shows them, with the parameter set and seed-a of step 1a
-        and N.
-
-        Raises
-        ------
-        flwr_fedeval.rlwe.keyset.KeySetError
-            They do not validate (:class:`~flwr_fedeval.secagg.KeySetParameters`).
-        """
-        return KeySetParameters(parameter_set, self.key_id, seed_a, self.round, num_members, self.mask_degree,
-                                self.scale_bits, self.max_abs_value, self.threshold, self.limbs,
-                                self.decryption_attempts, self.bulk, self.fractional_bits)
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, round=self.round, signers=self.signers, commitments=self.commitments,
@@ -352,7 +318,7 @@ class RevealRequest(Payload):
 
 
 @dataclasses.dataclass(frozen=True)
-class RevealReply(Payload):
+class RevealReply(Payload, messages.RevealReply):
     """Step 1b reply, record ``"xmk"``: the opening of the commitment and the signed transcript.
 
     Attributes
@@ -369,12 +335,6 @@ class RevealReply(Payload):
     """
 
     LABEL = "xMK key reveal reply"
-    key_id: str
-    signer: str
-    public_share: bytes
-    mask_key: bytes
-    transcript: bytes
-    transcript_signature: bytes
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, signer=self.signer, public_share=self.public_share,
@@ -402,7 +362,7 @@ def _key_set_lists(rec: ConfigRecord) -> dict[str, list[Any]]:
 
 # ------------------------------------------------------------------ step 1c
 @dataclasses.dataclass(frozen=True)
-class SharesRequest(Payload):
+class SharesRequest(Payload, messages.SharesRequest):
     """Step 1c request (``query.xmk_shares``), record ``"xmk"``: every member's opening and signature over T.
 
     Attributes
@@ -415,13 +375,6 @@ class SharesRequest(Payload):
     """
 
     LABEL = "xMK key shares request"
-    params: str
-    key_id: str
-    round: int
-    signers: tuple[str, ...]
-    public_shares: tuple[bytes, ...]
-    mask_keys: tuple[bytes, ...]
-    transcript_signatures: tuple[bytes, ...]
 
     def _to_record(self) -> RecordDict:
         return _config(params=self.params, key_id=self.key_id, round=self.round, signers=self.signers,
@@ -437,7 +390,7 @@ class SharesRequest(Payload):
 
 
 @dataclasses.dataclass(frozen=True)
-class SharesReply(Payload):
+class SharesReply(Payload, messages.SharesReply):
     """Step 1c reply, record ``"xmk"``: this member's shares, sealed to each other member.
 
     Attributes
@@ -450,11 +403,6 @@ class SharesReply(Payload):
     """
 
     LABEL = "xMK key shares reply"
-    key_id: str
-    signer: str
-    round: int
-    recipients: tuple[str, ...]
-    sealed_shares: tuple[bytes, ...]
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, signer=self.signer, round=self.round, recipients=self.recipients,
@@ -472,7 +420,7 @@ class SharesReply(Payload):
 
 # ------------------------------------------------------------------ step 2
 @dataclasses.dataclass(frozen=True)
-class TrainRequest(Payload):
+class TrainRequest(Payload, messages.TrainRequest):
     """Step 2 request: the ``"xmk"`` ConfigRecord of the key set, added to Flower's ``train`` message
     (beside the model's ArrayRecord and the train config, which are Flower's).
 
@@ -491,16 +439,6 @@ class TrainRequest(Payload):
     """
 
     LABEL = "xMK train request"
-    params: str
-    key_id: str
-    round: int
-    signers: tuple[str, ...]
-    public_shares: tuple[bytes, ...]
-    mask_keys: tuple[bytes, ...]
-    transcript_signatures: tuple[bytes, ...]
-    num_clients: int
-    senders: tuple[str, ...] = ()
-    sealed_shares: tuple[bytes, ...] = ()
 
     @staticmethod
     def carried_by(content: RecordDict) -> bool:
@@ -588,7 +526,7 @@ class TrainReply(Payload):
 
 # ------------------------------------------------------------------ step 2b
 @dataclasses.dataclass(frozen=True)
-class ContributorsRequest(Payload):
+class ContributorsRequest(Payload, messages.ContributorsRequest):
     """Step 2b request (``query.xmk_contributors``), record ``"xmk"``: the contributor set C to sign.
 
     Attributes
@@ -602,10 +540,6 @@ class ContributorsRequest(Payload):
     """
 
     LABEL = "xMK contributors request"
-    key_id: str
-    round: int
-    model_hash: bytes
-    contributors: tuple[str, ...]
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, round=self.round, model_hash=self.model_hash,
@@ -620,7 +554,7 @@ class ContributorsRequest(Payload):
 
 
 @dataclasses.dataclass(frozen=True)
-class ContributorsReply(Payload):
+class ContributorsReply(Payload, messages.ContributorsReply):
     """Step 2b reply, record ``"xmk"``: the member's signature over (key set, round, model hash, C).
 
     Attributes
@@ -631,9 +565,6 @@ class ContributorsReply(Payload):
     """
 
     LABEL = "xMK contributors reply"
-    key_id: str
-    signer: str
-    signature: bytes
 
     def _to_record(self) -> RecordDict:
         return _config(key_id=self.key_id, signer=self.signer, signature=self.signature)
@@ -647,7 +578,7 @@ class ContributorsReply(Payload):
 
 # ------------------------------------------------------------------ step 3
 @dataclasses.dataclass(frozen=True)
-class PdecRequest(Payload):
+class PdecRequest(Payload, messages.PdecRequest):
     """Step 3 request (``query.xmk_pdec``): record ``"xmk"`` and record ``"xmk-c1"`` (ArrayRecord ``c1``, uint8).
 
     Attributes
@@ -686,20 +617,6 @@ class PdecRequest(Payload):
     """
 
     LABEL = "xMK partial decryption request"
-    params: str
-    key_id: str
-    round: int
-    contributors: tuple[str, ...]
-    num_clients: int
-    c1: bytes
-    limbs: int
-    model_hash: bytes = bytes(DIGEST_BYTES)
-    contributor_signers: tuple[str, ...] = ()
-    contributor_signatures: tuple[bytes, ...] = ()
-    active: tuple[str, ...] = ()
-    attempt: int = 1
-    capsule_c1s: tuple[bytes, ...] = ()
-    capsule_signatures: tuple[bytes, ...] = ()
 
     def _to_record(self) -> RecordDict:
         content = _config(params=self.params, key_id=self.key_id, round=self.round, contributors=self.contributors,
@@ -738,7 +655,7 @@ class PdecRequest(Payload):
 
 
 @dataclasses.dataclass(frozen=True)
-class PdecReply(Payload):
+class PdecReply(Payload, messages.PdecReply):
     """Step 3 reply: record ``"xmk-share"`` (ArrayRecord ``share``, uint8).
 
     Attributes
@@ -758,9 +675,6 @@ class PdecReply(Payload):
     """
 
     LABEL = "xMK partial decryption reply"
-    share: bytes | memoryview
-    seed_shares: tuple[bytes, ...] = ()
-    mask_shares: tuple[bytes, ...] = ()
 
     def _to_record(self) -> RecordDict:
         content = RecordDict({XMK_SHARE_KEY: _blob("share", self.share)})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,7 +177,7 @@ class KeySetParameters:
             limbs=self.limbs, decryption_attempts=self.decryption_attempts, bulk=self.bulk,
             kahe_parameters=self.kahe.to_bytes() if self.kahe is not None else b"")
 
-    def transcript(self, members: list[tuple[str, bytes]]) -> bytes:
+    def transcript(self, members: Sequence[tuple[str, bytes]]) -> bytes:
         """T over these parameters and the N members' (name, commitment) pairs
         (:func:`flwr_fedeval.rlwe.keyset.transcript_of`).
 

@@ -652,9 +652,9 @@ def test_c1_of_one_client_decrypted_by_the_others_is_uniform():
 def test_control_without_masks_the_own_c1_attack_recovers_the_update(monkeypatch):
     """The power of the test above: with the pairwise masks switched off, the same requests decrypt the
     victim's update."""
-    import flwr_fedeval.clients.xmkckks as client_module
+    import flwr_fedeval.secagg.member as member_module
 
-    monkeypatch.setattr(client_module.masking, "mask_plaintext", lambda params, plaintext, **kw: plaintext)
+    monkeypatch.setattr(member_module.masking, "mask_plaintext", lambda params, plaintext, **kw: plaintext)
     server = Server(3)
     raw = _own_c1_to_the_others(server, server.nodes[0])
     got = rlwe.decode(server.params, raw, scale_bits=server.strategy.protocol.scale_bits_for(3), length=LENGTH)

@@ -21,7 +21,7 @@ from identities import IDENTITY_DIR
 from test_xmk_deviating_server import Server, _refused, _victim_update
 from xmk_app import RUN_CONFIG, flat, initial, make_app, num_examples, plain_fedavg, run, update
 
-import flwr_fedeval.clients.xmkckks as client_module
+import flwr_fedeval.secagg.member as member_module
 from flwr_fedeval import rlwe
 from flwr_fedeval.identity import NodeIdentity
 from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, XMK_CONFIG_KEY, array_to_bytes
@@ -125,7 +125,7 @@ def test_isolation_of_one_member_is_refused_in_ckks_mode():
 def test_control_without_the_graph_check_the_isolation_recovers_the_update_in_ckks_mode(monkeypatch):
     """The power of the test above: the same requests, with the decryptors' graph check switched off, give the
     victim's exact update (what the attack got before the check)."""
-    monkeypatch.setattr(client_module.masking, "check_contributors_connected", lambda *a, **k: None)
+    monkeypatch.setattr(member_module.masking, "check_contributors_connected", lambda *a, **k: None)
     server, victim, contributors, graph = _isolating_round("ckks")
     ct = server.ciphertexts()[server.key_set.node_of(victim)]
     replies = [server.pdec(server.key_set.node_of(n), P.ring.add(ct.c1, ct.c1), contributors=contributors,
@@ -299,7 +299,7 @@ def test_correlated_capsule_from_a_colluding_client_recovers_nothing():
 def test_control_without_pairwise_masks_the_correlated_capsule_recovers_the_key(monkeypatch):
     """The power of the test above: with the pairwise masks switched off, the same capsule gives k_v, which
     decrypts the victim's KAHE ciphertext."""
-    monkeypatch.setattr(client_module.masking, "mask_plaintext", lambda params, plaintext, **kw: plaintext)
+    monkeypatch.setattr(member_module.masking, "mask_plaintext", lambda params, plaintext, **kw: plaintext)
     server = _kahe_round(5)
     names = sorted(server.key_set.names)
     victim, colluder = names[0], names[1]
@@ -379,12 +379,12 @@ def test_replayed_earlier_round_capsule_is_refused_and_ciphertext_decodes_to_noi
 def test_key_sum_that_does_not_round_aborts_the_round_and_leaves_the_model(monkeypatch):
     """Capsules whose keys are off by 1/2 (a deviating client's, or a wrong decryption): K_C is not within 1/4
     of an integer, the server refuses to decode, and the model is unchanged."""
-    real = client_module._capsule_plaintext
+    real = member_module._capsule_plaintext
 
     def off_by_half(params, key, *, scale_bits, num_clients, kahe_params):
         return rlwe.encode(params, key.astype(np.float64) + 0.5, scale_bits=scale_bits, num_clients=num_clients)
 
-    monkeypatch.setattr(client_module, "_capsule_plaintext", off_by_half)
+    monkeypatch.setattr(member_module, "_capsule_plaintext", off_by_half)
     grid = InProcessGrid(make_app(), 3, RUN_CONFIG)
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=3, max_abs_value=1e4)
     result = run(grid, strategy)
