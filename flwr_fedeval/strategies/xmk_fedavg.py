@@ -18,7 +18,7 @@ node early.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from typing import Any
@@ -32,10 +32,9 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import Payload, ReplyCode, Step, xmk
-from flwr_fedeval.rlwe import capsule, compact, kahe, keyset, masking, selfmask
-from flwr_fedeval.rlwe import serialization as ser
-from flwr_fedeval.rlwe import threshold as shamir
+from flwr_fedeval.rlwe import keyset
 from flwr_fedeval.secagg import BULK_MODES, KeySetParameters, ProtocolParameters, protocol_keywords
+from flwr_fedeval.secagg.server import CHUNK_POLYS, AggregationError, Aggregator, CiphertextSum, ShareSum
 from flwr_fedeval.strategies.base import (
     Failures,
     ReadableFailuresMixin,
@@ -122,12 +121,10 @@ class _RoundState:
     sent: list[Message] = field(default_factory=list)  # the step-2 requests (replies matched by message id)
     known: set[int] = field(default_factory=set)  # the node list when the round started
     tried: set[int] = field(default_factory=set)  # every node of an attempt of this round
-    running: _RunningSum | None = None  # Σ c_j of the attempt in progress, folded as the replies arrive
+    running: Aggregator | None = None  # the server party of the attempt in progress (its running sums)
     inboxes: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # step 1c: name -> (sender, box)
     train_results: dict[int, Any] = field(default_factory=dict)  # node -> its reply's metrics, or the error
     pdec_attempts: list[tuple[str, ...]] = field(default_factory=list)  # step 3: every active set A asked
-    kahe_sum: kahe.KaheSum | None = None  # KAHE mode: Σ of the KAHE ciphertexts, folded as the replies arrive
-    capsules: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # KAHE mode: node -> (c1, signature)
 
     @property
     def keys(self) -> _KeySet:
@@ -209,132 +206,6 @@ class _FoldingGrid:
 def _active_set(signatures: dict[str, bytes], t: int) -> tuple[str, ...]:
     """A of step 3: the first t signers of C by name (a loss outside A costs nothing)."""
     return tuple(sorted(signatures)[:t])
-
-
-#: Polynomials per range when the server folds, rebuilds masks and decodes (issue 21 item 3): ranges
-#: of a few MB instead of whole arrays of hundreds of MB (64 × 4096 coefficients × L limbs).
-CHUNK_POLYS = 64
-
-
-def _add_ranges(accs: Sequence[tuple[np.ndarray, np.ndarray]],
-                ranges: Callable[[], Iterator[tuple[Any, ...]]]) -> None:
-    """acc[start:stop] ← acc[start:stop] + part mod q for every range ``(start, part, ...)`` of ``ranges()``
-    (one part per ``(acc, q_col)`` of ``accs``; reduced accumulators, parts reduced uint64, used as scratch).
-
-    ``ranges()`` checks each range before yielding it; if one raises ``ValueError``, the ranges already
-    added are read again and subtracted (exactly: arithmetic mod q), so the accumulators are left as
-    they were, then the error is raised: nothing is lost and nothing half-added.
-    """
-
-    def fold(start: int, parts: Sequence[np.ndarray], negate: bool) -> None:
-        for (acc, q), part in zip(accs, parts):
-            rows = acc[start : start + part.shape[0]]
-            if negate:
-                np.subtract(q, part, out=part)  # −x mod q = q − x
-            np.add(part, rows, out=part)  # < 2q < 2^32: no overflow in uint64
-            np.minimum(part, part - q, out=rows, casting="unsafe")  # part - q wraps around below q: mod q
-
-    done = 0
-    try:
-        for start, *parts in ranges():
-            fold(start, parts, False)
-            done = start + parts[0].shape[0]
-            del parts  # not alive while the next range is read
-    except ValueError:
-        for start, *parts in ranges():
-            if start >= done:
-                break
-            fold(start, parts, True)
-        raise
-
-
-class _RunningSum:
-    """Σ c_j of step 2 (Eq. 3) over compact ciphertexts (C0' at L' limbs, C1 at L), folded one at a
-    time straight from the wire bytes, ``chunk_polys`` polynomials at a time, kept reduced in uint32
-    (residues < 2^31: half the bytes of a parsed ciphertext); ``folded`` maps each node to what its
-    reply carried besides the ciphertext."""
-
-    def __init__(self, params: rlwe.ParameterSet, limbs: int, num_polys: int, chunk_polys: int = CHUNK_POLYS) -> None:
-        self.params = params
-        self.limbs = limbs
-        self.level = compact.level_parameter_set(params, limbs)
-        self.num_polys = num_polys
-        self.chunk_polys = chunk_polys
-        self.c0: np.ndarray | None = None
-        self.c1: np.ndarray | None = None
-        self.folded: dict[int, Any] = {}
-
-    def add(self, node: int, data: bytes | memoryview, extra: Any = None) -> None:
-        """Check and add one ciphertext's bytes (:meth:`~flwr_fedeval.rlwe.compact.CompactCiphertext.to_bytes`).
-
-        Every check of :meth:`~flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes` is made: the
-        headers and lengths before anything is added (:func:`~flwr_fedeval.rlwe.compact.compact_count`),
-        the residues of each range of polynomials before that range is added
-        (:func:`~flwr_fedeval.rlwe.compact.compact_rows`). If a later range is malformed, the ranges
-        already added are subtracted again (exactly: arithmetic mod q), so a refused ciphertext leaves
-        the sum as it was.
-
-        Raises
-        ------
-        ValueError
-            The node's second ciphertext in this round, or a malformed ciphertext (naming the field),
-            or one of another size than the model's.
-        """
-        if node in self.folded:
-            raise ValueError(f"node {node}: a second ciphertext in one round")
-        count = compact.compact_count(data, self.params, self.limbs)
-        if count != self.num_polys:
-            raise ValueError(f"{count} polynomials, expected {self.num_polys}")
-        fresh = self.c0 is None or self.c1 is None
-        if fresh:
-            self.c0 = np.zeros((count, self.limbs, self.params.n), dtype=np.uint32)
-            self.c1 = np.zeros((count, self.params.limbs, self.params.n), dtype=np.uint32)
-        try:
-            _add_ranges(((self.c0, self.level.ring.q_col), (self.c1, self.params.ring.q_col)),
-                        lambda: compact.compact_rows(data, self.params, self.limbs, chunk_polys=self.chunk_polys))
-        except ValueError:
-            if fresh:
-                self.c0 = self.c1 = None
-            raise
-        self.folded[node] = extra
-
-    def _check_total(self, nodes: Iterable[int]) -> None:
-        nodes = set(nodes)
-        if self.c0 is None or self.c1 is None or nodes != set(self.folded):
-            raise ValueError(f"the running sum holds nodes {sorted(self.folded)}, not {sorted(nodes)}")
-
-    def total(self, nodes: Iterable[int]) -> _CiphertextSum:
-        """C = Σ_{j ∈ nodes} c_j: C0' (uint32, the decryption's accumulator) and C1's bytes
-        (:func:`flwr_fedeval.rlwe.polys_to_bytes`, packed a range at a time from the uint32 sum).
-        The running sum is released.
-
-        Raises
-        ------
-        ValueError
-            If ``nodes`` are not exactly the folded nodes.
-        """
-        self._check_total(nodes)
-        assert self.c0 is not None and self.c1 is not None
-        c0, self.c0 = self.c0, None
-        params, count = self.params, self.num_polys
-        header = ser.pack_header(ser.KIND_POLYNOMIALS, params, count)
-        out = bytearray(len(header) + ser.packed_size(params, count, 1))
-        out[: len(header)] = header
-        payload = memoryview(out)[len(header):]
-        for start in range(0, count, self.chunk_polys):
-            ser.pack_rows_into(params, payload, count, start, self.c1[start : start + self.chunk_polys])
-        del payload
-        self.c1 = None
-        return _CiphertextSum(c0, bytes(out))
-
-
-@dataclass(frozen=True, eq=False)
-class _CiphertextSum:
-    """C = Σ_{j∈C} c_j of step 2 as step 3 uses it: C0' of shape (k, L', n) uint32 (reduced mod q'), C1 as
-    :func:`flwr_fedeval.rlwe.polys_to_bytes` (sent to the decryptors as is)."""
-
-    c0: np.ndarray
-    c1: bytes
 
 
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
@@ -626,8 +497,6 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             return None, None
         finally:
             state.running = None
-            state.kahe_sum = None
-            state.capsules = {}
 
     # ------------------------------------------------------- protocol steps
     def keygen(self, nodes: list[int]) -> _KeySet:
@@ -766,56 +635,26 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             reply.content = RecordDict()  # the ciphertext is a view into the message's buffer: one copy
             state.train_results[node] = self._fold_ciphertext(node, parsed)
             del parsed
-        except (KeyError, ValueError, TypeError, kahe.KaheError) as exc:
+        except (KeyError, ValueError, TypeError) as exc:
             state.train_results[node] = exc
         reply.content = RecordDict()
         return reply
 
     def _fold_ciphertext(self, node: int, reply: xmk.TrainReply) -> MetricRecord | None:
-        """Check one step-2 reply and add it into the round's running sums; return the reply's metrics.
-
-        CKKS mode: the ciphertext into the running sum (canonical compact encoding, c0 at the key set's L',
-        c1 at L, of the model's size: the checks of
-        :meth:`flwr_fedeval.rlwe.compact.CompactCiphertext.from_bytes`, made a range of polynomials at a
-        time by :meth:`_RunningSum.add`; a malformed ciphertext adds nothing). KAHE mode: the capsule is
-        parsed strictly first (one polynomial), then the KAHE ciphertext is added into the KAHE sum
-        (:meth:`flwr_fedeval.rlwe.kahe.KaheSum.add`, which adds nothing from a malformed one), then the
-        capsule into the capsule sum; the capsule's c1 and its signature are kept for step 3.
+        """Check one step-2 reply and fold it into the round's running sums
+        (:meth:`flwr_fedeval.secagg.server.Aggregator.add_upload`: a malformed upload adds nothing); return
+        the reply's metrics.
 
         Raises
         ------
-        ValueError, flwr_fedeval.rlwe.kahe.KaheError
+        ValueError
             The ciphertext or capsule is malformed, at another level, or of another size, or it is the
-            node's second in this round.
+            node's second in this round (a :class:`~flwr_fedeval.rlwe.kahe.KaheError` is one).
         """
-        state = self._current()
-        keys = state.keys
-        if keys.parameters.bulk != "kahe":
-            if state.running is None:
-                num_polys = -(-self._plaintext_length() // self.params.n)
-                state.running = _RunningSum(self.params, keys.parameters.limbs, num_polys, self.chunk_polys)
-            state.running.add(node, reply.ciphertext, reply.metrics)
-            return reply.metrics
-        assert keys.parameters.kahe is not None
-        if reply.capsule is None or not reply.capsule_signature:
-            raise ValueError("KAHE mode: the reply carries no key capsule or no signature over its c1")
-        if state.running is None:
-            state.running = _RunningSum(self.params, keys.parameters.limbs, capsule.CAPSULE_POLYS, self.chunk_polys)
-        if node in state.running.folded:
-            raise ValueError(f"node {node}: a second ciphertext in one round")
-        parsed = compact.CompactCiphertext.from_bytes(bytes(reply.capsule), self.params, keys.parameters.limbs)
-        if parsed.c1.shape[0] != capsule.CAPSULE_POLYS:
-            raise ValueError(f"the key capsule has {parsed.c1.shape[0]} polynomials, expected {capsule.CAPSULE_POLYS}")
-        c1 = rlwe.polys_to_bytes(self.params, parsed.c1)
-        if state.kahe_sum is None:
-            state.kahe_sum = kahe.KaheSum(keys.parameters.kahe, kahe.public_seed(keys.transcript, state.server_round),
-                                          self._plaintext_length())
-        state.kahe_sum.add(reply.ciphertext)
-        state.running.add(node, reply.capsule, reply.metrics)  # parsed above: cannot fail now
-        state.capsules[node] = (c1, bytes(reply.capsule_signature))
+        self._aggregator().add_upload(node, reply.ciphertext, reply.capsule, reply.capsule_signature, reply.metrics)
         return reply.metrics
 
-    def sum_ciphertexts(self, replies: list[Message]) -> tuple[_CiphertextSum, list[MetricRecord], list[int]]:
+    def sum_ciphertexts(self, replies: list[Message]) -> tuple[CiphertextSum, list[MetricRecord], list[int]]:
         """Step 2 (replies) and Eq. 3: the sum of the well-formed fresh ciphertexts, one per contributor.
 
         The ciphertexts were folded into a running sum as they arrived (:meth:`fold_train_reply`, in
@@ -825,7 +664,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
         Returns
         -------
-        (_CiphertextSum, list of MetricRecord, list of int)
+        (CiphertextSum, list of MetricRecord, list of int)
             C = Σ_{j∈C} c_j (C0' at L' limbs, uint32; C1 at L as bytes), the contributors' metric records,
             the contributors' node IDs (key-set order).
 
@@ -851,12 +690,11 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         if len(contributors) < max(key_set.parameters.threshold, 1):
             raise RoundAborted("encrypted training", failed or dict.fromkeys(key_set.nodes, "no contributor"))
         # every decryptor refuses a C whose induced mask graph is disconnected: name it here, before asking
-        graph = masking.mask_neighbours(key_set.names, self.protocol.mask_degree, key_set.transcript)
-        parts = masking.induced_components(graph, [key_set.name_of(n) for n in contributors])
+        assert state.running is not None  # at least one ciphertext was folded
+        parts = state.running.contributor_components([key_set.name_of(n) for n in contributors])
         if len(parts) > 1:
             reason = f"the mask graph induced on the contributor set is not connected ({parts}): the members refuse"
             raise RoundAborted("contributor set", dict.fromkeys(contributors, reason))
-        assert state.running is not None  # at least one ciphertext was folded
         return state.running.total(contributors), [valid[n] for n in contributors if valid[n] is not None], \
             contributors
 
@@ -935,41 +773,13 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         state = self._current()
         key_set = state.keys
         t = key_set.parameters.threshold
-        order = sorted(key_set.names)  # the members' points: 1..N in name order
-        points = dict(zip(order, shamir.member_points(len(order), params=self.params)))
+        aggregator = self._aggregator()
         c_names = tuple(key_set.name_of(n) for n in contributors)
-        dropped = tuple(name for name in order if name not in c_names)
-        level = compact.level_parameter_set(self.params, key_set.parameters.limbs)
-        ring = level.ring
-        seed_shares: dict[str, dict[int, bytes]] = {name: {} for name in c_names}
-        key_shares: dict[str, dict[int, bytes]] = {name: {} for name in dropped}
+        shares: ShareSum = aggregator.share_sum(c_names, c0.shape[0])
         lost: dict[int, str] = {}
-        # Σ_{j∈A} D_j in its own accumulator (the masks cancel only over all of A; C0 stays intact for the next
-        # attempt), kept reduced in uint32 as the running sum of step 2: half the bytes of C0
-        acc = np.zeros(c0.shape, dtype=np.uint32)
-
-        sent_at = key_set.parameters.limbs  # the level of the attempt in progress: L' for k = 1, L for a retry
-
-        def rows_at_l_prime(share: bytes | memoryview) -> Iterator[tuple[int, np.ndarray]]:
-            """The share's ranges at L' limbs: as sent in attempt 1, switched on arrival in a retry (one
-            rounding term per share, as attempt 1's: the masks still cancel, Σ m_j ≡ 0 mod q)."""
-            for start, rows in compact.share_rows(share, self.params, sent_at, chunk_polys=self.chunk_polys):
-                yield start, (rows if sent_at == key_set.parameters.limbs
-                              else compact.switch_modulus(self.params, rows, key_set.parameters.limbs))
 
         def check(node: int, reply: xmk.PdecReply) -> None:
-            count = compact.share_count(reply.share, self.params, sent_at)  # strict, at the attempt's level
-            if count != acc.shape[0]:
-                raise ValueError(f"share has {count} polynomials, expected {acc.shape[0]}")
-            if len(reply.seed_shares) != len(c_names) or len(reply.mask_shares) != len(dropped):
-                raise ValueError("recovery shares are not one per contributor and one per dropped member")
-            # Eq. 5, a range of polynomials at a time straight from the bytes (a malformed share adds nothing)
-            _add_ranges(((acc, ring.q_col),), lambda: rows_at_l_prime(reply.share))
-            x = points[key_set.name_of(node)]
-            for name, part in zip(c_names, reply.seed_shares):  # the same Shamir shares in every attempt
-                seed_shares[name][x] = part
-            for name, part in zip(dropped, reply.mask_shares):
-                key_shares[name][x] = part
+            shares.add(key_set.name_of(node), reply.share, reply.seed_shares, reply.mask_shares)
 
         attempts = max(int(key_set.parameters.decryption_attempts), 1)
         for attempt in range(1, attempts + 1):
@@ -982,16 +792,15 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                                                                      "left to decrypt" for n in active}})
             state.pdec_attempts.append(active)
             # KAHE mode: each contributor's signed capsule c1 (one polynomial each), never a C1 of the server's
-            capsule_c1s = tuple(state.capsules[n][0] for n in contributors) if key_set.parameters.bulk == "kahe" else ()
-            capsule_signatures = (tuple(state.capsules[n][1] for n in contributors)
-                                  if key_set.parameters.bulk == "kahe" else ())
+            kahe_mode = key_set.parameters.bulk == "kahe"
+            capsule_c1s = tuple(aggregator.capsules[n][0] for n in contributors) if kahe_mode else ()
+            capsule_signatures = tuple(aggregator.capsules[n][1] for n in contributors) if kahe_mode else ()
             request = xmk.PdecRequest(self.params.name, key_set.key_id, state.server_round, c_names,
-                                      len(key_set.nodes), c1 if key_set.parameters.bulk != "kahe" else b"",
+                                      len(key_set.nodes), b"" if kahe_mode else c1,
                                       key_set.parameters.limbs,
                                       xmk.model_hash(state.arrays), active, tuple(signatures[n] for n in active),
                                       active, attempt, capsule_c1s, capsule_signatures)
-            sent_at = shamir.share_limbs(self.params, key_set.parameters.limbs, attempt)
-            acc.fill(0)
+            shares.start(attempt)
             _, failed = self._exchange_some("partial decryption", "decryption share",
                                             [key_set.node_of(n) for n in active], xmk.PDEC, request, check)
             if not failed:
@@ -1003,39 +812,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             log(WARNING, "Round %d: decryptor(s) %s lost during the partial decryption (attempt %d of %d); "
                 "asking the next signers of C", state.server_round, sorted(key_set.name_of(n) for n in failed),
                 attempt, attempts)
-        np.add(c0, acc, out=c0)  # C0' + Σ_{j∈A} D'_j (Eq. 5), in C0's buffer (both < 2^31: no overflow)
-        del acc
-        acc = c0
-        np.minimum(acc, acc - ring.q_col, out=acc, casting="unsafe")  # < 2q -> mod q (x - q wraps around below q)
-        # −Σ_{i∈C} u_i (u_i = PRG(seed_i)) and the pairwise masks between C and K∖C, expanded at L limbs a
-        # range of polynomials at a time (the clients' streams, :class:`~flwr_fedeval.rlwe.masking.MaskSum`),
-        # each range switched to L' once and added into the accumulator
         try:
-            pairs = [(selfmask.self_mask_key(shamir.combine_bytes(seed_shares[name], threshold=t)), np.subtract)
-                     for name in c_names]
-            if dropped:
-                mask_keys = dict(zip(key_set.names, key_set.mask_keys))
-                graph = masking.mask_neighbours(order, self.protocol.mask_degree, key_set.transcript)
-                context = masking.mask_context(key_set.transcript, state.server_round)
-                for name in dropped:
-                    peers = {j: mask_keys[j] for j in graph[name] if j in c_names}
-                    if not peers:
-                        continue
-                    private = shamir.combine_bytes(key_shares[name], threshold=t)
-                    pairs += masking.mask_pairs(own_name=name, own_private=private, peers=peers, context=context)
-            masks = masking.MaskSum(self.params, pairs, acc.shape[0])
-        except (ValueError, shamir.ThresholdError) as exc:
-            raise RoundAborted("mask recovery", dict.fromkeys(key_set.nodes, f"{type(exc).__name__}: {exc}")) from None
-        chunk = masks.rows * -(-self.chunk_polys // masks.rows)  # whole PRG steps per range
-        zero = np.zeros((chunk, self.params.limbs, self.params.n), dtype=np.uint64)
-        for start in range(0, acc.shape[0], chunk):
-            rows = acc[start : start + chunk]
-            correction = masks.next_rows(zero[: rows.shape[0]])
-            # one rounding, < 1 unit of q'
-            switched = compact.switch_modulus(self.params, correction, key_set.parameters.limbs)
-            np.add(switched, rows, out=switched)  # < 2q' (uint64)
-            np.minimum(switched, switched - ring.q_col, out=rows, casting="unsafe")  # mod q' (wraps around below q')
-        return acc.astype(np.uint64, copy=False)
+            return shares.unmask(c0)
+        except AggregationError as exc:
+            raise RoundAborted(exc.step, dict.fromkeys(key_set.nodes, str(exc))) from None
 
     def decode(self, plaintext: np.ndarray, num_contributors: int | None = None) -> tuple[ArrayRecord, int]:
         """Step 4: decode Σ m = C0' + Σ D'_j minus the masks (:meth:`partial_decryptions`, at the key
@@ -1053,76 +833,40 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         nodes = state.keys.nodes
         count = len(nodes) if num_contributors is None else num_contributors
         layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
-        scale_bits = state.keys.parameters.scale_bits or self.protocol.scale_bits_for(len(nodes))
-        limbs = state.keys.parameters.limbs or self.params.limbs
-        level = compact.level_parameter_set(self.params, limbs)
-        kahe_mode = state.keys.parameters.bulk == "kahe"
-        length = self.params.n if kahe_mode else self._plaintext_length()  # KAHE mode: the capsule sum, K_C
-        level.ring.check(plaintext, "plaintext")
-        if plaintext.ndim != 3 or length > plaintext.shape[0] * self.params.n:
-            raise ValueError(f"plaintext of shape {plaintext.shape} does not hold {length} values")
-        decoded = np.empty(length, dtype=np.float64)
-        step = self.chunk_polys * self.params.n
-        for start in range(0, length, step):  # a range of polynomials at a time: CRT temporaries stay small
-            part = plaintext[start // self.params.n : -(-min(start + step, length) // self.params.n)]
-            decoded[start : start + step] = rlwe.decode(level, part, scale_bits=scale_bits,
-                                                        length=min(step, length - start))
-        decoded *= float(compact.dropped_modulus(self.params, limbs))
-        if kahe_mode:
-            decoded, total_examples = self._decode_kahe(decoded, nodes)
-        else:
-            total_examples = decoded[-1]
-            decoded = decoded[:-1]
-        if not (np.isfinite(total_examples) and total_examples >= count - 0.5
-                and abs(total_examples - round(total_examples)) < 1e-3):
-            raise RoundAborted("decoding",
-                               dict.fromkeys(nodes, f"decoded Σ n_i = {total_examples!r} is not a valid count"))
-        mean_update = decoded
-        mean_update /= round(total_examples)
+        try:
+            decoded = self._aggregator().decode(plaintext, count)
+        except AggregationError as exc:
+            raise RoundAborted(exc.step, dict.fromkeys(nodes, str(exc))) from None
+        if decoded.clipped is not None:  # KAHE mode: the total decrypted from the integer slot
+            self.clipped_values.append((state.server_round, decoded.clipped))
+            if decoded.clipped:
+                log(WARNING, "Round %d: %d values clipped to max_abs_value = %.4g in all (|n_i·Δw| beyond the "
+                    "bound; the mean is biased): raise max_abs_value of XMKFedAvg / SecureAggregation",
+                    state.server_round, decoded.clipped, self.protocol.max_abs_value)
         new_flat = layout.flatten(state.arrays.to_numpy_ndarrays())
-        new_flat += mean_update
-        del decoded, mean_update
+        new_flat += decoded.mean_update
+        total = decoded.total_examples
+        del decoded
         if not np.isfinite(new_flat).all():
             raise RoundAborted("decoding", dict.fromkeys(nodes, "aggregate is not finite"))
         # the keys the global model came with (a PyTorch state_dict's names, a Keras list's "0", "1", ...)
         arrays = ArrayRecord({key: Array(a) for key, a in zip(state.arrays.keys(), layout.unflatten(new_flat))})
-        return arrays, int(round(total_examples))
-
-    def _decode_kahe(self, key_sum: np.ndarray, nodes: Sequence[int]) -> tuple[np.ndarray, float]:
-        """KAHE mode, step 4: round K_C = Σ_{i∈C} k_i from the decrypted capsule sum and decode the KAHE sum
-        (Σ_C c_j − a_j·K_C = Δ·Σ x_j + Σ e_j). Returns ``(Σ_C clip(n_i·Δw_i) (float64, the weights'
-        length), Σ_C n_i)``; warns with the total of clipped values (decrypted from the integer slot).
-
-        Raises
-        ------
-        RoundAborted
-            At ``"decoding"``: a coefficient of K_C is more than 1/4 from an integer (a wrong rounding
-            would be a silently wrong model: the round is aborted, the model unchanged), or the KAHE sum
-            does not decode.
-        """
-        state = self._current()
-        assert state.kahe_sum is not None
-        try:
-            rounded = kahe.round_key_sum(key_sum)
-            sums, integers = state.kahe_sum.decode(rounded)
-        except kahe.KaheError as exc:
-            raise RoundAborted("decoding", dict.fromkeys(nodes, f"the key sum of the capsules does not decode: "
-                                                                f"{exc}")) from None
-        total_examples, clipped = int(integers[0]), int(integers[1])
-        self.clipped_values.append((state.server_round, clipped))
-        if clipped:
-            log(WARNING, "Round %d: %d values clipped to max_abs_value = %.4g in all (|n_i·Δw| beyond the bound; "
-                "the mean is biased): raise max_abs_value of XMKFedAvg / SecureAggregation", state.server_round,
-                clipped, self.protocol.max_abs_value)
-        return np.asarray(sums, dtype=np.float64), float(total_examples)
+        return arrays, total
 
     # ------------------------------------------------------------ internals
-    def _plaintext_length(self) -> int:
-        """Encoded values per update: every weight and n_i (CKKS mode), every weight (KAHE mode: n_i is an
-        integer slot)."""
+    def _model_size(self) -> int:
+        """d, the global model's weights (the update's length)."""
+        return WeightLayout.of(self._current().arrays.to_numpy_ndarrays()).size
+
+    def _aggregator(self) -> Aggregator:
+        """The server party of the round's key set (:class:`~flwr_fedeval.secagg.server.Aggregator`), built
+        when the first upload arrives (or here)."""
         state = self._current()
-        size = WeightLayout.of(state.arrays.to_numpy_ndarrays()).size
-        return size if state.keys.parameters.bulk == "kahe" else size + 1
+        if state.running is None:
+            keys = state.keys
+            state.running = Aggregator(keys.parameters, keys.names, keys.mask_keys, keys.transcript,
+                                       state.server_round, self._model_size(), self.chunk_polys)
+        return state.running
 
     def _record_abort(self, exc: RoundAborted) -> None:
         self._key_cache = {}  # no key set survives a failed attempt (DESIGN.md §8)
@@ -1232,7 +976,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                               "nodes": [int(n) for n in key_set.nodes]})
         log(INFO, "configure_train: key set %s of %d clients ready (t = %d)", key_set.key_id, len(key_set.nodes),
             key_set.parameters.threshold)
-        state.running, state.train_results, state.kahe_sum, state.capsules = None, {}, None, {}
+        state.running, state.train_results = None, {}
         state.sent = self.train_messages(key_set)
         return state.sent
 
@@ -1275,7 +1019,6 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
             if state.pdec_attempts:
                 record["decryptors"] = list(state.pdec_attempts[-1])
         del c0, c1
-        state.running = None
         with self.timer.step("step 4 (decoding)"):
             arrays, total_examples = self.decode(plaintext, len(contributors))
         record["completed"] = True

@@ -12,7 +12,8 @@ from xmk_app import RUN_CONFIG, flat, initial, make_app, plain_fedavg, run
 from flwr_fedeval import rlwe
 from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, array_to_bytes, bytes_to_array
 from flwr_fedeval.rlwe import compact, masking, selfmask
-from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg, _add_ranges, _RunningSum
+from flwr_fedeval.secagg.server import RunningSum, add_ranges
+from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
 
 PARAMS = rlwe.DEFAULT_PARAMETER_SET
@@ -45,7 +46,7 @@ def test_chunked_fold_is_bit_identical_to_the_whole_and_to_the_parsed_sum():
     cts = _ciphertexts(3)
     sums = {}
     for chunk in (1, 2, K, 64):
-        running = _RunningSum(PARAMS, LIMBS, K, chunk_polys=chunk)
+        running = RunningSum(PARAMS, LIMBS, K, chunk_polys=chunk)
         for node, data in enumerate(cts):
             running.add(node, memoryview(data))
         total = running.total(range(len(cts)))
@@ -60,7 +61,7 @@ def test_chunked_fold_is_bit_identical_to_the_whole_and_to_the_parsed_sum():
 @pytest.mark.parametrize("chunk", [1, 2, K])
 def test_a_bad_residue_in_the_last_range_is_refused_and_the_sum_is_unchanged(chunk):
     good, other = _ciphertexts(2)
-    running = _RunningSum(PARAMS, LIMBS, K, chunk_polys=chunk)
+    running = RunningSum(PARAMS, LIMBS, K, chunk_polys=chunk)
     running.add(1, good)
     before = running.c0.copy(), running.c1.copy()
     with pytest.raises(ValueError, match=f"c1 limb {PARAMS.limbs - 1} has values >= q_{PARAMS.limbs - 1}"):
@@ -75,7 +76,7 @@ def test_a_bad_residue_in_the_last_range_is_refused_and_the_sum_is_unchanged(chu
 
 def test_a_malformed_first_reply_leaves_no_sum_and_every_check_of_from_bytes_is_made():
     (data,) = _ciphertexts(1)
-    running = _RunningSum(PARAMS, LIMBS, K, chunk_polys=1)
+    running = RunningSum(PARAMS, LIMBS, K, chunk_polys=1)
     with pytest.raises(ValueError, match="has values >="):
         running.add(1, _bad_last_residue(data))
     assert running.c0 is None and running.c1 is None and not running.folded
@@ -86,9 +87,9 @@ def test_a_malformed_first_reply_leaves_no_sum_and_every_check_of_from_bytes_is_
         with pytest.raises(ValueError, match=match):
             compact.CompactCiphertext.from_bytes(bad, PARAMS, LIMBS)
     with pytest.raises(ValueError, match="polynomials, expected"):
-        _RunningSum(PARAMS, LIMBS, K + 1).add(1, data)
+        RunningSum(PARAMS, LIMBS, K + 1).add(1, data)
     with pytest.raises(ValueError, match="params_id"):  # c0 at another level
-        _RunningSum(PARAMS, LIMBS + 1, K).add(1, data)
+        RunningSum(PARAMS, LIMBS + 1, K).add(1, data)
 
 
 def test_a_share_with_a_bad_residue_in_the_last_range_adds_nothing():
@@ -101,10 +102,10 @@ def test_a_share_with_a_bad_residue_in_the_last_range_adds_nothing():
     acc = level.ring.sum(np.stack([c1[:, :LIMBS, :]]))  # any reduced accumulator
     before = acc.copy()
     with pytest.raises(ValueError, match=f"d limb {LIMBS - 1} has values"):
-        _add_ranges(((acc, level.ring.q_col),),
+        add_ranges(((acc, level.ring.q_col),),
                     lambda: compact.share_rows(_bad_last_residue(share), PARAMS, LIMBS, chunk_polys=1))
     assert np.array_equal(acc, before)
-    _add_ranges(((acc, level.ring.q_col),), lambda: compact.share_rows(share, PARAMS, LIMBS, chunk_polys=2))
+    add_ranges(((acc, level.ring.q_col),), lambda: compact.share_rows(share, PARAMS, LIMBS, chunk_polys=2))
     whole = rlwe.DecryptionShare.from_bytes(share, level).d
     assert np.array_equal(acc, level.ring.add(before, whole))
 

@@ -9,8 +9,9 @@ from xmk_app import RUN_CONFIG, flat, initial, make_app, plain_fedavg, run
 from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import xmk
 from flwr_fedeval.rlwe import compact
+from flwr_fedeval.secagg.server import RunningSum
 from flwr_fedeval.strategies.collect import send_and_collect
-from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg, _RunningSum
+from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
 
 
@@ -33,7 +34,7 @@ def test_start_folds_every_ciphertext_before_aggregate_train_and_gets_the_exact_
     running sum as it arrived, straight from the message's bytes (a view, not a copy), and no parsed
     ciphertext was alive besides the sum."""
     seen, alive, kinds = [], [], []
-    add = _RunningSum.add
+    add = RunningSum.add
 
     def counting_add(self, node, data, extra=None):
         gc.collect()  # what earlier tests left in reference cycles is not this round's
@@ -47,13 +48,13 @@ def test_start_folds_every_ciphertext_before_aggregate_train_and_gets_the_exact_
             seen.extend(replies)
             return super().aggregate_train(server_round, replies)
 
-    _RunningSum.add = counting_add
+    RunningSum.add = counting_add
     try:
         grid = InProcessGrid(make_app(), 4, RUN_CONFIG)
         result = run(grid, Spy(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=4, max_abs_value=1e4,
                                bulk="ckks"))
     finally:
-        _RunningSum.add = add
+        RunningSum.add = add
     assert len(seen) == 4 and all(xmk.XMK_CIPHERTEXT_KEY not in r.content for r in seen)
     assert alive == [0, 0, 0, 0]  # folded from the wire bytes: no reply was parsed whole, none kept
     assert kinds == [memoryview] * 4  # a view into the message's buffer, not a copy of it
