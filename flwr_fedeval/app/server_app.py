@@ -341,7 +341,7 @@ def _main(grid: Grid, cfg: JobConfig, roster: Roster | None) -> None:
 
     try:
         auc_result = auc_phase.run(grid, result.arrays)
-    except FHEPhaseFailedError as exc:  # a listed participant lost at steps 3-4: no re-run (the participants signed the list)
+    except FHEPhaseFailedError as exc:  # a listed participant lost at steps 3-4: no re-run (signed list)
         _write_failed_phase(cfg, fed, strategy, folder, exc, train_hist, eval_hist, t_train,
                             time.perf_counter() - t_start)
         raise

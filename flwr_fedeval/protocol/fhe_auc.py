@@ -172,7 +172,8 @@ def verify_peers(roster: Roster, peers: Mapping[int, SignedKey], *, session: str
 # --- the signed participant list -----------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ParticipantList:
-    """The ordered list of the parties of one FHE AUC session, signed by the key holder, so the server cannot drop or add a party.
+    """The ordered list of the parties of one FHE AUC session, signed by the key holder
+    (so the server cannot drop or add a party).
 
     Attributes
     ----------

@@ -1,4 +1,6 @@
-"""The serializing in-process Grid that runs a node only when its reply is pulled (100 nodes at 11.7M weights fit in memory).
+"""The serializing in-process Grid that runs a node only when its reply is pulled.
+
+So that 100 nodes at 11.7M weights fit in memory.
 
 :class:`~flwr_fedeval.testing.InProcessGrid` runs every node at *push* time
 and holds every reply until it is pulled: at ResNet-18 size (11,689,512
