@@ -35,7 +35,6 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -44,14 +43,12 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from identities import IDENTITY_DIR  # noqa: E402  (the test roster: identities of node-0, node-1, ...)
+from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
+from flwr_fedeval.rlwe import masking
+from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
+from flwr_fedeval.testing import InProcessGrid, throwaway_identities
 
-from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod  # noqa: E402
-from flwr_fedeval.rlwe import masking  # noqa: E402
-from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg  # noqa: E402
-from flwr_fedeval.testing import InProcessGrid  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _shapes(num_params: int) -> list[tuple[int, ...]]:
@@ -172,7 +169,7 @@ def run_secaggplus(shapes, clients: int) -> dict:
 
 def run_xmk(shapes, clients: int, bulk: str = "kahe") -> dict:
     app = _Timed(_message_app(shapes, secure=True))
-    grid = InProcessGrid(app, clients, {"fedeval-identity-dir": IDENTITY_DIR})
+    grid = InProcessGrid(app, clients, {"fedeval-identity-dir": throwaway_identities(clients)})
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients, bulk=bulk)
     w0 = [np.zeros(s, dtype=np.float32) for s in shapes]
     c0, t0 = time.process_time(), time.perf_counter()

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from .encoding import encode
 from .kahe import KaheParameters
+from .params import ParameterSet
 
 __all__ = ["CAPSULE_POLYS", "capsule_bound", "encode_key"]
 
@@ -35,7 +36,7 @@ def capsule_bound(params: KaheParameters) -> float:
     return float(params.key_cut)
 
 
-def encode_key(params, key: NDArray[np.int64], *, scale_bits: int, num_clients: int,
+def encode_key(params: ParameterSet, key: NDArray[np.int64], *, scale_bits: int, num_clients: int,
                kahe_params: KaheParameters) -> NDArray[np.uint64]:
     """The capsule's plaintext: k (int64, shape (n,)) at scale 2^scale_bits, one polynomial (1, L, n) uint64.
 
