@@ -883,7 +883,9 @@ class KaheSum:
     Notes
     -----
     The sum is held per limb as uint32 (every q_i < 2^31, so s + c < 2^32): shape (L, num_blocks, n),
-    4 bytes per prime and coefficient.
+    4 bytes per prime and coefficient, whatever the number of replies. A successful :meth:`decode` releases
+    it (the server decodes a round's sum once; its memory is free before the model is rebuilt): a later
+    :meth:`add` or :meth:`decode` raises.
     """
 
     def __init__(
@@ -899,22 +901,34 @@ class KaheSum:
         self.num_blocks = params.num_blocks(num_values)
         self.chunk_blocks = int(chunk_blocks)
         self._tag = _seed_tag(params, self.seed)
-        self._sum = np.zeros((params.limbs, self.num_blocks, params.n), dtype=np.uint32)
+        self._sum: NDArray[np.uint32] | None = np.zeros((params.limbs, self.num_blocks, params.n), dtype=np.uint32)
         self._q32 = [np.uint32(q) for q in params.primes]
         self.count = 0
 
+    def _live(self) -> NDArray[np.uint32]:
+        if self._sum is None:
+            raise KaheError("this sum was decoded already: its residues are released")
+        return self._sum
+
     @property
     def residues(self) -> NDArray[np.uint32]:
-        """A copy of the running sum, shape (L, num_blocks, n), uint32."""
-        return self._sum.copy()
+        """A copy of the running sum, shape (L, num_blocks, n), uint32.
+
+        Raises
+        ------
+        KaheError
+            After a successful :meth:`decode` (the sum is released).
+        """
+        return self._live().copy()
 
     def _ranges(self) -> Iterator[tuple[int, int]]:
         for lo in range(0, self.num_blocks, self.chunk_blocks):
             yield lo, min(self.chunk_blocks, self.num_blocks - lo)
 
     def _apply(self, rows: NDArray[np.uint64], lo: int, sign: int) -> None:
+        total = self._live()
         for i, q in enumerate(self._q32):
-            s = self._sum[i, lo : lo + rows.shape[0]]
+            s = total[i, lo : lo + rows.shape[0]]
             v = rows[:, i, :].astype(np.uint32)
             if sign > 0:
                 s += v  # < 2q < 2^32
@@ -934,8 +948,9 @@ class KaheSum:
         Raises
         ------
         KaheError
-            Naming the bad field.
+            Naming the bad field; or the sum was decoded already.
         """
+        self._live()
         m, total, tag = KaheCiphertext.read_header(data, self.params)
         if tag != self._tag:
             raise KaheError("seed tag does not match this round's public seed (a reply of another round?)")
@@ -975,9 +990,11 @@ class KaheSum:
         ------
         KaheError
             No ciphertext folded, more than M_max, a key sum out of range (|K| > count ⌈tail σ_key⌉), or
-            "the decryption is not exact" (a wrong key sum, or a reply encrypted under another seed or key).
+            "the decryption is not exact" (a wrong key sum, or a reply encrypted under another seed or key),
+            or the sum was decoded already. A refused decoding keeps the sum; a successful one releases it.
         """
         p = self.params
+        total = self._live()
         if self.count < 1:
             raise KaheError("no ciphertext folded: nothing to decode")
         if self.count > p.max_contributors:
@@ -1005,7 +1022,7 @@ class KaheSum:
         scale = 2.0**-p.fractional_bits
         for lo, cnt in self._ranges():
             a = public_polynomials(p, self.seed, lo, cnt)
-            acc = self._sum[:, lo : lo + cnt].transpose(1, 0, 2).astype(np.int64)  # (cnt, L, n)
+            acc = total[:, lo : lo + cnt].transpose(1, 0, 2).astype(np.int64)  # (cnt, L, n)
             y = ring.mul_small_spectrum(spec, norm, a, addend=acc)  # S - a K mod q_i
             if fast:
                 x = _decode_fast(ring, y, Q, delta, eb)
@@ -1020,6 +1037,8 @@ class KaheSum:
                 a0, b0 = max(first, m), min(last, m + s)
                 if a0 < b0:
                     ints[a0 - m : b0 - m] = flat[a0 - first : b0 - first]
+        del total
+        self._sum = None  # decoded: released before the caller rebuilds the model
         return sums, ints
 
 

@@ -101,6 +101,10 @@ def test_wrong_key_sum_refused():
     assert S.residues.tobytes() == before
     sums, _ = S.decode(K)  # the right key still decodes
     assert sums.shape == (2 * p.n,)
+    # a successful decoding releases the sum: nothing can be added or decoded again
+    for again in (lambda: S.decode(K), lambda: S.add(cts[0].to_bytes()), lambda: S.residues):
+        with pytest.raises(KaheError, match="decoded already"):
+            again()
 
 
 def test_key_sum_out_of_range_and_too_many_contributors():
