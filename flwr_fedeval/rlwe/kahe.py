@@ -136,7 +136,7 @@ _CT_HEADER = struct.Struct("<4sBBHQII32s16s")  # magic, version, 0, 0, num_value
 HEADER_SIZE = _CT_HEADER.size
 
 _SEED_DOMAIN = b"flwr-fedeval/kahe/public-seed/v1"
-_A_DOMAIN = b"flwr-fedeval/kahe/public-a/v1"
+_A_DOMAIN = b"flwr-fedeval/kahe/public-a/v2"
 _TAG_DOMAIN = b"flwr-fedeval/kahe/seed-tag/v1"
 SEED_BYTES = 32
 
@@ -494,13 +494,39 @@ def _draw_words(n: int, q: int) -> int:
     return 16 * math.ceil((n / p + 12 * sd + 64) / 16)
 
 
+def _stream_nonce(counter: int, prime_index: int, overflow_block: int | None = None) -> bytes:
+    """The 16 bytes ChaCha20 takes (RFC 7539: a 32-bit little-endian block counter, then a 96-bit nonce).
+
+    Main stream of prime i: nonce (i as u32, 0 as u32, 0 as u32), counter at the block's first word / 16.
+    Overflow stream of block j, prime i: nonce (i as u32, 1 as u32, j as u32), counter 0.
+    """
+    if overflow_block is None:
+        return counter.to_bytes(4, "little") + prime_index.to_bytes(4, "little") + bytes(8)
+    return (
+        bytes(4)
+        + prime_index.to_bytes(4, "little")
+        + (1).to_bytes(4, "little")
+        + overflow_block.to_bytes(4, "little")
+    )
+
+
+def _zeros(size: int) -> memoryview:
+    """``size`` zero bytes (the plaintext whose ChaCha20 encryption is the keystream)."""
+    return memoryview(np.zeros(size, dtype=np.uint8)).cast("B")
+
+
 def public_polynomials(params: KaheParameters, seed: bytes, start_block: int, num_blocks: int) -> NDArray[np.uint64]:
     """The public polynomials a_j of blocks [start_block, start_block + num_blocks), coefficient domain.
 
-    Block j, prime q_i: the ChaCha20 keystream under key SHA-256(domain ‖ params digest ‖ seed) and nonce
-    (counter 0, j as u64, i as u32) read as little-endian 32-bit words, each masked to bit_length(q_i) bits
-    and accepted if below q_i (rejection sampling: exactly uniform mod q_i); the first n accepted words are
-    the coefficients. Any range of blocks is expanded independently of the others.
+    Prime q_i (bit length b_i), W_i = :func:`_draw_words` (n, q_i) words per block (a multiple of 16: one
+    block's words are whole ChaCha20 blocks). The words of block j are the ChaCha20 keystream under key
+    SHA-256(domain ‖ params digest ‖ seed), nonce (i, 0, 0) and block counter j W_i / 16, read as
+    little-endian 32-bit words w_0 … w_{W_i − 1}, each masked to b_i bits (one keystream per prime: block j
+    starts at word j W_i of it). Coefficient t < n is w_t if w_t < q_i; the coefficients whose word is
+    rejected take, in order of t, the accepted words among w_n … w_{W_i − 1} in order, then (probability
+    about 2^-60 per block and prime) the accepted words of block j's overflow stream (nonce (i, 1, j),
+    counter 0). Every coefficient is a fresh accepted word, so a_j is exactly uniform mod q_i; any range of
+    blocks is expanded independently of the others (one keystream call per prime and range).
 
     Parameters
     ----------
@@ -508,7 +534,8 @@ def public_polynomials(params: KaheParameters, seed: bytes, start_block: int, nu
     seed : bytes of length 32
         From :func:`public_seed` (never a server field).
     start_block, num_blocks : int
-        0 ≤ start_block, 0 ≤ num_blocks, start_block + num_blocks < 2^64.
+        0 ≤ start_block, 0 ≤ num_blocks, (start_block + num_blocks) W_i / 16 ≤ 2^32 (the 32-bit ChaCha20
+        block counter: about 16 million blocks of n = 4096).
 
     Returns
     -------
@@ -520,51 +547,67 @@ def public_polynomials(params: KaheParameters, seed: bytes, start_block: int, nu
         If the seed or the range is invalid.
     """
     seed = _check_seed(seed)
-    if (
-        not _is_int(start_block)
-        or not _is_int(num_blocks)
-        or start_block < 0
-        or num_blocks < 0
-        or start_block + num_blocks >= 2**64
-    ):
+    if not _is_int(start_block) or not _is_int(num_blocks) or start_block < 0 or num_blocks < 0:
         raise KaheError(f"block range [{start_block!r}, +{num_blocks!r}) is invalid")
     start_block, num_blocks = int(start_block), int(num_blocks)
-    key = hashlib.sha256(_A_DOMAIN + params.digest + seed).digest()
     n, L = params.n, params.limbs
+    for q in params.primes:
+        if (start_block + num_blocks) * _draw_words(n, q) // 16 > 2**32:
+            raise KaheError(
+                f"block range [{start_block}, +{num_blocks}) is beyond the 2^32 ChaCha20 blocks of the public stream"
+            )
+    key = hashlib.sha256(_A_DOMAIN + params.digest + seed).digest()
     out = np.empty((num_blocks, L, n), dtype=np.uint64)
     if num_blocks == 0:
         return out
-    zeros: dict[int, bytes] = {}
     for i, q in enumerate(params.primes):
         words = _draw_words(n, q)
-        if words * 4 not in zeros:
-            zeros[words * 4] = bytes(words * 4)
-        pad = zeros[words * 4]
-        encs = [
-            Cipher(
-                algorithms.ChaCha20(
-                    key, b"\0\0\0\0" + (start_block + j).to_bytes(8, "little") + i.to_bytes(4, "little")
-                ),
-                mode=None,
-            ).encryptor()
-            for j in range(num_blocks)
-        ]
-        raw = np.frombuffer(b"".join(e.update(pad) for e in encs), dtype="<u4").reshape(num_blocks, words)
-        vals = raw & np.uint32((1 << q.bit_length()) - 1)
-        accept = vals < np.uint32(q)
-        counts = accept.sum(axis=1)
-        short = np.flatnonzero(counts < n)
-        if short.size == 0:
-            keep = accept & (np.cumsum(accept, axis=1) <= n)
-            out[:, i, :] = vals[keep].reshape(num_blocks, n)
-            continue
-        for j in range(num_blocks):  # pragma: no cover - probability ~2^-60 per stream
-            got = vals[j][accept[j]]
-            while got.size < n:
-                more = np.frombuffer(encs[j].update(bytes(4 * n)), dtype="<u4") & np.uint32((1 << q.bit_length()) - 1)
-                got = np.concatenate([got, more[more < np.uint32(q)]])
-            out[j, i, :] = got[:n]
+        size = num_blocks * words * 4
+        buf = bytearray(size)
+        enc = Cipher(algorithms.ChaCha20(key, _stream_nonce(start_block * words // 16, i)), mode=None).encryptor()
+        enc.update_into(_zeros(size), buf)
+        vals = np.frombuffer(buf, dtype="<u4").reshape(num_blocks, words)
+        vals &= np.uint32((1 << q.bit_length()) - 1)
+        head = vals[:, :n]
+        rejected = np.flatnonzero(head >= np.uint32(q))
+        if rejected.size:
+            rows, cols = np.divmod(rejected, n)
+            rank = np.arange(rows.size) - np.searchsorted(rows, rows, side="left")  # k-th rejection of its row
+            pool = vals[rows, n:]  # the candidates of each rejected word's row
+            accepted = np.cumsum(pool < np.uint32(q), axis=1)
+            take = accepted > rank[:, None]
+            found = take[:, -1]
+            head[rows[found], cols[found]] = pool[found, np.argmax(take[found], axis=1)]
+            if not found.all():  # pragma: no cover - probability ~2^-60 per block and prime (tests force it)
+                _overflow(key, i, q, start_block, head, rows[~found], cols[~found], accepted[~found, -1], rank[~found])
+        out[:, i, :] = head
     return out
+
+
+def _overflow(
+    key: bytes,
+    prime_index: int,
+    q: int,
+    start_block: int,
+    head: NDArray[np.uint32],
+    rows: NDArray[np.intp],
+    cols: NDArray[np.intp],
+    pool_accepted: NDArray[np.integer],
+    rank: NDArray[np.integer],
+) -> None:
+    """Fill the rejected coefficients left after the pool from each block's overflow stream, in order."""
+    mask = np.uint32((1 << q.bit_length()) - 1)
+    for r in np.unique(rows):
+        mine = rows == r
+        need = (rank[mine] - pool_accepted[mine]).astype(np.int64)  # index among the overflow's accepted words
+        enc = Cipher(
+            algorithms.ChaCha20(key, _stream_nonce(0, prime_index, start_block + int(r))), mode=None
+        ).encryptor()
+        got = np.empty(0, dtype=np.uint32)
+        while got.size <= int(need.max()):
+            more = np.frombuffer(enc.update(bytes(4 * 64)), dtype="<u4") & mask
+            got = np.concatenate([got, more[more < np.uint32(q)]])
+        head[r, cols[mine]] = got[need]
 
 
 # ---------------------------------------------------------------------------------------------- client

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe import kahe
@@ -22,7 +23,7 @@ from flwr_fedeval.rlwe.kahe import (
     round_key_sum,
     sample_key,
 )
-from flwr_fedeval.rlwe.ring import find_ntt_primes
+from flwr_fedeval.rlwe.ring import find_ntt_primes, is_prime
 
 # test data only (not key material): the keys and errors come from the module's CSPRNG
 DATA = np.random.default_rng(20250730)
@@ -367,6 +368,73 @@ def test_public_polynomials():
     assert public_seed(b"T", 1) != public_seed(b"T2", 1) and len(s1) == 32
     with pytest.raises(KaheError):
         public_polynomials(p, b"x" * 31, 0, 1)
+
+
+def _reference_block(params: KaheParameters, seed: bytes, j: int, i: int) -> list[int]:
+    """a_j mod q_i as public_polynomials' docstring defines it, word by word with Python integers: block j's
+    W words read from prime i's keystream at block counter j W / 16 (a stream of its own here), rejected
+    words replaced in order by the accepted pool words, then by the accepted words of the overflow stream."""
+    import hashlib
+
+    n, q = params.n, params.primes[i]
+    mask = (1 << q.bit_length()) - 1
+    key = hashlib.sha256(kahe._A_DOMAIN + params.digest + seed).digest()
+    W = kahe._draw_words(n, q)
+
+    def words(nonce: bytes, count: int) -> list[int]:
+        ks = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(4 * count))
+        return [int.from_bytes(ks[4 * t : 4 * t + 4], "little") & mask for t in range(count)]
+
+    main = words((j * W // 16).to_bytes(4, "little") + i.to_bytes(4, "little") + bytes(8), W)
+    spare = [w for w in main[n:] if w < q]
+    overflow = bytes(4) + i.to_bytes(4, "little") + (1).to_bytes(4, "little") + j.to_bytes(4, "little")
+    spare += [w for w in words(overflow, 4 * n) if w < q]  # far more than any test needs
+    out = []
+    for w in main[:n]:
+        if w < q:
+            out.append(w)
+        else:
+            out.append(spare.pop(0))
+    return out
+
+
+def test_public_polynomials_match_the_word_by_word_reference():
+    p = kahe_parameters(5)
+    seed = public_seed(b"reference", 3)
+    got = public_polynomials(p, seed, 3, 4)  # a range not at block 0, read as one keystream per prime
+    for j in range(4):
+        for i in range(p.limbs):
+            assert got[j, i].tolist() == _reference_block(p, seed, 3 + j, i), (j, i)
+
+
+def test_public_polynomials_rejections_pool_and_overflow(monkeypatch):
+    """Primes just above 2^26 (half of the 27-bit words rejected) and a pool of 16 words per block: nearly
+    every block runs out of pool words and reads its overflow stream; the result still matches the
+    reference and is uniform."""
+    n = 2048
+    primes, q = [], 2**26 + 1
+    while len(primes) < 2:
+        if is_prime(q):
+            primes.append(q)
+        q += 2 * n
+    p = KaheParameters(n, tuple(primes), 4.5, 4.5 * math.sqrt(2.0), 8.0, 1.0, 0, 1, 0)
+    monkeypatch.setattr(kahe, "_draw_words", lambda n_, q_: n_ + 16)
+    seed = public_seed(b"overflow", 1)
+    got = public_polynomials(p, seed, 1, 2)
+    for j in range(2):
+        for i in range(p.limbs):
+            assert got[j, i].tolist() == _reference_block(p, seed, 1 + j, i), (j, i)
+    np.testing.assert_array_equal(got[1], public_polynomials(p, seed, 2, 1)[0])
+    for i, q in enumerate(primes):
+        assert got[:, i].max() < q
+        assert abs(got[:, i].astype(np.float64).mean() / q - 0.5) < 5 * (1 / math.sqrt(12 * got[:, i].size))
+
+
+def test_public_polynomials_range_beyond_the_counter_refused():
+    p = kahe_parameters(2)
+    words = max(kahe._draw_words(p.n, q) for q in p.primes)
+    with pytest.raises(KaheError, match="2\\^32"):
+        public_polynomials(p, public_seed(b"T", 1), 2**32 * 16 // words, 1)
 
 
 def test_ciphertext_bytes():
