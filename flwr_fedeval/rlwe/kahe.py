@@ -503,10 +503,7 @@ def _stream_nonce(counter: int, prime_index: int, overflow_block: int | None = N
     if overflow_block is None:
         return counter.to_bytes(4, "little") + prime_index.to_bytes(4, "little") + bytes(8)
     return (
-        bytes(4)
-        + prime_index.to_bytes(4, "little")
-        + (1).to_bytes(4, "little")
-        + overflow_block.to_bytes(4, "little")
+        bytes(4) + prime_index.to_bytes(4, "little") + (1).to_bytes(4, "little") + overflow_block.to_bytes(4, "little")
     )
 
 
