@@ -91,7 +91,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from numpy.typing import NDArray
 
 from .params import HE_STANDARD_128_TABLE
-from .ring import Ring, find_ntt_primes, get_ring, mod_signed, validate_primes
+from .ring import Ring, find_ntt_primes, get_ring, mod_signed, mod_u64, validate_primes
 from .sampling import RandomStream, discrete_gaussian
 from .serialization import _pack_bits, _unpack_bits
 
@@ -450,6 +450,70 @@ def kahe_parameters(
         f"max_contributors = {max_contributors}, bound = {bound}, fractional_bits = {fractional_bits} "
         f"need log2 Q >= {math.log2(q_min):.1f} > {limit} bits, the 128-bit bound for n = {n}"
     )
+
+
+# ---------------------------------------------------------------------------------------------- a_j s
+class _BlockProduct:
+    """(a_j s + addend_j) mod q_i for ranges of up to ``chunk`` blocks, s small and fixed (k or −K_C).
+
+    The ring's exact FFT product (:meth:`~flwr_fedeval.rlwe.ring.Ring.mul_small_spectrum`, equal to it
+    bit for bit: both recover the exact integer convolution, Percival's bound checked once for s): two limbs
+    in one complex FFT, the spectrum of s computed once, and every buffer allocated once per call of
+    :func:`encrypt` or :meth:`KaheSum.decode` and reused for each range (numpy's ``out=``), so that the
+    ranges allocate nothing (page faults of fresh temporaries cost more than the FFTs here). A product that
+    needs the split into 16-bit pieces (s too wide for one piece: large K_C) is the ring's own.
+    """
+
+    def __init__(self, params: KaheParameters, small: NDArray[np.int64], chunk: int) -> None:
+        self.ring = ring = params.ring
+        s = np.asarray(small, dtype=np.int64)
+        self.norm = float(np.sqrt(np.sum(s.astype(np.float64) ** 2)))
+        self.spec = ring.fft_small(s)
+        self.primes = params.primes
+        self.one_piece = ring._pieces(self.norm, float(max(params.primes) - 1) ** 2 * params.n) == 1
+        shape = (chunk, params.n)
+        if self.one_piece:
+            self.z = np.empty(shape, dtype=np.complex128)
+            self.w = np.empty(shape, dtype=np.complex128)
+            self.t = np.empty(shape, dtype=np.float64)
+            self.r = np.empty(shape, dtype=np.int64)
+            self.quot = np.empty(shape, dtype=np.uint64)
+
+    def __call__(self, a: NDArray[np.uint64], addend: NDArray[np.int64] | None, out: NDArray[np.uint64]) -> None:
+        """out[j, i] = (a[j, i] s + addend[j, i or 0]) mod q_i.
+
+        a : (cnt, L, n) uint64, residues; addend : None or int64 (cnt, L or 1, n), |addend| < 2^62 − n 2^31;
+        out : (cnt, L, n) uint64 (may be a view).
+        """
+        if not self.one_piece:
+            out[...] = self.ring.mul_small_spectrum(self.spec, self.norm, a, addend=addend)
+            return
+        cnt, L = a.shape[0], a.shape[1]
+        ring = self.ring
+        for i0 in range(0, L, 2):
+            z, w = self.z[:cnt], self.w[:cnt]
+            z.real = a[:, i0]
+            if i0 + 1 < L:
+                z.imag = a[:, i0 + 1]
+            else:
+                z.imag = 0.0
+            z *= ring._twist
+            np.fft.fft(z, axis=-1, out=w)
+            w *= self.spec
+            np.fft.ifft(w, axis=-1, norm="forward", out=z)  # unscaled inverse: 1/n is in the untwist
+            z *= ring._untwist
+            for i, part in ((i0, z.real), (i0 + 1, z.imag)):
+                if i >= L:
+                    break
+                t, r = self.t[:cnt], self.r[:cnt]
+                np.rint(part, out=t)  # the exact integer convolution (|error| < 1/4)
+                np.copyto(r, t, casting="unsafe")
+                if addend is not None:
+                    r += addend[:, i if addend.shape[1] > 1 else 0]
+                q = self.primes[i]
+                u = r.view(np.uint64)
+                u += np.uint64((2**63 // q) * q)  # r > -2^63 + q: now in [0, 2^64), same residue
+                mod_u64(u, q, out=out[:, i], scratch=self.quot[:cnt])
 
 
 # ---------------------------------------------------------------------------------------------- public a_j
@@ -843,10 +907,7 @@ def encrypt(
         raise KaheError(f"key has a coefficient beyond the tail cut {params.key_cut}: not from sample_key")
     x, clipped = _encode(params, values, integers)
     nb = x.shape[0]
-    ring = params.ring
-    k64 = k.astype(np.int64)
-    spec = ring.fft_small(k64)
-    norm = float(np.sqrt(np.sum(k64.astype(np.float64) ** 2)))
+    product = _BlockProduct(params, k.astype(np.int64), min(_ENCRYPT_BLOCKS, nb))
     rng = RandomStream()
     c = np.empty((nb, params.limbs, params.n), dtype=np.uint64)
     for lo in range(0, nb, _ENCRYPT_BLOCKS):  # a range of blocks at a time: temporaries stay in cache
@@ -866,8 +927,7 @@ def encrypt(
                 r *= params.delta % q  # < 2^62
                 r %= q
                 r += e
-        a = public_polynomials(params, seed, lo, cnt)
-        c[lo : lo + cnt] = ring.mul_small_spectrum(spec, norm, a, addend=addend)
+        product(public_polynomials(params, seed, lo, cnt), addend, c[lo : lo + cnt])
     return KaheCiphertext(params, _seed_tag(params, seed), int(np.asarray(values).shape[0]), c, clipped)
 
 
@@ -1051,9 +1111,8 @@ class KaheSum:
                 f"key_sum has a coefficient beyond {self.count} x {p.key_cut}: not a sum of {self.count} keys"
             )
         ring = p.ring
-        negk = -K
-        spec = ring.fft_small(negk)
-        norm = float(np.sqrt(np.sum(negk.astype(np.float64) ** 2)))
+        product = _BlockProduct(p, -K, min(self.chunk_blocks, self.num_blocks))
+        y = np.empty((min(self.chunk_blocks, self.num_blocks), p.limbs, p.n), dtype=np.uint64)
         m, s = self.num_values, p.integer_slots
         sums = np.empty(m, dtype=np.float64)
         ints = np.empty(s, dtype=np.int64)
@@ -1063,11 +1122,11 @@ class KaheSum:
         for lo, cnt in self._ranges():
             a = public_polynomials(p, self.seed, lo, cnt)
             acc = total[:, lo : lo + cnt].transpose(1, 0, 2).astype(np.int64)  # (cnt, L, n)
-            y = ring.mul_small_spectrum(spec, norm, a, addend=acc)  # S - a K mod q_i
+            product(a, acc, y[:cnt])  # S - a K mod q_i
             if fast:
-                x = _decode_fast(ring, y, Q, delta, eb)
+                x = _decode_fast(ring, y[:cnt], Q, delta, eb)
             else:
-                x = _decode_slow(ring, y, Q, delta, eb)
+                x = _decode_slow(ring, y[:cnt], Q, delta, eb)
             flat = x.reshape(-1)
             first, last = lo * p.n, lo * p.n + flat.size
             if first < m:

@@ -23,7 +23,7 @@ from flwr_fedeval.rlwe.kahe import (
     round_key_sum,
     sample_key,
 )
-from flwr_fedeval.rlwe.ring import find_ntt_primes, is_prime
+from flwr_fedeval.rlwe.ring import Ring, find_ntt_primes, is_prime, schoolbook_negacyclic
 
 # test data only (not key material): the keys and errors come from the module's CSPRNG
 DATA = np.random.default_rng(20250730)
@@ -465,3 +465,49 @@ def test_encrypt_in_ranges_of_one_block(monkeypatch):
     sums, isum = S.decode(keys[0] + keys[1])
     assert np.max(np.abs(sums - (vals[0] + vals[1]))) <= p.max_sum_error
     np.testing.assert_array_equal(isum, ints[0] + ints[1])
+
+
+@pytest.mark.parametrize("limbs", [1, 2, 3])
+def test_block_product_equals_the_ring_product_and_the_schoolbook(limbs):
+    """The buffered FFT product of encrypt and decode, bit for bit against the ring's product and (for two
+    blocks) the schoolbook negacyclic product with Python-integer reduction; ranges shorter than the buffers,
+    largest residues, both addend shapes, and an s wide enough to need the ring's 16-bit pieces."""
+    n = 1024
+    primes = (
+        tuple(find_ntt_primes(n, 27, 3)[:limbs])
+        if limbs < 3
+        else (*find_ntt_primes(n, 20, 2), find_ntt_primes(n, 31, 1)[0])
+    )
+    ring = Ring(n, primes)
+    words = DATA.integers(0, 2**31, (5, limbs, n), dtype=np.uint64) % np.array(primes, dtype=np.uint64)[:, None]
+    words[0] = np.array(primes, dtype=np.uint64)[:, None] - np.uint64(1)  # largest residues
+    params = _FakeParams(n, primes, ring)
+    for small, addend in (
+        (DATA.integers(-36, 37, n), None),
+        (DATA.integers(-36, 37, n), DATA.integers(-(2**60), 2**60, (5, 1, n))),
+        (np.full(n, -36), DATA.integers(-(2**61), 2**61, (5, limbs, n))),
+        (DATA.integers(-3000, 3001, n), DATA.integers(-(2**40), 2**40, (5, 1, n))),  # wide: 16-bit pieces
+    ):
+        product = kahe._BlockProduct(params, small, 3)
+        got = np.empty_like(words)
+        for lo in range(0, 5, 3):  # ranges of 3 and 2 blocks through buffers of 3
+            hi = min(5, lo + 3)
+            product(words[lo:hi], None if addend is None else addend[lo:hi], got[lo:hi])
+        spec = ring.fft_small(small)
+        norm = float(np.sqrt(np.sum(small.astype(np.float64) ** 2)))
+        np.testing.assert_array_equal(got, ring.mul_small_spectrum(spec, norm, words, addend=addend))
+        for j in (0, 4):
+            for i, q in enumerate(primes):
+                ref = schoolbook_negacyclic(words[j, i], small, q).astype(object)
+                if addend is not None:
+                    ref = (ref + addend[j, i if addend.shape[1] > 1 else 0].astype(object)) % q
+                assert got[j, i].tolist() == [int(v) for v in ref], (j, i)
+
+
+@dataclasses.dataclass
+class _FakeParams:
+    """What _BlockProduct reads of a KaheParameters (any primes: the product is the ring's)."""
+
+    n: int
+    primes: tuple[int, ...]
+    ring: object
