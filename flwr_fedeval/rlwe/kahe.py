@@ -1155,10 +1155,12 @@ def _decode_fast(ring: Ring, y: NDArray[np.uint64], Q: int, delta: int, eb: int)
     for i in range(len(digits) - 2, -1, -1):
         Y *= ring.primes[i]
         Y += digits[i]
-    Y[Y > (Q - 1) // 2] -= Q
-    x = (Y + delta // 2) // delta  # floor division: round to nearest
-    r = Y - x * delta
-    if int(np.abs(r).max()) > eb:
+    np.subtract(Y, Q, out=Y, where=Y > (Q - 1) // 2)  # centred
+    x = Y + delta // 2
+    x //= delta  # floor division: round to nearest
+    r = x * delta
+    np.subtract(Y, r, out=r)
+    if int(r.max()) > eb or int(r.min()) < -eb:
         raise _not_exact()
     out: NDArray[np.int64] = x
     return out

@@ -796,7 +796,8 @@ class Ring:
         for i in range(self.limbs):
             acc = xs[..., i, :].copy()
             for j in range(i):
-                acc -= digits[j] * self._garner_pmod[i, j] % p[i]
+                term = digits[j] * self._garner_pmod[i, j]  # [0, q_j) times [0, q_i): < 2^62
+                acc -= mod_u64(term.view(np.uint64), p[i], out=term.view(np.uint64)).view(np.int64)
             mod_signed(acc, p[i], out=acc.view(np.uint64))  # acc > -i p_i
             acc *= self._garner_inv[i]  # [0, q_i) times [0, q_i): < 2^62
             mod_u64(acc.view(np.uint64), p[i], out=acc.view(np.uint64))
