@@ -17,7 +17,8 @@ CNN's size (default 949,002 float32 weights in four tensors), three ways:
   client handlers and roster identities (the test roster), default settings
   (parameter set, compact L', mask degree, threshold), re-keying every round.
 
-Reported per (M, variant), median over ``--repeat`` interleaved rounds: CPU
+Reported per (M, variant), median over ``--repeat`` interleaved rounds (after ``--warmup``
+uncounted rounds of each variant: one-time table building and caches): CPU
 seconds of the whole round (all clients and the server: ``time.process_time``,
 less sensitive than wall time to other jobs on a shared machine) and wall
 seconds, bytes uploaded per client (every serialized reply), max |error| of the
@@ -27,7 +28,7 @@ included) and the CPU seconds per client message type; per M the KAHE sum's
 worst-case error bound M·2^-22 (stated) and its error on the same updates
 against float64 (measured, :func:`kahe_sum_error`), and the load average.
 
-    python benchmarks/bench_xmk_round.py [--clients 5 10] [--params 949002] [--repeat 2]
+    python benchmarks/bench_xmk_round.py [--clients 5 10] [--params 949002] [--repeat 2] [--warmup 1]
         [--out benchmarks/results/bench_xmk_round.json]
 """
 
@@ -232,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, nargs="+", default=[5, 10])
     ap.add_argument("--params", type=int, default=949_002)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="rounds per variant and M run first and not counted (one-time table building, caches)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_xmk_round.json"))
     ap.add_argument("--variants", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
     args = ap.parse_args(argv)
@@ -242,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     for m in args.clients:
         expected = _expected(shapes, m)
         runs: dict[str, list[dict]] = defaultdict(list)
+        for _ in range(args.warmup):
+            for runner in runners.values():
+                runner(shapes, m)
         for _ in range(args.repeat):  # interleaved: each variant sees the same load
             for name, runner in runners.items():
                 res = runner(shapes, m)
