@@ -6,8 +6,8 @@ Q = q_0 ... q_{L-1} a product of NTT primes below 2^31 (:mod:`~flwr_fedeval.rlwe
 
 * public polynomials a_0, a_1, ... (one per block of n coefficients), uniform mod every q_i, expanded
   from a public seed (:func:`public_seed`: a domain-separated hash of the signed key-set transcript T
-  and the round) by ChaCha20 keyed by the seed and the parameters' digest, one stream per block and
-  prime, 32-bit words rejection-sampled below q_i (:func:`public_polynomials`);
+  and the round) by ChaCha20 keyed by the seed and the parameters' digest, one keystream per prime
+  (block j at a fixed counter offset), 32-bit words rejection-sampled below q_i (:func:`public_polynomials`);
 * client i: a fresh key k_i (discrete Gaussian, σ_key) per round, and for block j a fresh error e_ij
   (discrete Gaussian, σ_error) and
 
@@ -33,8 +33,9 @@ Product a_j k. Both products of the construction have one small factor (|k| ≤ 
 client, |K_C| ≤ M_max ⌈tail σ_key⌉ for the server), so they use the ring's exact float64 FFT
 negacyclic product (:meth:`~flwr_fedeval.rlwe.ring.Ring.mul_small_spectrum`: Percival's error bound
 is checked and rounding recovers the integer convolution exactly; two limbs share one complex FFT),
-with the spectrum of k computed once for all blocks. On this machine it is about three times faster
-than the NTT product INTT(â ⊙ k̂) at 232 blocks × 2 limbs (17 ms against 50 ms for the INTT alone),
+with the spectrum of k computed once for all blocks and the buffers allocated once per call
+(:class:`_BlockProduct`). On this machine it is several times faster than the NTT product INTT(â ⊙ k̂)
+at 232 blocks × 2 limbs (about 10 ms against 50 ms for the INTT alone),
 and it needs a_j in the coefficient domain: :func:`public_polynomials` samples them there (a uniform
 polynomial is uniform in either domain, so sampling costs the same).
 
