@@ -80,6 +80,9 @@ class IdentityNotConfigured(IdentityError, NotConfigured):
 
 _CACHE: dict[tuple[Any, ...], tuple[NodeIdentity, Roster]] = {}
 _ROSTER_CACHE: dict[tuple[Any, ...], Roster] = {}
+# identities kept per process: one in a deployment (one SuperNode), one per simulated node in a simulation
+# (every virtual node of a process would reload its key and the roster on each message otherwise)
+_CACHE_SIZE = 256
 
 
 def _stamp(path: Path) -> tuple[Any, ...]:
@@ -129,7 +132,8 @@ def node_identity(context: Context) -> tuple[NodeIdentity, Roster]:
         if roster.public_key_bytes(ident.name) != ident.public_key_bytes():
             raise IdentityNotConfigured(f"the roster {roster_path} lists another public key for {ident.name!r} than "
                                 f"{key_path}")
-        _CACHE.clear()
+        if len(_CACHE) >= _CACHE_SIZE:
+            del _CACHE[next(iter(_CACHE))]  # the oldest entry (a changed file's stamp is a new key)
         _CACHE[stamp] = (ident, roster)
     return _CACHE[stamp]
 
