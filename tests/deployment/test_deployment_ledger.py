@@ -97,6 +97,7 @@ def test_the_ledger_refuses_a_trained_model_and_a_spent_budget_after_a_superlink
 
     # run B: every node refuses the model it trained on in run A, and the DP evaluation (its ε is spent)
     assert run_b.status.startswith("finished:"), f"{run_b.status}\n{run_b.output[-4000:]}\n{dep.tails()}"
+    print("RUN B", run_b.status, dep.runs()[run_b.run_id].get("status-details"), run_b.output[-3000:])
     result_b = _results(out_b)
     nodes = {str(i) for i in node_ids.values()}
     train_codes = _codes(result_b, "train")
