@@ -25,7 +25,7 @@ setup:
 # RUN_CONFIG="key=value ..." overrides any key, also one a target sets (the later value wins);
 # run-local.sh checks config, data and every client's split before Flower starts, and gives
 # each run its own SuperLink (own FLWR_HOME and port), so two runs can go at once.
-# The main job is private by default (issue 23): xMK-CKKS secure aggregation and the FHE AUC (malicious
+# The main job is private by default: xMK-CKKS secure aggregation and the FHE AUC (malicious
 # protocol); `make run-plain` is the plaintext baseline (FedAvg, the server sums plaintext counts).
 PRIVATE_CONFIG := secure-aggregation='xmkckks' auc-method='fhe' fhe-auc='malicious'
 run: setup
@@ -65,7 +65,7 @@ bench: setup
 clean:
 	rm -rf .flwr-home .flwr-deploy outputs .pytest_cache .fedeval-ids
 
-# --- Python 3.10 / flwr 1.30 / OpenFHE (issue 13) ---
+# --- Python 3.10 / flwr 1.30 / OpenFHE: the [openfhe] extra in its own venv (.venv-py310) ---
 .PHONY: run-openfhe test-openfhe test-wheel
 FHE_AUC ?= malicious
 

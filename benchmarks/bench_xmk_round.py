@@ -17,15 +17,18 @@ CNN's size (default 949,002 float32 weights in four tensors), three ways:
   client handlers and roster identities (the test roster), default settings
   (parameter set, compact L', mask degree, threshold), re-keying every round.
 
-Reported per (M, variant), median over ``--repeat`` interleaved rounds: CPU
+Reported per (M, variant), median over ``--repeat`` interleaved rounds (after ``--warmup``
+uncounted rounds of each variant: one-time table building and caches): CPU
 seconds of the whole round (all clients and the server: ``time.process_time``,
 less sensitive than wall time to other jobs on a shared machine) and wall
 seconds, bytes uploaded per client (every serialized reply), max |error| of the
 new global model against the exact float64 weighted mean, and for xmk the
 server-side seconds of each protocol step (``XMKFedAvg.timer``, client calls
-included) and the CPU seconds per client message type.
+included) and the CPU seconds per client message type; per M the KAHE sum's
+worst-case error bound M·2^-22 (stated) and its error on the same updates
+against float64 (measured, :func:`kahe_sum_error`), and the load average.
 
-    python benchmarks/bench_xmk_round.py [--clients 5 10] [--params 949002] [--repeat 2]
+    python benchmarks/bench_xmk_round.py [--clients 5 10] [--params 949002] [--repeat 2] [--warmup 1]
         [--out benchmarks/results/bench_xmk_round.json]
 """
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -44,14 +48,12 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from identities import IDENTITY_DIR  # noqa: E402  (the test roster: identities of node-0, node-1, ...)
+from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
+from flwr_fedeval.rlwe import masking
+from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
+from flwr_fedeval.testing import InProcessGrid, throwaway_identities
 
-from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod  # noqa: E402
-from flwr_fedeval.rlwe import masking  # noqa: E402
-from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg  # noqa: E402
-from flwr_fedeval.testing import InProcessGrid  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _shapes(num_params: int) -> list[tuple[int, ...]]:
@@ -172,7 +174,7 @@ def run_secaggplus(shapes, clients: int) -> dict:
 
 def run_xmk(shapes, clients: int, bulk: str = "kahe") -> dict:
     app = _Timed(_message_app(shapes, secure=True))
-    grid = InProcessGrid(app, clients, {"fedeval-identity-dir": IDENTITY_DIR})
+    grid = InProcessGrid(app, clients, {"fedeval-identity-dir": throwaway_identities(clients)})
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients, bulk=bulk)
     w0 = [np.zeros(s, dtype=np.float32) for s in shapes]
     c0, t0 = time.process_time(), time.perf_counter()
@@ -192,6 +194,35 @@ def run_xmk_ckks(shapes, clients: int) -> dict:
     return run_xmk(shapes, clients, bulk="ckks")
 
 
+def kahe_sum_error(shapes, clients: int) -> dict:
+    """The KAHE sum's worst-case error bound (stated) and its error on this benchmark's updates (measured).
+
+    XMKFedAvg's default KAHE set for a key set of M members (B = ``max_abs_value`` = 2^16, F =
+    ``fractional_bits`` = 21): every client's x_i = round(2^F clip(n_i·Δw_i, ±B)) is exact in the sum, so
+    |decoded Σ − Σ n_i·Δw_i| ≤ M 2^-(F+1) = M·2^-22 (:attr:`~flwr_fedeval.rlwe.kahe.KaheParameters.max_sum_error`;
+    no value is clipped here). Measured: the M updates encrypted under fresh keys, summed, decoded with the
+    key sum, against the float64 sum of n_i·Δw_i.
+    """
+    from flwr_fedeval.rlwe import kahe
+
+    strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients)
+    params = strategy.protocol.kahe_for(clients)
+    seed = kahe.public_seed(b"bench_xmk_round", 1)
+    ups = [_examples(p) * np.concatenate([u.ravel() for u in _update(p, shapes)]).astype(np.float64)
+           for p in range(clients)]
+    keys = [kahe.sample_key(params) for _ in range(clients)]
+    total = kahe.KaheSum(params, seed, ups[0].size)
+    for key, up, p in zip(keys, ups, range(clients)):
+        total.add(kahe.encrypt(params, seed, key, up, np.array([_examples(p), 0])).to_bytes())
+    sums, integers = total.decode(np.sum(keys, axis=0))
+    exact = np.sum(ups, axis=0)
+    return {"bound_of_sum": params.max_sum_error, "bound_of_sum_formula": "M * 2^-(F+1)",
+            "bound_of_mean": params.max_sum_error / float(sum(_examples(p) for p in range(clients))),
+            "max_error_of_sum": float(np.max(np.abs(sums - exact))), "num_examples": int(integers[0]),
+            "max_abs_value": strategy.protocol.max_abs_value, "fractional_bits": params.fractional_bits,
+            "kahe_primes": list(params.primes)}
+
+
 RUNNERS = {"plain": run_plain, "secagg+": run_secaggplus, "xmk": run_xmk, "xmk-ckks": run_xmk_ckks}
 
 
@@ -200,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, nargs="+", default=[5, 10])
     ap.add_argument("--params", type=int, default=949_002)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="rounds per variant and M run first and not counted (one-time table building, caches)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_xmk_round.json"))
     ap.add_argument("--variants", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
     args = ap.parse_args(argv)
@@ -210,12 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     for m in args.clients:
         expected = _expected(shapes, m)
         runs: dict[str, list[dict]] = defaultdict(list)
+        for _ in range(args.warmup):
+            for runner in runners.values():
+                runner(shapes, m)
         for _ in range(args.repeat):  # interleaved: each variant sees the same load
             for name, runner in runners.items():
                 res = runner(shapes, m)
                 res["max_error_of_mean"] = float(np.max(np.abs(res.pop("new_model") - expected)))
                 runs[name].append(res)
-        row: dict = {"clients": m, "params": args.params}
+        row: dict = {"clients": m, "params": args.params, "load_average_before": list(os.getloadavg())}
         for name, rs in runs.items():
             row[name] = {"cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
                          "wall_s_median": statistics.median(r["wall_s"] for r in rs), "runs": rs}
@@ -224,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{name}_over_secaggplus_cpu"] = row[name]["cpu_s_median"] / row["secagg+"]["cpu_s_median"]
         if "secagg+" in row and "plain" in row:
             row["secaggplus_over_plain_cpu"] = row["secagg+"]["cpu_s_median"] / row["plain"]["cpu_s_median"]
+        if "xmk" in row:
+            row["xmk_kahe_sum_error"] = kahe_sum_error(shapes, m)
+        row["load_average_after"] = list(os.getloadavg())
         rows.append(row)
         print(f"M={m}: " + ", ".join(f"{k} {row[k]['cpu_s_median']:.2f} s CPU "
                                       f"({row[k]['runs'][0]['bytes_up_per_client'] / 2**20:.1f} MiB up, "
@@ -231,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
               + "".join(f"; {k} / secagg+ = {row[f'{k}_over_secaggplus_cpu']:.2f}" for k in ("xmk", "xmk-ckks")
                         if f"{k}_over_secaggplus_cpu" in row), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"rows": rows}, indent=1, default=float) + "\n")
+    command = "python benchmarks/bench_xmk_round.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    Path(args.out).write_text(json.dumps({"command": command, "rows": rows}, indent=1, default=float) + "\n")
     return 0
 
 

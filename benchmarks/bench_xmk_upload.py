@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -28,16 +27,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from identities import IDENTITY_DIR  # noqa: E402  (the test roster: identities of node-0, node-1, ...)
+from flwr_fedeval import rlwe
+from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
+from flwr_fedeval.protocol import xmk
+from flwr_fedeval.rlwe import compact
+from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
+from flwr_fedeval.testing import InProcessGrid, throwaway_identities
 
-from flwr_fedeval import rlwe  # noqa: E402
-from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod  # noqa: E402
-from flwr_fedeval.protocol import xmk  # noqa: E402
-from flwr_fedeval.rlwe import compact  # noqa: E402
-from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg  # noqa: E402
-from flwr_fedeval.testing import InProcessGrid  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _shapes(num_params: int) -> list[tuple[int, ...]]:
@@ -77,7 +74,7 @@ def _round(num_params: int, clients: int, limbs: int | None, parameter_set: str,
                     sizes.setdefault(node, {})[field] = int(reply.content[key][field].numpy().nbytes)
         return reply
 
-    grid = InProcessGrid(_app(shapes), clients, {"fedeval-identity-dir": IDENTITY_DIR})
+    grid = InProcessGrid(_app(shapes), clients, {"fedeval-identity-dir": throwaway_identities(clients)})
     grid.fault = spy
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients,
                          max_abs_value=2.0**16, limbs=limbs, parameter_set=parameter_set, bulk=bulk)

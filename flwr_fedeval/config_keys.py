@@ -1,4 +1,4 @@
-"""Every run-config key the library reads, in one place (issue 23 item 5; ``docs/configuration.md``).
+"""Every run-config key the library reads, in one place (``docs/configuration.md``).
 
 A Flower App owns its run config (``[tool.flwr.app.config]`` in its
 ``pyproject.toml``): generic names such as ``min-nodes`` or ``dp-epsilon`` would collide

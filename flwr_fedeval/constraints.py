@@ -54,7 +54,7 @@ class Problem(NamedTuple):
         return self.message
 
 
-class Choices(StrOptions):
+class Choices(StrOptions):  # type: ignore[misc]  # scikit-learn ships no type information
     """scikit-learn's ``StrOptions`` that remembers the declared order (``ordered``)."""
 
     def __init__(self, options: tuple[str, ...] | list[str], *, deprecated: set[str] | None = None) -> None:
@@ -139,7 +139,7 @@ def default_of(target: Any, name: str) -> Any:
     KeyError
         ``target`` has no such parameter, or it has no default.
     """
-    signatures = [inspect.signature(k.__init__) for k in target.__mro__ if "__init__" in vars(k)] \
+    signatures = [inspect.signature(vars(k)["__init__"]) for k in target.__mro__ if "__init__" in vars(k)] \
         if isinstance(target, type) else [inspect.signature(target)]
     for signature in signatures:
         parameter = signature.parameters.get(name)

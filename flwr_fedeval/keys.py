@@ -45,7 +45,7 @@ from flwr_fedeval.identity import IdentityError, NodeIdentity, Roster
 __all__ = ["create", "main"]
 
 
-def create(out: str | os.PathLike, names: list[str], *, policy: dict[str, Any] | None = None) -> Roster:
+def create(out: str | os.PathLike[str], names: list[str], *, policy: dict[str, Any] | None = None) -> Roster:
     """Generate one key per name into ``out``, write ``roster.json``, one policy file per node
     (:data:`~flwr_fedeval.clients.policy.POLICY_DEFAULTS` updated by ``policy``) and one empty privacy
     ledger per node (``<name>.ledger.sqlite``); returns the roster.
@@ -90,7 +90,7 @@ def _toml_value(text: str) -> Any:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+        import tomli as tomllib  # type: ignore[no-redef,unused-ignore]
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:  # a bare word (fedeval-fhe-min-protocol=malicious): the string

@@ -42,7 +42,7 @@ from __future__ import annotations
 import secrets
 import struct
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -128,7 +128,10 @@ def seal_for(payload: bytes, *, sender: KeyPair, recipient_public: bytes) -> byt
     return header + aead.encrypt(nonce, bytes(payload), header)
 
 
-def seal_for_all(payload: bytes, *, sender: KeyPair, recipients: Mapping[object, bytes]) -> dict:
+_K = TypeVar("_K")
+
+
+def seal_for_all(payload: bytes, *, sender: KeyPair, recipients: Mapping[_K, bytes]) -> dict[_K, bytes]:
     """:func:`seal_for` for each ``{node_id: public_key}``; returns ``{node_id: sealed}``."""
     return {node: seal_for(payload, sender=sender, recipient_public=pk) for node, pk in recipients.items()}
 
@@ -167,7 +170,8 @@ class SharedSecrets(NamedTuple):
     seed: bytes
 
 
-def seal_bundle(secret_context: bytes, seed: bytes, *, sender: KeyPair, recipients: Mapping[object, bytes]) -> dict:
+def seal_bundle(secret_context: bytes, seed: bytes, *, sender: KeyPair,
+                recipients: Mapping[_K, bytes]) -> dict[_K, bytes]:
     """Seal ``(secret_context, seed)`` for every recipient.
 
     Parameters

@@ -68,6 +68,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -227,7 +228,8 @@ def _array_bytes(a: np.ndarray) -> bytes:
 
 
 def _array_of(data: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+    out: np.ndarray = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+    return out
 
 
 def _blob(value: bytes, name: str) -> bytes:
@@ -247,7 +249,7 @@ class NodeLedger:
 
     Parameters
     ----------
-    path : str or os.PathLike
+    path : str or os.PathLike[str]
         The database file; it must exist (:meth:`create` makes one), so that a deleted ledger is
         noticed instead of silently starting afresh.
     cap : int, default :data:`DEFAULT_CAP`
@@ -261,7 +263,7 @@ class NodeLedger:
         ``cap`` < 1.
     """
 
-    def __init__(self, path: str | os.PathLike, *, cap: int = DEFAULT_CAP) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, cap: int = DEFAULT_CAP) -> None:
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise ValueError(f"cap must be an integer >= 1, got {cap!r}")
         self.path = Path(path)
@@ -281,7 +283,7 @@ class NodeLedger:
         _keep_open(self.path)
 
     @classmethod
-    def create(cls, path: str | os.PathLike, *, cap: int = DEFAULT_CAP) -> NodeLedger:
+    def create(cls, path: str | os.PathLike[str], *, cap: int = DEFAULT_CAP) -> NodeLedger:
         """Create an empty ledger at ``path`` (mode 0600, WAL) and open it.
 
         Raises
@@ -390,7 +392,7 @@ class NodeLedger:
 
     # --- ε ------------------------------------------------------------------------------------
     @staticmethod
-    def _accountant(spends: list[float], budget: float):
+    def _accountant(spends: list[float], budget: float) -> Any:
         """diffprivlib's accountant over ``spends`` (raises BudgetExhausted if they exceed ``budget``)."""
         from diffprivlib import BudgetAccountant
 

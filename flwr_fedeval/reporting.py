@@ -132,8 +132,8 @@ def _git_commit(where: Path, ignore: Path | None = None) -> str | None:
     return head + ("+uncommitted changes" if dirty else "") if head else None
 
 
-def provenance(command: str | None = None, *, repo: str | os.PathLike | None = None,
-               ignore: str | os.PathLike | None = None) -> dict[str, str | None]:
+def provenance(command: str | None = None, *, repo: str | os.PathLike[str] | None = None,
+               ignore: str | os.PathLike[str] | None = None) -> dict[str, str | None]:
     """What produced a result: command line, UTC date, machine and git commit.
 
     Parameters
@@ -177,7 +177,7 @@ def publish(
     title: str,
     body: str,
     *,
-    docs_dir: str | os.PathLike,
+    docs_dir: str | os.PathLike[str],
     figures: Mapping[str, Any] | None = None,
     command: str | None = None,
     dpi: int = 100,

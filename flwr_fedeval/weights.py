@@ -68,19 +68,21 @@ class WeightLayout:
         for k, (a, shape) in enumerate(zip(arrays, self.shapes)):
             if tuple(np.shape(a)) != shape:
                 raise ValueError(f"array {k} has shape {np.shape(a)}, layout expects {shape}")
-        flat = (
-            np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
-            if arrays
-            else np.empty(0)
-        )
-        if not np.isfinite(flat).all():
-            bad = int(np.flatnonzero(~np.isfinite(flat))[0])
-            raise ValueError(f"weights contain NaN or inf (first at flat index {bad})")
-        if pad_to_multiple is not None:
-            if pad_to_multiple < 1:
-                raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
-            padded = -(-flat.size // pad_to_multiple) * pad_to_multiple
-            flat = np.concatenate([flat, np.zeros(padded - flat.size)])
+        if pad_to_multiple is not None and pad_to_multiple < 1:
+            raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
+        size = self.size
+        padded = size if pad_to_multiple is None else -(-size // pad_to_multiple) * pad_to_multiple
+        # one float64 buffer, each array cast into its slice: no per-array float64 copy
+        flat = np.empty(padded, dtype=np.float64)
+        pos = 0
+        for a in arrays:
+            a = np.asarray(a)
+            if not np.isfinite(a).all():
+                bad = pos + int(np.flatnonzero(~np.isfinite(a.ravel()))[0])
+                raise ValueError(f"weights contain NaN or inf (first at flat index {bad})")
+            flat[pos : pos + a.size] = a.ravel()
+            pos += a.size
+        flat[pos:] = 0.0
         return flat
 
     def unflatten(self, vector: np.ndarray) -> list[np.ndarray]:

@@ -1,7 +1,7 @@
 # Sourced by run-local.sh and run-deployment.sh (needs ROOT and the venv's python on PATH).
 # ensure_identities N: one signing key per node (node-0 .. node-{N-1}), the roster and one node policy
 # file per node (node-<i>.policy.toml, flwr_fedeval.clients.policy), made once per node count in
-# .fedeval-ids/N (issue 12: the FHE AUC and SecSV phases refuse to run without them); made aside,
+# .fedeval-ids/N (the FHE AUC and SecSV phases refuse to run without them); made aside,
 # then renamed, so concurrent runs keep one set. Sets IDS.
 # The demo's policy: the documented defaults, except fedeval-share-auc = true so that the FINAL line
 # of `make run` keeps a number, and fedeval-fhe-min-protocol = semi-honest, the operator's consent to

@@ -20,7 +20,7 @@ export PATH="$VENV/bin:$PATH"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 TF_CPP_MIN_LOG_LEVEL=2 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
-# Node identities (issue 12): a signing key per node and the roster (scripts/identities.sh).
+# Node identities: a signing key per node and the roster (scripts/identities.sh).
 . scripts/identities.sh
 ensure_identities "$NUM_SUPERNODES"
 

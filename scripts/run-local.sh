@@ -18,7 +18,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export TF_CPP_MIN_LOG_LEVEL=2
 
-# Node identities (issue 12): a signing key per node and the roster (scripts/identities.sh).
+# Node identities: a signing key per node and the roster (scripts/identities.sh).
 . scripts/identities.sh
 ensure_identities "$NUM_SUPERNODES"
 

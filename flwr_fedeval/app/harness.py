@@ -72,7 +72,7 @@ def pooled_reference_auc(
 def contributors_reference_auc(
     cfg: JobConfig, weights: list[np.ndarray], contributors: list[int], partitions: dict[int, tuple[int, int]]
 ) -> tuple[float, np.ndarray, np.ndarray, str]:
-    """The pooled reference over exactly the partitions of ``contributors`` (issue 16).
+    """The pooled reference over exactly the partitions of ``contributors``.
 
     ``partitions`` maps node IDs to ``(partition id, num-partitions)`` as the
     nodes reported them (:func:`~flwr_fedeval.strategies.shapley_phase.discover_roles`).

@@ -78,10 +78,10 @@ class NodeCache:
     def __init__(self, *, max_scores: int = 512) -> None:
         self.max_scores = max_scores
         self.run_id: int | None = None
-        self._configs: dict[tuple, JobConfig] = {}
-        self._splits: dict[tuple, ClientSplit] = {}
+        self._configs: dict[tuple[Any, ...], JobConfig] = {}
+        self._splits: dict[tuple[Any, ...], ClientSplit] = {}
         self._models: dict[JobConfig, _Model] = {}
-        self._scores: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._scores: OrderedDict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 

@@ -28,7 +28,7 @@ import sys
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency of flwr)
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef,unused-ignore]
 from pathlib import Path
 from typing import Any
 
@@ -188,12 +188,12 @@ def resume_problems(cfg: JobConfig) -> list[str]:
     """``resume-from``: a run folder holding a checkpoint of exactly this run config (else one line).
 
     The ServerApp checks it again, with the model's shapes and the file's hash
-    (:func:`flwr_fedeval.app.checkpoint.load_checkpoint`); this catches a wrong
+    (:func:`flwr_fedeval.strategies.checkpoint.load_checkpoint`); this catches a wrong
     folder or config before Flower starts.
     """
     if not cfg.resume_from:
         return []
-    from flwr_fedeval.app.checkpoint import CHECKPOINT_DIR, STATE_FILE, config_hash
+    from flwr_fedeval.strategies.checkpoint import CHECKPOINT_DIR, STATE_FILE, config_hash
 
     where = f"config 'resume-from' = '{cfg.resume_from}'"
     folder = Path(cfg.resume_from).expanduser()

@@ -19,7 +19,6 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_fedeval.app.checkpoint import train_with_checkpoints
 from flwr_fedeval.app.harness import (
     contributors_reference_auc,
     run_folder,
@@ -33,6 +32,7 @@ from flwr_fedeval.identity import Roster
 from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
 from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid, NodeNotConfigured, ReadableFedAvg
+from flwr_fedeval.strategies.checkpoint import train_with_checkpoints
 from flwr_fedeval.strategies.collect import IDENTITY_TIMEOUT, Rejoin
 from flwr_fedeval.strategies.fhe_phase import FHEPhaseFailedError
 from flwr_fedeval.strategies.phases import make_auc_phase
@@ -124,8 +124,8 @@ def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result)
 
 
 def _write_failed_phase(cfg: JobConfig, fed: Any, strategy: FedAvg, folder, exc: FHEPhaseFailedError,
-                        train_hist: dict, eval_hist: dict, t_train: float, wall: float) -> None:
-    """``results.json`` of a run whose FHE AUC phase failed (issue 22: a listed participant lost at
+                        train_hist: dict[str, Any], eval_hist: dict[str, Any], t_train: float, wall: float) -> None:
+    """``results.json`` of a run whose FHE AUC phase failed (a listed participant lost at
     steps 3-4, no re-run over another subset): ``auc_phase_error``, no AUC, every failure."""
     for node, reason in exc.failed.items():
         if not fed.failures.has(node, None):
@@ -166,11 +166,11 @@ def warn_resolution(bound: float) -> bool:
     return False
 
 
-def _metric_history(history: dict) -> dict[int, dict[str, float]]:
+def _metric_history(history: dict[str, Any]) -> dict[int, dict[str, float]]:
     return {int(r): {k: float(v) for k, v in rec.items()} for r, rec in history.items()}
 
 
-def _log_threshold_metrics(details: dict, y_true, y_score) -> dict | None:
+def _log_threshold_metrics(details: dict[str, Any], y_true, y_score) -> dict[str, Any] | None:
     """FHE phase: the clients' private metrics at the threshold next to sklearn's on the pooled data."""
     got = details.get("threshold_metrics")
     if not got:
@@ -207,8 +207,8 @@ class _Federation:
     partitions: dict[int, tuple[int, int]]  # node -> (partition id, num-partitions), for the reference
 
 
-def require_identities(cfg: JobConfig, run_config: dict) -> Roster | None:
-    """The ServerApp's copy of the roster; secure phases refuse to start without one (issue 12).
+def require_identities(cfg: JobConfig, run_config: dict[str, Any]) -> Roster | None:
+    """The ServerApp's copy of the roster; secure phases refuse to start without one.
 
     Raises
     ------
@@ -238,7 +238,7 @@ def discover_federation(grid: Grid, cfg: JobConfig, roster: Roster | None) -> _F
     ConfigError
         From the checks before round 1.
     """
-    grid = FailureRecordingGrid(grid)  # every failure of every step, with its true reason (issue 16)
+    grid = FailureRecordingGrid(grid)  # every failure of every step, with its true reason
     failures = grid.failures
     refused: dict[int, str] = {}
     partitions: dict[int, tuple[int, int]] = {}
@@ -341,7 +341,7 @@ def _main(grid: Grid, cfg: JobConfig, roster: Roster | None) -> None:
 
     try:
         auc_result = auc_phase.run(grid, result.arrays)
-    except FHEPhaseFailedError as exc:  # a listed participant lost at steps 3-4: no re-run (issue 22)
+    except FHEPhaseFailedError as exc:  # a listed participant lost at steps 3-4: no re-run (signed list)
         _write_failed_phase(cfg, fed, strategy, folder, exc, train_hist, eval_hist, t_train,
                             time.perf_counter() - t_start)
         raise

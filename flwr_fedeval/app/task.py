@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -289,7 +290,7 @@ class JobConfig:
                 out.append(problem)
                 bad.add(f.name)
 
-        def check(ok, message: str, *names: str) -> None:
+        def check(ok: Callable[[], object], message: str, *names: str) -> None:
             if bad.intersection(names):
                 return                       # already reported as a type/choice problem
             try:
@@ -301,7 +302,8 @@ class JobConfig:
                 out.append(message)
 
         for name in ("num_server_rounds", "local_epochs", "batch_size", "image_size", "min_nodes"):
-            check(lambda name=name: getattr(self, name) >= 1, f"config '{name.replace('_', '-')}' must be >= 1", name)
+            check(lambda name=name: getattr(self, name) >= 1,  # type: ignore[misc]
+                  f"config '{name.replace('_', '-')}' must be >= 1", name)
         check(lambda: 0.0 < self.fraction_train <= 1.0, "config 'fraction-train' must be in (0, 1]", "fraction_train")
         check(lambda: 0.0 < self.learning_rate < math.inf, "config 'learning-rate' must be a finite number > 0",
               "learning_rate")
@@ -323,7 +325,11 @@ class JobConfig:
         if self.secure_aggregation == "xmkckks":
             from flwr_fedeval.rlwe import get_parameter_set, validate_security
 
-            check(lambda: validate_security(get_parameter_set(self.xmk_parameter_set)) or True,
+            def secure() -> bool:
+                validate_security(get_parameter_set(self.xmk_parameter_set))  # raises if not
+                return True
+
+            check(secure,
                   "config 'xmk-parameter-set'", "xmk_parameter_set")
             check(lambda: 1.0 <= self.xmk_max_abs_value < math.inf,
                   "config 'xmk-max-abs-value' must be a finite number >= 1", "xmk_max_abs_value")
@@ -409,7 +415,8 @@ class JobConfig:
 
 
 @functools.lru_cache(maxsize=2)
-def _load_pooled(dataset: str, data_dir: str, xray_task: str, image_size: int):
+def _load_pooled(dataset: str, data_dir: str, xray_task: str,
+                 image_size: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     if dataset == "breast-cancer":
         from flwr_fedeval.data.tabular import load_breast_cancer_data
 

@@ -27,7 +27,7 @@ call                                        message types                       
 register_fhe_handlers`                      ``evaluate.fhe_counts``, ``query.fhe_result``
 ==========================================  ======================================  ===========================
 
-Who takes part (issue 22): each phase starts with a join step; a node with a roster identity
+Who takes part: each phase starts with a join step; a node with a roster identity
 signs its joining of the session and answers the evaluation request only if it carries the
 members' signed list with itself in it and at least its floor of members
 (:func:`flwr_fedeval.clients.identity.check_participants`); it answers one evaluation per

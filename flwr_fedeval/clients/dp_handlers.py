@@ -36,7 +36,7 @@ Evaluations per model
 Randomness
     Every draw comes from the operating system's CSPRNG (:class:`SystemRandomState`,
     ``os.urandom``); no run-config key seeds it (a server-set seed would let the
-    server remove the noise: issue 22). Only the node's own ``fedeval-dp-seed > 0``
+    server remove the noise). Only the node's own ``fedeval-dp-seed > 0``
     seeds it, one ``RandomState`` per request from ``(fedeval-dp-seed,
     partition-id, request counter)``: reproducible runs, **no privacy** against
     anyone who knows the seed.

@@ -36,7 +36,7 @@ per message, so nothing lives in module globals):
 
 All four are deleted when :func:`serve_result` returns (success or not).
 
-Identity (issue 12, DESIGN.md §7): every X25519 key relayed through the
+Identity (DESIGN.md §7): every X25519 key relayed through the
 server is signed with the node's roster key over (``"fhe-auc"``, session, 0,
 role, key) and checked against the roster before use: the key holder checks
 every peer (role ``"client"``; distinct roster members, at least
@@ -45,7 +45,7 @@ included) before sealing the secret context, and every client checks the key
 holder's key (role ``"key-holder"``) before opening its bundle. A node without
 a key and roster refuses every step (the error names the config keys).
 
-Participants (issue 22): the key holder signs the ordered list of (roster name,
+Participants: the key holder signs the ordered list of (roster name,
 X25519 key) it sealed to, itself included
 (:class:`~flwr_fedeval.protocol.fhe_auc.ParticipantList`); at step 4 every client
 checks it (▲ signed by the key holder it checked, ▲ roster members, ▲ itself listed
@@ -75,6 +75,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
@@ -407,7 +408,7 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
 
 
 # --- handlers --------------------------------------------------------------------
-def _handler(step, serve: Callable) -> Callable[[Message, Context], Message]:
+def _handler(step, serve: Callable[..., Any]) -> Callable[[Message, Context], Message]:
     return handler(step, serve, label=_LABEL, errors=_ERRORS)
 
 

@@ -18,7 +18,7 @@ themselves.
 
 A node without an identity refuses with :class:`IdentityNotConfigured`, a
 :class:`~flwr_fedeval.protocol.NotConfigured` refusal that names the keys to set:
-the server stops the run at the first such reply (issue 23 item 4).
+the server stops the run at the first such reply: no retry can fix a node's configuration.
 """
 
 from __future__ import annotations
@@ -78,11 +78,14 @@ class IdentityNotConfigured(IdentityError, NotConfigured):
         NotConfigured.__init__(self, reason, keys=keys)
 
 
-_CACHE: dict[tuple, tuple[NodeIdentity, Roster]] = {}
-_ROSTER_CACHE: dict[tuple, Roster] = {}
+_CACHE: dict[tuple[Any, ...], tuple[NodeIdentity, Roster]] = {}
+_ROSTER_CACHE: dict[tuple[Any, ...], Roster] = {}
+# identities kept per process: one in a deployment (one SuperNode), one per simulated node in a simulation
+# (every virtual node of a process would reload its key and the roster on each message otherwise)
+_CACHE_SIZE = 256
 
 
-def _stamp(path: Path) -> tuple:
+def _stamp(path: Path) -> tuple[Any, ...]:
     st = path.stat()
     return (str(path), st.st_mtime_ns, st.st_size, st.st_mode)
 
@@ -129,7 +132,8 @@ def node_identity(context: Context) -> tuple[NodeIdentity, Roster]:
         if roster.public_key_bytes(ident.name) != ident.public_key_bytes():
             raise IdentityNotConfigured(f"the roster {roster_path} lists another public key for {ident.name!r} than "
                                 f"{key_path}")
-        _CACHE.clear()
+        if len(_CACHE) >= _CACHE_SIZE:
+            del _CACHE[next(iter(_CACHE))]  # the oldest entry (a changed file's stamp is a new key)
         _CACHE[stamp] = (ident, roster)
     return _CACHE[stamp]
 
@@ -206,7 +210,7 @@ def signed_key_from_record(record: Any, key: bytes, *, prefix: str = "") -> Sign
     return SignedKey(signer, bytes(key), sig)
 
 
-# --- who takes part in a plaintext or DP evaluation (issue 22) ------------------------------------
+# --- who takes part in a plaintext or DP evaluation ------------------------------------
 def has_identity(context: Context) -> bool:
     """Whether this node is configured with a roster identity (node config ``fedeval-identity-key``
     or ``fedeval-roster``, or, in simulation, run config ``fedeval-identity-dir``)."""
@@ -264,6 +268,7 @@ def check_participants(context: Context, listed: Any, state_key: str, what: str)
                       "joined (or it was used already)")
     del context.state[state_key]
     try:
-        return listed.verify(roster, own=ident.name, floor=min_clients(context))
+        verified: int | None = listed.verify(roster, own=ident.name, floor=min_clients(context))
+        return verified
     except IdentityError as exc:
         raise Refused(f"{what}: {exc}") from None

@@ -78,7 +78,8 @@ class KerasModelAdapter:
             raise ValueError(f"unsupported model output shape {prob.shape}")
         if not np.isfinite(scores).all():
             raise ValueError("model produced NaN/inf scores")
-        return np.clip(scores, 0.0, 1.0)
+        clipped: np.ndarray = np.clip(scores, 0.0, 1.0)
+        return clipped
 
     def predict_margin_scores(self, x: np.ndarray, *, margin_range: float = 64.0, logit_range: float = 12.0,
                               batch_size: int = 256) -> np.ndarray:

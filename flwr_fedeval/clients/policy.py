@@ -62,7 +62,7 @@ from flwr_fedeval.rlwe.masking import DEFAULT_MASK_DEGREE
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser (tomli, a dependency of flwr)
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef,unused-ignore]
 
 __all__ = [
     "FHE_PROTOCOLS",
@@ -179,7 +179,7 @@ NODE_CONFIG_ONLY: dict[str, str] = {
 POLICY_SUFFIX = ".policy.toml"
 
 _KEY_CONFIG, _DIR_CONFIG = "fedeval-identity-key", config_keys.IDENTITY_DIR
-_FILE_CACHE: dict[tuple, dict[str, Any]] = {}
+_FILE_CACHE: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 def _check_value(key: PolicyKey, value: Any, source: str) -> Any:
@@ -514,7 +514,7 @@ def key_set_floor(context: Context) -> int:
     flwr_fedeval.protocol.NotConfigured
         A policy or run config value that is not an integer ≥ 2 (naming the key).
     """
-    return _tightened(MIN_CLIENTS, node_policy(context).min_clients, dict(context.run_config).get(MIN_CLIENTS))
+    return int(_tightened(MIN_CLIENTS, node_policy(context).min_clients, dict(context.run_config).get(MIN_CLIENTS)))
 
 
 #: The older name of :func:`key_set_floor` (the FHE, DP and plaintext handlers call it so).
@@ -535,8 +535,8 @@ def mask_degree_floor(context: Context) -> int:
     flwr_fedeval.protocol.NotConfigured
         A policy or run config value that is not an integer ≥ 0 (naming the key).
     """
-    return _tightened(XMK_MASK_DEGREE, node_policy(context).xmk_mask_degree,
-                      dict(context.run_config).get(XMK_MASK_DEGREE))
+    return int(_tightened(XMK_MASK_DEGREE, node_policy(context).xmk_mask_degree,
+                          dict(context.run_config).get(XMK_MASK_DEGREE)))
 
 
 def check_fhe_protocol(context: Context, protocol: str, what: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context
 
 from flwr_fedeval import keyshare
-from flwr_fedeval.protocol import Refused
+from flwr_fedeval.protocol import Refused, config_field, config_record
 
 __all__ = ["load_session_keypair", "new_session_keypair"]
 
@@ -36,7 +36,8 @@ def load_session_keypair(context: Context, state_key: str, session: str, *, miss
     """
     if state_key not in context.state:
         raise Refused(missing)
-    rec = context.state[state_key]
-    if rec["session"] != session:
+    rec = config_record(context.state, state_key)
+    if rec.get("session") != session:
         raise Refused("session id does not match this node's key pair for the phase")
-    return keyshare.KeyPair(private=bytes(rec["private"]), public=bytes(rec["public"]))
+    return keyshare.KeyPair(private=config_field(rec, "session", "private", bytes),
+                            public=config_field(rec, "session", "public", bytes))

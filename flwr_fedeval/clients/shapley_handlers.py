@@ -45,7 +45,7 @@ shares travel sealed for A; P sees its own shares (uniform on ``Z_{2^k}``),
 ciphertexts, and which samples each coalition model predicts correctly: it opens
 ``r·(Ŷ − Y)`` for a multiplier ``r`` it does not know (:mod:`flwr_fedeval.shapley.zerotest`),
 never ``Ŷ − Y`` (whose sign is the label of a misclassified binary sample).
-Trust model: P and A do not collude; each may deviate (issue 12). Every
+Trust model: P and A do not collude; each may deviate. Every
 X25519 key P relays is signed with the node's roster key over (``"secsv"``,
 session, 0, role, key) and checked against the roster before use
 (:mod:`flwr_fedeval.identity`): the leader checks the other clients' keys
@@ -57,7 +57,7 @@ client's key at setup and accepts prediction shares only from those keys.
 A accepts only raw (uncompressed) ``.npz`` arrays whose dtype and shape, read
 from the ``.npy`` header, are the expected ones (:func:`read_raw_npz`).
 
-Against a deviating P (issue 22): each client signs its encrypted model of a round
+Against a deviating P: each client signs its encrypted model of a round
 (``"secsv-model"``) and A computes only on models so signed by the roster member it
 checked for that node; A signs its half of every job (``"secsv-products"``: session,
 round, coalition, sample ids, ciphertexts) and a helper decrypts only jobs A signed, adding
@@ -174,7 +174,7 @@ def _pack_arrays(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def read_raw_npz(data: bytes, expected: dict[str, tuple[Any, Callable[[tuple], bool]]]) -> list[np.ndarray]:
+def read_raw_npz(data: bytes, expected: dict[str, tuple[Any, Callable[[tuple[Any, ...]], bool]]]) -> list[np.ndarray]:
     """Arrays of an uncompressed ``.npz``, checked from their ``.npy`` headers before any data is read.
 
     Parameters
@@ -727,8 +727,8 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
                      for b in unpack_blobs(proto.array_bytes(stored, STATE_AUX_MODELS, node))]
               for node in stored}
     ident, _ = node_identity(context)
-    plain_cache: dict[bytes, list] = {}
-    agg_cache: dict[tuple, list] = {}
+    plain_cache: dict[bytes, list[Any]] = {}
+    agg_cache: dict[tuple[Any, ...], list[Any]] = {}
     out = {}
     for j, (index, ids) in request.jobs.items():
         if index.size == 0 or index.min() < 0 or index.max() >= len(order):

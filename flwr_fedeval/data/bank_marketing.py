@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,15 +52,16 @@ N_FEATURES = len(BANK_FEATURE_NAMES)
 assert N_FEATURES == 48
 
 
-def _yes_no(values, column: str) -> np.ndarray:
+def _yes_no(values: Any, column: str) -> np.ndarray:
     values = np.asarray(values, dtype=object)
     bad = ~np.isin(values, ("yes", "no"))
     if bad.any():
         raise ValueError(f"column {column!r} must be 'yes'/'no', found {sorted(set(values[bad].tolist()))[:5]}")
-    return (values == "yes").astype(np.float32)
+    out: np.ndarray = (values == "yes").astype(np.float32)
+    return out
 
 
-def load_bank_marketing(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def load_bank_marketing(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Load and encode ``bank-full.csv`` (or ``bank.csv``) of UCI Bank Marketing.
 
     Parameters

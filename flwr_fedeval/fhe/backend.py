@@ -435,7 +435,7 @@ class CKKSContext(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot rotate ciphertexts")
 
-    # -- checks on received ciphertexts (issue 12) -------------------------
+    # -- checks on received ciphertexts (a deviating server) -------------------------
     def ciphertext_layout(self, ct: Any) -> tuple[int, int, float, int]:
         """``(slots, level, scale, polynomials)`` of ``ct`` as this backend reports them.
 

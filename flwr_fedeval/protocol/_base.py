@@ -28,7 +28,7 @@ import io
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import IntEnum
 from logging import WARNING
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, overload
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
@@ -85,12 +85,12 @@ class ReplyCode(IntEnum):
     #: The pooled test data has a single class: the AUC is undefined.
     UNDEFINED_AUC = 1003
     #: No retries: the node already contributed for this global model (or a later round), or already gave
-    #: its share for this key set and round (xMK-CKKS, issue 21): a second contribution would be a
+    #: its share for this key set and round (xMK-CKKS): a second contribution would be a
     #: differencing oracle.
     ALREADY_CONTRIBUTED = 1004
     #: The node's configuration refuses the request: an identity or roster is missing, or the run
     #: config asks for more than the node's policy allows. Nothing the server can do in this run
-    #: fixes it, so the server stops the run at once (issue 23 item 4); the reason names the
+    #: fixes it, so the server stops the run at once; the reason names the
     #: config keys to set (:func:`config_keys_of`).
     NOT_CONFIGURED = 1005
     #: A client that shares its FHE AUC could not accept the result it decrypted (the pooled data has
@@ -214,6 +214,21 @@ def _field(key: str, name: str) -> str:
     return f"{key}.{name}"
 
 
+_V = TypeVar("_V")
+
+
+@overload
+def config_field(record: ConfigRecord, key: str, name: str, kind: type[_V], *,
+                 choices: Sequence[Any] | None = None, minimum: float | None = None,
+                 maximum: float | None = None) -> _V: ...
+
+
+@overload
+def config_field(record: ConfigRecord, key: str, name: str, kind: tuple[type, ...], *,
+                 choices: Sequence[Any] | None = None, minimum: float | None = None,
+                 maximum: float | None = None) -> Any: ...
+
+
 def config_field(record: ConfigRecord, key: str, name: str, kind: type | tuple[type, ...], *,
                  choices: Sequence[Any] | None = None, minimum: float | None = None,
                  maximum: float | None = None) -> Any:
@@ -238,9 +253,9 @@ def config_field(record: ConfigRecord, key: str, name: str, kind: type | tuple[t
         raise MalformedMessage(_field(key, name), f"not finite: {value!r}")
     if choices is not None and value not in choices:
         raise MalformedMessage(_field(key, name), f"{value!r} is not one of {tuple(choices)}")
-    if minimum is not None and value < minimum:
+    if minimum is not None and value < minimum:  # type: ignore[operator]  # a number: kind checked above
         raise MalformedMessage(_field(key, name), f"{value!r} is below {minimum}")
-    if maximum is not None and value > maximum:
+    if maximum is not None and value > maximum:  # type: ignore[operator]
         raise MalformedMessage(_field(key, name), f"{value!r} is above {maximum}")
     return value
 
@@ -279,7 +294,7 @@ def config_list(record: ConfigRecord, key: str, name: str, kind: type, *, length
         raise MalformedMessage(_field(key, name), f"expected a list of {kind.__name__}")
     if length is not None and len(value) != length:
         raise MalformedMessage(_field(key, name), f"{len(value)} items, expected {length}")
-    if item_length is not None and any(len(v) != item_length for v in value):
+    if item_length is not None and any(len(v) != item_length for v in value):  # type: ignore[arg-type]
         raise MalformedMessage(_field(key, name), f"items must be {item_length} long")
     return list(value)
 
@@ -300,7 +315,8 @@ def array_field(record: ArrayRecord, key: str, name: str, *, dtype: Any | Sequen
         a = record[name].numpy()
     except Exception as exc:  # Flower could not decode the array's bytes
         raise MalformedMessage(_field(key, name), f"not a numpy array ({type(exc).__name__})") from None
-    dtypes = [np.dtype(d) for d in (dtype if isinstance(dtype, (list, tuple)) else [dtype])]
+    wanted: Sequence[Any] = dtype if isinstance(dtype, (list, tuple)) else [dtype]
+    dtypes = [np.dtype(d) for d in wanted]
     if a.dtype not in dtypes:
         raise MalformedMessage(_field(key, name), f"dtype {a.dtype}, expected {' or '.join(map(str, dtypes))}")
     if shape is not None and (a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape))):
@@ -316,7 +332,7 @@ def bytes_array(data: bytes) -> Array:
 
     The ``Array``'s bytes are exactly what ``Array(np.frombuffer(data, np.uint8).copy())`` holds
     (the ``.npy`` serialization), built in one allocation: no intermediate copies of a bulk payload
-    (issue 21 item 3)."""
+    (a reply of many MB is not copied)."""
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": (len(data),)})
     return Array(dtype="uint8", shape=(len(data),), stype=SType.NUMPY, data=header.getvalue() + bytes(data))
@@ -340,7 +356,7 @@ def array_bytes_view(record: ArrayRecord, key: str, name: str) -> memoryview:
     """:func:`array_bytes` without copying: a read-only view of the bytes inside ``record[name]``.
 
     For bulk payloads (a step-2 ciphertext: hundreds of MB at ResNet-18 size) the message's
-    own buffer is the one copy the receiver holds (issue 21 item 3); :func:`array_bytes`
+    own buffer is the one copy the receiver holds; :func:`array_bytes`
     would make two more (``np.load``, then ``tobytes``). The ``.npy`` header is parsed and
     checked as ``np.load`` does (version, dtype, shape, order) and the payload length must match.
 
@@ -547,13 +563,15 @@ def handler(step: Step, serve: Callable[[Any, Message, Context], Payload | Recor
     reports as the ClientApp's exception).
     """
 
+    caught: tuple[type[BaseException], ...] = (Refused, MalformedMessage, *errors)
+
     def serve_step(msg: Message, context: Context) -> Message:
         try:
             request = step.request.from_record(msg.content) if step.request is not None else msg.content
             reply = serve(request, msg, context)
             content = reply.to_record() if isinstance(reply, Payload) else reply
             return Message(content=content, reply_to=msg)
-        except (Refused, MalformedMessage, *errors) as exc:
+        except caught as exc:
             return error_reply(msg, exc, label)
 
     serve_step.__name__ = f"serve_{step.handler_name}"

@@ -8,7 +8,7 @@ phases replace):
 * ``evaluate.threshold_counts``: :class:`ThresholdCountsRequest` (+ Flower's model record and
   the :class:`SignedParticipants` list) in, :class:`ThresholdCounts` out.
 
-Who takes part (issue 22) is the participants' word, not the server's: every member signs its
+Who takes part is the participants' word, not the server's: every member signs its
 joining of the session (:data:`JOIN_ROLE` over the session, the
 :func:`flwr_fedeval.identity.key_statement` transcript), the server relays the ordered list of
 names with every member's signature, and each client checks every signature against the roster,

@@ -6,7 +6,7 @@
 * FedAUC round 1, ``evaluate.fedauc_scores``: :class:`FedAUCScoresRequest` in, :class:`ShuffledScores` out;
 * FedAUC round 2, ``evaluate.fedauc_stats``: :class:`FedAUCStatsRequest` in, :class:`LocalStatsReply` out;
 * join, ``query.dp_join``: :class:`~flwr_fedeval.protocol.auc.JoinRequest` in,
-  :class:`~flwr_fedeval.protocol.auc.JoinReply` out (issue 22): the DPAUC and FedAUC round-1
+  :class:`~flwr_fedeval.protocol.auc.JoinReply` out: the DPAUC and FedAUC round-1
   requests then carry the members' :class:`~flwr_fedeval.protocol.auc.SignedParticipants`.
 
 Every request carries a ConfigRecord ``dp`` (ε of this evaluation; FedAUC: also the

@@ -14,7 +14,7 @@ Step 5 (aggregation) is the server's alone. Every X25519 key relayed through the
 signed by its node's roster key over (:data:`SIGNED_PROTOCOL`, session, round 0, role, key)
 (:func:`sign`, :func:`verify`, :func:`verify_peers`; :mod:`flwr_fedeval.identity`).
 
-Who takes part (issue 22) is in the same transcript: at step 2 the key holder signs, with role
+Who takes part is in the same transcript: at step 2 the key holder signs, with role
 :data:`PARTICIPANTS_ROLE`, the digest of the ordered list of (roster name, X25519 key) it sealed
 the secret context to, itself included (:class:`ParticipantList`). The list travels with the
 step-2 reply and every step-3–4 request; every client checks it against the roster and derives
@@ -172,7 +172,8 @@ def verify_peers(roster: Roster, peers: Mapping[int, SignedKey], *, session: str
 # --- the signed participant list -----------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ParticipantList:
-    """The ordered list of the parties of one FHE AUC session, signed by the key holder (issue 22).
+    """The ordered list of the parties of one FHE AUC session, signed by the key holder
+    (so the server cannot drop or add a party).
 
     Attributes
     ----------
@@ -333,7 +334,7 @@ def _optional_float(rec: ConfigRecord, name: str, *, nan: bool = False, low: flo
         return None
     if nan and isinstance(rec[name], float) and np.isnan(rec[name]):
         return float("nan")
-    return config_field(rec, REPORT_KEY, name, float, minimum=low, maximum=high)
+    return float(config_field(rec, REPORT_KEY, name, float, minimum=low, maximum=high))
 
 
 # --- step 1 -----------------------------------------------------------------------------------
@@ -734,13 +735,14 @@ class ResultReport(Payload):
     def _from_record(cls, content: RecordDict) -> ResultReport:
         rec = config_record(content, REPORT_KEY)
         status = config_field(rec, REPORT_KEY, "status", str, choices=("ok",))
-        metrics = [_optional_float(rec, k, nan=True) for k in METRICS]
+        accuracy, precision, recall, f1 = metrics = [_optional_float(rec, k, nan=True) for k in METRICS]
         if len({m is None for m in metrics}) > 1:
             missing = [k for k, m in zip(METRICS, metrics) if m is None]
             raise MalformedMessage(f"{REPORT_KEY}.{missing[0]}", "missing (all four threshold metrics or none)")
         return cls(config_field(rec, REPORT_KEY, "shared", bool),
                    _optional_float(rec, "auc", low=0.0, high=1.0),
-                   _optional_float(rec, "resolution-bound", low=0.0), *metrics, status=status)
+                   _optional_float(rec, "resolution-bound", low=0.0), accuracy, precision, recall, f1,
+                   status=status)
 
 
 PUBKEY = Step("step 1 (public keys)", "query.fhe_pubkey", "client", PubkeyRequest, PubkeyReply)

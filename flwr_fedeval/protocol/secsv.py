@@ -265,7 +265,7 @@ class KeySet:
     def parse(cls, content: RecordDict, key: str) -> KeySet:
         keys_rec = _optional(content, key, ConfigRecord)
         keys = {n: config_bytes(keys_rec, key, n, length=KEY_BYTES) for n in _node_keys(keys_rec, key)}
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         for suffix, kind in ((SIGNERS_SUFFIX, str), (SIGNATURES_SUFFIX, bytes)):
             rec = _optional(content, key + suffix, ConfigRecord)
             out.append({n: config_field(rec, key + suffix, n, kind) for n in _node_keys(rec, key + suffix)})

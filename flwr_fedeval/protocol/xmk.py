@@ -48,6 +48,7 @@ import math
 import struct
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from flwr_fedeval.protocol._base import (
@@ -129,8 +130,8 @@ def model_hash(arrays: ArrayRecord) -> bytes:
         a = array.numpy()
         for part in (name.encode(), str(a.dtype.str).encode(), repr(tuple(a.shape)).encode()):
             h.update(struct.pack(">Q", len(part)) + part)
-        data = a.tobytes()
-        h.update(struct.pack(">Q", len(data)))
+        data = np.ascontiguousarray(a)  # the bytes of tobytes() (C order), hashed without a copy
+        h.update(struct.pack(">Q", data.nbytes))
         h.update(data)
     return h.digest()
 

@@ -6,8 +6,8 @@ Q = q_0 ... q_{L-1} a product of NTT primes below 2^31 (:mod:`~flwr_fedeval.rlwe
 
 * public polynomials a_0, a_1, ... (one per block of n coefficients), uniform mod every q_i, expanded
   from a public seed (:func:`public_seed`: a domain-separated hash of the signed key-set transcript T
-  and the round) by ChaCha20 keyed by the seed and the parameters' digest, one stream per block and
-  prime, 32-bit words rejection-sampled below q_i (:func:`public_polynomials`);
+  and the round) by ChaCha20 keyed by the seed and the parameters' digest, one keystream per prime
+  (block j at a fixed counter offset), 32-bit words rejection-sampled below q_i (:func:`public_polynomials`);
 * client i: a fresh key k_i (discrete Gaussian, σ_key) per round, and for block j a fresh error e_ij
   (discrete Gaussian, σ_error) and
 
@@ -33,8 +33,9 @@ Product a_j k. Both products of the construction have one small factor (|k| ≤ 
 client, |K_C| ≤ M_max ⌈tail σ_key⌉ for the server), so they use the ring's exact float64 FFT
 negacyclic product (:meth:`~flwr_fedeval.rlwe.ring.Ring.mul_small_spectrum`: Percival's error bound
 is checked and rounding recovers the integer convolution exactly; two limbs share one complex FFT),
-with the spectrum of k computed once for all blocks. On this machine it is about three times faster
-than the NTT product INTT(â ⊙ k̂) at 232 blocks × 2 limbs (17 ms against 50 ms for the INTT alone),
+with the spectrum of k computed once for all blocks and the buffers allocated once per call
+(:class:`_BlockProduct`). On this machine it is several times faster than the NTT product INTT(â ⊙ k̂)
+at 232 blocks × 2 limbs (about 10 ms against 50 ms for the INTT alone),
 and it needs a_j in the coefficient domain: :func:`public_polynomials` samples them there (a uniform
 polynomial is uniform in either domain, so sampling costs the same).
 
@@ -91,7 +92,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from numpy.typing import NDArray
 
 from .params import HE_STANDARD_128_TABLE
-from .ring import Ring, find_ntt_primes, get_ring, mod_signed, validate_primes
+from .ring import Ring, find_ntt_primes, get_ring, mod_signed, mod_u64, validate_primes
 from .sampling import RandomStream, discrete_gaussian
 from .serialization import _pack_bits, _unpack_bits
 
@@ -136,7 +137,7 @@ _CT_HEADER = struct.Struct("<4sBBHQII32s16s")  # magic, version, 0, 0, num_value
 HEADER_SIZE = _CT_HEADER.size
 
 _SEED_DOMAIN = b"flwr-fedeval/kahe/public-seed/v1"
-_A_DOMAIN = b"flwr-fedeval/kahe/public-a/v1"
+_A_DOMAIN = b"flwr-fedeval/kahe/public-a/v2"
 _TAG_DOMAIN = b"flwr-fedeval/kahe/seed-tag/v1"
 SEED_BYTES = 32
 
@@ -452,6 +453,70 @@ def kahe_parameters(
     )
 
 
+# ---------------------------------------------------------------------------------------------- a_j s
+class _BlockProduct:
+    """(a_j s + addend_j) mod q_i for ranges of up to ``chunk`` blocks, s small and fixed (k or −K_C).
+
+    The ring's exact FFT product (:meth:`~flwr_fedeval.rlwe.ring.Ring.mul_small_spectrum`, equal to it
+    bit for bit: both recover the exact integer convolution, Percival's bound checked once for s): two limbs
+    in one complex FFT, the spectrum of s computed once, and every buffer allocated once per call of
+    :func:`encrypt` or :meth:`KaheSum.decode` and reused for each range (numpy's ``out=``), so that the
+    ranges allocate nothing (page faults of fresh temporaries cost more than the FFTs here). A product that
+    needs the split into 16-bit pieces (s too wide for one piece: large K_C) is the ring's own.
+    """
+
+    def __init__(self, params: KaheParameters, small: NDArray[np.int64], chunk: int) -> None:
+        self.ring = ring = params.ring
+        s = np.asarray(small, dtype=np.int64)
+        self.norm = float(np.sqrt(np.sum(s.astype(np.float64) ** 2)))
+        self.spec = ring.fft_small(s)
+        self.primes = params.primes
+        self.one_piece = ring._pieces(self.norm, float(max(params.primes) - 1) ** 2 * params.n) == 1
+        shape = (chunk, params.n)
+        if self.one_piece:
+            self.z = np.empty(shape, dtype=np.complex128)
+            self.w = np.empty(shape, dtype=np.complex128)
+            self.t = np.empty(shape, dtype=np.float64)
+            self.r = np.empty(shape, dtype=np.int64)
+            self.quot = np.empty(shape, dtype=np.uint64)
+
+    def __call__(self, a: NDArray[np.uint64], addend: NDArray[np.int64] | None, out: NDArray[np.uint64]) -> None:
+        """out[j, i] = (a[j, i] s + addend[j, i or 0]) mod q_i.
+
+        a : (cnt, L, n) uint64, residues; addend : None or int64 (cnt, L or 1, n), |addend| < 2^62 − n 2^31;
+        out : (cnt, L, n) uint64 (may be a view).
+        """
+        if not self.one_piece:
+            out[...] = self.ring.mul_small_spectrum(self.spec, self.norm, a, addend=addend)
+            return
+        cnt, L = a.shape[0], a.shape[1]
+        ring = self.ring
+        for i0 in range(0, L, 2):
+            z, w = self.z[:cnt], self.w[:cnt]
+            z.real = a[:, i0]
+            if i0 + 1 < L:
+                z.imag = a[:, i0 + 1]
+            else:
+                z.imag = 0.0
+            z *= ring._twist
+            np.fft.fft(z, axis=-1, out=w)
+            w *= self.spec
+            np.fft.ifft(w, axis=-1, norm="forward", out=z)  # unscaled inverse: 1/n is in the untwist
+            z *= ring._untwist
+            for i, part in ((i0, z.real), (i0 + 1, z.imag)):
+                if i >= L:
+                    break
+                t, r = self.t[:cnt], self.r[:cnt]
+                np.rint(part, out=t)  # the exact integer convolution (|error| < 1/4)
+                np.copyto(r, t, casting="unsafe")
+                if addend is not None:
+                    r += addend[:, i if addend.shape[1] > 1 else 0]
+                q = self.primes[i]
+                u = r.view(np.uint64)
+                u += np.uint64((2**63 // q) * q)  # r > -2^63 + q: now in [0, 2^64), same residue
+                mod_u64(u, q, out=out[:, i], scratch=self.quot[:cnt])
+
+
 # ---------------------------------------------------------------------------------------------- public a_j
 def public_seed(transcript: bytes, round_: int) -> bytes:
     """The round's public seed: SHA-256(domain ‖ len(T) ‖ T ‖ round), 32 bytes.
@@ -494,13 +559,36 @@ def _draw_words(n: int, q: int) -> int:
     return 16 * math.ceil((n / p + 12 * sd + 64) / 16)
 
 
+def _stream_nonce(counter: int, prime_index: int, overflow_block: int | None = None) -> bytes:
+    """The 16 bytes ChaCha20 takes (RFC 7539: a 32-bit little-endian block counter, then a 96-bit nonce).
+
+    Main stream of prime i: nonce (i as u32, 0 as u32, 0 as u32), counter at the block's first word / 16.
+    Overflow stream of block j, prime i: nonce (i as u32, 1 as u32, j as u32), counter 0.
+    """
+    if overflow_block is None:
+        return counter.to_bytes(4, "little") + prime_index.to_bytes(4, "little") + bytes(8)
+    return (
+        bytes(4) + prime_index.to_bytes(4, "little") + (1).to_bytes(4, "little") + overflow_block.to_bytes(4, "little")
+    )
+
+
+def _zeros(size: int) -> memoryview:
+    """``size`` zero bytes (the plaintext whose ChaCha20 encryption is the keystream)."""
+    return memoryview(bytearray(size))
+
+
 def public_polynomials(params: KaheParameters, seed: bytes, start_block: int, num_blocks: int) -> NDArray[np.uint64]:
     """The public polynomials a_j of blocks [start_block, start_block + num_blocks), coefficient domain.
 
-    Block j, prime q_i: the ChaCha20 keystream under key SHA-256(domain ‖ params digest ‖ seed) and nonce
-    (counter 0, j as u64, i as u32) read as little-endian 32-bit words, each masked to bit_length(q_i) bits
-    and accepted if below q_i (rejection sampling: exactly uniform mod q_i); the first n accepted words are
-    the coefficients. Any range of blocks is expanded independently of the others.
+    Prime q_i (bit length b_i), W_i = :func:`_draw_words` (n, q_i) words per block (a multiple of 16: one
+    block's words are whole ChaCha20 blocks). The words of block j are the ChaCha20 keystream under key
+    SHA-256(domain ‖ params digest ‖ seed), nonce (i, 0, 0) and block counter j W_i / 16, read as
+    little-endian 32-bit words w_0 … w_{W_i − 1}, each masked to b_i bits (one keystream per prime: block j
+    starts at word j W_i of it). Coefficient t < n is w_t if w_t < q_i; the coefficients whose word is
+    rejected take, in order of t, the accepted words among w_n … w_{W_i − 1} in order, then (probability
+    about 2^-60 per block and prime) the accepted words of block j's overflow stream (nonce (i, 1, j),
+    counter 0). Every coefficient is a fresh accepted word, so a_j is exactly uniform mod q_i; any range of
+    blocks is expanded independently of the others (one keystream call per prime and range).
 
     Parameters
     ----------
@@ -508,7 +596,8 @@ def public_polynomials(params: KaheParameters, seed: bytes, start_block: int, nu
     seed : bytes of length 32
         From :func:`public_seed` (never a server field).
     start_block, num_blocks : int
-        0 ≤ start_block, 0 ≤ num_blocks, start_block + num_blocks < 2^64.
+        0 ≤ start_block, 0 ≤ num_blocks, (start_block + num_blocks) W_i / 16 ≤ 2^32 (the 32-bit ChaCha20
+        block counter: about 16 million blocks of n = 4096).
 
     Returns
     -------
@@ -520,51 +609,67 @@ def public_polynomials(params: KaheParameters, seed: bytes, start_block: int, nu
         If the seed or the range is invalid.
     """
     seed = _check_seed(seed)
-    if (
-        not _is_int(start_block)
-        or not _is_int(num_blocks)
-        or start_block < 0
-        or num_blocks < 0
-        or start_block + num_blocks >= 2**64
-    ):
+    if not _is_int(start_block) or not _is_int(num_blocks) or start_block < 0 or num_blocks < 0:
         raise KaheError(f"block range [{start_block!r}, +{num_blocks!r}) is invalid")
     start_block, num_blocks = int(start_block), int(num_blocks)
-    key = hashlib.sha256(_A_DOMAIN + params.digest + seed).digest()
     n, L = params.n, params.limbs
+    for q in params.primes:
+        if (start_block + num_blocks) * _draw_words(n, q) // 16 > 2**32:
+            raise KaheError(
+                f"block range [{start_block}, +{num_blocks}) is beyond the 2^32 ChaCha20 blocks of the public stream"
+            )
+    key = hashlib.sha256(_A_DOMAIN + params.digest + seed).digest()
     out = np.empty((num_blocks, L, n), dtype=np.uint64)
     if num_blocks == 0:
         return out
-    zeros: dict[int, bytes] = {}
     for i, q in enumerate(params.primes):
         words = _draw_words(n, q)
-        if words * 4 not in zeros:
-            zeros[words * 4] = bytes(words * 4)
-        pad = zeros[words * 4]
-        encs = [
-            Cipher(
-                algorithms.ChaCha20(
-                    key, b"\0\0\0\0" + (start_block + j).to_bytes(8, "little") + i.to_bytes(4, "little")
-                ),
-                mode=None,
-            ).encryptor()
-            for j in range(num_blocks)
-        ]
-        raw = np.frombuffer(b"".join(e.update(pad) for e in encs), dtype="<u4").reshape(num_blocks, words)
-        vals = raw & np.uint32((1 << q.bit_length()) - 1)
-        accept = vals < np.uint32(q)
-        counts = accept.sum(axis=1)
-        short = np.flatnonzero(counts < n)
-        if short.size == 0:
-            keep = accept & (np.cumsum(accept, axis=1) <= n)
-            out[:, i, :] = vals[keep].reshape(num_blocks, n)
-            continue
-        for j in range(num_blocks):  # pragma: no cover - probability ~2^-60 per stream
-            got = vals[j][accept[j]]
-            while got.size < n:
-                more = np.frombuffer(encs[j].update(bytes(4 * n)), dtype="<u4") & np.uint32((1 << q.bit_length()) - 1)
-                got = np.concatenate([got, more[more < np.uint32(q)]])
-            out[j, i, :] = got[:n]
+        size = num_blocks * words * 4
+        buf = bytearray(size)
+        enc = Cipher(algorithms.ChaCha20(key, _stream_nonce(start_block * words // 16, i)), mode=None).encryptor()
+        enc.update_into(_zeros(size), buf)
+        vals = np.frombuffer(buf, dtype="<u4").reshape(num_blocks, words)
+        vals &= np.uint32((1 << q.bit_length()) - 1)
+        head = vals[:, :n]
+        rejected = np.flatnonzero(head >= np.uint32(q))
+        if rejected.size:
+            rows, cols = np.divmod(rejected, n)
+            rank = np.arange(rows.size) - np.searchsorted(rows, rows, side="left")  # k-th rejection of its row
+            pool = vals[rows, n:]  # the candidates of each rejected word's row
+            accepted = np.cumsum(pool < np.uint32(q), axis=1)
+            take = accepted > rank[:, None]
+            found = take[:, -1]
+            head[rows[found], cols[found]] = pool[found, np.argmax(take[found], axis=1)]
+            if not found.all():  # pragma: no cover - probability ~2^-60 per block and prime (tests force it)
+                _overflow(key, i, q, start_block, head, rows[~found], cols[~found], accepted[~found, -1], rank[~found])
+        out[:, i, :] = head
     return out
+
+
+def _overflow(
+    key: bytes,
+    prime_index: int,
+    q: int,
+    start_block: int,
+    head: NDArray[np.uint32],
+    rows: NDArray[np.intp],
+    cols: NDArray[np.intp],
+    pool_accepted: NDArray[np.integer],
+    rank: NDArray[np.integer],
+) -> None:
+    """Fill the rejected coefficients left after the pool from each block's overflow stream, in order."""
+    mask = np.uint32((1 << q.bit_length()) - 1)
+    for r in np.unique(rows):
+        mine = rows == r
+        need = (rank[mine] - pool_accepted[mine]).astype(np.int64)  # index among the overflow's accepted words
+        enc = Cipher(
+            algorithms.ChaCha20(key, _stream_nonce(0, prime_index, start_block + int(r))), mode=None
+        ).encryptor()
+        got = np.empty(0, dtype=np.uint32)
+        while got.size <= int(need.max()):
+            more = np.frombuffer(enc.update(bytes(4 * 64)), dtype="<u4") & mask
+            got = np.concatenate([got, more[more < np.uint32(q)]])
+        head[r, cols[mine]] = got[need]
 
 
 # ---------------------------------------------------------------------------------------------- client
@@ -803,10 +908,7 @@ def encrypt(
         raise KaheError(f"key has a coefficient beyond the tail cut {params.key_cut}: not from sample_key")
     x, clipped = _encode(params, values, integers)
     nb = x.shape[0]
-    ring = params.ring
-    k64 = k.astype(np.int64)
-    spec = ring.fft_small(k64)
-    norm = float(np.sqrt(np.sum(k64.astype(np.float64) ** 2)))
+    product = _BlockProduct(params, k.astype(np.int64), min(_ENCRYPT_BLOCKS, nb))
     rng = RandomStream()
     c = np.empty((nb, params.limbs, params.n), dtype=np.uint64)
     for lo in range(0, nb, _ENCRYPT_BLOCKS):  # a range of blocks at a time: temporaries stay in cache
@@ -826,8 +928,7 @@ def encrypt(
                 r *= params.delta % q  # < 2^62
                 r %= q
                 r += e
-        a = public_polynomials(params, seed, lo, cnt)
-        c[lo : lo + cnt] = ring.mul_small_spectrum(spec, norm, a, addend=addend)
+        product(public_polynomials(params, seed, lo, cnt), addend, c[lo : lo + cnt])
     return KaheCiphertext(params, _seed_tag(params, seed), int(np.asarray(values).shape[0]), c, clipped)
 
 
@@ -883,7 +984,9 @@ class KaheSum:
     Notes
     -----
     The sum is held per limb as uint32 (every q_i < 2^31, so s + c < 2^32): shape (L, num_blocks, n),
-    4 bytes per prime and coefficient.
+    4 bytes per prime and coefficient, whatever the number of replies. A successful :meth:`decode` releases
+    it (the server decodes a round's sum once; its memory is free before the model is rebuilt): a later
+    :meth:`add` or :meth:`decode` raises.
     """
 
     def __init__(
@@ -899,22 +1002,34 @@ class KaheSum:
         self.num_blocks = params.num_blocks(num_values)
         self.chunk_blocks = int(chunk_blocks)
         self._tag = _seed_tag(params, self.seed)
-        self._sum = np.zeros((params.limbs, self.num_blocks, params.n), dtype=np.uint32)
+        self._sum: NDArray[np.uint32] | None = np.zeros((params.limbs, self.num_blocks, params.n), dtype=np.uint32)
         self._q32 = [np.uint32(q) for q in params.primes]
         self.count = 0
 
+    def _live(self) -> NDArray[np.uint32]:
+        if self._sum is None:
+            raise KaheError("this sum was decoded already: its residues are released")
+        return self._sum
+
     @property
     def residues(self) -> NDArray[np.uint32]:
-        """A copy of the running sum, shape (L, num_blocks, n), uint32."""
-        return self._sum.copy()
+        """A copy of the running sum, shape (L, num_blocks, n), uint32.
+
+        Raises
+        ------
+        KaheError
+            After a successful :meth:`decode` (the sum is released).
+        """
+        return self._live().copy()
 
     def _ranges(self) -> Iterator[tuple[int, int]]:
         for lo in range(0, self.num_blocks, self.chunk_blocks):
             yield lo, min(self.chunk_blocks, self.num_blocks - lo)
 
     def _apply(self, rows: NDArray[np.uint64], lo: int, sign: int) -> None:
+        total = self._live()
         for i, q in enumerate(self._q32):
-            s = self._sum[i, lo : lo + rows.shape[0]]
+            s = total[i, lo : lo + rows.shape[0]]
             v = rows[:, i, :].astype(np.uint32)
             if sign > 0:
                 s += v  # < 2q < 2^32
@@ -934,8 +1049,9 @@ class KaheSum:
         Raises
         ------
         KaheError
-            Naming the bad field.
+            Naming the bad field; or the sum was decoded already.
         """
+        self._live()
         m, total, tag = KaheCiphertext.read_header(data, self.params)
         if tag != self._tag:
             raise KaheError("seed tag does not match this round's public seed (a reply of another round?)")
@@ -975,9 +1091,11 @@ class KaheSum:
         ------
         KaheError
             No ciphertext folded, more than M_max, a key sum out of range (|K| > count ⌈tail σ_key⌉), or
-            "the decryption is not exact" (a wrong key sum, or a reply encrypted under another seed or key).
+            "the decryption is not exact" (a wrong key sum, or a reply encrypted under another seed or key),
+            or the sum was decoded already. A refused decoding keeps the sum; a successful one releases it.
         """
         p = self.params
+        total = self._live()
         if self.count < 1:
             raise KaheError("no ciphertext folded: nothing to decode")
         if self.count > p.max_contributors:
@@ -994,9 +1112,8 @@ class KaheSum:
                 f"key_sum has a coefficient beyond {self.count} x {p.key_cut}: not a sum of {self.count} keys"
             )
         ring = p.ring
-        negk = -K
-        spec = ring.fft_small(negk)
-        norm = float(np.sqrt(np.sum(negk.astype(np.float64) ** 2)))
+        product = _BlockProduct(p, -K, min(self.chunk_blocks, self.num_blocks))
+        y = np.empty((min(self.chunk_blocks, self.num_blocks), p.limbs, p.n), dtype=np.uint64)
         m, s = self.num_values, p.integer_slots
         sums = np.empty(m, dtype=np.float64)
         ints = np.empty(s, dtype=np.int64)
@@ -1005,12 +1122,12 @@ class KaheSum:
         scale = 2.0**-p.fractional_bits
         for lo, cnt in self._ranges():
             a = public_polynomials(p, self.seed, lo, cnt)
-            acc = self._sum[:, lo : lo + cnt].transpose(1, 0, 2).astype(np.int64)  # (cnt, L, n)
-            y = ring.mul_small_spectrum(spec, norm, a, addend=acc)  # S - a K mod q_i
+            acc = total[:, lo : lo + cnt].transpose(1, 0, 2).astype(np.int64)  # (cnt, L, n)
+            product(a, acc, y[:cnt])  # S - a K mod q_i
             if fast:
-                x = _decode_fast(ring, y, Q, delta, eb)
+                x = _decode_fast(ring, y[:cnt], Q, delta, eb)
             else:
-                x = _decode_slow(ring, y, Q, delta, eb)
+                x = _decode_slow(ring, y[:cnt], Q, delta, eb)
             flat = x.reshape(-1)
             first, last = lo * p.n, lo * p.n + flat.size
             if first < m:
@@ -1020,6 +1137,8 @@ class KaheSum:
                 a0, b0 = max(first, m), min(last, m + s)
                 if a0 < b0:
                     ints[a0 - m : b0 - m] = flat[a0 - first : b0 - first]
+        del total
+        self._sum = None  # decoded: released before the caller rebuilds the model
         return sums, ints
 
 
@@ -1037,10 +1156,12 @@ def _decode_fast(ring: Ring, y: NDArray[np.uint64], Q: int, delta: int, eb: int)
     for i in range(len(digits) - 2, -1, -1):
         Y *= ring.primes[i]
         Y += digits[i]
-    Y[Y > (Q - 1) // 2] -= Q
-    x = (Y + delta // 2) // delta  # floor division: round to nearest
-    r = Y - x * delta
-    if int(np.abs(r).max()) > eb:
+    np.subtract(Y, Q, out=Y, where=Y > (Q - 1) // 2)  # centred
+    x = Y + delta // 2
+    x //= delta  # floor division: round to nearest
+    r = x * delta
+    np.subtract(Y, r, out=r)
+    if int(r.max()) > eb or int(r.min()) < -eb:
         raise _not_exact()
     out: NDArray[np.int64] = x
     return out

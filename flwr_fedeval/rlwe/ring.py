@@ -51,6 +51,7 @@ __all__ = [
     "find_ntt_primes",
     "schoolbook_negacyclic",
     "mod_signed",
+    "mod_u64",
 ]
 
 _MAX_PRIME_BITS = 31
@@ -194,13 +195,31 @@ def mod_signed(
     Adds the multiple (2^63 div q) q (< 2^63 + 1, so v plus it is in [0, 2^64)) in uint64 and takes
     the unsigned remainder: numpy's signed floor-mod is about twice as slow on values of mixed sign.
     ``q`` broadcasts against ``v``; ``out`` (uint64, v's shape) may be ``v.view(np.uint64)``.
+    A scalar ``q`` takes the remainder as u - (u // q) q (:func:`mod_u64`).
     """
     qu = np.asarray(q, dtype=np.uint64)
     if out is None:
         out = np.empty(v.shape, dtype=np.uint64)
     np.add(v.view(np.uint64), (np.uint64(2**63) // qu) * qu, out=out)
+    if qu.ndim == 0:
+        return mod_u64(out, int(qu), out=out)
     np.remainder(out, qu, out=out)
     return out
+
+
+def mod_u64(
+    u: NDArray[np.uint64], q: int, out: NDArray[np.uint64] | None = None, scratch: NDArray[np.uint64] | None = None
+) -> NDArray[np.uint64]:
+    """u mod q in [0, q) for uint64 ``u`` and a scalar modulus 1 <= q < 2^63: u - (u // q) q.
+
+    Bit for bit :func:`numpy.remainder`; numpy divides by a scalar with libdivide's multiply-and-shift
+    (several times faster than its remainder loop, one hardware division per element). ``out`` and
+    ``scratch`` (uint64, u's shape) may be given to reuse buffers; ``out`` may be ``u``.
+    """
+    qu = np.uint64(q)
+    quot = np.floor_divide(u, qu, out=scratch)
+    quot *= qu
+    return np.subtract(u, quot, out=out)
 
 
 def _reduce_once(x: NDArray[np.uint64], q: NDArray[np.uint64], scratch: NDArray[np.uint64]) -> None:
@@ -261,9 +280,7 @@ class Ring:
         if not isinstance(x, np.ndarray) or x.dtype != np.uint64:
             raise ValueError(f"{name} must be a numpy uint64 array")
         if x.shape[-2:] != (self.limbs, self.n):
-            raise ValueError(
-                f"{name} has shape {x.shape}, expected (..., {self.limbs}, {self.n})"
-            )
+            raise ValueError(f"{name} has shape {x.shape}, expected (..., {self.limbs}, {self.n})")
         if x.size and np.any(x.reshape(-1, self.limbs, self.n).max(axis=(0, 2)) >= self.q_col[:, 0]):  # no mask
             raise ValueError(f"{name} has coefficients >= q_i")
         return x
@@ -401,8 +418,13 @@ class Ring:
 
     def _stage(
         self, arr: NDArray[np.uint64], m: int, t: int, inverse: bool, scratch: NDArray[np.uint64]
-    ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], tuple[NDArray[np.uint64], NDArray[np.uint64]],
-               NDArray[np.uint64], NDArray[np.uint64]]:
+    ) -> tuple[
+        NDArray[np.uint64],
+        NDArray[np.uint64],
+        tuple[NDArray[np.uint64], NDArray[np.uint64]],
+        NDArray[np.uint64],
+        NDArray[np.uint64],
+    ]:
         """Views for one butterfly stage: u, h (the pairs), twiddles, and two scratch arrays.
 
         ``arr`` is (k, L, n) in natural order, or (k, L, T, n / T) transposed (element j at
@@ -423,6 +445,7 @@ class Ring:
             u, h = pairs[:, :, :, 0], pairs[:, :, :, 1]
             key = (inverse, m, t)
             if key not in self._tw_cache:  # i = (j div T) (T / 2t) + (j mod T) div 2t
+
                 def tw(tab: NDArray[np.uint64]) -> NDArray[np.uint64]:
                     grid = tab[:, m : 2 * m].reshape(L, n // T, T // (2 * t)).transpose(0, 2, 1)
                     return np.ascontiguousarray(grid)[:, :, None, :]
@@ -549,8 +572,9 @@ class Ring:
                 h_ = m // 2
                 u, v, w, d, tmp = self._stage(arr, h_, t, True, scratch)
                 lead = (1,) * (d.ndim - 2)
-                per_limb = np.array([b for (sl, _), b in zip(self._groups, bounds) for _ in range(sl.start, sl.stop)],
-                                    dtype=np.uint64)
+                per_limb = np.array(
+                    [b for (sl, _), b in zip(self._groups, bounds) for _ in range(sl.start, sl.stop)], dtype=np.uint64
+                )
                 np.subtract(u, v, out=d)  # u - v + bound q in [1, 2 bound q), <= 2^32
                 d += (self.q_col[:, 0] * per_limb).reshape((L,) + lead)
                 u += v  # < 2 bound q
@@ -772,10 +796,11 @@ class Ring:
         for i in range(self.limbs):
             acc = xs[..., i, :].copy()
             for j in range(i):
-                acc -= digits[j] * self._garner_pmod[i, j] % p[i]
+                term = digits[j] * self._garner_pmod[i, j]  # [0, q_j) times [0, q_i): < 2^62
+                acc -= mod_u64(term.view(np.uint64), p[i], out=term.view(np.uint64)).view(np.int64)
             mod_signed(acc, p[i], out=acc.view(np.uint64))  # acc > -i p_i
-            acc *= self._garner_inv[i]
-            acc %= p[i]
+            acc *= self._garner_inv[i]  # [0, q_i) times [0, q_i): < 2^62
+            mod_u64(acc.view(np.uint64), p[i], out=acc.view(np.uint64))
             digits.append(acc)
         return digits
 
@@ -846,9 +871,7 @@ class Ring:
     def from_int(self, v: np.ndarray) -> np.ndarray:
         """Map arbitrary Python ints (object array (..., n)) into RNS (slow)."""
         v = np.asarray(v, dtype=object)
-        return np.stack(
-            [(v % p).astype(np.uint64) for p in self.primes], axis=-2
-        )
+        return np.stack([(v % p).astype(np.uint64) for p in self.primes], axis=-2)
 
 
 def validate_primes(n: int, primes: Sequence[int]) -> tuple[int, ...]:

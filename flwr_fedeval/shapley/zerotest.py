@@ -1,4 +1,4 @@
-"""SecSV's comparison without the difference: P opens ``r·(Ŷ − Y)``, never ``Ŷ − Y`` (issue 22, item 3).
+"""SecSV's comparison without the difference: P opens ``r·(Ŷ − Y)``, never ``Ŷ − Y``.
 
 Algorithm 4 of Zheng, Cao, Yoshikawa (PVLDB 16(7) 2023) has P reconstruct ``Ỹ = Ŷ − Y``
 from both servers' shares (steps 12–13) and test ``|Ỹ[k]| < 0.5`` (step 14). The value of

@@ -4,8 +4,8 @@ The plaintext phase (this module) is the reference protocol: every client
 computes TP/FP/TN/FN of its own test split at N public decision points; the
 server sums them and computes the trapezoid AUC (Baykara et al. 2025,
 Eqs. 2-3). It reveals every client's counts to the server; the FHE and DP
-phases replace exactly this step. A join step comes first (issue 22,
-:func:`join_participants`): the members sign their joining, and each client
+phases replace exactly this step. A join step comes first
+(:func:`join_participants`): the members sign their joining, and each client
 checks the signed list before it answers.
 """
 
@@ -15,6 +15,7 @@ import math
 import secrets
 from dataclasses import dataclass, field
 from logging import INFO
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
@@ -39,9 +40,9 @@ from flwr_fedeval.strategies.base import EvaluationPhase
 __all__ = ["AUCPhaseResult", "PlaintextAUCPhase", "join_participants", "with_model"]
 
 
-def join_participants(phase: EvaluationPhase, grid: Grid, nodes: list[int],
+def join_participants(phase: EvaluationPhase[Any], grid: Grid, nodes: list[int],
                       step: Step) -> tuple[SignedParticipants | None, list[int]]:
-    """The join step of the plaintext and DP phases (issue 22): ``(signed list, participants)``.
+    """The join step of the plaintext and DP phases: ``(signed list, participants)``.
 
     Every node signs its joining of a fresh session; the list of the signers (roster-name order,
     each with its signature) goes with the evaluation request, and each client checks it
@@ -113,7 +114,7 @@ class AUCPhaseResult:
     contributors: list[int]
     failed: dict[int, str] = field(default_factory=dict)
     method: str = "plain"
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict[str, Any])
     resolution_bound: float = math.nan
 
     def to_metric_record(self) -> MetricRecord:
@@ -149,7 +150,7 @@ class AUCPhaseResult:
         return f"{self.method}[{', '.join(extra)}]" if extra else self.method
 
 
-class PlaintextAUCPhase(EvaluationPhase):
+class PlaintextAUCPhase(EvaluationPhase[Any]):
     """Global AUC from plaintext threshold counts (the reference phase).
 
     One step: ``evaluate.threshold_counts`` with the global model and the N

@@ -141,7 +141,8 @@ def write_checkpoint(folder: str | Path, server_round: int, arrays: ArrayRecord,
     ck = Path(folder) / CHECKPOINT_DIR
     ck.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
-    np.savez(buf, **{str(i): a for i, a in enumerate(arrays.to_numpy_ndarrays())})
+    by_key: dict[str, Any] = {str(i): a for i, a in enumerate(arrays.to_numpy_ndarrays())}
+    np.savez(buf, **by_key)
     data = buf.getvalue()
     model_file = f"model-round-{server_round:04d}.npz"
     _atomic_write(ck / model_file, data)
@@ -239,16 +240,16 @@ class _ResumedRounds:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._strategy, name)
 
-    def configure_train(self, server_round, *args, **kwargs):
+    def configure_train(self, server_round: int, *args: Any, **kwargs: Any) -> Any:
         return self._strategy.configure_train(server_round + self._offset, *args, **kwargs)
 
-    def aggregate_train(self, server_round, *args, **kwargs):
+    def aggregate_train(self, server_round: int, *args: Any, **kwargs: Any) -> Any:
         return self._strategy.aggregate_train(server_round + self._offset, *args, **kwargs)
 
-    def configure_evaluate(self, server_round, *args, **kwargs):
+    def configure_evaluate(self, server_round: int, *args: Any, **kwargs: Any) -> Any:
         return self._strategy.configure_evaluate(server_round + self._offset, *args, **kwargs)
 
-    def aggregate_evaluate(self, server_round, *args, **kwargs):
+    def aggregate_evaluate(self, server_round: int, *args: Any, **kwargs: Any) -> Any:
         return self._strategy.aggregate_evaluate(server_round + self._offset, *args, **kwargs)
 
 

@@ -40,15 +40,18 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from logging import INFO
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from flwr.app import Error, Message
+from flwr.app import Error, Message, RecordDict
 from flwr.common.logger import log
+from flwr.serverapp import Grid
 
+from flwr_fedeval._compat import Run  # moved between Flower releases
 from flwr_fedeval.messages import ReplyCode
 
 __all__ = ["IDENTITY_TIMEOUT", "MIN_POLL_INTERVAL", "POLL_BACKOFF", "POLL_INTERVAL", "Collected", "DetectingGrid",
-           "OnReply", "Rejoin", "collect", "send_and_collect"]
+           "GridView", "OnReply", "PhaseGrid", "Rejoin", "ReplyCollector", "SimulatedTime", "collect",
+           "send_and_collect"]
 
 #: Longest wait (s) between two polls (pull the replies, read the node list) of :func:`send_and_collect`.
 POLL_INTERVAL = 1.0
@@ -122,14 +125,14 @@ class Rejoin:
         Old node ID → new node ID.
     """
 
-    def __init__(self, prove: Callable[[Any, list[int]], dict[int, Hashable]],
+    def __init__(self, prove: Callable[[Grid, list[int]], dict[int, Hashable]],
                  identities: dict[int, Hashable] | None = None, ignore: Iterable[int] = ()) -> None:
         self.prove = prove
         self.identities: dict[int, Hashable] = {int(k): v for k, v in (identities or {}).items()}
         self.replaced: dict[int, int] = {}
         self._asked: set[int] = {int(n) for n in ignore}
 
-    def learn(self, grid: Any, listed: Iterable[int]) -> None:
+    def learn(self, grid: Grid, listed: Iterable[int]) -> None:
         """Ask every listed node of unknown identity (once) to prove one; record replacements."""
         unknown = sorted(int(n) for n in listed if int(n) not in self.identities and int(n) not in self._asked)
         if not unknown:
@@ -154,14 +157,43 @@ def _error_reply(msg: Message, code: int, reason: str) -> Message:
 OnReply = Callable[[Message], Message]
 
 
-def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float | None,
+@runtime_checkable
+class ReplyCollector(Protocol):
+    """What a phase exchange needs from a grid: one call that sends the requests and collects the replies.
+
+    ``collect_replies`` pushes the requests and returns every reply, with the nodes given up early
+    (:class:`Collected`); ``on_reply`` is :func:`send_and_collect`'s per-reply callback. Every
+    :class:`GridView` provides it; :func:`collect` uses it where a grid has it, and polls a plain
+    Flower ``Grid`` with :func:`send_and_collect` otherwise.
+    """
+
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
+                        on_reply: OnReply | None = None) -> Collected: ...
+
+
+#: What a phase exchange accepts: Flower's ``Grid`` (polled by :func:`send_and_collect`) or a
+#: :class:`ReplyCollector` (a :class:`GridView`, or a view that hands back replies it already has).
+PhaseGrid = Grid | ReplyCollector
+
+
+@runtime_checkable
+class SimulatedTime(Protocol):
+    """A grid with its own clock (the in-process test grid's simulated seconds): ``clock()`` and
+    ``sleep(seconds)`` replace ``time.monotonic`` and ``time.sleep`` in :func:`send_and_collect`."""
+
+    def clock(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+def send_and_collect(grid: Grid, messages: Iterable[Message], *, timeout: float | None,
                      poll_interval: float = POLL_INTERVAL, rejoin: Rejoin | None = None,
                      min_poll_interval: float = MIN_POLL_INTERVAL, on_reply: OnReply | None = None) -> Collected:
     """Push ``messages``, then poll until every destination replied, was given up, or ``timeout`` ran out.
 
-    See the module docstring for what is checked at each poll. A grid may
-    provide ``clock()`` and ``sleep(seconds)`` (the in-process test grid's
-    simulated time); otherwise ``time.monotonic`` and ``time.sleep`` are used.
+    See the module docstring for what is checked at each poll. A grid with
+    :class:`SimulatedTime` (the in-process test grid) is polled on its own
+    clock; otherwise ``time.monotonic`` and ``time.sleep`` are used.
 
     Parameters
     ----------
@@ -194,15 +226,15 @@ def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float |
         raise ValueError(f"need 0 < min_poll_interval <= poll_interval seconds, got {min_poll_interval!r} "
                          f"and {poll_interval!r}")
     wait = min_poll_interval
-    clock = getattr(grid, "clock", None) or time.monotonic
-    sleep = getattr(grid, "sleep", None) or time.sleep
+    clock: Callable[[], float] = grid.clock if isinstance(grid, SimulatedTime) else time.monotonic
+    sleep: Callable[[float], None] = grid.sleep if isinstance(grid, SimulatedTime) else time.sleep
     messages = list(messages)
     t0 = clock()
     out = Collected()
     pushed = list(grid.push_messages(messages)) if messages else []
     listed_at_push = {int(n) for n in grid.get_node_ids()}
     if len(pushed) == len(messages):  # one ID (or None) per message, in order: Flower's grpc/http grids
-        ids = pushed
+        ids: list[str | None] = [str(i) if i else None for i in pushed]
     else:  # a grid that leaves out what it could not store (flwr's InMemoryGrid): match by message ID
         stored = {str(i) for i in pushed if i}
         ids = [str(m.metadata.message_id) if str(m.metadata.message_id) in stored else None for m in messages]
@@ -221,11 +253,12 @@ def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float |
 
     while pending:
         for reply in grid.pull_messages(list(pending)):
-            msg = pending.pop(reply.metadata.reply_to_message_id, None)
-            if msg is not None:  # a reply to no pending request (or a second one) is dropped
+            sent = pending.get(reply.metadata.reply_to_message_id)
+            if sent is not None:  # a reply to no pending request (or a second one) is dropped
+                del pending[reply.metadata.reply_to_message_id]
                 out.replies.append(reply if on_reply is None else on_reply(reply))
                 del reply
-                out.seconds[int(msg.metadata.dst_node_id)] = clock() - t0
+                out.seconds[int(sent.metadata.dst_node_id)] = clock() - t0
         if not pending:
             break
         now = clock() - t0
@@ -258,45 +291,93 @@ def send_and_collect(grid: Any, messages: Iterable[Message], *, timeout: float |
     return out
 
 
-def collect(grid: Any, messages: Iterable[Message], *, timeout: float | None,
+def collect(grid: PhaseGrid, messages: Iterable[Message], *, timeout: float | None,
             on_reply: OnReply | None = None) -> Collected:
-    """:func:`send_and_collect` over ``grid``; through its ``collect_replies`` when it has one.
+    """One exchange over ``grid``: its ``collect_replies`` when it is a :class:`ReplyCollector`,
+    else :func:`send_and_collect` over the plain Flower ``Grid``.
 
-    A :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` (and any
-    view that delegates to one) records the failures and applies its
-    :class:`Rejoin`; any other grid is polled directly. ``on_reply`` (see
-    :func:`send_and_collect`) is passed on only when given, so a grid whose
-    ``collect_replies`` does not take it still works without one.
+    A :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` (and any view that delegates to
+    one) records the failures and applies its :class:`Rejoin`. ``on_reply`` (see
+    :func:`send_and_collect`) is passed on only when given.
     """
-    method = getattr(grid, "collect_replies", None)
-    if callable(method):
+    if isinstance(grid, ReplyCollector):
         if on_reply is None:
-            return method(messages, timeout=timeout)
-        return method(messages, timeout=timeout, on_reply=on_reply)
+            return grid.collect_replies(messages, timeout=timeout)
+        return grid.collect_replies(messages, timeout=timeout, on_reply=on_reply)
     return send_and_collect(grid, messages, timeout=timeout, on_reply=on_reply)
 
 
-class DetectingGrid:
-    """A view of a Flower ``Grid`` whose ``send_and_receive`` is :func:`send_and_collect`.
+class GridView(Grid):
+    """A Flower ``Grid`` over another one whose exchanges give up lost nodes early: the one wrapper.
 
-    For Flower's ``Strategy.start`` loop (train and evaluate steps), which
-    calls ``grid.send_and_receive``; everything else is delegated.
+    Every method of Flower's ``Grid`` is delegated to the wrapped grid, except the exchange:
+    :meth:`collect_replies` is :func:`collect` over the wrapped grid (so a view over a
+    :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` keeps its failure record) and
+    ``send_and_receive`` returns its replies, so Flower's ``Strategy.start`` loop gives up a node
+    that left the node list at once instead of at its timeout. Its time (``clock``, ``sleep``)
+    is the wrapped grid's. Other attributes (a test grid's
+    ``failures``, ``clock``, ...) are read from the wrapped grid. Subclasses change one thing each:
+    :class:`~flwr_fedeval.strategies.base.FailureRecordingGrid` records failures,
+    :class:`~flwr_fedeval.strategies.shapley_phase.NodeSubsetGrid` hides nodes.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The grid to wrap (Flower's, or another view).
     """
 
-    def __init__(self, grid: Any) -> None:
+    def __init__(self, grid: Grid) -> None:
         self._grid = grid
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_grid":  # not set yet (e.g. during unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self._grid, name)
+
+    def set_run(self, run: Run) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self._grid.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
 
     def get_node_ids(self) -> Iterable[int]:
         return self._grid.get_node_ids()
 
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def clock(self) -> float:
+        """The wrapped grid's clock (:class:`SimulatedTime`), else ``time.monotonic()``."""
+        return self._grid.clock() if isinstance(self._grid, SimulatedTime) else time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """The wrapped grid's ``sleep`` (:class:`SimulatedTime`), else ``time.sleep``."""
+        if isinstance(self._grid, SimulatedTime):
+            self._grid.sleep(seconds)
+        else:
+            time.sleep(seconds)
+
     def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
                         on_reply: OnReply | None = None) -> Collected:
-        """:func:`send_and_collect` over the wrapped grid."""
-        return send_and_collect(self._grid, messages, timeout=timeout, on_reply=on_reply)
+        """:func:`collect` over the wrapped grid."""
+        return collect(self._grid, messages, timeout=timeout, on_reply=on_reply)
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """As Flower's, but a node that left the node list is given up at once (an error reply)."""
         return self.collect_replies(messages, timeout=timeout).replies
+
+
+class DetectingGrid(GridView):
+    """A :class:`GridView` that changes nothing: Flower's ``Grid`` with early give-up of lost nodes.
+
+    For Flower's ``Strategy.start`` loop (train and evaluate steps), which calls
+    ``grid.send_and_receive``.
+    """

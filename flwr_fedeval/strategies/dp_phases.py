@@ -13,8 +13,8 @@ the client handlers in :mod:`flwr_fedeval.clients.dp_handlers`.
 ``fedauc-laplace``  :class:`FedAUCLaplacePhase` (FedAUC_Lap)    same two
 ==================  ==========================================  =============================
 
-Each phase starts with a join step (issue 22,
-:func:`~flwr_fedeval.strategies.auc_phase.join_participants`: the members sign
+Each phase starts with a join step
+(:func:`~flwr_fedeval.strategies.auc_phase.join_participants`: the members sign
 their joining; each client checks the signed list before it answers), sends to
 the participants, splits the replies into valid and failed
 (no reply, error reply — e.g. ``BudgetError`` — or a malformed reply; each
@@ -81,7 +81,7 @@ from flwr_fedeval.strategies.base import ARRAYS_KEY, EvaluationPhase, Failures
 __all__ = ["DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCLaplacePhase", "FedAUCRRPhase"]
 
 
-def _details(estimate: AUCEstimate, failures: Failures, **extra: Any) -> dict:
+def _details(estimate: AUCEstimate, failures: Failures, **extra: Any) -> dict[str, Any]:
     """JSON-friendly record of how the number was produced."""
     details = {
         "variant": estimate.variant,
@@ -97,7 +97,7 @@ def _details(estimate: AUCEstimate, failures: Failures, **extra: Any) -> dict:
     return details
 
 
-class _DPPhase(EvaluationPhase):
+class _DPPhase(EvaluationPhase[Any]):
     """Shared configuration and bookkeeping of the DP phases (see the subclasses)."""
 
     label = "AUC phase"
@@ -280,7 +280,7 @@ class _FedAUCPhase(_DPPhase):
             raise ValueError(f"ties must be 'average' or 'ordinal', got {ties!r}")
         self.ties = ties
 
-    def _dp_config(self, max_rank: float) -> dict:
+    def _dp_config(self, max_rank: float) -> dict[str, Any]:
         """The Laplace fields of the round-2 request (:class:`~flwr_fedeval.protocol.dp_auc.FedAUCStatsRequest`)."""
         raise NotImplementedError
 
@@ -370,7 +370,7 @@ class FedAUCRRPhase(_FedAUCPhase):
         return [("Mechanism", f"FedAUC_RR: epsilon={self.epsilon:g} per client"), ("Ties", self.ties),
                 *super()._summary_items()]
 
-    def _dp_config(self, max_rank: float) -> dict:
+    def _dp_config(self, max_rank: float) -> dict[str, Any]:
         return {}
 
     def _estimate(self, stats: list[LocalStats]) -> AUCEstimate:
@@ -434,7 +434,7 @@ class FedAUCLaplacePhase(_FedAUCPhase):
     def _summary_items(self) -> list[tuple[str, str]]:
         return [("Mechanism", self.params.summary()), ("Ties", self.ties), *super()._summary_items()]
 
-    def _dp_config(self, max_rank: float) -> dict:
+    def _dp_config(self, max_rank: float) -> dict[str, Any]:
         p = self.params
         return {"sensitivity": p.sensitivity, "allocation": p.allocation, "alpha": p.alpha,
                 "beta": p.beta, "max_rank": max_rank}

@@ -33,7 +33,7 @@ is checked before use (public keys, context, every ciphertext deserialised
 under the public context); failing nodes are named in the log and in
 ``AUCPhaseResult.failed``.
 
-Participants (issue 22): who takes part is not the server's word. At step 2 the
+Participants: who takes part is not the server's word. At step 2 the
 key holder signs the ordered list of the roster members it sealed the secret
 context to, itself included (:class:`~flwr_fedeval.protocol.fhe_auc.ParticipantList`);
 the server relays that list with every step-3–4 request and each client derives
@@ -202,7 +202,7 @@ class FHERun:
         return dataclasses.replace(self, **changes)
 
 
-class FHEAUCPhase(EvaluationPhase):
+class FHEAUCPhase(EvaluationPhase[Any]):
     """Global AUC under FHE; only the clients can decrypt (Baykara et al. 2025).
 
     Parameters

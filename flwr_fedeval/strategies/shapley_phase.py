@@ -75,6 +75,7 @@ from flwr_fedeval.shapley.secsv import (
 )
 from flwr_fedeval.shapley.zerotest import mask_label_share, open_zero_test
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures, exchange_replies
+from flwr_fedeval.strategies.collect import GridView
 
 __all__ = ["NodeSubsetGrid", "SecSVPhase", "ShapleyPhaseError", "ShapleyPhaseResult", "discover_roles"]
 
@@ -90,23 +91,20 @@ class ShapleyPhaseError(RuntimeError):
         super().__init__(f"Shapley phase aborted at {step}: {self.failed} (no Shapley values reported)")
 
 
-class NodeSubsetGrid:
-    """A view of a Flower ``Grid`` that hides some nodes from ``get_node_ids``.
+class NodeSubsetGrid(GridView):
+    """A :class:`~flwr_fedeval.strategies.collect.GridView` that hides some nodes from ``get_node_ids``.
 
     Lets Flower's strategies train on the data clients only, while the
     auxiliary server A stays connected to the same run. Everything else is
-    delegated to the wrapped grid.
+    delegated to the wrapped grid (its exchanges, and so its failure record, included).
     """
 
     def __init__(self, grid: Grid, exclude: Iterable[int]) -> None:
-        self._grid = grid
+        super().__init__(grid)
         self._exclude = frozenset(int(n) for n in exclude)
 
     def get_node_ids(self) -> list[int]:
         return [n for n in self._grid.get_node_ids() if n not in self._exclude]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._grid, name)
 
 
 def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, roster: Roster | None = None,
@@ -212,7 +210,7 @@ class ShapleyPhaseResult:
 
     fsv: dict[int, float]
     ssv: np.ndarray
-    utilities: list[dict]
+    utilities: list[dict[str, Any]]
     empty_utilities: list[float]
     rounds: list[int]
     clients: list[int]
@@ -220,7 +218,7 @@ class ShapleyPhaseResult:
     aux_node: int
     leader: int
     sample_skip: bool
-    stats: dict = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict[str, Any])
 
     def to_metric_record(self) -> MetricRecord:
         """The result as Flower metrics (see :meth:`~flwr_fedeval.strategies.base.EvaluationPhase.evaluate_fn`):
@@ -231,7 +229,7 @@ class ShapleyPhaseResult:
         return MetricRecord({"shapley-fsv": fsv, "shapley-fsv-sum": float(sum(fsv)),
                              "shapley-rounds": len(self.rounds)})
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "method": "secsv" + ("+sampleskip" if self.sample_skip else ""),
             "fsv": {str(k): v for k, v in self.fsv.items()},
@@ -247,7 +245,7 @@ class ShapleyPhaseResult:
         }
 
 
-def _all_jobs(by_job: dict, n_jobs: int) -> dict:
+def _all_jobs(by_job: dict[str, Any], n_jobs: int) -> dict[str, Any]:
     """``by_job`` if it has exactly the jobs ``0..n_jobs-1``; raises ``ValueError`` naming the difference."""
     if sorted(by_job) != list(range(n_jobs)):
         raise ValueError(f"reply has jobs {sorted(by_job)}, the request sent jobs 0..{n_jobs - 1}")
@@ -270,7 +268,7 @@ class _SecSVRun:
     aux: int
     #: The phase's session id (hex), sent in every request.
     session: str
-    stats: dict
+    stats: dict[str, Any]
     # step 1 (hello)
     params: SecSVParams | None = None
     #: The public fields of every request after hello (session, parameters, layout).
@@ -298,7 +296,7 @@ class _SecSVRun:
     # steps 5-8
     full_batches: list[np.ndarray] = field(default_factory=list)
     full_keys: set[bytes] = field(default_factory=set)
-    full_plain: dict[bytes, list] = field(default_factory=dict)
+    full_plain: dict[bytes, list[Any]] = field(default_factory=dict)
     helper_turn: int = 0
     failed_helpers: set[int] = field(default_factory=set)
 
@@ -311,7 +309,7 @@ class _SecSVRun:
         return 0 if self.y_P is None else len(self.y_P)
 
 
-def _new_stats() -> dict:
+def _new_stats() -> dict[str, Any]:
     return {"bytes_sent": 0, "bytes_received": 0, "messages": 0, "batches": 0,
             "evaluated_samples": 0, "skipped_samples": 0, "helper_replacements": 0}
 
@@ -634,7 +632,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
             raise ShapleyPhaseError("aux setup", {aux: f"holds {got[aux]} samples, P holds {st.num_samples}"})
 
     # -- step 5 ---------------------------------------------------------------
-    def encrypted_models(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> tuple[dict, dict]:
+    def encrypted_models(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> tuple[dict, dict[str, Any]]:
         """Step 5: the members' encrypted local models of round ``t`` (each ciphertext checked).
 
         Returns ``({node: ciphertexts}, (the packed models as received, their signatures), for A)``.
@@ -653,7 +651,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         forward = ({str(n): enc[n][0].cts for n in members}, {str(n): enc[n][0].signature for n in members})
         return models, forward
 
-    def round_utilities(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> dict:
+    def round_utilities(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> dict[str, Any]:
         """Steps 5–8 for round ``t``: utilities of every coalition of ``members``.
 
         Coalitions are evaluated by increasing size, all coalitions of one size in
@@ -663,8 +661,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         """
         models, forward = self.encrypted_models(grid, st, t, members)
         M = st.num_samples
-        correct: dict[frozenset, np.ndarray] = {}
-        utilities: dict[frozenset, float] = {}
+        correct: dict[frozenset[Any], np.ndarray] = {}
+        utilities: dict[frozenset[Any], float] = {}
         for size in range(1, len(members) + 1):
             jobs = []   # (coalition, sample ids of one batch)
             masks = {}
@@ -689,7 +687,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                 utilities[S] = float(mask.mean())
         return utilities
 
-    def secure_test(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, models: dict,
+    def secure_test(self, grid: Grid, st: _SecSVRun, t: int, jobs: list[Any], models: dict[str, Any],
                     forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list[np.ndarray]:
         """Π_Sec (Algorithm 4) for a list of (coalition, batch) jobs: steps 6–8; correct-prediction masks."""
         st.stats["batches"] += len(jobs)
@@ -699,8 +697,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return self.aux_differences(grid, st, t, jobs, preds)
 
     # -- step 6 ---------------------------------------------------------------
-    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list,
-                     forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list:
+    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list[Any],
+                     forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list[Any]:
         """Step 6 (A): its half of every product, per job (ciphertexts checked), with A's signature
         of each. ``forward``: the round's signed models (first exchange of a round).
         Returns ``[(packed ciphertexts, A's signature)]`` per job, relayed as received."""
@@ -721,12 +719,12 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                                      f"aux products, round {t}", st=st)
         return from_aux[aux]
 
-    def _own_products(self, st: _SecSVRun, jobs: list, models: dict) -> list[bytes]:
+    def _own_products(self, st: _SecSVRun, jobs: list[Any], models: dict[str, Any]) -> list[bytes]:
         """Step 5 (P): its own half of every product (aggregated model × its data shares), packed;
         the helper adds A's half (Algorithm 4 step 6)."""
         ctx = st.ctx
-        agg: dict[frozenset, list] = {}
-        layer_plain: dict[bytes, list] = {}
+        agg: dict[frozenset[Any], list[Any]] = {}
+        layer_plain: dict[bytes, list[Any]] = {}
         totals = []
         for S, ids in jobs:
             if S not in agg:
@@ -739,7 +737,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return totals
 
     # -- step 7 ---------------------------------------------------------------
-    def helper_decryption(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, own: list[bytes],
+    def helper_decryption(self, grid: Grid, st: _SecSVRun, t: int, jobs: list[Any], own: list[bytes],
                           from_aux: list[tuple[bytes, bytes]]) -> list[tuple[Any, bytes, int]]:
         """Step 7: send each batch — P's half, A's signed half, sample ids, coalition — to a helper
         client that owns none of it (and, when possible, is outside the coalition); the helper adds
@@ -747,7 +745,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         Returns ``(P's part of the zero-test deal, A's part sealed for A, helper)``."""
         failed_helpers = st.failed_helpers      # a helper that failed once is not asked again
         pending = list(range(len(jobs)))
-        out: dict[int, tuple] = {}
+        out: dict[int, tuple[Any, ...]] = {}
         while pending:
             assign: dict[int, list[int]] = {}
             for j in pending:
@@ -791,7 +789,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return [out[j] for j in range(len(jobs))]
 
     # -- step 8 ---------------------------------------------------------------
-    def aux_differences(self, grid: Grid, st: _SecSVRun, t: int, jobs: list, preds: list) -> list[np.ndarray]:
+    def aux_differences(self, grid: Grid, st: _SecSVRun, t: int, jobs: list[Any], preds: list[Any]) -> list[np.ndarray]:
         """Step 8 (A): the zero test (:mod:`flwr_fedeval.shapley.zerotest`). P sends ``e = Y' − u``,
         A answers ``f`` and its share of ``r·(Ŷ − Y)``; P opens it: the correct-prediction mask of
         every job (its only view: 0, or a uniform non-zero element, per sample)."""
@@ -816,7 +814,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                                   f"aux differences, round {t}", st=st)
         return [self._open(t, S, ids, preds[j][0], masked[j], *diffs[aux][j]) for j, (S, ids) in enumerate(jobs)]
 
-    def _open(self, t: int, S: frozenset, ids: np.ndarray, deal_p, e: np.ndarray, f: np.ndarray,
+    def _open(self, t: int, S: frozenset[Any], ids: np.ndarray, deal_p, e: np.ndarray, f: np.ndarray,
               z_aux: np.ndarray) -> np.ndarray:
         """P opens ``r·(Ŷ − Y)`` of the job (round ``t``, coalition ``S``, samples ``ids``): ``True``
         where it is 0, a correct prediction. Everything P learns from the comparison passes here."""

@@ -82,6 +82,7 @@ a newer Flower may need a new release of this package.
 """
 
 from flwr_fedeval.testing.grid import Fault, InProcessGrid
+from flwr_fedeval.testing.identities import throwaway_identities
 from flwr_fedeval.testing.lazy_grid import LazyInProcessGrid
 
-__all__ = ["Fault", "InProcessGrid", "LazyInProcessGrid"]
+__all__ = ["Fault", "InProcessGrid", "LazyInProcessGrid", "throwaway_identities"]

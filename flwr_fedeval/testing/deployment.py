@@ -292,7 +292,7 @@ class LocalDeployment:
         its deadline (the message carries the logs' tails).
     """
 
-    def __init__(self, workdir: str | os.PathLike, *, bin_dir: str | os.PathLike | None = None,
+    def __init__(self, workdir: str | os.PathLike[str], *, bin_dir: str | os.PathLike[str] | None = None,
                  tls: bool = True, max_wait_time: float = 3600.0, sign_fabs: bool | None = None) -> None:
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -303,7 +303,7 @@ class LocalDeployment:
         self.tls = tls
         self.max_wait_time = max_wait_time
         self.token = uuid.uuid4().hex
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
         self._log_offset: dict[str, int] = {}  # where the latest start of a process begins in its log
         self._node_args: dict[str, list[str]] = {}
@@ -372,7 +372,7 @@ class LocalDeployment:
                 env[var] = ",".join(filter(None, [env.get(var, ""), "127.0.0.1", "localhost"]))
         return env
 
-    def _start(self, name: str, args: list[str], flwr_home: Path) -> subprocess.Popen:
+    def _start(self, name: str, args: list[str], flwr_home: Path) -> subprocess.Popen[bytes]:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         self.logs[name] = log
@@ -508,7 +508,7 @@ class LocalDeployment:
             reply = {}
         if not reply.get("success", False):
             raise DeploymentError(f"flwr {' '.join(args)}: {(out.stdout + out.stderr).strip()[-500:]}")
-        return reply
+        return dict(reply)
 
     def nodes(self) -> dict[int, dict[str, Any]]:
         """The SuperLink's node list (``flwr supernode ls``): ``{node ID: entry}``; ``entry["status"]``
@@ -559,7 +559,7 @@ class LocalDeployment:
             fh.seek(self._log_offset.get(name, 0))
             return re.sub(r"\x1b\[[0-9;]*m", "", fh.read().decode(errors="replace"))
 
-    def wait_for_log(self, name: str, pattern: str, deadline: float) -> re.Match:
+    def wait_for_log(self, name: str, pattern: str, deadline: float) -> re.Match[str]:
         """Wait until ``pattern`` (regex) appears in what ``name`` logged since its latest start;
         return the match.
 
@@ -592,7 +592,7 @@ class LocalDeployment:
         raise DeploymentError(f"{name} did not listen on 127.0.0.1:{port}\n{self.tails()}")
 
     # ------------------------------------------------------------ runs
-    def build(self, app: str | os.PathLike) -> BuiltFab:
+    def build(self, app: str | os.PathLike[str]) -> BuiltFab:
         """The FAB ``flwr run <app>`` would submit (Flower's own bundling, in ``bin_dir``'s Python)."""
         try:
             return build_fab(app, self._python)
@@ -615,8 +615,8 @@ class LocalDeployment:
             verifications = [self.publisher.sign(fab.content)]
         return self.registry.publish(fab, verifications)
 
-    def submit(self, app: str | os.PathLike, run_config: str, name: str = "flwr-run", *,
-               signed: bool = True) -> subprocess.Popen:
+    def submit(self, app: str | os.PathLike[str], run_config: str, name: str = "flwr-run", *,
+               signed: bool = True) -> subprocess.Popen[bytes]:
         """Start ``flwr run <app> local-deployment --run-config ... --stream`` (not waiting).
 
         ``app`` is a Flower App directory or an app spec already published
@@ -675,7 +675,7 @@ class LocalDeployment:
     def status(self, run_id: str, timeout: float = 120.0) -> str:
         """The run's status from the Control API (``flwr ls --run-id``), e.g. ``"finished:completed"``."""
         try:
-            return self._cli_json(["ls", "--run-id", str(run_id)], timeout=timeout)["runs"][0]["status"]
+            return str(self._cli_json(["ls", "--run-id", str(run_id)], timeout=timeout)["runs"][0]["status"])
         except (DeploymentError, KeyError, IndexError) as exc:
             return f"unknown ({exc})"
 
@@ -688,7 +688,7 @@ class LocalDeployment:
             status = self.status(run_id)
         return status
 
-    def run(self, app: str | os.PathLike, run_config: str, *, name: str = "flwr-run",
+    def run(self, app: str | os.PathLike[str], run_config: str, *, name: str = "flwr-run",
             timeout: float = 3600.0, signed: bool = True) -> FlwrRun:
         """``flwr run`` (:meth:`submit`) and wait: the streamed output, run id and the
         SuperLink's final status.

@@ -106,7 +106,7 @@ class PublisherKey:
     key_id: str
 
     @classmethod
-    def generate(cls, folder: str | os.PathLike, key_id: str | None = None) -> PublisherKey:
+    def generate(cls, folder: str | os.PathLike[str], key_id: str | None = None) -> PublisherKey:
         """A new key (``cryptography``, OS CSPRNG) written to ``folder/publisher.key``
         (OpenSSH format, mode 0600; ``folder`` is created mode 0700) with
         ``publisher.pub`` (OpenSSH public key) and ``trusted-entities.yaml`` beside it.
@@ -130,7 +130,7 @@ class PublisherKey:
         return key
 
     @classmethod
-    def load(cls, path: str | os.PathLike, key_id: str | None = None) -> PublisherKey:
+    def load(cls, path: str | os.PathLike[str], key_id: str | None = None) -> PublisherKey:
         """Read an OpenSSH Ed25519 private key (e.g. ``publisher.key``; also ``ssh-keygen -t ed25519``).
 
         Raises
@@ -213,7 +213,7 @@ print(json.dumps({"fab_id": fab_id, "version": version}))
 """
 
 
-def build_fab(app: str | os.PathLike, python: str | os.PathLike | None = None) -> BuiltFab:
+def build_fab(app: str | os.PathLike[str], python: str | os.PathLike[str] | None = None) -> BuiltFab:
     """Bundle the Flower App in ``app`` exactly as ``flwr run <app>`` and ``flwr build`` do
     (Flower's ``build_fab_from_disk``, run by ``python``: default the running interpreter).
 
@@ -234,7 +234,7 @@ def build_fab(app: str | os.PathLike, python: str | os.PathLike | None = None) -
         return BuiltFab(out.read_bytes(), f"@{meta['fab_id']}", str(meta["version"]))
 
 
-def registry_url_configurable(python: str | os.PathLike | None = None) -> bool:
+def registry_url_configurable(python: str | os.PathLike[str] | None = None) -> bool:
     """Whether the flwr installed for ``python`` reads the registry address from
     ``FLWR_SUPERGRID_API_URL`` (flwr >= 1.41; 1.30 only talks to Flower Hub)."""
     probe = "import flwr.supercore.constant as c; print(hasattr(c, 'FLWR_SUPERGRID_API_URL'))"

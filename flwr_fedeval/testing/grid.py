@@ -111,11 +111,11 @@ class InProcessGrid(Grid):
         self,
         client_app: Any,
         num_nodes: int,
-        run_config: dict | None = None,
+        run_config: dict[str, Any] | None = None,
         *,
-        node_configs: list[dict] | None = None,
+        node_configs: list[dict[str, Any]] | None = None,
         fault: Fault | None = None,
-        ledgers: str | os.PathLike | None = "fresh",
+        ledgers: str | os.PathLike[str] | None = "fresh",
     ) -> None:
         self.client_app = client_app
         self._run = Run.create_empty(run_id=1)
@@ -152,7 +152,8 @@ class InProcessGrid(Grid):
         self._superlink_errors: set[int] = set()  # gone nodes the SuperLink answers for (NODE_UNAVAILABLE)
         self._waiting: dict[str, Message] = {}  # pushed to a dead node: message id -> instruction
 
-    def _with_ledgers(self, node_configs: list[dict], ledgers: str | os.PathLike | None) -> list[dict]:
+    def _with_ledgers(self, node_configs: list[dict[str, Any]],
+                      ledgers: str | os.PathLike[str] | None) -> list[dict[str, Any]]:
         """``node_configs`` with node config ``fedeval-ledger`` set as ``ledgers`` says (see the class)."""
         from flwr_fedeval.clients.ledger import LEDGER_CONFIG, LEDGER_SUFFIX
         from flwr_fedeval.ledger import NodeLedger
@@ -184,7 +185,8 @@ class InProcessGrid(Grid):
     def run(self) -> Run:
         return self._run
 
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -304,7 +306,7 @@ class InProcessGrid(Grid):
     def _execute(self, node: int, msg: Message) -> Message:
         context = _roundtrip_context(self.contexts[node])
         try:
-            reply = self.client_app(msg, context)
+            reply: Message = self.client_app(msg, context)
         except Exception as exc:  # reported as an error reply, as the engines do
             return Message(
                 Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"),

@@ -1,4 +1,6 @@
-"""The serializing in-process Grid that runs a node only when its reply is pulled (issue 21: M = 100 at 11.7M).
+"""The serializing in-process Grid that runs a node only when its reply is pulled.
+
+So that 100 nodes at 11.7M weights fit in memory.
 
 :class:`~flwr_fedeval.testing.InProcessGrid` runs every node at *push* time
 and holds every reply until it is pulled: at ResNet-18 size (11,689,512
@@ -60,8 +62,8 @@ class LazyInProcessGrid(InProcessGrid):
         If ``per_pull`` < 1.
     """
 
-    def __init__(self, client_app: Any, num_nodes: int, run_config: dict | None = None, *, per_pull: int = 1,
-                 node_configs: list[dict] | None = None, fault: Fault | None = None) -> None:
+    def __init__(self, client_app: Any, num_nodes: int, run_config: dict[str, Any] | None = None, *, per_pull: int = 1,
+                 node_configs: list[dict[str, Any]] | None = None, fault: Fault | None = None) -> None:
         if per_pull < 1:
             raise ValueError(f"per_pull must be >= 1, got {per_pull!r}")
         super().__init__(client_app, num_nodes, run_config, node_configs=node_configs, fault=fault)

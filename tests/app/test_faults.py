@@ -69,7 +69,7 @@ class Crash(Exception):
 def test_main_job_resumes_after_a_serverapp_crash(tmp_path):
     """The ServerApp dies in round 2; the same run config plus resume-from continues with round 2 and
     writes results.json into the same run folder; another run config is refused before any training."""
-    from flwr_fedeval.app.checkpoint import CheckpointError
+    from flwr_fedeval.strategies.checkpoint import CheckpointError
 
     run_config = {"num-server-rounds": 2, "local-epochs": 1, "model": "logreg", "output-dir": str(tmp_path)}
     armed = {"on": True}

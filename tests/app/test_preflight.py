@@ -126,7 +126,7 @@ def test_resume_from_is_made_absolute_and_must_hold_a_checkpoint_of_this_config(
     import numpy as np
     from flwr.app import ArrayRecord
 
-    from flwr_fedeval.app.checkpoint import write_checkpoint
+    from flwr_fedeval.strategies.checkpoint import write_checkpoint
 
     pyproject = str(Path(__file__).resolve().parents[2] / "pyproject.toml")
     config = f"num-server-rounds=3 local-epochs=1 model='logreg' output-dir='{tmp_path}'"

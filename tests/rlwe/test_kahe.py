@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe import kahe
@@ -22,7 +23,7 @@ from flwr_fedeval.rlwe.kahe import (
     round_key_sum,
     sample_key,
 )
-from flwr_fedeval.rlwe.ring import find_ntt_primes
+from flwr_fedeval.rlwe.ring import Ring, find_ntt_primes, is_prime, schoolbook_negacyclic
 
 # test data only (not key material): the keys and errors come from the module's CSPRNG
 DATA = np.random.default_rng(20250730)
@@ -101,6 +102,10 @@ def test_wrong_key_sum_refused():
     assert S.residues.tobytes() == before
     sums, _ = S.decode(K)  # the right key still decodes
     assert sums.shape == (2 * p.n,)
+    # a successful decoding releases the sum: nothing can be added or decoded again
+    for again in (lambda: S.decode(K), lambda: S.add(cts[0].to_bytes()), lambda: S.residues):
+        with pytest.raises(KaheError, match="decoded already"):
+            again()
 
 
 def test_key_sum_out_of_range_and_too_many_contributors():
@@ -365,6 +370,73 @@ def test_public_polynomials():
         public_polynomials(p, b"x" * 31, 0, 1)
 
 
+def _reference_block(params: KaheParameters, seed: bytes, j: int, i: int) -> list[int]:
+    """a_j mod q_i as public_polynomials' docstring defines it, word by word with Python integers: block j's
+    W words read from prime i's keystream at block counter j W / 16 (a stream of its own here), rejected
+    words replaced in order by the accepted pool words, then by the accepted words of the overflow stream."""
+    import hashlib
+
+    n, q = params.n, params.primes[i]
+    mask = (1 << q.bit_length()) - 1
+    key = hashlib.sha256(kahe._A_DOMAIN + params.digest + seed).digest()
+    W = kahe._draw_words(n, q)
+
+    def words(nonce: bytes, count: int) -> list[int]:
+        ks = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(4 * count))
+        return [int.from_bytes(ks[4 * t : 4 * t + 4], "little") & mask for t in range(count)]
+
+    main = words((j * W // 16).to_bytes(4, "little") + i.to_bytes(4, "little") + bytes(8), W)
+    spare = [w for w in main[n:] if w < q]
+    overflow = bytes(4) + i.to_bytes(4, "little") + (1).to_bytes(4, "little") + j.to_bytes(4, "little")
+    spare += [w for w in words(overflow, 4 * n) if w < q]  # far more than any test needs
+    out = []
+    for w in main[:n]:
+        if w < q:
+            out.append(w)
+        else:
+            out.append(spare.pop(0))
+    return out
+
+
+def test_public_polynomials_match_the_word_by_word_reference():
+    p = kahe_parameters(5)
+    seed = public_seed(b"reference", 3)
+    got = public_polynomials(p, seed, 3, 4)  # a range not at block 0, read as one keystream per prime
+    for j in range(4):
+        for i in range(p.limbs):
+            assert got[j, i].tolist() == _reference_block(p, seed, 3 + j, i), (j, i)
+
+
+def test_public_polynomials_rejections_pool_and_overflow(monkeypatch):
+    """Primes just above 2^26 (half of the 27-bit words rejected) and a pool of 16 words per block: nearly
+    every block runs out of pool words and reads its overflow stream; the result still matches the
+    reference and is uniform."""
+    n = 2048
+    primes, q = [], 2**26 + 1
+    while len(primes) < 2:
+        if is_prime(q):
+            primes.append(q)
+        q += 2 * n
+    p = KaheParameters(n, tuple(primes), 4.5, 4.5 * math.sqrt(2.0), 8.0, 1.0, 0, 1, 0)
+    monkeypatch.setattr(kahe, "_draw_words", lambda n_, q_: n_ + 16)
+    seed = public_seed(b"overflow", 1)
+    got = public_polynomials(p, seed, 1, 2)
+    for j in range(2):
+        for i in range(p.limbs):
+            assert got[j, i].tolist() == _reference_block(p, seed, 1 + j, i), (j, i)
+    np.testing.assert_array_equal(got[1], public_polynomials(p, seed, 2, 1)[0])
+    for i, q in enumerate(primes):
+        assert got[:, i].max() < q
+        assert abs(got[:, i].astype(np.float64).mean() / q - 0.5) < 5 * (1 / math.sqrt(12 * got[:, i].size))
+
+
+def test_public_polynomials_range_beyond_the_counter_refused():
+    p = kahe_parameters(2)
+    words = max(kahe._draw_words(p.n, q) for q in p.primes)
+    with pytest.raises(KaheError, match="2\\^32"):
+        public_polynomials(p, public_seed(b"T", 1), 2**32 * 16 // words, 1)
+
+
 def test_ciphertext_bytes():
     p = kahe_parameters(4)
     seed, _, _, _, cts = _round(p, 1, p.n + 10)
@@ -393,3 +465,49 @@ def test_encrypt_in_ranges_of_one_block(monkeypatch):
     sums, isum = S.decode(keys[0] + keys[1])
     assert np.max(np.abs(sums - (vals[0] + vals[1]))) <= p.max_sum_error
     np.testing.assert_array_equal(isum, ints[0] + ints[1])
+
+
+@pytest.mark.parametrize("limbs", [1, 2, 3])
+def test_block_product_equals_the_ring_product_and_the_schoolbook(limbs):
+    """The buffered FFT product of encrypt and decode, bit for bit against the ring's product and (for two
+    blocks) the schoolbook negacyclic product with Python-integer reduction; ranges shorter than the buffers,
+    largest residues, both addend shapes, and an s wide enough to need the ring's 16-bit pieces."""
+    n = 1024
+    primes = (
+        tuple(find_ntt_primes(n, 27, 3)[:limbs])
+        if limbs < 3
+        else (*find_ntt_primes(n, 20, 2), find_ntt_primes(n, 31, 1)[0])
+    )
+    ring = Ring(n, primes)
+    words = DATA.integers(0, 2**31, (5, limbs, n), dtype=np.uint64) % np.array(primes, dtype=np.uint64)[:, None]
+    words[0] = np.array(primes, dtype=np.uint64)[:, None] - np.uint64(1)  # largest residues
+    params = _FakeParams(n, primes, ring)
+    for small, addend in (
+        (DATA.integers(-36, 37, n), None),
+        (DATA.integers(-36, 37, n), DATA.integers(-(2**60), 2**60, (5, 1, n))),
+        (np.full(n, -36), DATA.integers(-(2**61), 2**61, (5, limbs, n))),
+        (DATA.integers(-3000, 3001, n), DATA.integers(-(2**40), 2**40, (5, 1, n))),  # wide: 16-bit pieces
+    ):
+        product = kahe._BlockProduct(params, small, 3)
+        got = np.empty_like(words)
+        for lo in range(0, 5, 3):  # ranges of 3 and 2 blocks through buffers of 3
+            hi = min(5, lo + 3)
+            product(words[lo:hi], None if addend is None else addend[lo:hi], got[lo:hi])
+        spec = ring.fft_small(small)
+        norm = float(np.sqrt(np.sum(small.astype(np.float64) ** 2)))
+        np.testing.assert_array_equal(got, ring.mul_small_spectrum(spec, norm, words, addend=addend))
+        for j in (0, 4):
+            for i, q in enumerate(primes):
+                ref = schoolbook_negacyclic(words[j, i], small, q).astype(object)
+                if addend is not None:
+                    ref = (ref + addend[j, i if addend.shape[1] > 1 else 0].astype(object)) % q
+                assert got[j, i].tolist() == [int(v) for v in ref], (j, i)
+
+
+@dataclasses.dataclass
+class _FakeParams:
+    """What _BlockProduct reads of a KaheParameters (any primes: the product is the ring's)."""
+
+    n: int
+    primes: tuple[int, ...]
+    ring: object

@@ -8,8 +8,8 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 from xmk_app import RUN_CONFIG, flat, initial, make_app
 
-from flwr_fedeval.app.checkpoint import CheckpointError, load_checkpoint, train_with_checkpoints
 from flwr_fedeval.protocol import ReplyCode
+from flwr_fedeval.strategies.checkpoint import CheckpointError, load_checkpoint, train_with_checkpoints
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
 

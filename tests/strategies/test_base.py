@@ -8,19 +8,19 @@ from flwr.app import Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from flwr_fedeval.clients.replies import error_reply, reply_code
 from flwr_fedeval.fhe.auc_malicious import TamperingDetectedError
 from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.metrics.auc import UndefinedAUCError
+from flwr_fedeval.protocol import error_reply, reply_code
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.base import (
     EvaluationPhase,
     Failure,
     Failures,
-    format_failures,
     log_failures,
     one_line_reason,
 )
+from flwr_fedeval.strategies.failures import format_failures
 from flwr_fedeval.testing import InProcessGrid
 
 
