@@ -268,12 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         signatures = dict.fromkeys(state.key_set.names, b"")  # the clients check them; the server only relays
         plaintext = strategy.partial_decryptions(c0, c1, contributors, signatures)  # t shares, M self-masks removed
         del c0, c1
-        state.running = None
         if args.bulk == "kahe":
             with _key_sum(setups[m]["key_sum"]):
                 new, total_examples = strategy.decode(plaintext, len(contributors))
             del plaintext
-            state.kahe_sum = None
+            state.running = None  # the server party of the round (its KAHE sum)
             err = float(np.max(np.abs(np.concatenate([a.ravel() for a in new.to_numpy_ndarrays()]) - values)))
             return {"num_examples": total_examples, "max_error_of_mean": err}
         try:

@@ -93,7 +93,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
 
@@ -176,8 +176,8 @@ def _member(context: Context) -> Iterator[Member]:
     except Refusal as exc:
         raise _refused(exc) from None
     finally:
-        context.state[_STATE_KEY] = ConfigRecord(member.state.to_config())  # type: ignore[arg-type]
-        context.state[_LEDGER_KEY] = ConfigRecord(member.ledger.to_config())  # type: ignore[arg-type]
+        context.state[_STATE_KEY] = ConfigRecord(member.state.to_config())
+        context.state[_LEDGER_KEY] = ConfigRecord(member.ledger.to_config())
 
 
 def _wire(payload: type[_Reply], reply: object) -> _Reply:
@@ -239,7 +239,7 @@ def _train(msg: Message, context: Context, call_next: Callable[[Message, Context
     """:func:`xmkckks_mod` with the member party (its state loaded and saved once by the caller)."""
     try:
         request = xmk.TrainRequest.from_record(msg.content)
-        arrays = msg.content["arrays"]
+        arrays = msg.content.array_records["arrays"]
         keys = member.open_round(request, xmk.model_hash(arrays))  # every check before any training
     except (Refused, MalformedMessage, *_ERRORS) as exc:
         return error_reply(msg, _refused(exc), _LABEL)
@@ -251,9 +251,9 @@ def _train(msg: Message, context: Context, call_next: Callable[[Message, Context
     if reply.has_error():
         return reply
     try:
-        new_arrays = reply.content["arrays"].to_numpy_ndarrays()
-        metrics = reply.content["metrics"]
-        num_examples = int(metrics["num-examples"])
+        new_arrays = reply.content.array_records["arrays"].to_numpy_ndarrays()
+        metrics = reply.content.metric_records["metrics"]
+        num_examples = int(cast("int | float", metrics["num-examples"]))
     except KeyError as exc:
         raise ValueError(f"train reply lacks {exc} (needs 'arrays' and metrics 'num-examples')") from exc
     try:

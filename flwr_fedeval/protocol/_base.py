@@ -327,7 +327,7 @@ def array_field(record: ArrayRecord, key: str, name: str, *, dtype: Any | Sequen
     return a
 
 
-def bytes_array(data: bytes) -> Array:
+def bytes_array(data: bytes | memoryview) -> Array:
     """Wrap bytes as a 1-D uint8 ``Array`` (large ArrayRecords are chunked by Flower).
 
     The ``Array``'s bytes are exactly what ``Array(np.frombuffer(data, np.uint8).copy())`` holds

@@ -132,7 +132,7 @@ def model_hash(arrays: ArrayRecord) -> bytes:
             h.update(struct.pack(">Q", len(part)) + part)
         data = np.ascontiguousarray(a)  # the bytes of tobytes() (C order), hashed without a copy
         h.update(struct.pack(">Q", data.nbytes))
-        h.update(data)
+        h.update(data.data)
     return h.digest()
 
 
@@ -172,7 +172,7 @@ def _config(**fields: Any) -> RecordDict:
                                          for k, v in fields.items()})})
 
 
-def _blob(name: str, data: bytes) -> ArrayRecord:
+def _blob(name: str, data: bytes | memoryview) -> ArrayRecord:
     """An ArrayRecord of one byte string (a 1-D uint8 array)."""
     return ArrayRecord({name: bytes_array(data)})
 
@@ -385,9 +385,9 @@ class SharesRequest(Payload, messages.SharesRequest):
     @classmethod
     def _from_record(cls, content: RecordDict) -> SharesRequest:
         rec = config_record(content, _K)
-        lists = _key_set_lists(rec)
+        signers, shares, mask_keys, signatures = (tuple(v) for v in _key_set_lists(rec).values())
         return cls(config_field(rec, _K, "params", str), config_field(rec, _K, "key-id", str), _round(rec),
-                   *(tuple(v) for v in lists.values()))
+                   signers, shares, mask_keys, signatures)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,12 +462,12 @@ class TrainRequest(Payload, messages.TrainRequest):
     @classmethod
     def _from_record(cls, content: RecordDict) -> TrainRequest:
         rec = config_record(content, _K)
-        lists = _key_set_lists(rec)
+        signers, shares, mask_keys, signatures = (tuple(v) for v in _key_set_lists(rec).values())
         senders = config_list(rec, _K, "senders", str)
         sealed = config_list(rec, _K, "sealed-shares", bytes)
         _aligned(**{"senders": senders, "sealed-shares": sealed})
         return cls(config_field(rec, _K, "params", str), config_field(rec, _K, "key-id", str), _round(rec),
-                   *(tuple(v) for v in lists.values()), config_field(rec, _K, "num-clients", int, minimum=1),
+                   signers, shares, mask_keys, signatures, config_field(rec, _K, "num-clients", int, minimum=1),
                    tuple(senders), tuple(sealed))
 
 

@@ -1,4 +1,4 @@
-"""The member party's typed state: one key set's secrets and the round ledgers, loaded once per message.
+"""The member party: its typed state, loaded once per message, and one method per protocol step.
 
 A member's state lives on its node between messages (Flower's ``context.state``; the deployment
 engine starts a process per message, so never in module globals). :class:`MemberState` is that state
