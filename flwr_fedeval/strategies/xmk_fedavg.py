@@ -12,8 +12,9 @@ example-weighted updates and ``Σ n_i``; no single party can decrypt one
 client's update or a partial sum, and it holds one running sum, not M
 ciphertexts.
 The server is trusted for nothing: every check is the clients'
-(:mod:`flwr_fedeval.clients.xmkckks`); the checks here only name a failing
-node early.
+(:mod:`flwr_fedeval.secagg.member`, through :mod:`flwr_fedeval.clients.xmkckks`); the checks here only
+name a failing node early. This module is the Flower glue (sampling, the exchanges, the round records);
+the arithmetic of the round is the server party's (:class:`flwr_fedeval.secagg.server.Aggregator`).
 """
 
 from __future__ import annotations
@@ -761,7 +762,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         Returns
         -------
         ndarray of shape (k, L', n), uint64
-            round(Σ_{j∈C} m_j / Q) mod q' plus bounded noise (Q = the dropped primes; 1 if L' = L).
+            The unmasked plaintext of Σ_{j∈C} m_j at L' limbs
+            (:meth:`flwr_fedeval.secagg.server.ShareSum.unmask`).
 
         Raises
         ------
