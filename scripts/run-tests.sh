@@ -36,11 +36,11 @@ if [ "$#" -gt 0 ]; then
 fi
 # The deployment-engine tests (tests/deployment: real SuperLink/SuperNode processes) spend
 # most of their time waiting (Flower's 60 s heartbeat before a crashed node is dropped, the
-# processes' start-up): they run in the background, beside the other legs, in two pytest
-# processes (the test files, in name order, dealt alternately), each with its own log.
+# processes' start-up): they run in the background, beside the other legs, in three pytest
+# processes (the test files, in name order, dealt in turn), each with its own log.
 dep_files=(tests/deployment/test_*.py)
-dep_groups=("" "")
-for i in "${!dep_files[@]}"; do dep_groups[$((i % 2))]+=" ${dep_files[$i]}"; done
+dep_groups=("" "" "")
+for i in "${!dep_files[@]}"; do dep_groups[$((i % 3))]+=" ${dep_files[$i]}"; done
 dep_logs=() dep_pids=()
 stop_dep() {  # a leg failed: stop the deployment tests (SIGTERM: their fixture stops every process)
   local pid

@@ -34,6 +34,7 @@ from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advic
 from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid, NodeNotConfigured, ReadableFedAvg
 from flwr_fedeval.strategies.checkpoint import train_with_checkpoints
 from flwr_fedeval.strategies.collect import IDENTITY_TIMEOUT, Rejoin
+from flwr_fedeval.strategies.failures import Failures
 from flwr_fedeval.strategies.fhe_phase import FHEPhaseFailedError
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
@@ -123,20 +124,29 @@ def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result)
             failures.add(node, f"{auc_result.method} AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
 
 
-def _write_failed_phase(cfg: JobConfig, fed: Any, strategy: FedAvg, folder, exc: FHEPhaseFailedError,
+def _write_failed_phase(cfg: JobConfig, fed: Any, strategy: FedAvg, folder, exc: Exception, phase: Any,
                         train_hist: dict[str, Any], eval_hist: dict[str, Any], t_train: float, wall: float) -> None:
-    """``results.json`` of a run whose FHE AUC phase failed (a listed participant lost at
-    steps 3-4, no re-run over another subset): ``auc_phase_error``, no AUC, every failure."""
-    for node, reason in exc.failed.items():
+    """``results.json`` of a run whose AUC phase failed (an FHE participant lost at steps 3-4, no
+    re-run over another subset; too few nodes left, e.g. every node's DP budget spent):
+    ``auc_phase_error``, no AUC, every failure (the phase's own, with their reply codes, included),
+    so that nothing the run learnt about its nodes is lost."""
+    lost = exc.lost if isinstance(exc, FHEPhaseFailedError) else []
+    failed = exc.failed if isinstance(exc, FHEPhaseFailedError) else {}
+    for node, reason in failed.items():
         if not fed.failures.has(node, None):
-            fed.failures.add(node, "fhe AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
+            fed.failures.add(node, f"{cfg.auc_method} AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
+    phase_failures = getattr(phase, "failures", None)
+    if isinstance(phase_failures, Failures):
+        for node, f in phase_failures.items():
+            fed.failures.add(node, f"{cfg.auc_method} AUC phase: {f.step}", f.code, f.reason,
+                             seconds_to_detect=f.seconds_to_detect)
     write_results(cfg, {
         "config": cfg.as_dict(),
         "auc_method": cfg.auc_method,
         "auc_phase_error": str(exc),
         "federated_auc": None,
-        "lost_participants": [str(n) for n in exc.lost],
-        "failed_nodes": {str(n): r for n, r in exc.failed.items()},
+        "lost_participants": [str(n) for n in lost],
+        "failed_nodes": {str(n): r for n, r in failed.items()},
         "failures": fed.failures.to_json(),
         **({"refused_nodes": {str(k): v for k, v in fed.refused.items()}} if fed.refused else {}),
         "train_metrics": train_hist,
@@ -144,7 +154,7 @@ def _write_failed_phase(cfg: JobConfig, fed: Any, strategy: FedAvg, folder, exc:
         **xmk_results(strategy),
         "wall_time_s": {"training": t_train, "total": wall},
     }, folder=folder)
-    log(ERROR, "FHE AUC phase failed; results (without an AUC) written to %s", folder)
+    log(ERROR, "AUC phase failed; results (without an AUC) written to %s", folder)
 
 
 def xmk_results(strategy: FedAvg) -> dict[str, Any]:
@@ -341,8 +351,8 @@ def _main(grid: Grid, cfg: JobConfig, roster: Roster | None) -> None:
 
     try:
         auc_result = auc_phase.run(grid, result.arrays)
-    except FHEPhaseFailedError as exc:  # a listed participant lost at steps 3-4: no re-run (signed list)
-        _write_failed_phase(cfg, fed, strategy, folder, exc, train_hist, eval_hist, t_train,
+    except (FHEPhaseFailedError, RuntimeError) as exc:  # no re-run over another subset (signed list)
+        _write_failed_phase(cfg, fed, strategy, folder, exc, auc_phase, train_hist, eval_hist, t_train,
                             time.perf_counter() - t_start)
         raise
     shapley, t_sv = None, 0.0
