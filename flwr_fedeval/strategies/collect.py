@@ -37,7 +37,7 @@ its identity within one poll interval after it connects.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any, Protocol, runtime_checkable
@@ -125,8 +125,8 @@ class Rejoin:
         Old node ID → new node ID.
     """
 
-    def __init__(self, prove: Callable[[Grid, list[int]], dict[int, Hashable]],
-                 identities: dict[int, Hashable] | None = None, ignore: Iterable[int] = ()) -> None:
+    def __init__(self, prove: Callable[[Grid, list[int]], Mapping[int, Hashable]],
+                 identities: Mapping[int, Hashable] | None = None, ignore: Iterable[int] = ()) -> None:
         self.prove = prove
         self.identities: dict[int, Hashable] = {int(k): v for k, v in (identities or {}).items()}
         self.replaced: dict[int, int] = {}
