@@ -30,8 +30,8 @@ from flwr_fedeval.app.harness import (
 from flwr_fedeval.app.task import LIBRARY_RUN_CONFIG, ConfigError, JobConfig, build_model, library_run_config
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
-from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
 from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid, NodeNotConfigured, ReadableFedAvg
 from flwr_fedeval.strategies.checkpoint import train_with_checkpoints

@@ -68,7 +68,6 @@ from numpy.typing import NDArray
 
 from flwr_fedeval import config_keys
 from flwr_fedeval.clients import policy
-from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # also importable from here
 from flwr_fedeval.clients.ledger import TEST_SET, digest, ledger_refusals, node_ledger
 from flwr_fedeval.dp import (
     DPAUCLaplaceParams,
@@ -102,7 +101,6 @@ __all__ = [
     "dpauc_rr",
     "fedauc_scores",
     "fedauc_stats",
-    "register_dp_handlers",
     "spent_epsilon",
 ]
 

@@ -117,15 +117,12 @@ from flwr_fedeval.protocol import (
     handler,
     register,
 )
-from flwr_fedeval.protocol.fhe_auc import PEERS_KEY, PROTOCOLS, REQUEST_KEY  # noqa: F401  (old names, re-exported)
 
 if TYPE_CHECKING:
     from flwr.clientapp import ClientApp
 
 __all__ = [
     "CLIENT_FHE_DEFAULTS",
-    "PROTOCOLS",
-    "REQUEST_KEY",
     "STATE_KEYPAIR",
     "STATE_PARAMS",
     "STATE_SECRET",

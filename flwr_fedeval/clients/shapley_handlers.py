@@ -96,8 +96,10 @@ from flwr_fedeval.fhe.backend import (
     unpack_blobs,
 )
 from flwr_fedeval.identity import IdentityError, sign_key, verify_key, verify_key_set
-from flwr_fedeval.messages import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
 from flwr_fedeval.protocol import (
+    ARRAYS_KEY,
+    CONFIG_KEY,
+    METRICS_KEY,
     MalformedMessage,
     Refused,
     Step,
@@ -131,7 +133,6 @@ if TYPE_CHECKING:
     from flwr.clientapp import ClientApp
 
 __all__ = [
-    "ROLES",
     "Refused",
     "aux_diff",
     "aux_eval",
@@ -163,9 +164,6 @@ STATE_AUX_MODELS = "shapley.aux-models"  # A: the current round's ciphertexts
 STATE_PEERS = "shapley.peers"            # verified relayed keys: client {"aux"}, A {<node>: client key}
 STATE_AUX_NAMES = "shapley.aux-names"    # A: {<node>: roster name that signed the node's client key}
 STATE_DECRYPTED = "shapley.decrypted"    # helper: {"<round>:<members>": sample ids decrypted}
-SIGNED_PROTOCOL = proto.SIGNED_PROTOCOL  # defined in flwr_fedeval.protocol.secsv; importable from here
-SIGNED_ROLE = proto.SIGNED_ROLE
-ROLES = proto.ROLES                      # the roles a node can answer; importable from here
 _LABEL = "Shapley"
 #: Node config: this node accepts an honest-but-curious principal server P (the paper's model).
 TRUST_PRINCIPAL_CONFIG = SECSV_TRUST_PRINCIPAL
@@ -461,11 +459,12 @@ def hello(request: proto.HelloRequest, context: Context, role: str, *, num_test:
     for key in [k for k in context.state if k.startswith("shapley.") and k not in
                 (STATE_ROUNDS,) and not k.startswith(STATE_MODELS)]:
         del context.state[key]                       # a new phase starts from scratch
-    if role not in SIGNED_ROLE:
+    if role not in proto.SIGNED_ROLE:
         raise Refused(f"unknown role {role!r}")
     ident, _ = node_identity(context)
     kp = new_session_keypair(context, STATE_KEYPAIR, session)
-    sig = sign_key(ident, protocol=SIGNED_PROTOCOL, session=session, round=0, role=SIGNED_ROLE[role], key=kp.public)
+    sig = sign_key(ident, protocol=proto.SIGNED_PROTOCOL, session=session, round=0, role=proto.SIGNED_ROLE[role],
+                   key=kp.public)
     reply = proto.HelloReply(role, kp.public, ident.name, sig)
     if role == "client":
         models = recorded_models(context)
@@ -499,7 +498,7 @@ def keygen(request: proto.KeygenRequest, context: Context) -> proto.KeygenReply:
     entries = request.peers.entries()
     if kp.public in request.peers.keys.values():
         raise IdentityError("the peer list relays this leader's own key")
-    verify_key_set(roster, entries, protocol=SIGNED_PROTOCOL, session=request.public.session, round=0,
+    verify_key_set(roster, entries, protocol=proto.SIGNED_PROTOCOL, session=request.public.session, round=0,
                    role="client", floor=key_set_floor(context), own=ident.name)
     ctx = create_context(params=shapley_ckks_params())
     secret = ctx.secret_bytes()
@@ -507,7 +506,7 @@ def keygen(request: proto.KeygenRequest, context: Context) -> proto.KeygenReply:
     bundles = keyshare.seal_bundle(secret, secrets.token_bytes(32), sender=kp, recipients=request.peers.keys)
     context.state[STATE_SECRET] = ArrayRecord({"context": bytes_array(secret)})
     log(INFO, "Shapley phase: leader, CKKS keys for %d other clients", len(request.peers.keys))
-    sig = sign_key(ident, protocol=SIGNED_PROTOCOL, session=request.public.session, round=0, role="key-holder",
+    sig = sign_key(ident, protocol=proto.SIGNED_PROTOCOL, session=request.public.session, round=0, role="key-holder",
                    key=kp.public)
     return proto.KeygenReply(ctx.public_bytes(rotation_keys=False), dict(bundles), ident.name, sig)
 
@@ -548,12 +547,12 @@ def share_data(request: proto.ShareRequest, context: Context, X_test: np.ndarray
     params = public.params
     ident, roster = node_identity(context)
     leader, aux = request.leader, request.aux
-    verify_key(roster, leader.signer, leader.signature, protocol=SIGNED_PROTOCOL, session=public.session, round=0,
+    verify_key(roster, leader.signer, leader.signature, protocol=proto.SIGNED_PROTOCOL, session=public.session, round=0,
                role="key-holder", key=leader.key)
     if (leader.signer == ident.name) != (leader.key == kp.public):
         raise IdentityError(f"leader {leader.signer!r} with this node's key, or this node's name with another "
                             "key: refused")
-    verify_key(roster, aux.signer, aux.signature, protocol=SIGNED_PROTOCOL, session=public.session, round=0,
+    verify_key(roster, aux.signer, aux.signature, protocol=proto.SIGNED_PROTOCOL, session=public.session, round=0,
                role="aux", key=aux.key)
     if aux.signer in (ident.name, leader.signer):
         raise IdentityError(f"auxiliary server {aux.signer!r} is this node or the leader: refused")
@@ -692,7 +691,7 @@ def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetu
         raise Refused("client order and client keys list different nodes")
     if keypair.public in keys.values():
         raise IdentityError("the client keys relay this auxiliary server's own key")
-    names = verify_key_set(roster, request.clients.entries(), protocol=SIGNED_PROTOCOL, session=public.session,
+    names = verify_key_set(roster, request.clients.entries(), protocol=proto.SIGNED_PROTOCOL, session=public.session,
                            round=0, role="client", floor=key_set_floor(context))
     if ident.name in names.values():
         raise IdentityError(f"the client keys list this auxiliary server ({ident.name!r}) as a client")

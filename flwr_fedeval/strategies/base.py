@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import validate_message_reply_consistency
 
-from flwr_fedeval.messages import ARRAYS_KEY
+from flwr_fedeval.protocol import ARRAYS_KEY
 from flwr_fedeval.strategies.collect import DetectingGrid, PhaseGrid, ReplyCollector
 from flwr_fedeval.strategies.exchange import FailureRecordingGrid, StepTimer, exchange_replies, replies_by_node
 from flwr_fedeval.strategies.failures import (

@@ -29,7 +29,7 @@ from flwr.app import Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.collect import Collected, GridView, OnReply, PhaseGrid, Rejoin, collect, send_and_collect
 from flwr_fedeval.strategies.failures import (
     Failure,
@@ -81,7 +81,7 @@ class FailureRecordingGrid(GridView):
     matched to requests (:func:`replies_by_node`). A request still without a
     reply when the step's timeout ran out is recorded as our ``TIMEOUT``, an
     error reply with its own code and reason (Flower's ``ErrorCode`` for the
-    engine's errors, a :class:`~flwr_fedeval.messages.ReplyCode` for ours),
+    engine's errors, a :class:`~flwr_fedeval.protocol.ReplyCode` for ours),
     each with the seconds until that node's failure was known. The step is
     the message type; the round is read from the request (``server-round`` /
     ``round``). ``get_node_ids`` leaves out node IDs whose identity came back

@@ -104,10 +104,9 @@ from flwr_fedeval.fhe.backend import (
     unpack_blobs,
 )
 from flwr_fedeval.identity import Roster, SignedKey
-from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
 from flwr_fedeval.metrics.auc import UndefinedAUCError
 from flwr_fedeval.metrics.counts import SPACINGS, decision_points
-from flwr_fedeval.protocol import Step, fhe_auc
+from flwr_fedeval.protocol import ARRAYS_KEY, ReplyCode, Step, fhe_auc
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
