@@ -1,6 +1,7 @@
 """Server modules import no client module; the layers below Flower reach no flwr (record keys: test_one_spelling)."""
 
 import ast
+import functools
 from pathlib import Path
 
 import flwr_fedeval
@@ -8,7 +9,8 @@ import flwr_fedeval
 PACKAGE = Path(flwr_fedeval.__file__).parent
 
 
-def _imports(path: Path) -> set[str]:
+@functools.cache  # every layer's walk reaches the same modules
+def _imports(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text())
     out = set()
     for node in ast.walk(tree):
@@ -16,7 +18,7 @@ def _imports(path: Path) -> set[str]:
             out.add(node.module)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-    return out
+    return frozenset(out)
 
 
 def test_strategies_import_no_client_module():
@@ -61,7 +63,8 @@ def test_layers_below_flower_import_no_flower_even_through_another_module():
                                 todo.append(found)
 
 
-def _imported_names(path: Path, module: str) -> list[str]:
+@functools.cache
+def _imported_names(path: Path, module: str) -> tuple[str, ...]:
     tree = ast.parse(path.read_text())
-    return [a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == module
-            for a in node.names]
+    return tuple(a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == module
+                 for a in node.names)
