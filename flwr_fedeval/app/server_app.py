@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
@@ -167,8 +167,15 @@ def warn_resolution(bound: float) -> bool:
     return False
 
 
-def _metric_history(history: dict[str, Any]) -> dict[int, dict[str, float]]:
-    return {int(r): {k: float(v) for k, v in rec.items()} for r, rec in history.items()}
+def _metric_history(history: Mapping[int, MetricRecord]) -> dict[int, dict[str, float]]:
+    """``{round: {metric: value}}``; the demo App's metrics are numbers (``TypeError`` for a list)."""
+
+    def number(name: str, value: object) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        raise TypeError(f"metric {name!r} is a {type(value).__name__}, not a number")
+
+    return {int(r): {k: number(k, v) for k, v in rec.items()} for r, rec in history.items()}
 
 
 def _log_threshold_metrics(details: dict[str, Any], y_true: np.ndarray,
