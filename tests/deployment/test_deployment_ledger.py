@@ -6,8 +6,9 @@ evaluation at ε = 1 in the node's life) run the main job twice:
 
 1. run A: one xMK-CKKS secure-aggregation round from the seeded initial model, then DPAUC_Lap on the
    trained model (Laplace noise on the counts: every evaluation spends ε; DPAUC_RR's permanent
-   randomized response would answer again for free, with the same flips). It completes; each node's ledger holds the initial model as trained on and ε = 1
-   spent (read from the ledger files, as ``python -m flwr_fedeval.keys ledger`` prints them);
+   randomized response would answer again for free, with the same flips). It completes; each node's
+   ledger holds the initial model as trained on and ε = 1 spent (read from the ledger files, as
+   ``python -m flwr_fedeval.keys ledger`` prints them);
 2. the SuperLink is killed (SIGKILL, with its ServerApp) and restarted on the same database; the
    SuperNodes, never restarted, reconnect. A new run is a fresh ``context.state`` on every node:
    nothing of run A is left there;
