@@ -197,8 +197,12 @@ def _layout(public: proto.PublicParams) -> tuple[int, int, int]:
 
 
 def _pack_arrays(**arrays: np.ndarray) -> bytes:
+    """An uncompressed ``.npz`` of ``arrays`` (``np.savez``'s layout, no pickled objects)."""
     buf = io.BytesIO()
-    np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, a in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
     return buf.getvalue()
 
 
