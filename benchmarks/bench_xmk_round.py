@@ -121,8 +121,13 @@ def run_plain(shapes, clients: int) -> dict:
     c0, t0 = time.process_time(), time.perf_counter()
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(w0), num_rounds=1, train_config=ConfigRecord({}))
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-    return {"cpu_s": cpu, "wall_s": wall, "bytes_up_per_client": max(grid.bytes_up.values()),
-            "new_model": _flat(result.arrays.to_numpy_ndarrays()), "client_cpu_s": dict(app.cpu)}
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "bytes_up_per_client": max(grid.bytes_up.values()),
+        "new_model": _flat(result.arrays.to_numpy_ndarrays()),
+        "client_cpu_s": dict(app.cpu),
+    }
 
 
 def run_secaggplus(shapes, clients: int) -> dict:
@@ -158,18 +163,29 @@ def run_secaggplus(shapes, clients: int) -> dict:
             return params, metrics
 
     w0 = [np.zeros(s, dtype=np.float32) for s in shapes]
-    strategy = Keep(fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=clients,
-                    min_available_clients=clients, initial_parameters=ndarrays_to_parameters(w0))
+    strategy = Keep(
+        fraction_fit=1.0,
+        fraction_evaluate=0.0,
+        min_fit_clients=clients,
+        min_available_clients=clients,
+        initial_parameters=ndarrays_to_parameters(w0),
+    )
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
     legacy = LegacyContext(context, config=ServerConfig(num_rounds=1), strategy=strategy)
     shares = min(clients, masking.DEFAULT_MASK_DEGREE + 1)  # as many neighbours as XMKFedAvg's mask graph
-    workflow = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(num_shares=shares,
-                                                               reconstruction_threshold=shares // 2 + 1))
+    workflow = DefaultWorkflow(
+        fit_workflow=SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=shares // 2 + 1)
+    )
     c0, t0 = time.process_time(), time.perf_counter()
     workflow(grid, legacy)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-    return {"cpu_s": cpu, "wall_s": wall, "bytes_up_per_client": max(grid.bytes_up.values()),
-            "new_model": _flat(final["w"]), "client_cpu_s": dict(app.cpu)}
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "bytes_up_per_client": max(grid.bytes_up.values()),
+        "new_model": _flat(final["w"]),
+        "client_cpu_s": dict(app.cpu),
+    }
 
 
 def run_xmk(shapes, clients: int, bulk: str = "kahe") -> dict:
@@ -178,16 +194,23 @@ def run_xmk(shapes, clients: int, bulk: str = "kahe") -> dict:
     strategy = XMKFedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients, bulk=bulk)
     w0 = [np.zeros(s, dtype=np.float32) for s in shapes]
     c0, t0 = time.process_time(), time.perf_counter()
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(w0), num_rounds=1, train_config=ConfigRecord({}),
-                            timeout=3600)
+    result = strategy.start(
+        grid=grid, initial_arrays=ArrayRecord(w0), num_rounds=1, train_config=ConfigRecord({}), timeout=3600
+    )
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     steps: dict[str, float] = defaultdict(float)
     for name, seconds in strategy.timer.timings:
         steps[name] += seconds
-    return {"cpu_s": cpu, "wall_s": wall, "bytes_up_per_client": max(grid.bytes_up.values()),
-            "new_model": _flat(result.arrays.to_numpy_ndarrays()), "client_cpu_s": dict(app.cpu),
-            "server_steps_wall_s": dict(steps), "parameter_set": strategy.params.name,
-            "limbs": strategy.protocol.limbs_for(clients, strategy.protocol.scale_bits_for(clients))}
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "bytes_up_per_client": max(grid.bytes_up.values()),
+        "new_model": _flat(result.arrays.to_numpy_ndarrays()),
+        "client_cpu_s": dict(app.cpu),
+        "server_steps_wall_s": dict(steps),
+        "parameter_set": strategy.params.name,
+        "limbs": strategy.protocol.limbs_for(clients, strategy.protocol.scale_bits_for(clients)),
+    }
 
 
 def run_xmk_ckks(shapes, clients: int) -> dict:
@@ -253,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(res)
         row: dict = {"clients": m, "params": args.params, "load_average_before": list(os.getloadavg())}
         for name, rs in runs.items():
-            row[name] = {"cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
-                         "wall_s_median": statistics.median(r["wall_s"] for r in rs), "runs": rs}
+            row[name] = {
+                "cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
+                "wall_s_median": statistics.median(r["wall_s"] for r in rs),
+                "runs": rs,
+            }
         for name in ("xmk", "xmk-ckks"):
             if name in row and "secagg+" in row:
                 row[f"{name}_over_secaggplus_cpu"] = row[name]["cpu_s_median"] / row["secagg+"]["cpu_s_median"]
@@ -264,11 +290,21 @@ def main(argv: list[str] | None = None) -> int:
             row["xmk_kahe_sum_error"] = kahe_sum_error(shapes, m)
         row["load_average_after"] = list(os.getloadavg())
         rows.append(row)
-        print(f"M={m}: " + ", ".join(f"{k} {row[k]['cpu_s_median']:.2f} s CPU "
-                                      f"({row[k]['runs'][0]['bytes_up_per_client'] / 2**20:.1f} MiB up, "
-                                      f"err {row[k]['runs'][0]['max_error_of_mean']:.1e})" for k in runners)
-              + "".join(f"; {k} / secagg+ = {row[f'{k}_over_secaggplus_cpu']:.2f}" for k in ("xmk", "xmk-ckks")
-                        if f"{k}_over_secaggplus_cpu" in row), flush=True)
+        print(
+            f"M={m}: "
+            + ", ".join(
+                f"{k} {row[k]['cpu_s_median']:.2f} s CPU "
+                f"({row[k]['runs'][0]['bytes_up_per_client'] / 2**20:.1f} MiB up, "
+                f"err {row[k]['runs'][0]['max_error_of_mean']:.1e})"
+                for k in runners
+            )
+            + "".join(
+                f"; {k} / secagg+ = {row[f'{k}_over_secaggplus_cpu']:.2f}"
+                for k in ("xmk", "xmk-ckks")
+                if f"{k}_over_secaggplus_cpu" in row
+            ),
+            flush=True,
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/bench_xmk_round.py " + " ".join(sys.argv[1:] if argv is None else argv)
     Path(args.out).write_text(json.dumps({"command": command, "rows": rows}, indent=1, default=float) + "\n")

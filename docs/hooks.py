@@ -3,8 +3,9 @@
 A reference page lists its package's modules in reading order (``::: flwr_fedeval.rlwe.params``
 ...) and ends with ``<!-- api-rest: flwr_fedeval.rlwe -->``; this hook replaces that marker
 with a ``:::`` block for each public module of the package (``*.py`` not starting with ``_``)
-that no reference page lists yet (a package may span two pages: its user API and its internals), so a module added later is documented without editing the
-page. Loaded by ``mkdocs.yml`` (``hooks:``); not part of the package.
+that no reference page lists yet (a package may span two pages: its user API and its internals),
+so a module added later is documented without editing the page. Loaded by ``mkdocs.yml``
+(``hooks:``); not part of the package.
 """
 
 from __future__ import annotations

@@ -11,21 +11,31 @@ fresh one per message (where the cache is simply empty).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_fedeval.app.harness import positive_scores
 from flwr_fedeval.app.node_cache import NodeCache
-from flwr_fedeval.app.task import library_run_config
+from flwr_fedeval.app.task import JobConfig, library_run_config
 from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.clients.auc_handlers import register_auc_handlers, register_dp_handlers
 from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
+from flwr_fedeval.data.partition import ClientSplit
+from flwr_fedeval.protocol import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY, array_record, config_field
+
+if TYPE_CHECKING:
+    from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
+
+#: The next handler (or mod) of a Flower mod.
+CallNext = Callable[[Message, Context], Message]
 
 
-def library_names_mod(msg: Message, context: Context, call_next) -> Message:
+def library_names_mod(msg: Message, context: Context, call_next: CallNext) -> Message:
     """Hand every handler the run config with the library's ``fedeval-`` names of this App's short
     keys (:func:`~flwr_fedeval.app.task.library_run_config`); the node's state is the same object."""
     return call_next(msg, dataclasses.replace(context, run_config=library_run_config(dict(context.run_config))))
@@ -79,15 +89,16 @@ def _partition(context: Context) -> tuple[int, int]:
     return pid, num
 
 
-def _setup(msg: Message, context: Context, *, for_training: bool = False):
+def _setup(msg: Message, context: Context, *,
+           for_training: bool = False) -> tuple[JobConfig, ClientSplit, KerasModelAdapter]:
     cfg = CACHE.config(context)
     pid, num = _partition(context)
     data = CACHE.split(cfg, pid, num)
-    adapter = CACHE.model(cfg, msg.content["arrays"], for_training=for_training)
+    adapter: KerasModelAdapter = CACHE.model(cfg, array_record(msg.content, ARRAYS_KEY), for_training=for_training)
     return cfg, data, adapter
 
 
-def _shapley_mod(msg: Message, context: Context, call_next) -> Message:
+def _shapley_mod(msg: Message, context: Context, call_next: CallNext) -> Message:
     """Keep the local models (:func:`shapley_record_mod`) only in runs with ``shapley != "none"``."""
     if CACHE.config(context).shapley == "none":
         return call_next(msg, context)
@@ -98,8 +109,8 @@ def _shapley_mod(msg: Message, context: Context, call_next) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local train split."""
     cfg, data, adapter = _setup(msg, context, for_training=True)
-    config = msg.content.get("config", {})  # RecordDict is a Mapping
-    epochs = int(config.get("local-epochs", cfg.local_epochs))
+    config = msg.content.config_records.get(CONFIG_KEY, ConfigRecord())
+    epochs = config_field(config, CONFIG_KEY, "local-epochs", int) if "local-epochs" in config else cfg.local_epochs
     import keras
 
     keras.utils.set_random_seed(cfg.seed)  # the same shuffles whatever this process ran before
@@ -113,7 +124,7 @@ def train(msg: Message, context: Context) -> Message:
             "num-examples": int(len(data.y_train)),
         }
     )
-    reply = RecordDict({"arrays": ArrayRecord(adapter.get_weights()), "metrics": metrics})
+    reply = RecordDict({ARRAYS_KEY: ArrayRecord(adapter.get_weights()), METRICS_KEY: metrics})
     return Message(content=reply, reply_to=msg)
 
 
@@ -125,7 +136,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     metrics = MetricRecord(
         {"eval-loss": float(loss), "eval-acc": float(acc), "num-examples": int(len(data.y_test))}
     )
-    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+    return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=msg)
 
 
 def local_test_scores(msg: Message, context: Context) -> tuple[np.ndarray, np.ndarray]:
@@ -147,7 +158,7 @@ def local_test_scores(msg: Message, context: Context) -> tuple[np.ndarray, np.nd
         cfg_, data, adapter = _setup(msg, context)
         return data.y_test, positive_scores(cfg_, adapter, data.x_test)
 
-    return CACHE.scores(cfg, pid, num, msg.content["arrays"], compute)
+    return CACHE.scores(cfg, pid, num, array_record(msg.content, ARRAYS_KEY), compute)
 
 
 def local_test_labels(context: Context) -> np.ndarray:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
@@ -29,15 +30,16 @@ from flwr_fedeval.app.harness import (
 from flwr_fedeval.app.task import LIBRARY_RUN_CONFIG, ConfigError, JobConfig, build_model, library_run_config
 from flwr_fedeval.clients.identity import CONFIG_HELP, server_roster
 from flwr_fedeval.identity import Roster
-from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
+from flwr_fedeval.protocol import ReplyCode
+from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
 from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid, NodeNotConfigured, ReadableFedAvg
 from flwr_fedeval.strategies.checkpoint import train_with_checkpoints
 from flwr_fedeval.strategies.collect import IDENTITY_TIMEOUT, Rejoin
 from flwr_fedeval.strategies.failures import Failures
 from flwr_fedeval.strategies.fhe_phase import FHEPhaseFailedError
 from flwr_fedeval.strategies.phases import make_auc_phase
-from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, discover_roles
+from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, ShapleyPhaseResult, discover_roles
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 
 app = ServerApp()
@@ -52,23 +54,21 @@ def job_problems(cfg: JobConfig, num_clients: int) -> list[str]:
 
 def make_strategy(cfg: JobConfig) -> FedAvg:
     """Flower's FedAvg, or :class:`XMKFedAvg` when ``secure-aggregation = "xmkckks"``."""
-    common = dict(
-        fraction_train=cfg.fraction_train,
-        fraction_evaluate=1.0,
-        min_train_nodes=cfg.min_nodes,
-        min_evaluate_nodes=cfg.min_nodes,
-        min_available_nodes=cfg.min_nodes,
-    )
+    nodes = cfg.min_nodes
     if cfg.secure_aggregation == "xmkckks":
-        return XMKFedAvg(
+        xmk: FedAvg = XMKFedAvg(
             parameter_set=cfg.xmk_parameter_set,
             max_abs_value=cfg.xmk_max_abs_value,
             rekey=cfg.xmk_rekey,
             mask_degree=int(cfg.xmk_mask_degree),
             step_timeout=cfg.step_timeout,
-            **common,
+            fraction_train=cfg.fraction_train, fraction_evaluate=1.0, min_train_nodes=nodes,
+            min_evaluate_nodes=nodes, min_available_nodes=nodes,
         )
-    return ReadableFedAvg(**common)  # FedAvg, failures logged one line per distinct reason
+        return xmk
+    # FedAvg, failures logged one line per distinct reason
+    return ReadableFedAvg(fraction_train=cfg.fraction_train, fraction_evaluate=1.0, min_train_nodes=nodes,
+                          min_evaluate_nodes=nodes, min_available_nodes=nodes)
 
 
 def make_shapley_phase(cfg: JobConfig, roster: Roster | None = None, *, clients: Iterable[int] | None = None,
@@ -112,7 +112,7 @@ def make_rejoin(cfg: JobConfig, roster: Roster | None, partitions: dict[int, tup
     return Rejoin(prove, identities if roster is not None else by_partition(partitions), ignore=refused)
 
 
-def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result) -> None:
+def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result: AUCPhaseResult) -> None:
     """Add the failures the server's checks found (malformed replies, aborted xMK attempts) to
     ``failures``, which already holds every timeout and error reply (:class:`FailureRecordingGrid`)."""
     for rnd, exc in getattr(strategy, "aborted_attempts", []):
@@ -124,8 +124,9 @@ def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result)
             failures.add(node, f"{auc_result.method} AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
 
 
-def _write_failed_phase(cfg: JobConfig, fed: Any, strategy: FedAvg, folder, exc: Exception, phase: Any,
-                        train_hist: dict[str, Any], eval_hist: dict[str, Any], t_train: float, wall: float) -> None:
+def _write_failed_phase(cfg: JobConfig, fed: _Federation, strategy: FedAvg, folder: Path, exc: Exception,
+                        phase: object, train_hist: dict[int, dict[str, float]],
+                        eval_hist: dict[int, dict[str, float]], t_train: float, wall: float) -> None:
     """``results.json`` of a run whose AUC phase failed (an FHE participant lost at steps 3-4, no
     re-run over another subset; too few nodes left, e.g. every node's DP budget spent):
     ``auc_phase_error``, no AUC, every failure (the phase's own, with their reply codes, included),
@@ -163,7 +164,7 @@ def xmk_results(strategy: FedAvg) -> dict[str, Any]:
     set by roster identity (size, ``left_out`` before uploading, ``lost_after_upload``, signers,
     decryptors, every decryption attempt's active set:
     :attr:`XMKFedAvg.contributor_sets <flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg>`)."""
-    if not hasattr(strategy, "contributor_sets"):  # XMKFedAvg or SecureAggregation
+    if not isinstance(strategy, XMKFedAvg):
         return {}
     return {"xmk_key_sets": strategy.key_sets, "xmk_rounds": strategy.contributor_sets}
 
@@ -176,11 +177,19 @@ def warn_resolution(bound: float) -> bool:
     return False
 
 
-def _metric_history(history: dict[str, Any]) -> dict[int, dict[str, float]]:
-    return {int(r): {k: float(v) for k, v in rec.items()} for r, rec in history.items()}
+def _metric_history(history: Mapping[int, MetricRecord]) -> dict[int, dict[str, float]]:
+    """``{round: {metric: value}}``; the demo App's metrics are numbers (``TypeError`` for a list)."""
+
+    def number(name: str, value: object) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        raise TypeError(f"metric {name!r} is a {type(value).__name__}, not a number")
+
+    return {int(r): {k: number(k, v) for k, v in rec.items()} for r, rec in history.items()}
 
 
-def _log_threshold_metrics(details: dict[str, Any], y_true, y_score) -> dict[str, Any] | None:
+def _log_threshold_metrics(details: dict[str, Any], y_true: np.ndarray,
+                           y_score: np.ndarray) -> dict[str, Any] | None:
     """FHE phase: the clients' private metrics at the threshold next to sklearn's on the pooled data."""
     got = details.get("threshold_metrics")
     if not got:
@@ -284,7 +293,7 @@ def log_rounds(train_hist: dict[int, dict[str, float]], eval_hist: dict[int, dic
             ev.get("eval-loss", float("nan")), ev.get("eval-acc", float("nan")))
 
 
-def log_final_auc(cfg: JobConfig, auc_result: Any, ref_auc: float) -> None:
+def log_final_auc(cfg: JobConfig, auc_result: AUCPhaseResult, ref_auc: float) -> None:
     """The FINAL line: the federated AUC (or that only the clients know it) next to the pooled reference."""
     n_clients = len(auc_result.contributors)
     if auc_result.details.get("auc_known_to") == "clients":
@@ -298,7 +307,7 @@ def log_final_auc(cfg: JobConfig, auc_result: Any, ref_auc: float) -> None:
     warn_resolution(auc_result.resolution_bound)
 
 
-def log_final_shapley(shapley: Any, seconds: float, y_true: np.ndarray, y_score: np.ndarray) -> None:
+def log_final_shapley(shapley: ShapleyPhaseResult, seconds: float, y_true: np.ndarray, y_score: np.ndarray) -> None:
     """The FINAL line of the SecSV phase: every client's Federated Shapley Value and their sum."""
     last = shapley.utilities[-1][tuple(shapley.clients)]
     pooled_acc = float(((y_score >= 0.5).astype(int) == y_true).mean())

@@ -40,13 +40,17 @@ The DP handlers import diffprivlib only when a DP request arrives (it costs
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Context, Message
 
 from flwr_fedeval.clients.identity import check_participants, serve_join
 from flwr_fedeval.metrics.counts import threshold_counts
-from flwr_fedeval.protocol import auc, dp_auc, handler, register
+from flwr_fedeval.protocol import Payload, Step, auc, dp_auc, handler, register
+
+if TYPE_CHECKING:
+    from flwr.clientapp import ClientApp
 
 __all__ = ["TestLabels", "TestScores", "register_auc_handlers", "register_dp_handlers", "threshold_counts_reply"]
 
@@ -93,7 +97,7 @@ def threshold_counts_reply(msg: Message, context: Context, y_true: np.ndarray, y
     return serve(msg, context)
 
 
-def register_auc_handlers(app, *, test_scores: TestScores) -> None:
+def register_auc_handlers(app: ClientApp, *, test_scores: TestScores) -> None:
     """Register the plaintext AUC phase's handler (``evaluate.threshold_counts``) on ``app``.
 
     Parameters
@@ -114,7 +118,7 @@ def register_auc_handlers(app, *, test_scores: TestScores) -> None:
     })
 
 
-def register_dp_handlers(app, *, test_scores: TestScores, test_labels: TestLabels) -> None:
+def register_dp_handlers(app: ClientApp, *, test_scores: TestScores, test_labels: TestLabels) -> None:
     """Register the four DP AUC handlers (DPAUC_Lap, DPAUC_RR, FedAUC rounds 1 and 2) on ``app``.
 
     Each client charges its own budget (node policy ``fedeval-dp-epsilon``,
@@ -137,11 +141,12 @@ def register_dp_handlers(app, *, test_scores: TestScores, test_labels: TestLabel
     def labels_only(msg: Message, context: Context) -> tuple[np.ndarray, None]:
         return np.asarray(test_labels(context)), None
 
-    def lazy(step, data):
-        def serve(request, msg: Message, context: Context):
+    def lazy(step: Step, data: Callable[[Message, Context], tuple[np.ndarray, np.ndarray | None]],
+             ) -> Callable[[Message, Context], Message]:
+        def serve(request: Any, msg: Message, context: Context) -> Payload:
             from flwr_fedeval.clients import dp_handlers, policy  # lazy: diffprivlib/sklearn cost ~2 s per process
 
-            serve_step = getattr(dp_handlers, step.handler_name)
+            serve_step: Callable[..., Payload] = getattr(dp_handlers, step.handler_name)
             if step is dp_auc.FEDAUC_STATS:  # carries ranks, not the model
                 return serve_step(request, context, *data(msg, context))
             return serve_step(request, context, *data(msg, context), model=policy.message_model_digest(msg))

@@ -55,17 +55,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import operator
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, SupportsIndex, TypeVar, overload
 
 import numpy as np
 from diffprivlib import BudgetAccountant
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from numpy.typing import NDArray
 
 from flwr_fedeval import config_keys
 from flwr_fedeval.clients import policy
-from flwr_fedeval.clients.auc_handlers import register_dp_handlers  # also importable from here
 from flwr_fedeval.clients.ledger import TEST_SET, digest, ledger_refusals, node_ledger
 from flwr_fedeval.dp import (
     DPAUCLaplaceParams,
@@ -80,7 +82,15 @@ from flwr_fedeval.dp import (
 )
 from flwr_fedeval.ledger import NodeLedger
 from flwr_fedeval.metrics.counts import threshold_counts
-from flwr_fedeval.protocol import Refused, dp_auc
+from flwr_fedeval.protocol import (
+    MalformedMessage,
+    Refused,
+    array_field,
+    array_record,
+    config_field,
+    config_record,
+    dp_auc,
+)
 from flwr_fedeval.protocol.auc import ThresholdCounts
 
 __all__ = [
@@ -91,7 +101,6 @@ __all__ = [
     "dpauc_rr",
     "fedauc_scores",
     "fedauc_stats",
-    "register_dp_handlers",
     "spent_epsilon",
 ]
 
@@ -120,20 +129,33 @@ class SystemRandomState(np.random.RandomState):
     def __init__(self) -> None:
         super().__init__(np.random.MT19937(0))  # never drawn from (see the methods below)
 
-    def random_sample(self, size=None):
-        n = 1 if size is None else int(np.prod(size))
+    @overload
+    def random_sample(self, size: None = None) -> float: ...
+
+    @overload
+    def random_sample(self, size: SupportsIndex | Sequence[SupportsIndex]) -> NDArray[np.float64]: ...
+
+    def random_sample(self, size: SupportsIndex | Sequence[SupportsIndex] | None = None,
+                      ) -> float | NDArray[np.float64]:
+        if size is None:
+            shape: tuple[int, ...] = ()
+        elif isinstance(size, Sequence):
+            shape = tuple(operator.index(d) for d in size)
+        else:
+            shape = (operator.index(size),)
+        n = math.prod(shape)
         words = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
         out = words.astype(np.float64) * (1.0 / (1 << 53))
-        return float(out[0]) if size is None else out.reshape(size)
+        return float(out[0]) if size is None else out.reshape(shape)
 
     random = random_sample
 
-    def permutation(self, x):
+    def permutation(self, x: Any) -> np.ndarray:
         arr = np.arange(int(x)) if np.ndim(x) == 0 else np.array(x)
         keys = np.frombuffer(os.urandom(16 * len(arr)), dtype=np.uint64).reshape(-1, 2)
         return arr[np.lexsort((keys[:, 1], keys[:, 0]))]
 
-    def __getattribute__(self, name: str):
+    def __getattribute__(self, name: str) -> Any:
         if name in ("random_sample", "random", "permutation") or name.startswith("__") or name == "_refused":
             return object.__getattribute__(self, name)
         if callable(getattr(np.random.RandomState, name, None)):
@@ -141,8 +163,8 @@ class SystemRandomState(np.random.RandomState):
         return object.__getattribute__(self, name)
 
     @staticmethod
-    def _refused(name: str):
-        def refuse(*args, **kwargs):
+    def _refused(name: str) -> Callable[..., NoReturn]:
+        def refuse(*args: Any, **kwargs: Any) -> NoReturn:
             raise TypeError(f"SystemRandomState.{name}: not a CSPRNG draw the DP layer makes")
         return refuse
 
@@ -190,7 +212,8 @@ def _can_afford(ledger: NodeLedger, cfg: _Settings, epsilon: float) -> None:
 def _random_state(context: Context, cfg: _Settings) -> np.random.RandomState:
     """:class:`SystemRandomState` (CSPRNG), or, with the node's own ``fedeval-dp-seed > 0``, a
     fresh per-request ``RandomState`` (reproducible, no privacy)."""
-    counter = int(context.state[_STATE_RNG]["requests"]) if _STATE_RNG in context.state else 0
+    counter = (config_field(config_record(context.state, _STATE_RNG), _STATE_RNG, "requests", int)
+               if _STATE_RNG in context.state else 0)
     context.state[_STATE_RNG] = ConfigRecord({"requests": counter + 1})
     if cfg.dp_seed == 0:
         return SystemRandomState()
@@ -199,9 +222,12 @@ def _random_state(context: Context, cfg: _Settings) -> np.random.RandomState:
     return np.random.RandomState(np.random.MT19937(seq))
 
 
-def _dp_request(context: Context, step: Callable[[_Settings, NodeLedger, Any], Any], *,
+_T = TypeVar("_T")
+
+
+def _dp_request(context: Context, step: Callable[[_Settings, NodeLedger, np.random.RandomState], _T], *,
                 epsilon: float | None = None, model: bytes | None = None, what: str = "DP AUC",
-                participants: Any = False) -> Any:
+                participants: Any = False) -> _T:
     """``step(cfg, ledger, random_state)`` after the node's checks.
 
     ``epsilon`` (the request's ε) is checked against the node's ε per evaluation, and ``model``
@@ -236,7 +262,8 @@ def _rr_key(y_true: np.ndarray, epsilon: float) -> bytes:
     return digest("dpauc-rr/labels", repr(float(epsilon)), _fingerprint(y_true))
 
 
-def _rr_labels(ledger: NodeLedger, cfg: _Settings, y_true, epsilon: float, rng) -> np.ndarray:
+def _rr_labels(ledger: NodeLedger, cfg: _Settings, y_true: np.ndarray, epsilon: float,
+               rng: np.random.RandomState) -> np.ndarray:
     """The flipped labels at ``epsilon``: the ledger's (free) or flipped now (ε charged in the same
     transaction, then kept for good: RAPPOR's permanent randomized response)."""
     y_true = np.asarray(y_true, dtype=np.int64)
@@ -265,7 +292,7 @@ def dpauc_laplace(request: dp_auc.DPAUCRequest, context: Context, y_true: np.nda
         If this client's budget cannot pay ε (nothing is sent).
     """
 
-    def step(cfg, ledger, rng):
+    def step(cfg: _Settings, ledger: NodeLedger, rng: np.random.RandomState) -> dp_auc.NoisyCounts:
         params = DPAUCLaplaceParams(request.epsilon, request.thresholds.size)
         counts = threshold_counts(y_true, y_score, request.thresholds)
         accountant = _charge(ledger, cfg, request.epsilon)
@@ -285,7 +312,7 @@ def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
         If the labels must be flipped at a new ε this client's budget cannot pay.
     """
 
-    def step(cfg, ledger, rng):
+    def step(cfg: _Settings, ledger: NodeLedger, rng: np.random.RandomState) -> ThresholdCounts:
         flipped = _rr_labels(ledger, cfg, y_true, request.epsilon, rng)
         return ThresholdCounts.of(threshold_counts(flipped, y_score, request.thresholds))
 
@@ -294,7 +321,7 @@ def dpauc_rr(request: dp_auc.DPAUCRequest, context: Context, y_true: np.ndarray,
 
 
 # --- FedAUC --------------------------------------------------------------------
-def _fedauc_cost(request: dp_auc.FedAUCScoresRequest, ledger: NodeLedger, y_true) -> float:
+def _fedauc_cost(request: dp_auc.FedAUCScoresRequest, ledger: NodeLedger, y_true: np.ndarray) -> float:
     """The ε round 2 will charge: ε, or 0 for RR labels already flipped at this ε (in any run)."""
     eps = request.epsilon
     if request.mechanism == "rr" and ledger.response(TEST_SET, _rr_key(np.asarray(y_true, dtype=np.int64), eps)) \
@@ -315,7 +342,7 @@ def fedauc_scores(request: dp_auc.FedAUCScoresRequest, context: Context, y_true:
         If round 2 would exceed this client's budget (the client is left out before any ranking).
     """
 
-    def step(cfg, ledger, rng):
+    def step(cfg: _Settings, ledger: NodeLedger, rng: np.random.RandomState) -> dp_auc.ShuffledScores:
         _can_afford(ledger, cfg, _fedauc_cost(request, ledger, y_true))
         shuffled, perm = fedauc_shuffle_scores(y_score, random_state=rng)
         context.state[STATE_FEDAUC] = ArrayRecord({"permutation": Array(perm)})
@@ -330,12 +357,21 @@ def _pop_permutation(context: Context, session: str) -> np.ndarray:
     meta_key = f"{STATE_FEDAUC}.meta"
     if STATE_FEDAUC not in context.state or meta_key not in context.state:
         raise Refused("no shuffled scores pending (round 1 missing)")
-    if context.state[meta_key]["session"] != session:
+    if config_field(config_record(context.state, meta_key), meta_key, "session", str) != session:
         raise Refused("session id does not match the pending round 1")
-    perm = context.state[STATE_FEDAUC]["permutation"].numpy()
+    perm = array_field(array_record(context.state, STATE_FEDAUC), STATE_FEDAUC, "permutation",
+                       dtype=np.int64, shape=(None,))
     del context.state[STATE_FEDAUC]
     del context.state[meta_key]
     return perm
+
+
+def _laplace_params(request: dp_auc.FedAUCStatsRequest) -> FedAUCLaplaceParams:
+    """The FedAUC_Lap parameters of a ``"laplace"`` round-2 request (its parser requires every one)."""
+    if request.sensitivity is None or request.allocation is None or request.alpha is None or request.beta is None:
+        raise MalformedMessage(dp_auc.DP_KEY, "a Laplace field (sensitivity, allocation, alpha, beta) is missing")
+    return FedAUCLaplaceParams(request.epsilon, sensitivity=request.sensitivity, allocation=request.allocation,
+                               alpha=request.alpha, beta=request.beta)
 
 
 def fedauc_stats(request: dp_auc.FedAUCStatsRequest, context: Context, y_true: np.ndarray,
@@ -352,14 +388,13 @@ def fedauc_stats(request: dp_auc.FedAUCStatsRequest, context: Context, y_true: n
         If this client's budget cannot pay ε.
     """
 
-    def step(cfg, ledger, rng):
+    def step(cfg: _Settings, ledger: NodeLedger, rng: np.random.RandomState) -> dp_auc.LocalStatsReply:
         perm = _pop_permutation(context, request.session)
         ranks = fedauc_unshuffle_ranks(request.ranks, perm)
         if request.mechanism == "rr":
             flipped = _rr_labels(ledger, cfg, y_true, request.epsilon, rng)
             return dp_auc.LocalStatsReply(*fedauc_local_stats(ranks, flipped))
-        params = FedAUCLaplaceParams(request.epsilon, sensitivity=request.sensitivity, allocation=request.allocation,
-                                     alpha=request.alpha, beta=request.beta)
+        params = _laplace_params(request)
         accountant = _charge(ledger, cfg, request.epsilon)
         return dp_auc.LocalStatsReply(*fedauc_laplace_client(ranks, y_true, params, max_rank=request.max_rank,
                                                       accountant=accountant, random_state=rng))

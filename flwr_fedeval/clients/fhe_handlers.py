@@ -75,7 +75,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from logging import INFO, WARNING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
@@ -86,6 +86,7 @@ from flwr_fedeval.clients import policy
 from flwr_fedeval.clients.identity import node_identity
 from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.fhe.auc import (
+    AUCResult,
     ckks_params_for,
     client_decrypt_auc,
     client_decrypt_threshold_metrics,
@@ -94,29 +95,34 @@ from flwr_fedeval.fhe.auc import (
 )
 from flwr_fedeval.fhe.auc_malicious import (
     MaliciousAUCConfig,
+    MaliciousAUCResult,
     TamperingDetectedError,
     client_decrypt_auc_malicious,
     client_encrypt_counts_malicious,
     new_seed,
 )
-from flwr_fedeval.fhe.backend import FHEError, create_context, load_context
+from flwr_fedeval.fhe.backend import CKKSContext, FHEError, create_context, load_context
 from flwr_fedeval.identity import IdentityError
 from flwr_fedeval.metrics.counts import threshold_counts
 from flwr_fedeval.protocol import (
     Refused,
     ReplyCode,
+    Step,
     array_bytes,
+    array_record,
     bytes_array,
+    config_field,
+    config_record,
     fhe_auc,
     handler,
     register,
 )
-from flwr_fedeval.protocol.fhe_auc import PEERS_KEY, PROTOCOLS, REQUEST_KEY  # noqa: F401  (old names, re-exported)
+
+if TYPE_CHECKING:
+    from flwr.clientapp import ClientApp
 
 __all__ = [
     "CLIENT_FHE_DEFAULTS",
-    "PROTOCOLS",
-    "REQUEST_KEY",
     "STATE_KEYPAIR",
     "STATE_PARAMS",
     "STATE_SECRET",
@@ -165,16 +171,23 @@ def _store_secrets(context: Context, session: str, secret_context: bytes, seed: 
 #: Loading one costs ~60 ms (TenSEAL, n = 8192); in simulation every client of a process holds the
 #: same relayed secret context, and each client needs it at two steps. The digest of the stored
 #: bytes is the key, so a node only ever gets the context its own state holds.
-_CONTEXT_CACHE: OrderedDict[bytes, object] = OrderedDict()
+_CONTEXT_CACHE: OrderedDict[bytes, CKKSContext] = OrderedDict()
 _CONTEXT_CACHE_SIZE = 4
 
 
-def _secret_context(context: Context, session: str):
+def _session_seed(context: Context, session: str) -> bytes:
+    """The common seed stored for ``session`` (Refused if another session's is stored)."""
+    rec = config_record(context.state, STATE_SESSION)
+    if config_field(rec, STATE_SESSION, "session", str) != session:
+        raise Refused("session id does not match the stored secret context")
+    return config_field(rec, STATE_SESSION, "seed", bytes)
+
+
+def _secret_context(context: Context, session: str) -> CKKSContext:
     if STATE_SECRET not in context.state or STATE_SESSION not in context.state:
         raise Refused("no CKKS secret context for this phase")
-    if context.state[STATE_SESSION]["session"] != session:
-        raise Refused("session id does not match the stored secret context")
-    data = array_bytes(context.state[STATE_SECRET], STATE_SECRET, "context")
+    _session_seed(context, session)
+    data = array_bytes(array_record(context.state, STATE_SECRET), STATE_SECRET, "context")
     digest = hashlib.sha256(data).digest()
     ctx = _CONTEXT_CACHE.pop(digest, None)
     if ctx is None:
@@ -312,7 +325,7 @@ def serve_counts(request: fhe_auc.CountsRequest, context: Context, y_true: np.nd
     # Decision points inside [0, 1]: probabilities (guarded); otherwise real-valued scores (logits).
     probability = bool(thresholds.size) and thresholds.min() >= 0.0 and thresholds.max() <= 1.0
     counts = threshold_counts(y_true, y_score, thresholds, score_range=(0.0, 1.0) if probability else None)
-    seed = bytes(context.state[STATE_SESSION]["seed"])
+    seed = _session_seed(context, session)
     if isinstance(config, MaliciousAUCConfig):
         auc_msg = client_encrypt_counts_malicious(ctx, counts, config=config, seed=seed,
                                                   party_index=party_index, n_parties=len(listed.names),
@@ -364,21 +377,23 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
         shared only, a decrypted result that failed a check (``RESULT_REJECTED``).
     """
     failure: BaseException | None = None
-    out = metrics = None
+    out: AUCResult | MaliciousAUCResult | None = None
+    metrics = None
     try:
         ctx = _secret_context(context, request.session)
         if STATE_PARAMS not in context.state:
             raise Refused("no encrypted counts for this phase (step 4 missing)")
-        stored = context.state[STATE_PARAMS]
+        stored = config_record(context.state, STATE_PARAMS)
         params = fhe_auc.EncryptionParams.from_config(stored, STATE_PARAMS)
-        seed = bytes(context.state[STATE_SESSION]["seed"])
+        seed = _session_seed(context, request.session)
         config = params.auc_config
         shared = policy.share_auc(context)  # decided before anything is decrypted
         try:
             if isinstance(config, MaliciousAUCConfig):
-                out = client_decrypt_auc_malicious(ctx, request.auc, config=config, seed=seed,
-                                                   n_parties=int(stored["n-parties"]), nonce=params.nonce,
-                                                   transcript=bytes(stored["participants-digest"]))
+                out = client_decrypt_auc_malicious(
+                    ctx, request.auc, config=config, seed=seed,
+                    n_parties=config_field(stored, STATE_PARAMS, "n-parties", int), nonce=params.nonce,
+                    transcript=config_field(stored, STATE_PARAMS, "participants-digest", bytes))
             else:
                 out = client_decrypt_auc(ctx, request.auc, config=config)
             if params.metrics_threshold >= 0 and request.metrics is not None:
@@ -391,7 +406,7 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
     if failure is not None:
         log(WARNING, "FHE AUC (%s): the decrypted result is not accepted: %s: %s", params.protocol,
             type(failure).__name__, failure)
-    else:
+    elif out is not None:
         log(INFO, "FHE AUC (%s, N=%d): global AUC %.6f (resolution bound %.2g)%s", params.protocol,
             config.n_points, out.auc, out.resolution_bound, " (verified: both runs agree)" if malicious else "")
         if metrics is not None:
@@ -401,14 +416,14 @@ def serve_result(request: fhe_auc.ResultRequest, context: Context) -> fhe_auc.Re
         log(INFO, "FHE AUC: the result stays on this node (node policy 'fedeval-share-auc' is false, or run config "
             "'fedeval-share-auc' is false); the reply is the same whatever was decrypted")
         return fhe_auc.ResultReport(shared=False)
-    if failure is not None:
+    if failure is not None or out is None:
         raise Refused(RESULT_REJECTED_REASON, code=ReplyCode.RESULT_REJECTED)
     reported = [float(v) for v in metrics] if metrics is not None and not malicious else [None] * 4
     return fhe_auc.ResultReport(True, float(out.auc), float(out.resolution_bound), *reported)
 
 
 # --- handlers --------------------------------------------------------------------
-def _handler(step, serve: Callable[..., Any]) -> Callable[[Message, Context], Message]:
+def _handler(step: Step, serve: Callable[..., Any]) -> Callable[[Message, Context], Message]:
     return handler(step, serve, label=_LABEL, errors=_ERRORS)
 
 
@@ -433,7 +448,7 @@ def decrypt_result(msg: Message, context: Context) -> Message:
     return _handler(fhe_auc.RESULT, lambda req, m, c: serve_result(req, c))(msg, context)
 
 
-def register_fhe_handlers(app, *, test_scores: Callable[[Message, Context], tuple[np.ndarray, np.ndarray]],
+def register_fhe_handlers(app: ClientApp, *, test_scores: Callable[[Message, Context], tuple[np.ndarray, np.ndarray]],
                           test_labels: Callable[[Context], np.ndarray]) -> None:
     """Register the four FHE AUC handlers (``query.fhe_pubkey``, ``query.fhe_keygen``,
     ``evaluate.fhe_counts``, ``query.fhe_result``) on ``app``.

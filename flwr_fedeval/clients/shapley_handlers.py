@@ -77,7 +77,7 @@ import secrets
 import zipfile
 from collections.abc import Callable, Sequence
 from logging import INFO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
@@ -88,6 +88,7 @@ from flwr_fedeval.clients.identity import key_set_floor, node_identity
 from flwr_fedeval.clients.policy import SECSV_TRUST_PRINCIPAL, node_policy
 from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.fhe.backend import (
+    CKKSContext,
     FHEError,
     create_context,
     load_context,
@@ -95,8 +96,24 @@ from flwr_fedeval.fhe.backend import (
     unpack_blobs,
 )
 from flwr_fedeval.identity import IdentityError, sign_key, verify_key, verify_key_set
-from flwr_fedeval.messages import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
-from flwr_fedeval.protocol import Refused, error_reply, handler, register
+from flwr_fedeval.protocol import (
+    ARRAYS_KEY,
+    CONFIG_KEY,
+    METRICS_KEY,
+    MalformedMessage,
+    Refused,
+    Step,
+    array_bytes,
+    array_field,
+    array_record,
+    bytes_array,
+    config_field,
+    config_list,
+    config_record,
+    error_reply,
+    handler,
+    register,
+)
 from flwr_fedeval.protocol import secsv as proto
 from flwr_fedeval.shapley.parties import (
     add_products,
@@ -112,8 +129,10 @@ from flwr_fedeval.shapley.secsv import shapley_ckks_params
 from flwr_fedeval.shapley.sharing import LABEL_PRIME
 from flwr_fedeval.shapley.zerotest import AuxDeal, aux_share, deal
 
+if TYPE_CHECKING:
+    from flwr.clientapp import ClientApp
+
 __all__ = [
-    "ROLES",
     "Refused",
     "aux_diff",
     "aux_eval",
@@ -145,14 +164,21 @@ STATE_AUX_MODELS = "shapley.aux-models"  # A: the current round's ciphertexts
 STATE_PEERS = "shapley.peers"            # verified relayed keys: client {"aux"}, A {<node>: client key}
 STATE_AUX_NAMES = "shapley.aux-names"    # A: {<node>: roster name that signed the node's client key}
 STATE_DECRYPTED = "shapley.decrypted"    # helper: {"<round>:<members>": sample ids decrypted}
-SIGNED_PROTOCOL = proto.SIGNED_PROTOCOL  # defined in flwr_fedeval.protocol.secsv; importable from here
-SIGNED_ROLE = proto.SIGNED_ROLE
-ROLES = proto.ROLES                      # the roles a node can answer; importable from here
 _LABEL = "Shapley"
 #: Node config: this node accepts an honest-but-curious principal server P (the paper's model).
 TRUST_PRINCIPAL_CONFIG = SECSV_TRUST_PRINCIPAL
 #: Exceptions a handler turns into an error reply (besides Refused and MalformedMessage).
 _ERRORS = (FHEError, ValueError, TypeError, KeyError)
+
+
+def _state_config(context: Context, key: str) -> ConfigRecord:
+    """``context.state[key]``, a ``ConfigRecord`` this module wrote (MalformedMessage if missing)."""
+    return config_record(context.state, key)
+
+
+def _state_arrays(context: Context, key: str) -> ArrayRecord:
+    """``context.state[key]``, an ``ArrayRecord`` this module wrote (MalformedMessage if missing)."""
+    return array_record(context.state, key)
 
 
 def _keypair(context: Context, session: str) -> keyshare.KeyPair:
@@ -163,15 +189,26 @@ def _keypair(context: Context, session: str) -> keyshare.KeyPair:
 
 def _layout(public: proto.PublicParams) -> tuple[int, int, int]:
     m, d_out, n_classes = public.m, public.d_out, public.n_classes
+    if m is None or d_out is None or n_classes is None:
+        raise Refused("the request carries no layout (m, d-out, n-classes)")
     if d_out not in (1, n_classes) or m * d_out > shapley_ckks_params().slot_count:
         raise Refused(f"invalid layout m={m}, d_out={d_out}, n_classes={n_classes}")
     return m, d_out, n_classes
 
 
 def _pack_arrays(**arrays: np.ndarray) -> bytes:
+    """An uncompressed ``.npz`` of ``arrays`` (``np.savez``'s layout, no pickled objects)."""
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, a in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
     return buf.getvalue()
+
+
+def _shape_is(shape: tuple[int, ...]) -> Callable[[tuple[Any, ...]], bool]:
+    """A shape check for :func:`read_raw_npz`: exactly ``shape``."""
+    return lambda s: tuple(s) == shape
 
 
 def read_raw_npz(data: bytes, expected: dict[str, tuple[Any, Callable[[tuple[Any, ...]], bool]]]) -> list[np.ndarray]:
@@ -241,22 +278,32 @@ def read_raw_npz(data: bytes, expected: dict[str, tuple[Any, Callable[[tuple[Any
 
 
 
-def _verified_aux_key(context: Context, request: proto.HelperRequest) -> bytes:
-    """A's key as this client checked it at the share step; the request must name the same key."""
-    if STATE_PEERS not in context.state or context.state[STATE_PEERS]["session"] != request.public.session:
-        raise Refused("no checked auxiliary-server key for this phase (share step missing)")
-    peers = context.state[STATE_PEERS]
-    if request.aux_public_key != bytes(peers["aux"]):
-        raise IdentityError(f"the auxiliary server's key differs from the one {peers['aux-signer']!r} signed "
+def _peers(context: Context, session: str, missing: str) -> ConfigRecord:
+    """The peer keys this node checked in this phase (``session``); ``Refused(missing)`` if none."""
+    if STATE_PEERS not in context.state:
+        raise Refused(missing)
+    peers = _state_config(context, STATE_PEERS)
+    if config_field(peers, STATE_PEERS, "session", str) != session:
+        raise Refused(missing)
+    return peers
+
+
+def _verified_aux_key(context: Context, request: proto.HelperRequest) -> tuple[bytes, str]:
+    """A's key and roster name as this client checked them at the share step; the request must name
+    the same key."""
+    peers = _peers(context, request.public.session, "no checked auxiliary-server key for this phase (share step "
+                   "missing)")
+    key, signer = config_field(peers, STATE_PEERS, "aux", bytes), config_field(peers, STATE_PEERS, "aux-signer", str)
+    if request.aux_public_key != key:
+        raise IdentityError(f"the auxiliary server's key differs from the one {signer!r} signed "
                             "(checked at the share step): refused")
-    return bytes(peers["aux"])
+    return key, signer
 
 
-def _verified_client_keys(context: Context, public: proto.PublicParams) -> set[bytes]:
-    """A: the clients' keys it checked at setup."""
-    if STATE_PEERS not in context.state or context.state[STATE_PEERS]["session"] != public.session:
-        raise Refused("no checked client keys for this phase (aux setup missing)")
-    return {bytes(v) for k, v in context.state[STATE_PEERS].items() if k != "session"}
+def _verified_client_keys(context: Context, public: proto.PublicParams) -> dict[bytes, str]:
+    """A: the clients' keys it checked at setup, with the node (decimal ID) of each."""
+    peers = _peers(context, public.session, "no checked client keys for this phase (aux setup missing)")
+    return {config_field(peers, STATE_PEERS, k, bytes): k for k in peers if k != "session"}
 
 
 def trusts_principal(context: Context) -> bool:
@@ -307,7 +354,8 @@ def linear_model_matrix(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return theta
 
 
-def shapley_record_mod(msg: Message, context: Context, call_next) -> Message:
+def shapley_record_mod(msg: Message, context: Context,
+                       call_next: Callable[[Message, Context], Message]) -> Message:
     """Flower mod: keep this client's local model of every round in ``context.state``.
 
     Wrap the user's ``train`` handler (inside any encrypting mod, e.g.
@@ -319,26 +367,30 @@ def shapley_record_mod(msg: Message, context: Context, call_next) -> Message:
     reply = call_next(msg, context)
     if msg.metadata.message_type != "train" or reply.has_error():
         return reply
-    config = msg.content.get(CONFIG_KEY, {})  # RecordDict is a Mapping
+    config = msg.content.config_records.get(CONFIG_KEY, ConfigRecord())
     if "server-round" not in config or ARRAYS_KEY not in reply.content:
         return reply
-    rnd = int(config["server-round"])
-    context.state[f"{STATE_MODELS}.{rnd}"] = ArrayRecord(reply.content[ARRAYS_KEY].to_numpy_ndarrays())
+    rnd = config_field(config, CONFIG_KEY, "server-round", int)
+    context.state[f"{STATE_MODELS}.{rnd}"] = ArrayRecord(array_record(reply.content, ARRAYS_KEY).to_numpy_ndarrays())
     rounds = sorted(set(recorded_rounds(context)) | {rnd})
-    num = int(reply.content[METRICS_KEY]["num-examples"]) if METRICS_KEY in reply.content else 0
+    metrics = reply.content.metric_records.get(METRICS_KEY)
+    value = metrics.get("num-examples", 0) if metrics is not None else 0
+    num = int(value) if isinstance(value, (int, float)) else 0
     context.state[STATE_ROUNDS] = ConfigRecord({"rounds": rounds, "num-examples": num})
     return reply
 
 
 def recorded_rounds(context: Context) -> list[int]:
-    return [int(r) for r in context.state[STATE_ROUNDS]["rounds"]] if STATE_ROUNDS in context.state else []
+    if STATE_ROUNDS not in context.state:
+        return []
+    return config_list(_state_config(context, STATE_ROUNDS), STATE_ROUNDS, "rounds", int)
 
 
 def recorded_model(context: Context, rnd: int) -> np.ndarray:
     """``θ (n_classes, d+1)`` of round ``rnd`` as :func:`shapley_record_mod` kept it."""
     if rnd not in recorded_rounds(context):
         raise Refused(f"no model recorded for round {rnd}")
-    return linear_model_matrix(context.state[f"{STATE_MODELS}.{rnd}"].to_numpy_ndarrays())
+    return linear_model_matrix(_state_arrays(context, f"{STATE_MODELS}.{rnd}").to_numpy_ndarrays())
 
 
 def recorded_models(context: Context) -> dict[int, np.ndarray]:
@@ -381,8 +433,11 @@ def role_payload(request: proto.RoleRequest, role: str, context: Context | None 
 def role_reply(msg: Message, role: str, context: Context | None = None,
                partition: tuple[int, int] | None = None) -> Message:
     """The reply message of :func:`role_payload` to ``msg`` (an error reply if it is refused)."""
-    serve = handler(proto.ROLE_QUERY, lambda req, m, c: role_payload(req, role, context, partition), label=_LABEL)
-    return serve(msg, context)
+    try:
+        reply = role_payload(proto.RoleRequest.from_record(msg.content), role, context, partition)
+    except (Refused, MalformedMessage) as exc:
+        return error_reply(msg, exc, _LABEL)
+    return Message(content=reply.to_record(), reply_to=msg)
 
 
 def hello(request: proto.HelloRequest, context: Context, role: str, *, num_test: int = 0,
@@ -408,11 +463,12 @@ def hello(request: proto.HelloRequest, context: Context, role: str, *, num_test:
     for key in [k for k in context.state if k.startswith("shapley.") and k not in
                 (STATE_ROUNDS,) and not k.startswith(STATE_MODELS)]:
         del context.state[key]                       # a new phase starts from scratch
-    if role not in SIGNED_ROLE:
+    if role not in proto.SIGNED_ROLE:
         raise Refused(f"unknown role {role!r}")
     ident, _ = node_identity(context)
     kp = new_session_keypair(context, STATE_KEYPAIR, session)
-    sig = sign_key(ident, protocol=SIGNED_PROTOCOL, session=session, round=0, role=SIGNED_ROLE[role], key=kp.public)
+    sig = sign_key(ident, protocol=proto.SIGNED_PROTOCOL, session=session, round=0, role=proto.SIGNED_ROLE[role],
+                   key=kp.public)
     reply = proto.HelloReply(role, kp.public, ident.name, sig)
     if role == "client":
         models = recorded_models(context)
@@ -425,7 +481,8 @@ def hello(request: proto.HelloRequest, context: Context, role: str, *, num_test:
         (n_classes, d_in), = shapes
         if d_in - 1 != n_features:
             raise Refused(f"models take {d_in - 1} features, the test set has {n_features}")
-        reply = reply.replace(num_examples=int(context.state[STATE_ROUNDS]["num-examples"]), num_test=int(num_test),
+        num_examples = config_field(_state_config(context, STATE_ROUNDS), STATE_ROUNDS, "num-examples", int)
+        reply = reply.replace(num_examples=num_examples, num_test=int(num_test),
                               n_features=int(n_features), n_classes=int(n_classes), rounds=tuple(sorted(models)))
     log(INFO, "Shapley phase: %s, X25519 fingerprint %s", role, keyshare.fingerprint(kp.public))
     return reply
@@ -445,30 +502,30 @@ def keygen(request: proto.KeygenRequest, context: Context) -> proto.KeygenReply:
     entries = request.peers.entries()
     if kp.public in request.peers.keys.values():
         raise IdentityError("the peer list relays this leader's own key")
-    verify_key_set(roster, entries, protocol=SIGNED_PROTOCOL, session=request.public.session, round=0,
+    verify_key_set(roster, entries, protocol=proto.SIGNED_PROTOCOL, session=request.public.session, round=0,
                    role="client", floor=key_set_floor(context), own=ident.name)
     ctx = create_context(params=shapley_ckks_params())
     secret = ctx.secret_bytes()
     # SecSV needs no common seed; the bundle format carries one, so it is fresh random bytes.
     bundles = keyshare.seal_bundle(secret, secrets.token_bytes(32), sender=kp, recipients=request.peers.keys)
-    context.state[STATE_SECRET] = ArrayRecord({"context": proto.bytes_array(secret)})
+    context.state[STATE_SECRET] = ArrayRecord({"context": bytes_array(secret)})
     log(INFO, "Shapley phase: leader, CKKS keys for %d other clients", len(request.peers.keys))
-    sig = sign_key(ident, protocol=SIGNED_PROTOCOL, session=request.public.session, round=0, role="key-holder",
+    sig = sign_key(ident, protocol=proto.SIGNED_PROTOCOL, session=request.public.session, round=0, role="key-holder",
                    key=kp.public)
     return proto.KeygenReply(ctx.public_bytes(rotation_keys=False), dict(bundles), ident.name, sig)
 
 
-def _checked_params(ctx):
+def _checked_params(ctx: CKKSContext) -> CKKSContext:
     """Refuse a context whose CKKS parameters are not the (HE-Standard, 128-bit) Shapley set."""
     if ctx.params != shapley_ckks_params():
         raise Refused(f"CKKS parameters {ctx.params} are not the Shapley set {shapley_ckks_params()}")
     return ctx
 
 
-def _secret_context(context: Context):
+def _secret_context(context: Context) -> CKKSContext:
     if STATE_SECRET not in context.state:
         raise Refused("no CKKS secret context for this phase")
-    ctx = load_context(proto.array_bytes(context.state[STATE_SECRET], STATE_SECRET, "context"))
+    ctx = load_context(array_bytes(_state_arrays(context, STATE_SECRET), STATE_SECRET, "context"))
     if not ctx.is_private:
         raise Refused("the stored context holds no secret key")
     return _checked_params(ctx)
@@ -494,12 +551,12 @@ def share_data(request: proto.ShareRequest, context: Context, X_test: np.ndarray
     params = public.params
     ident, roster = node_identity(context)
     leader, aux = request.leader, request.aux
-    verify_key(roster, leader.signer, leader.signature, protocol=SIGNED_PROTOCOL, session=public.session, round=0,
+    verify_key(roster, leader.signer, leader.signature, protocol=proto.SIGNED_PROTOCOL, session=public.session, round=0,
                role="key-holder", key=leader.key)
     if (leader.signer == ident.name) != (leader.key == kp.public):
         raise IdentityError(f"leader {leader.signer!r} with this node's key, or this node's name with another "
                             "key: refused")
-    verify_key(roster, aux.signer, aux.signature, protocol=SIGNED_PROTOCOL, session=public.session, round=0,
+    verify_key(roster, aux.signer, aux.signature, protocol=proto.SIGNED_PROTOCOL, session=public.session, round=0,
                role="aux", key=aux.key)
     if aux.signer in (ident.name, leader.signer):
         raise IdentityError(f"auxiliary server {aux.signer!r} is this node or the leader: refused")
@@ -507,7 +564,7 @@ def share_data(request: proto.ShareRequest, context: Context, X_test: np.ndarray
         if leader.key == kp.public:
             raise Refused("a key bundle addressed to the leader itself")
         secrets_ = keyshare.open_bundle(request.bundle, recipient=kp, sender_public=leader.key)
-        context.state[STATE_SECRET] = ArrayRecord({"context": proto.bytes_array(secrets_.secret_context)})
+        context.state[STATE_SECRET] = ArrayRecord({"context": bytes_array(secrets_.secret_context)})
     _secret_context(context)                          # refuse early without a key
     _, d_out, n_classes = _layout(public)
     for rnd, theta in recorded_models(context).items():   # refuse now, not rounds later
@@ -550,10 +607,10 @@ def _decrypted(context: Context, session: str) -> ArrayRecord:
     if STATE_DECRYPTED not in context.state:
         context.state[STATE_DECRYPTED] = ArrayRecord()
         context.state[STATE_DECRYPTED + ".session"] = ConfigRecord({"session": session})
-    if context.state[STATE_DECRYPTED + ".session"]["session"] != session:
+    key = STATE_DECRYPTED + ".session"
+    if config_field(_state_config(context, key), key, "session", str) != session:
         raise Refused("decryption record of another phase")
-    record: ArrayRecord = context.state[STATE_DECRYPTED]
-    return record
+    return _state_arrays(context, STATE_DECRYPTED)
 
 
 def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
@@ -584,8 +641,7 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
     params = public.params
     m, d_out, _ = _layout(public)
     ctx = _secret_context(context)
-    aux_pk = _verified_aux_key(context, request)
-    aux_signer = str(context.state[STATE_PEERS]["aux-signer"])
+    aux_pk, aux_signer = _verified_aux_key(context, request)
     _, roster = node_identity(context)
     done = _decrypted(context, public.session)
     seen: dict[str, np.ndarray] = {}
@@ -595,7 +651,8 @@ def helper(request: proto.HelperRequest, context: Context) -> proto.HelperReply:
         verify_key(roster, aux_signer, sig, protocol=proto.PRODUCTS_PROTOCOL, session=public.session,
                    round=request.round, role="aux", key=proto.products_digest(members, ids, aux))
         key = f"{request.round}:{','.join(sorted(members))}"
-        before = seen.get(key, done[key].numpy() if key in done else np.zeros(0, dtype=np.int64))
+        before = seen.get(key, array_field(done, STATE_DECRYPTED, key, dtype=np.int64) if key in done
+                          else np.zeros(0, dtype=np.int64))
         if np.intersect1d(before, ids).size:
             raise Refused(f"job {j}: samples of round {request.round}, coalition {sorted(members)} were decrypted "
                           "before (each is decrypted once)")
@@ -638,7 +695,7 @@ def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetu
         raise Refused("client order and client keys list different nodes")
     if keypair.public in keys.values():
         raise IdentityError("the client keys relay this auxiliary server's own key")
-    names = verify_key_set(roster, request.clients.entries(), protocol=SIGNED_PROTOCOL, session=public.session,
+    names = verify_key_set(roster, request.clients.entries(), protocol=proto.SIGNED_PROTOCOL, session=public.session,
                            round=0, role="client", floor=key_set_floor(context))
     if ident.name in names.values():
         raise IdentityError(f"the client keys list this auxiliary server ({ident.name!r}) as a client")
@@ -648,19 +705,21 @@ def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetu
         raw = keyshare.open_from(request.shares[node], recipient=keypair, sender_public=keys[node])
         rows: list[int] = []
 
-        def x_shape(s, rows=rows):
+        def x_shape(s: tuple[Any, ...], rows: list[int] = rows) -> bool:
             rows.append(s[0] if len(s) == 2 else -1)
             return len(s) == 2 and s[1] == d_in
 
-        x, y = read_raw_npz(raw, {"x": (np.uint64, x_shape),
-                                  "y": (np.uint64, lambda s, rows=rows: s == (rows[0],))})
+        def y_shape(s: tuple[Any, ...], rows: list[int] = rows) -> bool:
+            return s == (rows[0],)
+
+        x, y = read_raw_npz(raw, {"x": (np.uint64, x_shape), "y": (np.uint64, y_shape)})
         if y.size and int(y.max()) >= LABEL_PRIME:
             raise Refused(f"label shares of node {node} are not elements of F_p (p = {LABEL_PRIME})")
         xs.append(x)
         ys.append(y)
     X, Y = np.vstack(xs), np.concatenate(ys)
     context.state[STATE_AUX] = ArrayRecord({"x": _arr(X), "y": _arr(Y),
-                                            "context": proto.bytes_array(request.public_context)})
+                                            "context": bytes_array(request.public_context)})
     context.state[STATE_AUX + ".order"] = ConfigRecord({"order": order, "sizes": [len(y) for y in ys]})
     context.state[STATE_PEERS] = ConfigRecord({"session": public.session, **keys})
     context.state[STATE_AUX_NAMES] = ConfigRecord({str(n): str(name) for n, name in names.items()})
@@ -670,18 +729,34 @@ def aux_setup(request: proto.AuxSetupRequest, context: Context) -> proto.AuxSetu
     return proto.AuxSetupReply(len(Y))
 
 
-def _aux_state(context: Context):
+def _aux_state(context: Context) -> tuple[np.ndarray, np.ndarray, CKKSContext]:
+    """A's shares ``x`` uint64 ``(M, d+1)``, ``y`` uint64 ``(M,)`` and the public CKKS context."""
     if STATE_AUX not in context.state:
         raise Refused("no test-set shares (query.shapley_aux_setup missing)")
-    st = context.state[STATE_AUX]
-    return st["x"].numpy(), st["y"].numpy(), load_context(proto.array_bytes(st, STATE_AUX, "context"))
+    st = _state_arrays(context, STATE_AUX)
+    return (array_field(st, STATE_AUX, "x", dtype=np.uint64, shape=(None, None)),
+            array_field(st, STATE_AUX, "y", dtype=np.uint64, shape=(None,)),
+            load_context(array_bytes(st, STATE_AUX, "context")))
+
+
+def _aux_names(context: Context) -> dict[str, str]:
+    """A: ``{node (decimal ID): roster name}`` of the clients it checked at setup."""
+    if STATE_AUX_NAMES not in context.state:
+        raise Refused("no checked client names for this phase (aux setup missing)")
+    rec = _state_config(context, STATE_AUX_NAMES)
+    return {node: config_field(rec, STATE_AUX_NAMES, node, str) for node in rec}
+
+
+def _aux_order(context: Context) -> tuple[list[str], list[int]]:
+    """A: the clients (decimal IDs) in the order of its stacked shares, and each one's sample count."""
+    key = STATE_AUX + ".order"
+    rec = _state_config(context, key)
+    return config_list(rec, key, "order", str), config_list(rec, key, "sizes", int)
 
 
 def _check_model_signatures(context: Context, request: proto.AuxEvalRequest) -> None:
     """A: every forwarded model of the round signed by the roster member A checked for its node."""
-    if STATE_AUX_NAMES not in context.state:
-        raise Refused("no checked client names for this phase (aux setup missing)")
-    names = context.state[STATE_AUX_NAMES]
+    names = _aux_names(context)
     _, roster = node_identity(context)
     sigs = request.model_signatures or {}
     for node, packed in (request.round_models or {}).items():
@@ -689,7 +764,7 @@ def _check_model_signatures(context: Context, request: proto.AuxEvalRequest) -> 
             raise IdentityError(f"model of node {node}, which is not one of the clients checked at setup")
         if node not in sigs:
             raise IdentityError(f"model of node {node} ({names[node]!r}) is not signed (unsigned models are refused)")
-        verify_key(roster, str(names[node]), sigs[node], protocol=proto.MODEL_PROTOCOL,
+        verify_key(roster, names[node], sigs[node], protocol=proto.MODEL_PROTOCOL,
                    session=request.public.session, round=request.round, role="client",
                    key=proto.model_digest(packed))
 
@@ -713,18 +788,19 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
     params = request.public.params
     m, d_out, _ = _layout(request.public)
     X, _, ctx = _aux_state(context)
-    order = list(context.state[STATE_AUX + ".order"]["order"])
+    order, _ = _aux_order(context)
     if request.round_models is not None:
         _check_model_signatures(context, request)
-        context.state[STATE_AUX_MODELS] = ArrayRecord({n: proto.bytes_array(b)
+        context.state[STATE_AUX_MODELS] = ArrayRecord({n: bytes_array(b)
                                                        for n, b in request.round_models.items()})
         context.state[STATE_AUX_MODELS + ".round"] = ConfigRecord({"round": request.round})
+    round_key = STATE_AUX_MODELS + ".round"
     if (STATE_AUX_MODELS not in context.state
-            or int(context.state[STATE_AUX_MODELS + ".round"]["round"]) != request.round):
+            or config_field(_state_config(context, round_key), round_key, "round", int) != request.round):
         raise Refused(f"no model ciphertexts for round {request.round}")
-    stored = context.state[STATE_AUX_MODELS]
+    stored = _state_arrays(context, STATE_AUX_MODELS)
     models = {node: [ctx.deserialize_ciphertext(b)
-                     for b in unpack_blobs(proto.array_bytes(stored, STATE_AUX_MODELS, node))]
+                     for b in unpack_blobs(array_bytes(stored, STATE_AUX_MODELS, node))]
               for node in stored}
     ident, _ = node_identity(context)
     plain_cache: dict[bytes, list[Any]] = {}
@@ -756,11 +832,10 @@ def aux_eval(request: proto.AuxEvalRequest, context: Context) -> proto.AuxEvalRe
 def _sample_owners(context: Context, ids: np.ndarray) -> tuple[list[str], list[str]]:
     """A: the node (decimal ID) owning each sample id and the sample's stable name
     ``"<owner's roster name>/<index in the owner's test set>"`` (from the order and sizes of the setup)."""
-    rec = context.state[STATE_AUX + ".order"]
-    order, sizes = [str(n) for n in rec["order"]], [int(k) for k in rec["sizes"]]
+    order, sizes = _aux_order(context)
     ends = np.cumsum(sizes)
     which = np.searchsorted(ends, ids, side="right")
-    names = context.state[STATE_AUX_NAMES]
+    names = _aux_names(context)
     owners = [order[k] for k in which.tolist()]
     local = (ids - (ends[which] - np.asarray(sizes)[which])).tolist()
     return owners, [f"{names[o]}/{i}" for o, i in zip(owners, local)]
@@ -795,21 +870,21 @@ def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffRe
 
     keypair = _keypair(context, request.public.session)
     _, Y, _ = _aux_state(context)
-    clients = _verified_client_keys(context, request.public)
-    node_of_key = {bytes(v): k for k, v in context.state[STATE_PEERS].items() if k != "session"}
-    names = context.state[STATE_AUX_NAMES]
+    node_of_key = _verified_client_keys(context, request.public)
+    names = _aux_names(context)
     ledger = node_ledger(context)
     checked = []
     for j, (sealed, ids, helper_pk, e) in request.jobs.items():
         if ids.size == 0 or ids.min() < 0 or ids.max() >= len(Y):
             raise Refused(f"job {j}: sample ids out of range")
-        if helper_pk not in clients:
+        if helper_pk not in node_of_key:
             raise IdentityError(f"job {j}: the helper's key is not one of the clients' keys checked at setup")
         raw = keyshare.open_from(sealed, recipient=keypair, sender_public=helper_pk)
-        shape_ok = {name: (np.uint64, lambda s, n=ids.size: s == (n,)) for name in AuxDeal._fields}
-        *parts, dealt_ids, round_, members = read_raw_npz(raw, {
-            **shape_ok, "ids": (np.int64, lambda s, n=ids.size: s == (n,)), "round": (np.int64, lambda s: s == (1,)),
-            "members": (np.uint64, lambda s: len(s) == 1 and 1 <= s[0] <= len(names))})
+        expected: dict[str, tuple[Any, Callable[[tuple[Any, ...]], bool]]] = {
+            name: (np.uint64, _shape_is((ids.size,))) for name in AuxDeal._fields}
+        expected |= {"ids": (np.int64, _shape_is((ids.size,))), "round": (np.int64, _shape_is((1,))),
+                     "members": (np.uint64, lambda s: len(s) == 1 and 1 <= s[0] <= len(names))}
+        *parts, dealt_ids, round_, members = read_raw_npz(raw, expected)
         if not np.array_equal(dealt_ids, ids):
             raise Refused(f"job {j}: the helper dealt this zero test for other samples")
         coalition = [str(int(n)) for n in members]
@@ -820,12 +895,12 @@ def aux_diff(request: proto.AuxDiffRequest, context: Context) -> proto.AuxDiffRe
         if helper_node in owners:
             raise Refused(f"job {j}: the helper ({names[helper_node]!r}) owns samples of the batch it decrypted; "
                           "a helper decrypts only batches of other clients' samples")
-        checked.append((j, raw, int(round_[0]), [str(names[n]) for n in coalition], samples, AuxDeal(*parts), ids, e))
+        checked.append((j, raw, int(round_[0]), [names[n] for n in coalition], samples, AuxDeal(*parts), ids, e))
     out = {}
-    for j, raw, round_, coalition, samples, deal_a, ids, e in checked:
+    for j, raw, rnd, names_of, samples, deal_a, ids, e in checked:
         with ledger_refusals(f"SecSV zero test, job {j}"):
             ledger.record_deal(digest("secsv-deal", raw))
-            ledger.record_batch(round_, coalition, samples, scope=f"run {context.run_id}")
+            ledger.record_batch(rnd, names_of, samples, scope=f"run {context.run_id}")
         try:
             out[j] = aux_share(deal_a, Y[ids], e)
         except ValueError as exc:
@@ -840,7 +915,7 @@ def node_role(context: Context) -> str:
 
 
 def register_shapley_handlers(
-    app,
+    app: ClientApp,
     *,
     test_set: Callable[[Context], tuple[np.ndarray, np.ndarray]],
     role: Callable[[Context], str] = node_role,
@@ -867,7 +942,8 @@ def register_shapley_handlers(
     :func:`shapley_record_mod`.
     """
 
-    def only(wanted: str, serve: Callable[[Any, Message, Context], Any], step) -> Callable[[Message, Context], Message]:
+    def only(wanted: str, serve: Callable[[Any, Message, Context], Any],
+             step: Step) -> Callable[[Message, Context], Message]:
         serve_step = handler(step, serve, label=_LABEL, errors=_ERRORS)
 
         def run(msg: Message, context: Context) -> Message:

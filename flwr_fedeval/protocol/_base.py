@@ -36,6 +36,9 @@ from flwr.common.constant import SType
 from flwr.common.logger import log
 
 __all__ = [
+    "ARRAYS_KEY",
+    "CONFIG_KEY",
+    "METRICS_KEY",
     "MalformedMessage",
     "MESSAGE_API_GUIDE",
     "NotConfigured",
@@ -60,6 +63,12 @@ __all__ = [
     "reply_code",
     "require_message_api",
 ]
+
+#: Flower's default record keys (``FedAvg(arrayrecord_key=..., configrecord_key=...)``): the
+#: model's ArrayRecord, the train config and the reply's MetricRecord.
+ARRAYS_KEY = "arrays"
+CONFIG_KEY = "config"
+METRICS_KEY = "metrics"
 
 P = TypeVar("P", bound="Payload")
 

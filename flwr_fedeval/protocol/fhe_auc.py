@@ -32,7 +32,7 @@ import dataclasses
 import hashlib
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -225,6 +225,14 @@ class ParticipantList:
         signature = sign_key(identity, protocol=SIGNED_PROTOCOL, session=session, round=0, role=PARTICIPANTS_ROLE,
                              key=cls._digest(session, names, keys, protocol))
         return cls(names, keys, identity.name, signature, protocol)
+
+    @overload
+    def verify(self, roster: Roster, *, session: str, holder: str, own: str,
+               own_key: bytes | None = None, floor: int = 2, protocol: str | None = None) -> int: ...
+
+    @overload
+    def verify(self, roster: Roster, *, session: str, holder: str, own: None = None,
+               own_key: bytes | None = None, floor: int = 2, protocol: str | None = None) -> None: ...
 
     def verify(self, roster: Roster, *, session: str, holder: str, own: str | None = None,
                own_key: bytes | None = None, floor: int = 2, protocol: str | None = None) -> int | None:

@@ -135,10 +135,10 @@ def _jobs(record: Mapping[str, Any], key: str, names: tuple[str, ...]) -> list[i
     """The job indices of a per-job record: every job has the fields ``<name>-<j>`` of ``names``, no other."""
     seen: dict[int, set[str]] = {}
     for k in record:
-        name, _, j = k.rpartition("-")
-        if name not in names or not j.isdecimal():
+        name, _, job = k.rpartition("-")
+        if name not in names or not job.isdecimal():
             raise MalformedMessage(f"{key}.{k}", f"unexpected field (expected {'|'.join(names)}-<job>)")
-        seen.setdefault(int(j), set()).add(name)
+        seen.setdefault(int(job), set()).add(name)
     for j, got in seen.items():
         for name in names:
             if name not in got:
@@ -340,12 +340,11 @@ class RoleReply(Payload):
     @classmethod
     def _from_record(cls, content: RecordDict) -> RoleReply:
         rec, k = config_record(content, ROLE_KEY), ROLE_KEY
-        opt = {n: config_field(rec, k, n, kind) if n in rec else None
-               for n, kind in (("partition-id", int), ("num-partitions", int), ("signer", str), ("signature", bytes),
-                               ("identity-error", str))}
-        part = (opt["partition-id"], opt["num-partitions"])
-        return cls(config_field(rec, k, "role", str, choices=ROLES), part if None not in part else None,
-                   opt["signer"], opt["signature"], opt["identity-error"])
+        pid, parts = (config_field(rec, k, n, int) if n in rec else None for n in ("partition-id", "num-partitions"))
+        signer, error = (config_field(rec, k, n, str) if n in rec else None for n in ("signer", "identity-error"))
+        signature = config_field(rec, k, "signature", bytes) if "signature" in rec else None
+        part = (pid, parts) if pid is not None and parts is not None else None
+        return cls(config_field(rec, k, "role", str, choices=ROLES), part, signer, signature, error)
 
 
 # ------------------------------------------------------------------ step 1: hello
@@ -399,11 +398,11 @@ class HelloReply(Payload):
         return SignedKey(self.signer, self.public_key, self.signature)
 
     def _to_record(self) -> RecordDict:
-        client = {} if self.role != "client" else {
+        client: dict[str, object] = {} if self.role != "client" else {
             "num-examples": self.num_examples, "num-test": self.num_test, "n-features": self.n_features,
             "n-classes": self.n_classes, "rounds": [int(r) for r in self.rounds]}
-        return RecordDict({HELLO_KEY: ConfigRecord({"role": self.role, "public-key": self.public_key,
-                                                    "signer": self.signer, "signature": self.signature, **client})})
+        return RecordDict({HELLO_KEY: config_of({"role": self.role, "public-key": self.public_key,
+                                                 "signer": self.signer, "signature": self.signature, **client})})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> HelloReply:
@@ -656,8 +655,9 @@ class AuxEvalRequest(Payload):
     @classmethod
     def _from_record(cls, content: RecordDict) -> AuxEvalRequest:
         rec, jobs = config_record(content, REQUEST_KEY), array_record(content, JOBS_KEY)
-        parsed = {j: tuple(array_field(jobs, JOBS_KEY, f"{n}-{j}", dtype=np.int64, shape=(None,))
-                           for n in ("members", "ids")) for j in _jobs(jobs, JOBS_KEY, ("members", "ids"))}
+        parsed = {j: (array_field(jobs, JOBS_KEY, f"members-{j}", dtype=np.int64, shape=(None,)),
+                      array_field(jobs, JOBS_KEY, f"ids-{j}", dtype=np.int64, shape=(None,)))
+                  for j in _jobs(jobs, JOBS_KEY, ("members", "ids"))}
         models, sigs = None, None
         if ROUND_MODELS_KEY in content:
             mrec = array_record(content, ROUND_MODELS_KEY)
@@ -712,14 +712,15 @@ class HelperRequest(Payload):
     batches: dict[int, tuple[bytes, bytes, np.ndarray, tuple[str, ...], bytes]]
 
     def _to_record(self) -> RecordDict:
-        rec, proofs = {}, {}
+        rec: dict[str, Array] = {}
+        proofs = ConfigRecord()
         for j, (own, aux, ids, members, sig) in self.batches.items():
             rec[f"own-{j}"], rec[f"aux-{j}"] = bytes_array(own), bytes_array(aux)
             rec[f"ids-{j}"] = _array(ids, np.int64)
             proofs[f"members-{j}"], proofs[f"aux-signature-{j}"] = list(members), sig
         return RecordDict({REQUEST_KEY: ConfigRecord({**self.public.fields(), "aux-public-key": self.aux_public_key,
                                                       "round": self.round}),
-                           BATCHES_KEY: ArrayRecord(rec), PROOFS_KEY: ConfigRecord(proofs)})
+                           BATCHES_KEY: ArrayRecord(rec), PROOFS_KEY: proofs})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> HelperRequest:
@@ -788,13 +789,14 @@ class AuxDiffRequest(Payload):
     jobs: dict[int, tuple[bytes, np.ndarray, bytes, np.ndarray]]
 
     def _to_record(self) -> RecordDict:
-        rec, keys = {}, {}
+        rec: dict[str, Array] = {}
+        keys = ConfigRecord()
         for j, (sealed, ids, helper_key, e) in self.jobs.items():
             rec[f"sealed-{j}"], rec[f"ids-{j}"] = bytes_array(sealed), _array(ids, np.int64)
             rec[f"e-{j}"] = _array(e, np.uint64)
             keys[f"helper-{j}"] = helper_key
         return RecordDict({REQUEST_KEY: ConfigRecord(self.public.fields()), PREDS_KEY: ArrayRecord(rec),
-                           HELPER_KEYS_KEY: ConfigRecord(keys)})
+                           HELPER_KEYS_KEY: keys})
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> AuxDiffRequest:

@@ -148,15 +148,14 @@ class SecSVParams:
     feature_bound: float = 16.0
     max_clients: int = 5
     n_features: int = 48
-    ckks: CKKSParams | None = None
+    ckks: CKKSParams = field(default_factory=shapley_ckks_params)
 
     def __post_init__(self) -> None:
         if not 8 <= self.ring_bits <= 62:
             raise ValueError(f"ring_bits must be in [8, 62], got {self.ring_bits!r}")
         if not 1 <= self.limb_bits <= self.ring_bits:
             raise ValueError(f"limb_bits must be in [1, ring_bits], got {self.limb_bits!r}")
-        ckks = self.ckks if self.ckks is not None else shapley_ckks_params()
-        object.__setattr__(self, "ckks", ckks)
+        ckks = self.ckks
         if ckks.backend != "tenseal":
             raise ValueError(f"SecSV needs the tenseal backend (exact integers up to 2^{EXACT_BITS}), "
                              f"got {ckks.backend!r}")
@@ -207,7 +206,8 @@ class SecSVParams:
                 f"{limb_bits} bits (min 1); lower model_bound, feature_bound or the fractional bits")
         return cls(ring_bits=ring_bits, limb_bits=limb_bits, data_frac_bits=data_frac_bits,
                    model_frac_bits=model_frac_bits, weight_bits=weight_bits, model_bound=model_bound,
-                   feature_bound=feature_bound, max_clients=max_clients, n_features=n_features, ckks=ckks)
+                   feature_bound=feature_bound, max_clients=max_clients, n_features=n_features,
+                   ckks=ckks if ckks is not None else shapley_ckks_params())
 
     def to_config(self) -> dict[str, int | float]:
         """The public parameters as a flat dict (no CKKS set: it travels in the context)."""
@@ -225,7 +225,8 @@ class SecSVParams:
             model_bound, feature_bound = float(config["model_bound"]), float(config["feature_bound"])
         except KeyError as exc:
             raise ValueError(f"SecSV parameters lack {exc.args[0]!r}") from None
-        return cls(**values, model_bound=model_bound, feature_bound=feature_bound, ckks=ckks)
+        return cls(**values, model_bound=model_bound, feature_bound=feature_bound,
+                   ckks=ckks if ckks is not None else shapley_ckks_params())
 
 
 @dataclass

@@ -22,10 +22,9 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_fedeval.messages import ARRAYS_KEY
 from flwr_fedeval.metrics.auc import auc_from_counts, resolution_bound
 from flwr_fedeval.metrics.counts import ConfusionCounts, decision_points
-from flwr_fedeval.protocol import Payload, Step
+from flwr_fedeval.protocol import ARRAYS_KEY, Payload, Step
 from flwr_fedeval.protocol.auc import (
     JOIN,
     THRESHOLD_COUNTS,

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import validate_message_reply_consistency
 
-from flwr_fedeval.messages import ARRAYS_KEY
+from flwr_fedeval.protocol import ARRAYS_KEY
 from flwr_fedeval.strategies.collect import DetectingGrid, PhaseGrid, ReplyCollector
 from flwr_fedeval.strategies.exchange import FailureRecordingGrid, StepTimer, exchange_replies, replies_by_node
 from flwr_fedeval.strategies.failures import (
@@ -73,6 +73,7 @@ __all__ = [
 
 #: The result type of a phase's :meth:`EvaluationPhase.run`.
 ResultT = TypeVar("ResultT")
+_Parsed = TypeVar("_Parsed")
 _PhaseT = TypeVar("_PhaseT", bound="EvaluationPhase[Any]")
 
 
@@ -229,8 +230,8 @@ class EvaluationPhase(abc.ABC, Generic[ResultT]):
         return self.timer.step(name)
 
     def exchange(self, grid: PhaseGrid, contents: Mapping[int, RecordDict], message_type: str,
-                 parse: Callable[[int, RecordDict], Any], *, step: str, what: str,
-                 failures: Failures | None = None) -> dict[int, Any]:
+                 parse: Callable[[int, RecordDict], _Parsed], *, step: str, what: str,
+                 failures: Failures | None = None) -> dict[int, _Parsed]:
         """:func:`exchange_replies` with this phase's timeout, label and failure record."""
         return exchange_replies(grid, contents, message_type, parse,
                                 self.failures if failures is None else failures, step=step, what=what,

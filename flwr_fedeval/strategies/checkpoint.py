@@ -52,6 +52,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
 
 __all__ = ["CheckpointError", "Checkpoint", "KEEP_CHOICES", "config_hash", "load_checkpoint", "train_with_checkpoints",
            "write_checkpoint"]
@@ -253,11 +255,11 @@ class _ResumedRounds:
         return self._strategy.aggregate_evaluate(server_round + self._offset, *args, **kwargs)
 
 
-def train_with_checkpoints(strategy: Any, grid: Any, initial_arrays: ArrayRecord, *, num_rounds: int,
+def train_with_checkpoints(strategy: Strategy, grid: Grid, initial_arrays: ArrayRecord, *, num_rounds: int,
                            run_config: Mapping[str, Any], folder: str | Path, resume_from: str | Path | None = None,
                            train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
                            evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-                           keep: str = "all", timeout: float = 3600) -> Any:
+                           keep: str = "all", timeout: float = 3600) -> Result:
     """``strategy.start`` for ``num_rounds`` rounds, checkpointing after each completed round.
 
     Parameters

@@ -17,11 +17,11 @@ SuperLink at most one poll a second. At each poll it
 2. compares the pending destinations with ``grid.get_node_ids()``: a node
    that was listed when the messages were pushed and is listed no more is
    given up at once, with an error reply of code
-   :attr:`~flwr_fedeval.messages.ReplyCode.NODE_GONE`;
+   :attr:`~flwr_fedeval.protocol.ReplyCode.NODE_GONE`;
 3. with a :class:`Rejoin`, asks every node whose identity it does not know
    yet to prove one (a signed reply, see :class:`Rejoin`); a pending node
    whose identity came back under a new node ID is given up at once
-   (:attr:`~flwr_fedeval.messages.ReplyCode.NODE_REJOINED`), so the next
+   (:attr:`~flwr_fedeval.protocol.ReplyCode.NODE_REJOINED`), so the next
    attempt of the step takes the new ID without waiting for the old one.
 
 A node still pending when ``timeout`` runs out has no reply in the result:
@@ -37,7 +37,7 @@ its identity within one poll interval after it connects.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any, Protocol, runtime_checkable
@@ -47,7 +47,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flwr_fedeval._compat import Run  # moved between Flower releases
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import ReplyCode
 
 __all__ = ["IDENTITY_TIMEOUT", "MIN_POLL_INTERVAL", "POLL_BACKOFF", "POLL_INTERVAL", "Collected", "DetectingGrid",
            "GridView", "OnReply", "PhaseGrid", "Rejoin", "ReplyCollector", "SimulatedTime", "collect",
@@ -72,7 +72,7 @@ class Collected:
         Every reply that came (Flower's error replies included), plus an
         error reply made here for each node given up early (codes
         ``NODE_GONE``, ``NODE_REJOINED``, ``NOT_DELIVERED`` of
-        :class:`~flwr_fedeval.messages.ReplyCode`); matched to the requests
+        :class:`~flwr_fedeval.protocol.ReplyCode`); matched to the requests
         by ``reply_to_message_id``.
     seconds : dict of int to float
         Destination node → seconds from the push until its reply came or it
@@ -125,8 +125,8 @@ class Rejoin:
         Old node ID → new node ID.
     """
 
-    def __init__(self, prove: Callable[[Grid, list[int]], dict[int, Hashable]],
-                 identities: dict[int, Hashable] | None = None, ignore: Iterable[int] = ()) -> None:
+    def __init__(self, prove: Callable[[Grid, list[int]], Mapping[int, Hashable]],
+                 identities: Mapping[int, Hashable] | None = None, ignore: Iterable[int] = ()) -> None:
         self.prove = prove
         self.identities: dict[int, Hashable] = {int(k): v for k, v in (identities or {}).items()}
         self.replaced: dict[int, int] = {}

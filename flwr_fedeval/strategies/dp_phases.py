@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Collection
 from logging import INFO, WARNING
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -44,6 +45,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from numpy.typing import ArrayLike
 
 from flwr_fedeval import constraints
 from flwr_fedeval.constraints import Choices, Interval
@@ -59,8 +61,9 @@ from flwr_fedeval.dp import (
     fedauc_server_auc,
     fedauc_server_ranks,
 )
+from flwr_fedeval.dp.dpauc import Clipping
 from flwr_fedeval.metrics.counts import SPACINGS, decision_points
-from flwr_fedeval.protocol import ReplyCode
+from flwr_fedeval.protocol import ARRAYS_KEY, ReplyCode
 from flwr_fedeval.protocol.auc import ThresholdCounts
 from flwr_fedeval.protocol.dp_auc import (
     DP_JOIN,
@@ -76,7 +79,7 @@ from flwr_fedeval.protocol.dp_auc import (
     ShuffledScores,
 )
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult, join_participants, with_model
-from flwr_fedeval.strategies.base import ARRAYS_KEY, EvaluationPhase, Failures
+from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
 __all__ = ["DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCLaplacePhase", "FedAUCRRPhase"]
 
@@ -102,7 +105,8 @@ class _DPPhase(EvaluationPhase[Any]):
 
     label = "AUC phase"
 
-    def _finish(self, estimate: AUCEstimate, thresholds, contributors, **extra) -> AUCPhaseResult:
+    def _finish(self, estimate: AUCEstimate, thresholds: ArrayLike, contributors: Collection[int],
+                **extra: Any) -> AUCPhaseResult:
         log(INFO, "AUC phase (%s, %s, eps=%g): %d clients, AUC %.6f%s", self.method, estimate.variant,
             estimate.epsilon, len(contributors), estimate.auc, "" if estimate.defined else f" ({estimate.reason})")
         return AUCPhaseResult(
@@ -189,7 +193,7 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
         super().__init__(num_decision_points, spacing=spacing,
                          min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
         self.params = DPAUCLaplaceParams(epsilon, self.thresholds.size)  # validates epsilon
-        self.clipping = clipping
+        self.clipping: Clipping = "no-clip" if clipping == "no-clip" else "clip-sort"  # checked above
 
     def _summary_items(self) -> list[tuple[str, str]]:
         return [("Mechanism", self.params.summary()), ("Clipping", self.clipping),
@@ -272,6 +276,8 @@ class _FedAUCPhase(_DPPhase):
     """
 
     mechanism = ""
+    #: ε per client of one evaluation (set by the subclass from its validated parameters).
+    epsilon: float
 
     def __init__(self, *, epsilon: float = 1.0, ties: str = "average",
                  min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600) -> None:

@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from logging import INFO
-from typing import Any
+from typing import TypeVar
 
 from flwr.app import Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.collect import Collected, GridView, OnReply, PhaseGrid, Rejoin, collect, send_and_collect
 from flwr_fedeval.strategies.failures import (
     Failure,
@@ -81,7 +81,7 @@ class FailureRecordingGrid(GridView):
     matched to requests (:func:`replies_by_node`). A request still without a
     reply when the step's timeout ran out is recorded as our ``TIMEOUT``, an
     error reply with its own code and reason (Flower's ``ErrorCode`` for the
-    engine's errors, a :class:`~flwr_fedeval.messages.ReplyCode` for ours),
+    engine's errors, a :class:`~flwr_fedeval.protocol.ReplyCode` for ours),
     each with the seconds until that node's failure was known. The step is
     the message type; the round is read from the request (``server-round`` /
     ``round``). ``get_node_ids`` leaves out node IDs whose identity came back
@@ -152,18 +152,21 @@ class StepTimer:
             log(INFO, "%s: %s done in %.2f s", self.label, name, seconds)
 
 
+_Parsed = TypeVar("_Parsed")
+
+
 def exchange_replies(
     grid: PhaseGrid,
     contents: Mapping[int, RecordDict],
     message_type: str,
-    parse: Callable[[int, RecordDict], Any],
+    parse: Callable[[int, RecordDict], _Parsed],
     failures: Failures | dict[int, str],
     *,
     step: str,
     what: str,
     timeout: float,
     label: str,
-) -> dict[int, Any]:
+) -> dict[int, _Parsed]:
     """Send ``contents[node]`` to each node; return ``{node: parse(node, reply)}`` for valid replies.
 
     Follows Flower's ``FedAvg._check_and_log_replies``: replies are split into
@@ -189,7 +192,7 @@ def exchange_replies(
     missing: dict[int, Failure] = {n: Failure(step, int(ReplyCode.TIMEOUT),
                                               f"no reply within step-timeout {timeout:g} s")
                                    for n in contents}
-    valid: dict[int, Any] = {}
+    valid: dict[int, _Parsed] = {}
     fixes: dict[int, str | None] = {}
     for node, reply in replies.items():
         if node not in missing:

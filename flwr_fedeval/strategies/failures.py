@@ -1,7 +1,7 @@
 """Who failed at which step, and why: failure records, their collapsed log lines, and the run-stopping errors.
 
 * :class:`Failure` — one node's failure at one step, with a machine-readable code
-  (:class:`flwr_fedeval.messages.ReplyCode` for our own error replies, Flower's
+  (:class:`flwr_fedeval.protocol.ReplyCode` for our own error replies, Flower's
   ``ErrorCode`` for the engine's) and the reason. The server classifies by
   code, never by matching the reason text.
 * :class:`Failures` (one phase run) and :class:`FailureLog` (every failure of a run,
@@ -33,8 +33,7 @@ from typing import Any
 
 from flwr.common.logger import log
 
-from flwr_fedeval.messages import ReplyCode
-from flwr_fedeval.protocol import MESSAGE_API_GUIDE, MalformedMessage, config_keys_of
+from flwr_fedeval.protocol import MESSAGE_API_GUIDE, MalformedMessage, ReplyCode, config_keys_of
 
 __all__ = [
     "ClientAppNotWired",
@@ -91,7 +90,7 @@ class Failure:
     step : str
         The protocol step (e.g. ``"step 4 (encrypted counts)"``).
     code : int
-        A :class:`~flwr_fedeval.messages.ReplyCode` (our error replies; also
+        A :class:`~flwr_fedeval.protocol.ReplyCode` (our error replies; also
         ``TIMEOUT`` and ``MALFORMED_REPLY`` assigned by the server) or one of
         Flower's ``ErrorCode`` values (errors reported by the engine).
     reason : str
@@ -275,7 +274,7 @@ def raise_if_not_wired(step: str, failures: Mapping[int, Failure], fixes: Mappin
 
 
 def code_name(code: int) -> str:
-    """``"TIMEOUT"`` (ours, :class:`~flwr_fedeval.messages.ReplyCode`) or ``"flwr:NODE_UNAVAILABLE"``
+    """``"TIMEOUT"`` (ours, :class:`~flwr_fedeval.protocol.ReplyCode`) or ``"flwr:NODE_UNAVAILABLE"``
     (Flower's ``ErrorCode``)."""
     try:
         return ReplyCode(int(code)).name

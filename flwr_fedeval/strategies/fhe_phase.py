@@ -73,10 +73,10 @@ import dataclasses
 import math
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from logging import ERROR, INFO, WARNING
 from numbers import Integral, Real
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
@@ -104,10 +104,9 @@ from flwr_fedeval.fhe.backend import (
     unpack_blobs,
 )
 from flwr_fedeval.identity import Roster, SignedKey
-from flwr_fedeval.messages import ARRAYS_KEY, ReplyCode
 from flwr_fedeval.metrics.auc import UndefinedAUCError
 from flwr_fedeval.metrics.counts import SPACINGS, decision_points
-from flwr_fedeval.protocol import Step, fhe_auc
+from flwr_fedeval.protocol import ARRAYS_KEY, ReplyCode, Step, fhe_auc
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
@@ -200,6 +199,26 @@ class FHERun:
     def replace(self, **changes: Any) -> FHERun:
         """A copy with ``changes``."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def auc_config(self) -> FHEAUCConfig:
+        """:attr:`config`, set at step 1 (``RuntimeError`` before)."""
+        return _need(self.config, "config (step 1)")
+
+    @property
+    def public_context(self) -> CKKSContext:
+        """:attr:`context`, set at step 2 (``RuntimeError`` before)."""
+        return _need(self.context, "context (step 2)")
+
+
+_T = TypeVar("_T")
+
+
+def _need(value: _T | None, what: str) -> _T:
+    """``value``, set by an earlier step of the run (``RuntimeError`` if it is not)."""
+    if value is None:
+        raise RuntimeError(f"FHE AUC phase: {what} is read before the step that sets it")
+    return value
 
 
 class FHEAUCPhase(EvaluationPhase[Any]):
@@ -329,7 +348,7 @@ class FHEAUCPhase(EvaluationPhase[Any]):
         """:meth:`EvaluationPhase.exchange` of ``step`` recording failures in ``failed``."""
         return self.exchange(grid, contents, step.message_type, parse, step=what, what=what, failures=failed)
 
-    def _require(self, nodes, step: str) -> None:
+    def _require(self, nodes: Iterable[int], step: str) -> None:
         self.require(nodes, f"({self.protocol}), {step}")
 
     # --- step 1 -------------------------------------------------------------------
@@ -373,7 +392,8 @@ class FHEAUCPhase(EvaluationPhase[Any]):
         """
         request = fhe_auc.KeygenRequest(session, self.backend, self.slots, int(max_rows), peers, self.protocol)
 
-        def parse(node: int, content: RecordDict):
+        def parse(node: int, content: RecordDict) -> tuple[CKKSContext, bytes, dict[int, bytes], SignedKey,
+                                                           fhe_auc.ParticipantList]:
             reply = fhe_auc.KeygenReply.from_record(content, node=node)
             ctx = load_context(reply.public_context)
             if ctx.is_private:  # never kept: the server must not hold a secret key
@@ -409,7 +429,7 @@ class FHEAUCPhase(EvaluationPhase[Any]):
             peers = {n: keys[n][2] for n in candidates if n != holder}
             with self.step(fhe_auc.KEYGEN.name):
                 setup = self.setup_keys(grid, holder, peers, run.session, failed, holder_pk=keys[holder][0],
-                                        max_rows=run.config.max_rows)
+                                        max_rows=run.auc_config.max_rows)
             candidates.remove(holder)
             if setup is not None:
                 candidates.append(holder)
@@ -449,28 +469,31 @@ class FHEAUCPhase(EvaluationPhase[Any]):
         nonce = secrets.token_bytes(fhe_auc.NONCE_BYTES)
         per_client = 6 if self.protocol == "malicious" else 3
         metrics_threshold = -1.0 if self.metrics_threshold is None else self.metrics_threshold
-        params = fhe_auc.EncryptionParams(self.protocol, int(self.thresholds.size), int(run.config.max_rows),
+        params = fhe_auc.EncryptionParams(self.protocol, int(self.thresholds.size), int(run.auc_config.max_rows),
                                           int(self.n_splits), nonce, float(metrics_threshold))
         contents = {}
         for node in run.participants:
-            request = fhe_auc.CountsRequest(run.session, params, run.holder_key, self.thresholds,
-                                            run.participant_list, None if node == run.holder else run.bundles[node])
+            request = fhe_auc.CountsRequest(run.session, params, _need(run.holder_key, "holder key (step 2)"),
+                                            self.thresholds, _need(run.participant_list, "participant list (step 2)"),
+                                            None if node == run.holder else run.bundles[node])
             content = RecordDict({self.arrayrecord_key: arrays})
             for key, record in request.to_record().items():
                 content[key] = record
             contents[node] = content
 
+        ctx = run.public_context
+
         def check(data: bytes, expected: int) -> None:
             for blob in unpack_blobs(data, expected=expected):
                 # envelope, key set and native format; then slot count, level and scale
-                run.context.check_fresh(run.context.deserialize_ciphertext(blob))
+                ctx.check_fresh(ctx.deserialize_ciphertext(blob))
 
         def parse(node: int, content: RecordDict) -> fhe_auc.CountsReply:
             reply = fhe_auc.CountsReply.from_record(content, node=node)
             reply.checked(with_metrics=self.metrics_threshold is not None, node=node)
             check(reply.auc, per_client)
             if self.metrics_threshold is not None:
-                check(reply.metrics, 1)
+                check(_need(reply.metrics, "metrics ciphertext"), 1)
             return reply
 
         return self._exchange(grid, contents, fhe_auc.COUNTS, parse, failed, "encrypted counts")
@@ -572,9 +595,9 @@ class FHEAUCPhase(EvaluationPhase[Any]):
         with self.step(fhe_auc.PUBKEY.name):
             keys = self.collect_public_keys(grid, list(run.nodes), run.session, failed)
         self._require(keys, fhe_auc.PUBKEY.name)
-        config_kw = {"n_points": int(self.thresholds.size), "max_rows": max(sum(v[1] for v in keys.values()), 1)}
-        run = run.replace(config=MaliciousAUCConfig(n_splits=self.n_splits, **config_kw)
-                          if self.protocol == "malicious" else FHEAUCConfig(**config_kw))
+        n_points, max_rows = int(self.thresholds.size), max(sum(v[1] for v in keys.values()), 1)
+        run = run.replace(config=MaliciousAUCConfig(n_points=n_points, max_rows=max_rows, n_splits=self.n_splits)
+                          if self.protocol == "malicious" else FHEAUCConfig(n_points=n_points, max_rows=max_rows))
 
         # 2. key holder (another one if it fails) and its signed participant list; 3-4. encrypted counts
         run = self._key_holder(grid, run, keys, failed)
@@ -584,11 +607,13 @@ class FHEAUCPhase(EvaluationPhase[Any]):
         # 5. aggregation, public context only
         t_agg = time.perf_counter()
         with self.step("step 5 (aggregation, public context only)"):
-            result = self.aggregate(run.context, [run.counts[n].auc for n in run.participants], run.config)
+            result = self.aggregate(run.public_context, [run.counts[n].auc for n in run.participants],
+                                    run.auc_config)
             metrics = None
             if self.metrics_threshold is not None:
-                metrics = self.aggregate_metrics(run.context, [run.counts[n].metrics for n in run.participants],
-                                                 run.config)
+                metrics = self.aggregate_metrics(
+                    run.public_context, [_need(run.counts[n].metrics, "metrics ciphertext") for n in run.participants],
+                    run.auc_config)
         t_agg = time.perf_counter() - t_agg
 
         # 6. clients decrypt
@@ -598,7 +623,7 @@ class FHEAUCPhase(EvaluationPhase[Any]):
 
     def _finish(self, run: FHERun, failed: Failures, reports: dict[int, fhe_auc.ResultReport], errors: Failures, *,
                 t_agg: float, t_total: float) -> AUCPhaseResult:
-        contributors, config = run.participants, run.config
+        contributors, config = run.participants, run.auc_config
         tampering = {n: f.summary for n, f in errors.with_code(ReplyCode.TAMPERING_DETECTED).items()}
         rejected = {n: f.summary for n, f in errors.with_code(ReplyCode.RESULT_REJECTED).items()}
         if self.protocol == "malicious":  # an honest aggregate fails only on single-class or imprecise data
@@ -620,7 +645,7 @@ class FHEAUCPhase(EvaluationPhase[Any]):
             "num_decision_points": int(self.thresholds.size),
             "max_rows": int(config.max_rows),
             "count_scale": float(config.count_scale),
-            "key_holder": int(run.holder),
+            "key_holder": int(_need(run.holder, "key holder (step 2)")),
             "public_context_bytes": len(self.public_context_bytes or b""),
             "participants": list(run.participant_list.names) if run.participant_list is not None else [],
             "aggregation_s": t_agg,

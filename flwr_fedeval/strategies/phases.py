@@ -44,16 +44,18 @@ def _make_dp_phase(cfg: JobConfig) -> EvaluationPhase[AUCPhaseResult]:
     """The DP baselines of :mod:`flwr_fedeval.strategies.dp_phases` (``dp-*``, ``dpauc-*``, ``fedauc-*`` keys)."""
     from flwr_fedeval.strategies import dp_phases
 
-    common = {"epsilon": cfg.dp_epsilon, "min_nodes": cfg.min_nodes}
+    epsilon, min_nodes = cfg.dp_epsilon, cfg.min_nodes
     if cfg.auc_method == "dpauc-laplace":
         return dp_phases.DPAUCLaplacePhase(cfg.num_decision_points, spacing=cfg.decision_point_spacing,
-                                           clipping=cfg.dpauc_clipping, **common)
+                                           clipping=cfg.dpauc_clipping, epsilon=epsilon, min_nodes=min_nodes)
     if cfg.auc_method == "dpauc-rr":
-        return dp_phases.DPAUCRRPhase(cfg.num_decision_points, spacing=cfg.decision_point_spacing, **common)
+        return dp_phases.DPAUCRRPhase(cfg.num_decision_points, spacing=cfg.decision_point_spacing, epsilon=epsilon,
+                                      min_nodes=min_nodes)
     if cfg.auc_method == "fedauc-rr":
-        return dp_phases.FedAUCRRPhase(**common)
+        return dp_phases.FedAUCRRPhase(epsilon=epsilon, min_nodes=min_nodes)
     return dp_phases.FedAUCLaplacePhase(sensitivity=cfg.fedauc_sensitivity, allocation=cfg.fedauc_allocation,
-                                        alpha=cfg.fedauc_alpha, beta=cfg.fedauc_beta, **common)
+                                        alpha=cfg.fedauc_alpha, beta=cfg.fedauc_beta, epsilon=epsilon,
+                                        min_nodes=min_nodes)
 
 
 def _make_fhe_phase(cfg: JobConfig, roster: Roster | None = None) -> FHEAUCPhase:

@@ -45,17 +45,17 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flwr_fedeval.fhe.backend import load_context, pack_blobs, unpack_blobs
+from flwr_fedeval.fhe.backend import CKKSContext, load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.identity import IdentityError, Roster, SignedKey, verify_key
 from flwr_fedeval.protocol import secsv as proto
 from flwr_fedeval.shapley.fsv import coalitions, find_skippable, fsv_from_utilities
@@ -73,9 +73,9 @@ from flwr_fedeval.shapley.secsv import (
     quantize_weights,
     shapley_ckks_params,
 )
-from flwr_fedeval.shapley.zerotest import mask_label_share, open_zero_test
+from flwr_fedeval.shapley.zerotest import PDeal, mask_label_share, open_zero_test
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures, exchange_replies
-from flwr_fedeval.strategies.collect import GridView
+from flwr_fedeval.strategies.collect import GridView, PhaseGrid
 
 __all__ = ["NodeSubsetGrid", "SecSVPhase", "ShapleyPhaseError", "ShapleyPhaseResult", "discover_roles"]
 
@@ -168,8 +168,8 @@ def discover_roles(grid: Grid, *, timeout: float = 600.0, strict: bool = True, r
         signers: dict[str, int] = {}
         for n in sorted(got):
             _, signer, why = got[n]
-            if why is not None:
-                out[n] = why
+            if why is not None or signer is None:
+                out[n] = why or "no signed identity"
             elif signer in signers:
                 out[n] = out[signers[signer]] = f"two nodes sign as roster member {signer!r}"
             else:
@@ -210,7 +210,7 @@ class ShapleyPhaseResult:
 
     fsv: dict[int, float]
     ssv: np.ndarray
-    utilities: list[dict[str, Any]]
+    utilities: list[dict[tuple[int, ...], float]]
     empty_utilities: list[float]
     rounds: list[int]
     clients: list[int]
@@ -245,7 +245,32 @@ class ShapleyPhaseResult:
         }
 
 
-def _all_jobs(by_job: dict[str, Any], n_jobs: int) -> dict[str, Any]:
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _ClientHello:
+    """The fields of a data client's hello reply (a client's reply carries every one)."""
+
+    num_examples: int
+    num_test: int
+    n_features: int
+    n_classes: int
+    rounds: tuple[int, ...]
+
+    @classmethod
+    def of(cls, node: int, reply: proto.HelloReply) -> _ClientHello:
+        if (reply.num_examples is None or reply.num_test is None or reply.n_features is None
+                or reply.n_classes is None):
+            raise ShapleyPhaseError("hello", {node: "a client's hello without its sizes"})
+        return cls(reply.num_examples, reply.num_test, reply.n_features, reply.n_classes, reply.rounds)
+
+
+#: One job of steps 6-8: a coalition and the sample ids of one batch (int64, ``(n_j,)``).
+_Job = tuple[frozenset[int], np.ndarray]
+
+
+def _all_jobs(by_job: dict[int, _T], n_jobs: int) -> dict[int, _T]:
     """``by_job`` if it has exactly the jobs ``0..n_jobs-1``; raises ``ValueError`` naming the difference."""
     if sorted(by_job) != list(range(n_jobs)):
         raise ValueError(f"reply has jobs {sorted(by_job)}, the request sent jobs 0..{n_jobs - 1}")
@@ -270,9 +295,9 @@ class _SecSVRun:
     session: str
     stats: dict[str, Any]
     # step 1 (hello)
-    params: SecSVParams | None = None
+    _params: SecSVParams | None = None
     #: The public fields of every request after hello (session, parameters, layout).
-    public: proto.PublicParams | None = None
+    _public: proto.PublicParams | None = None
     n_classes: int = 0
     m: int = 0
     d_out: int = 0
@@ -285,14 +310,14 @@ class _SecSVRun:
     # step 2 (keygen)
     leader: int = -1
     #: The leader's X25519 key signed for role "key-holder".
-    leader_key: SignedKey | None = None
-    ctx: Any = None
+    _leader_key: SignedKey | None = None
+    _ctx: CKKSContext | None = None
     public_context: bytes = b""
     # step 3 (share)
-    X_P: np.ndarray | None = None
-    y_P: np.ndarray | None = None
+    _X_P: np.ndarray | None = None
+    _y_P: np.ndarray | None = None
     #: Owner of every sample as an index into ``clients`` (node IDs are 64-bit unsigned).
-    owners: np.ndarray | None = None
+    _owners: np.ndarray | None = None
     # steps 5-8
     full_batches: list[np.ndarray] = field(default_factory=list)
     full_keys: set[bytes] = field(default_factory=set)
@@ -300,13 +325,64 @@ class _SecSVRun:
     helper_turn: int = 0
     failed_helpers: set[int] = field(default_factory=set)
 
+    @staticmethod
+    def _set(value: _T | None, what: str) -> _T:
+        if value is None:
+            raise RuntimeError(f"SecSV phase: {what} is read before the step that sets it")
+        return value
+
+    @property
+    def params(self) -> SecSVParams:
+        """The public fixed-point and CKKS parameters (step 1)."""
+        return self._set(self._params, "params")
+
+    @property
+    def public(self) -> proto.PublicParams:
+        """The public fields of every request after hello: session, parameters, layout (step 1)."""
+        return self._set(self._public, "public")
+
+    @property
+    def leader_key(self) -> SignedKey:
+        """The leader's X25519 key signed for role "key-holder" (step 2)."""
+        return self._set(self._leader_key, "leader_key")
+
+    @property
+    def ctx(self) -> CKKSContext:
+        """The clients' public CKKS context, as the leader made it (step 2)."""
+        return self._set(self._ctx, "ctx")
+
+    @property
+    def X_P(self) -> np.ndarray:
+        """P's shares of the stacked test features, uint64 ``(M, d+1)`` (step 3)."""
+        return self._set(self._X_P, "X_P")
+
+    @property
+    def y_P(self) -> np.ndarray:
+        """P's shares of the stacked labels, uint64 ``(M,)`` (step 3)."""
+        return self._set(self._y_P, "y_P")
+
+    @property
+    def owners(self) -> np.ndarray:
+        """Owner of every sample as an index into ``clients``, int64 ``(M,)`` (step 3)."""
+        return self._set(self._owners, "owners")
+
     @property
     def index(self) -> dict[int, int]:
         return {n: i for i, n in enumerate(self.clients)}
 
     @property
     def num_samples(self) -> int:
-        return 0 if self.y_P is None else len(self.y_P)
+        return 0 if self._y_P is None else len(self._y_P)
+
+
+class _Bounds(TypedDict):
+    """The public bounds and fixed-point widths :meth:`SecSVParams.for_bounds` fits parameters to."""
+
+    model_bound: float
+    feature_bound: float
+    data_frac_bits: int
+    model_frac_bits: int
+    weight_bits: int
 
 
 def _new_stats() -> dict[str, Any]:
@@ -383,9 +459,9 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                 raise ValueError(f"{name} must be an integer >= 1, got {bits!r}")
         self.sample_skip = bool(sample_skip)
         self.binary_margin = bool(binary_margin)
-        self.bounds = dict(model_bound=float(model_bound), feature_bound=float(feature_bound),
-                           data_frac_bits=int(data_frac_bits), model_frac_bits=int(model_frac_bits),
-                           weight_bits=int(weight_bits))
+        self.bounds = _Bounds(model_bound=float(model_bound), feature_bound=float(feature_bound),
+                              data_frac_bits=int(data_frac_bits), model_frac_bits=int(model_frac_bits),
+                              weight_bits=int(weight_bits))
 
     def _summary_items(self) -> list[tuple[str, str]]:
         return [("Protocol", f"SecSV (two servers, Matrix Reducing{', SampleSkip' if self.sample_skip else ''})"),
@@ -395,8 +471,9 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                 ("Minimum nodes", str(self.min_nodes)), ("Timeout per step", f"{self.timeout:g} s")]
 
     # -- plumbing -------------------------------------------------------------
-    def _exchange(self, grid, contents: dict[int, RecordDict], mtype: str, parse, step: str, *, st: _SecSVRun,
-                  allow_failures: bool = False) -> tuple[dict[int, Any], dict[int, str]]:
+    def _exchange(self, grid: PhaseGrid, contents: dict[int, RecordDict], mtype: str,
+                  parse: Callable[[int, RecordDict], _T], step: str, *, st: _SecSVRun,
+                  allow_failures: bool = False) -> tuple[dict[int, _T], dict[int, str]]:
         """Send the request contents, parse the replies (``parse(node, content)``, which raises a
         ``ValueError`` such as :class:`~flwr_fedeval.protocol.MalformedMessage` for a malformed
         reply), count bytes; a failure ends the phase with :class:`ShapleyPhaseError` unless
@@ -405,7 +482,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
             st.stats["bytes_sent"] += _payload_bytes(c)
         failures = Failures()
 
-        def counted(node, content):
+        def counted(node: int, content: RecordDict) -> _T:
             st.stats["bytes_received"] += _payload_bytes(content)
             return parse(node, content)
 
@@ -475,7 +552,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
 
         # steps 5-8, round by round
         rounds = sorted(set().union(*st.recorded.values()))
-        players, utilities = [], []
+        players: list[list[int]] = []
+        utilities: list[dict[frozenset[int], float]] = []
         for t in rounds:       # every round in the union has at least one member
             members = [n for n in clients if t in st.recorded[n]]
             with self.step(f"steps 5-8 (round {t})"):
@@ -498,7 +576,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
             stats=dict(st.stats))
 
     # -- step 1 ---------------------------------------------------------------
-    def hello(self, grid: Grid, st: _SecSVRun) -> None:
+    def hello(self, grid: PhaseGrid, st: _SecSVRun) -> None:
         """Step 1: roles, X25519 keys, sizes and recorded rounds of every client and A; fixes the
         public parameters (fixed point, CKKS, batch size m, output rows d_out, FedAvg weights)."""
         clients, aux = st.clients, st.aux
@@ -509,7 +587,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         self._check_roles(hello, clients, aux)
         self._check_signatures(st, hello)
         st.hello = hello
-        info = {n: hello[n] for n in clients}
+        info = {n: _ClientHello.of(n, hello[n]) for n in clients}
         n_features = {i.n_features for i in info.values()}
         n_classes = {i.n_classes for i in info.values()}
         if len(n_features) != 1 or len(n_classes) != 1:
@@ -521,11 +599,11 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
             raise ValueError("no client has test samples")
         params = SecSVParams.for_bounds(n_features=d, max_clients=len(clients), ckks=shapley_ckks_params(),
                                         **self.bounds)
-        st.params, st.n_classes = params, c
+        st._params, st.n_classes = params, c
         st.d_out = 1 if (self.binary_margin and c == 2) else c
         st.m = max_batch(params.ckks.slot_count, st.d_out)
         st.weights = quantize_weights({n: info[n].num_examples for n in clients}, bits=params.weight_bits)
-        st.public = proto.PublicParams(st.session, params, st.m, st.d_out, c)
+        st._public = proto.PublicParams(st.session, params, st.m, st.d_out, c)
         st.pk = {n: hello[n].public_key for n in clients + [aux]}
         st.recorded = {n: set(info[n].rounds) for n in clients}
         log(INFO, "%s: %s; %d clients, aux server node %d, ring Z_2^%d, %d limbs of %d bits, m=%d, d_out=%d",
@@ -565,7 +643,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
             raise ShapleyPhaseError("hello", wrong)
 
     # -- step 2 ---------------------------------------------------------------
-    def keygen(self, grid: Grid, st: _SecSVRun) -> dict[str, bytes]:
+    def keygen(self, grid: PhaseGrid, st: _SecSVRun) -> dict[str, bytes]:
         """Step 2: a random leader makes the clients' CKKS keys; P loads and checks the public
         context. Returns the sealed key bundles ``{str(node): bytes}`` for the other clients."""
         clients = st.clients
@@ -591,11 +669,11 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         missing = [n for n in clients if n != leader and str(n) not in bundles]
         if missing:
             raise ShapleyPhaseError("keygen", {leader: f"no key bundle for nodes {missing}"})
-        st.leader, st.leader_key, st.ctx, st.public_context = leader, leader_key, ctx, public_bytes
+        st.leader, st._leader_key, st._ctx, st.public_context = leader, leader_key, ctx, public_bytes
         return bundles
 
     # -- step 3 ---------------------------------------------------------------
-    def share(self, grid: Grid, st: _SecSVRun, bundles: dict[str, bytes]) -> dict[int, bytes]:
+    def share(self, grid: PhaseGrid, st: _SecSVRun, bundles: dict[str, bytes]) -> dict[int, bytes]:
         """Step 3: every client's test-set shares (P's in the clear, checked; A's sealed for A).
         Returns ``{node: sealed share for A}``."""
         clients, d = st.clients, st.params.n_features
@@ -603,7 +681,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         contents = {n: proto.ShareRequest(st.public, st.leader_key, aux_key,
                                     None if n == st.leader else bundles[str(n)]).to_record() for n in clients}
 
-        def parse_share(n, ct) -> proto.ShareReply:
+        def parse_share(n: int, ct: RecordDict) -> proto.ShareReply:
             reply = proto.ShareReply.from_record(ct, node=n)
             if reply.x.shape != (st.n_test[n], d + 1):
                 raise ValueError(f"share shapes {reply.x.shape}/{reply.y.shape}, announced {st.n_test[n]} samples "
@@ -611,16 +689,16 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
             return reply
 
         shares, _ = self._exchange(grid, contents, proto.SHARE.message_type, parse_share, "share", st=st)
-        st.X_P = np.vstack([shares[n].x for n in clients])
-        st.y_P = np.concatenate([shares[n].y for n in clients])
-        st.owners = np.concatenate([np.full(st.n_test[n], i, dtype=np.int64) for i, n in enumerate(clients)])
+        st._X_P = np.vstack([shares[n].x for n in clients])
+        st._y_P = np.concatenate([shares[n].y for n in clients])
+        st._owners = np.concatenate([np.full(st.n_test[n], i, dtype=np.int64) for i, n in enumerate(clients)])
         M = st.num_samples
         st.full_batches = [np.arange(M)[pos] for pos in plan_batches(st.owners, st.m, range(len(clients)))]
         st.full_keys = {b.tobytes() for b in st.full_batches}
         return {n: shares[n].sealed_aux for n in clients}
 
     # -- step 4 ---------------------------------------------------------------
-    def aux_setup(self, grid: Grid, st: _SecSVRun, sealed_for_aux: dict[int, bytes]) -> None:
+    def aux_setup(self, grid: PhaseGrid, st: _SecSVRun, sealed_for_aux: dict[int, bytes]) -> None:
         """Step 4: A opens and keeps its shares; it must hold as many samples as P."""
         clients, aux = st.clients, st.aux
         aux_content = proto.AuxSetupRequest(st.public, tuple(str(n) for n in clients), st.public_context,
@@ -632,14 +710,15 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
             raise ShapleyPhaseError("aux setup", {aux: f"holds {got[aux]} samples, P holds {st.num_samples}"})
 
     # -- step 5 ---------------------------------------------------------------
-    def encrypted_models(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> tuple[dict, dict[str, Any]]:
+    def encrypted_models(self, grid: PhaseGrid, st: _SecSVRun, t: int, members: list[int],
+                         ) -> tuple[dict[int, list[Any]], tuple[dict[str, bytes], dict[str, bytes]]]:
         """Step 5: the members' encrypted local models of round ``t`` (each ciphertext checked).
 
         Returns ``({node: ciphertexts}, (the packed models as received, their signatures), for A)``.
         """
         d_in = st.params.n_features + 1
 
-        def parse_model(n, ct):
+        def parse_model(n: int, ct: RecordDict) -> tuple[proto.ModelsReply, list[Any]]:
             reply = proto.ModelsReply.from_record(ct, node=n)
             return reply, [st.ctx.deserialize_ciphertext(b) for b in unpack_blobs(reply.cts, expected=d_in)]
 
@@ -651,7 +730,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         forward = ({str(n): enc[n][0].cts for n in members}, {str(n): enc[n][0].signature for n in members})
         return models, forward
 
-    def round_utilities(self, grid: Grid, st: _SecSVRun, t: int, members: list[int]) -> dict[str, Any]:
+    def round_utilities(self, grid: PhaseGrid, st: _SecSVRun, t: int, members: list[int],
+                        ) -> dict[frozenset[int], float]:
         """Steps 5–8 for round ``t``: utilities of every coalition of ``members``.
 
         Coalitions are evaluated by increasing size, all coalitions of one size in
@@ -661,8 +741,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         """
         models, forward = self.encrypted_models(grid, st, t, members)
         M = st.num_samples
-        correct: dict[frozenset[Any], np.ndarray] = {}
-        utilities: dict[frozenset[Any], float] = {}
+        correct: dict[frozenset[int], np.ndarray] = {}
+        utilities: dict[frozenset[int], float] = {}
         for size in range(1, len(members) + 1):
             jobs = []   # (coalition, sample ids of one batch)
             masks = {}
@@ -687,7 +767,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                 utilities[S] = float(mask.mean())
         return utilities
 
-    def secure_test(self, grid: Grid, st: _SecSVRun, t: int, jobs: list[Any], models: dict[str, Any],
+    def secure_test(self, grid: PhaseGrid, st: _SecSVRun, t: int, jobs: list[_Job], models: dict[int, list[Any]],
                     forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list[np.ndarray]:
         """Π_Sec (Algorithm 4) for a list of (coalition, batch) jobs: steps 6–8; correct-prediction masks."""
         st.stats["batches"] += len(jobs)
@@ -697,8 +777,8 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return self.aux_differences(grid, st, t, jobs, preds)
 
     # -- step 6 ---------------------------------------------------------------
-    def aux_products(self, grid: Grid, st: _SecSVRun, t: int, jobs: list[Any],
-                     forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list[Any]:
+    def aux_products(self, grid: PhaseGrid, st: _SecSVRun, t: int, jobs: list[_Job],
+                     forward: tuple[dict[str, bytes], dict[str, bytes]] | None) -> list[tuple[bytes, bytes]]:
         """Step 6 (A): its half of every product, per job (ciphertexts checked), with A's signature
         of each. ``forward``: the round's signed models (first exchange of a round).
         Returns ``[(packed ciphertexts, A's signature)]`` per job, relayed as received."""
@@ -709,7 +789,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         models, sigs = forward if forward is not None else (None, None)
         content = proto.AuxEvalRequest(st.public, t, job_rec, models, sigs).to_record()
 
-        def parse_products(n, ct):
+        def parse_products(n: int, ct: RecordDict) -> list[tuple[bytes, bytes]]:
             products = _all_jobs(proto.AuxEvalReply.from_record(ct, node=n).products, len(jobs))
             for j in range(len(jobs)):          # well-formed ciphertexts, or A is named now
                 [ctx.deserialize_ciphertext(b) for b in unpack_blobs(products[j][0], expected=p.n_limbs)]
@@ -719,11 +799,11 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                                      f"aux products, round {t}", st=st)
         return from_aux[aux]
 
-    def _own_products(self, st: _SecSVRun, jobs: list[Any], models: dict[str, Any]) -> list[bytes]:
+    def _own_products(self, st: _SecSVRun, jobs: list[_Job], models: dict[int, list[Any]]) -> list[bytes]:
         """Step 5 (P): its own half of every product (aggregated model × its data shares), packed;
         the helper adds A's half (Algorithm 4 step 6)."""
         ctx = st.ctx
-        agg: dict[frozenset[Any], list[Any]] = {}
+        agg: dict[frozenset[int], list[Any]] = {}
         layer_plain: dict[bytes, list[Any]] = {}
         totals = []
         for S, ids in jobs:
@@ -737,15 +817,15 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return totals
 
     # -- step 7 ---------------------------------------------------------------
-    def helper_decryption(self, grid: Grid, st: _SecSVRun, t: int, jobs: list[Any], own: list[bytes],
-                          from_aux: list[tuple[bytes, bytes]]) -> list[tuple[Any, bytes, int]]:
+    def helper_decryption(self, grid: PhaseGrid, st: _SecSVRun, t: int, jobs: list[_Job], own: list[bytes],
+                          from_aux: list[tuple[bytes, bytes]]) -> list[tuple[PDeal, bytes, int]]:
         """Step 7: send each batch — P's half, A's signed half, sample ids, coalition — to a helper
         client that owns none of it (and, when possible, is outside the coalition); the helper adds
         the halves and decrypts. Failing helpers are replaced for the rest of the phase.
         Returns ``(P's part of the zero-test deal, A's part sealed for A, helper)``."""
         failed_helpers = st.failed_helpers      # a helper that failed once is not asked again
         pending = list(range(len(jobs)))
-        out: dict[int, tuple[Any, ...]] = {}
+        out: dict[int, tuple[PDeal, bytes, int]] = {}
         while pending:
             assign: dict[int, list[int]] = {}
             for j in pending:
@@ -764,11 +844,12 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                     from_aux[j][1]) for j in js}
             ).to_record() for h, js in assign.items()}
 
-            def parse(h, ct, assign=assign):
+            def parse(h: int, ct: RecordDict, assign: dict[int, list[int]] = assign,
+                      ) -> dict[int, tuple[PDeal, bytes, int]]:
                 preds = proto.HelperReply.from_record(ct, node=h).preds
                 if sorted(preds) != sorted(assign[h]):
                     raise ValueError(f"prediction shares of jobs {sorted(preds)}, sent jobs {sorted(assign[h])}")
-                res = {}
+                res: dict[int, tuple[PDeal, bytes, int]] = {}
                 for j in assign[h]:
                     deal_p, sealed = preds[j]
                     if deal_p.q.shape != jobs[j][1].shape:
@@ -789,18 +870,18 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
         return [out[j] for j in range(len(jobs))]
 
     # -- step 8 ---------------------------------------------------------------
-    def aux_differences(self, grid: Grid, st: _SecSVRun, t: int, jobs: list[Any], preds: list[Any]) -> list[np.ndarray]:
+    def aux_differences(self, grid: PhaseGrid, st: _SecSVRun, t: int, jobs: list[_Job],
+                        preds: list[tuple[PDeal, bytes, int]]) -> list[np.ndarray]:
         """Step 8 (A): the zero test (:mod:`flwr_fedeval.shapley.zerotest`). P sends ``e = Y' − u``,
         A answers ``f`` and its share of ``r·(Ŷ − Y)``; P opens it: the correct-prediction mask of
         every job (its only view: 0, or a uniform non-zero element, per sample)."""
         aux = st.aux
-        assert st.y_P is not None
         masked = [mask_label_share(st.y_P[ids], preds[j][0]) for j, (_S, ids) in enumerate(jobs)]
         content = proto.AuxDiffRequest(st.public, {j: (preds[j][1], ids.astype(np.int64), st.pk[preds[j][2]],
                                                        masked[j])
                                                    for j, (S, ids) in enumerate(jobs)}).to_record()
 
-        def parse_diffs(n, ct):
+        def parse_diffs(n: int, ct: RecordDict) -> list[tuple[np.ndarray, np.ndarray]]:
             diffs = _all_jobs(proto.AuxDiffReply.from_record(ct, node=n).diffs, len(jobs))
             out = []
             for j, (_S, ids) in enumerate(jobs):
@@ -814,7 +895,7 @@ class SecSVPhase(EvaluationPhase[ShapleyPhaseResult]):
                                   f"aux differences, round {t}", st=st)
         return [self._open(t, S, ids, preds[j][0], masked[j], *diffs[aux][j]) for j, (S, ids) in enumerate(jobs)]
 
-    def _open(self, t: int, S: frozenset[Any], ids: np.ndarray, deal_p, e: np.ndarray, f: np.ndarray,
+    def _open(self, t: int, S: frozenset[int], ids: np.ndarray, deal_p: PDeal, e: np.ndarray, f: np.ndarray,
               z_aux: np.ndarray) -> np.ndarray:
         """P opens ``r·(Ŷ − Y)`` of the job (round ``t``, coalition ``S``, samples ``ids``): ``True``
         where it is 0, a correct prediction. Everything P learns from the comparison passes here."""

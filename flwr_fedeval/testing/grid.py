@@ -196,15 +196,26 @@ class InProcessGrid(Grid):
     def _listed(self, node: int) -> bool:
         return self._gone_at.get(node, float("inf")) > self.now and self._joins_at.get(node, 0.0) <= self.now
 
+    def _accept(self, msg: Message) -> str:
+        """Give ``msg`` a message ID and this run's ID, as the SuperLink does on a push; its ID.
+
+        Raises
+        ------
+        ValueError
+            If its destination is not a node of this grid.
+        """
+        msg_id = f"msg-{next(self._ids)}"
+        msg.metadata.__dict__["_message_id"] = msg_id
+        msg.metadata.__dict__["_run_id"] = self._run.run_id
+        if msg.metadata.dst_node_id not in self.contexts:
+            raise ValueError(f"unknown destination node {msg.metadata.dst_node_id}")
+        return msg_id
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
-            msg_id = f"msg-{next(self._ids)}"
-            msg.metadata.__dict__["_message_id"] = msg_id
-            msg.metadata.__dict__["_run_id"] = self._run.run_id
+            msg_id = self._accept(msg)
             node = msg.metadata.dst_node_id
-            if node not in self.contexts:
-                raise ValueError(f"unknown destination node {node}")
             ids.append(msg_id)
             if node in self._dead:  # accepted by the SuperLink, never delivered
                 self._waiting[msg_id] = msg

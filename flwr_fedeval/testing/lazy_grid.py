@@ -79,11 +79,7 @@ class LazyInProcessGrid(InProcessGrid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
-            msg_id = f"msg-{next(self._ids)}"
-            msg.metadata.__dict__["_message_id"] = msg_id
-            msg.metadata.__dict__["_run_id"] = self._run.run_id
-            if msg.metadata.dst_node_id not in self.contexts:
-                raise ValueError(f"unknown destination node {msg.metadata.dst_node_id}")
+            msg_id = self._accept(msg)
             ids.append(msg_id)
             self._queued[msg_id] = msg
         return ids

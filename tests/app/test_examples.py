@@ -85,6 +85,7 @@ def test_example_has_flowers_structure(example):
             assert "flwr_fedeval" not in (app / pkg / own).read_text(), own
 
 
+@pytest.mark.process
 def test_tensorflow_example_apps_load_without_tensorflow():
     """Importing the ClientApp and the ServerApp (what every ClientApp process does) loads no TensorFlow."""
     probe = ("import sys, tfexample.client_app, tfexample.server_app; "

@@ -8,7 +8,7 @@ from flwr.app import Context, RecordDict
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.testing import InProcessGrid
 
 

@@ -42,6 +42,7 @@ def _send(grid, message_type, arrays, **config):
     return replies
 
 
+@pytest.mark.slow  # trains the demo model (Keras fit), three times
 def test_many_messages_load_once_and_train_like_a_fresh_model(counted):
     grid = InProcessGrid(client_app.app, 2, RUN_CONFIG)
     initial = ArrayRecord(build_model(JobConfig()).get_weights())

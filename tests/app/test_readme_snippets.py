@@ -115,6 +115,7 @@ def test_readme_has_a_snippet_for_every_phase():
         assert {f"{phase}-client", f"{phase}-server"} <= names, phase
 
 
+@pytest.mark.snippet
 def test_quickstart_adds_xmkckks_fhe_and_dp_in_at_most_15_lines(task, capsys, monkeypatch):
     blocks = snippets()
     added = [ln for k in ("quickstart-client", "quickstart-server")
@@ -169,6 +170,7 @@ def _trained(grid, rounds=1):
         grid=grid, initial_arrays=ArrayRecord(load_model().get_weights()), num_rounds=rounds)
 
 
+@pytest.mark.snippet
 @pytest.mark.parametrize("name", ["plain", "fhe", "dp"])
 def test_each_auc_phase_snippet_runs_as_written(task, name):
     blocks = snippets()
@@ -190,6 +192,7 @@ def test_each_auc_phase_snippet_runs_as_written(task, name):
         assert np.isfinite(ns["auc"]) and ns["lap"].contributors == sorted(grid.node_ids)
 
 
+@pytest.mark.snippet
 def test_xmkckks_snippet_runs_as_written(task):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])
@@ -202,6 +205,7 @@ def test_xmkckks_snippet_runs_as_written(task):
     assert np.isfinite(new).all() and not np.allclose(new, old)
 
 
+@pytest.mark.snippet
 def test_shapley_snippet_runs_as_written(task):
     blocks = snippets()
     quick = _exec(blocks["quickstart-client"])

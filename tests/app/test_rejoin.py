@@ -8,7 +8,7 @@ from identities import IDENTITY_DIR
 
 from flwr_fedeval.app import server_app
 from flwr_fedeval.app.client_app import app as client_app
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.collect import POLL_INTERVAL
 from flwr_fedeval.testing import InProcessGrid
 
@@ -55,14 +55,14 @@ def test_without_a_roster_a_restarted_node_is_known_by_its_partition_id():
 
     from flwr_fedeval.app.server_app import make_rejoin
     from flwr_fedeval.app.task import JobConfig
-    from flwr_fedeval.messages import QUERY_FEDEVAL_ROLE, ROLE_KEY
+    from flwr_fedeval.protocol import secsv
     from flwr_fedeval.strategies.base import FailureRecordingGrid
     from flwr_fedeval.strategies.shapley_phase import discover_roles
 
     new = {}
 
     def fault(node, msg, reply):
-        if node == victim and msg.metadata.message_type == QUERY_FEDEVAL_ROLE and not new:
+        if node == victim and msg.metadata.message_type == secsv.ROLE_QUERY.message_type and not new:
             new["id"] = grid.restart(node, back_after=3.0, gone_after=60.0)
         return reply
 
@@ -73,7 +73,8 @@ def test_without_a_roster_a_restarted_node_is_known_by_its_partition_id():
     rec.rejoin = make_rejoin(JobConfig(), None, partitions, {})
     assert rec.rejoin.identities[victim] == "partition 2 of 3"
     grid.fault = fault
-    msgs = [Message(RecordDict({ROLE_KEY: ConfigRecord({})}), dst_node_id=n, message_type=QUERY_FEDEVAL_ROLE)
+    msgs = [Message(RecordDict({secsv.ROLE_KEY: ConfigRecord({})}), dst_node_id=n,
+                    message_type=secsv.ROLE_QUERY.message_type)
             for n in rec.get_node_ids()]
     got = rec.collect_replies(msgs, timeout=600)
     assert got.replaced == {victim: new["id"]} and 3.0 <= got.seconds[victim] <= 3.0 + POLL_INTERVAL

@@ -178,7 +178,7 @@ def _reference_auc(project: Path) -> float:
     return roc_auc_score(np.concatenate(labels), np.concatenate(scores))
 
 
-@pytest.mark.slow
+@pytest.mark.snippet
 def test_the_tutorial_runs_as_written(tmp_path):
     import torch  # noqa: F401  (the [dev] extra pins torch==2.13.0, the CPU wheel, on Python 3.11)
 

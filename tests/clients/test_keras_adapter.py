@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from flwr_fedeval.clients.keras_adapter import KerasModelAdapter, WeightLayout
+from flwr_fedeval.clients.keras_adapter import KerasModelAdapter
 from flwr_fedeval.clients.models import SEED_CNN_NUM_PARAMETERS, build_mlp, build_seed_cnn
+from flwr_fedeval.weights import WeightLayout
 
 
 @pytest.fixture(scope="module")

@@ -154,6 +154,7 @@ def test_publisher_key_file_is_private_and_its_trusted_entities_load_as_flower_d
         PublisherKey.generate(tmp_path / "publisher")  # never overwritten
 
 
+@pytest.mark.process  # build_fab: a subprocess Python
 def test_flower_supernode_accepts_only_the_publishers_signature_of_that_fab(tmp_path, app_fabs):
     published, evil = app_fabs
     assert (published.app_spec, evil.app_spec) == ("@fedeval-test/fabtrust-app==1.0.0",) * 2
@@ -171,6 +172,7 @@ def test_flower_supernode_accepts_only_the_publishers_signature_of_that_fab(tmp_
     assert not flower_accepts(evil.content, flower_format([]), trusted)
 
 
+@pytest.mark.process
 def test_registry_speaks_flower_hubs_protocol(tmp_path, app_fabs):
     """What Flower's SuperLink does on ``flwr run @app==version``: fetch-fab, download, store the
     verifications; what its SuperNode then checks."""
@@ -190,6 +192,7 @@ def test_registry_speaks_flower_hubs_protocol(tmp_path, app_fabs):
         registry.close()
 
 
+@pytest.mark.process
 def test_command_line_keygen_and_sign_give_what_a_supernode_accepts(tmp_path):
     """The operator's path (README, multi-machine section): keygen, sign; the signed FAB file and its
     signature are what Flower's SuperNode accepts, with the trusted-entities file keygen wrote."""
@@ -211,7 +214,7 @@ def test_command_line_keygen_and_sign_give_what_a_supernode_accepts(tmp_path):
 
 # ---------------------------------------------------------------- on the deployment engine
 @pytest.mark.deployment
-@pytest.mark.slow
+@pytest.mark.process
 def test_supernodes_run_only_the_fab_the_publisher_signed(deployment: LocalDeployment, tmp_path):
     dep = deployment
     if not dep.signs_fabs:

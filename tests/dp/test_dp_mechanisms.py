@@ -164,6 +164,7 @@ def test_disabled_noise_against_finite_budget_is_refused():
         dpauc_laplace_client(_counts(), DPAUCLaplaceParams(math.inf, 50), accountant=BudgetAccountant(epsilon=100.0))
 
 
+@pytest.mark.process
 def test_dp_layer_imports_neither_flwr_nor_tensorflow():
     import subprocess
     import sys

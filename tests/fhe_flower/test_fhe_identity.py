@@ -25,7 +25,7 @@ from flwr_fedeval.fhe.auc import FHEAUCConfig
 from flwr_fedeval.fhe.backend import CKKSParams, create_context, load_context, pack_blobs, unpack_blobs
 from flwr_fedeval.identity import NodeIdentity, Roster, SignedKey, sign_key
 from flwr_fedeval.keys import create
-from flwr_fedeval.messages import EVALUATE_FHE_COUNTS, array_to_bytes, bytes_to_array
+from flwr_fedeval.protocol import array_bytes, bytes_array, fhe_auc
 from flwr_fedeval.protocol.fhe_auc import ParticipantList
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, FHEPhaseFailedError
@@ -100,15 +100,14 @@ def test_key_holder_refuses_replayed_and_unsigned_keys(grid):
     # unsigned: the server leaves the signature records out
     from flwr.app import ConfigRecord, RecordDict
 
-    content = RecordDict({fhe_handlers.REQUEST_KEY: ConfigRecord({"session": session, "backend": "tenseal",
+    content = RecordDict({fhe_auc.REQUEST_KEY: ConfigRecord({"session": session, "backend": "tenseal",
                                                                   "slots": N + 1}),
-                          fhe_handlers.PEERS_KEY: ConfigRecord({str(n): keys[n][0] for n in keys if n != holder})})
-    from flwr_fedeval.messages import QUERY_FHE_KEYGEN
+                          fhe_auc.PEERS_KEY: ConfigRecord({str(n): keys[n][0] for n in keys if n != holder})})
     from flwr_fedeval.strategies.base import exchange_replies
 
     failed = {}
-    exchange_replies(grid, {holder: content}, QUERY_FHE_KEYGEN, lambda n, c: c, failed, step="t", what="keygen",
-                     timeout=5, label="test")
+    exchange_replies(grid, {holder: content}, fhe_auc.KEYGEN.message_type, lambda n, c: c, failed, step="t",
+                     what="keygen", timeout=5, label="test")
     assert "not signed" in failed[holder]
 
 
@@ -167,9 +166,9 @@ def test_mismatched_ciphertext_fails_the_phase_naming_that_node(arrays, bad):
     victim: dict = {}
 
     def craft(node, msg, reply):
-        if msg.metadata.message_type != EVALUATE_FHE_COUNTS or node != victim.get("node") or reply.has_error():
+        if msg.metadata.message_type != fhe_auc.COUNTS.message_type or node != victim.get("node") or reply.has_error():
             return reply
-        ctx = load_context(array_to_bytes(grid.contexts[node].state[fhe_handlers.STATE_SECRET]["context"]))
+        ctx = load_context(array_bytes(grid.contexts[node].state[fhe_handlers.STATE_SECRET], "secret", "context"))
         raw = ctx._ctx
         if bad == "slots":
             ct = ts.ckks_vector(raw, [1.0, 2.0])
@@ -177,9 +176,9 @@ def test_mismatched_ciphertext_fails_the_phase_naming_that_node(arrays, bad):
             ct = ctx.multiply_plain(ctx.encrypt([1.0]), [1.0])        # rescaled: one level down
         else:
             ct = ts.ckks_vector(raw, [0.0] * ctx.slot_count, scale=2.0 ** 40)
-        blobs = unpack_blobs(array_to_bytes(reply.content["fhe-counts"]["auc"]))
+        blobs = unpack_blobs(array_bytes(reply.content["fhe-counts"], "fhe-counts", "auc"))
         blobs[0] = ctx.serialize_ciphertext(ct)
-        reply.content["fhe-counts"]["auc"] = bytes_to_array(pack_blobs(blobs))
+        reply.content["fhe-counts"]["auc"] = bytes_array(pack_blobs(blobs))
         return reply
 
     grid = InProcessGrid(client_app, 3, {"share-auc-with-server": True, "identity-dir": IDENTITY_DIR}, fault=craft)

@@ -21,7 +21,7 @@ from flwr_fedeval.app.client_app import app as client_app
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.fhe.backend import NoSecretKeyError, default_backend, load_context, pack_blobs, unpack_blobs
-from flwr_fedeval.messages import array_to_bytes
+from flwr_fedeval.protocol import array_bytes
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, FHEPhaseFailedError, TamperingReportedError
 from flwr_fedeval.testing import InProcessGrid
@@ -110,8 +110,9 @@ def test_sealed_bundles_are_opaque_to_the_server(arrays):
 
     def spy(node, msg, reply):
         if msg.metadata.message_type == "query.fhe_keygen":
-            seen["bundles"] = {k: array_to_bytes(v) for k, v in reply.content["fhe-bundles"].items()}
-            seen["public"] = array_to_bytes(reply.content["fhe-context"]["public"])
+            bundles = reply.content["fhe-bundles"]
+            seen["bundles"] = {k: array_bytes(bundles, "fhe-bundles", k) for k in bundles}
+            seen["public"] = array_bytes(reply.content["fhe-context"], "fhe-context", "public")
         return reply
 
     grid = InProcessGrid(client_app, 3, {"identity-dir": IDENTITY_DIR}, fault=spy)
@@ -161,11 +162,11 @@ def test_failing_client_is_named_and_the_phase_fails_without_a_rerun(arrays):
     def corrupt(node, msg, reply):
         if msg.metadata.message_type == "evaluate.fhe_counts" and node == bad["node"]:
             rec = reply.content["fhe-counts"]
-            data = bytearray(array_to_bytes(rec["auc"]))
+            data = bytearray(array_bytes(rec, "fhe-counts", "auc"))
             data[-10] ^= 0xFF
-            from flwr_fedeval.messages import bytes_to_array
+            from flwr_fedeval.protocol import bytes_array
 
-            rec["auc"] = bytes_to_array(bytes(data))
+            rec["auc"] = bytes_array(bytes(data))
         return reply
 
     grid = InProcessGrid(client_app, 3, {"identity-dir": IDENTITY_DIR}, fault=corrupt)

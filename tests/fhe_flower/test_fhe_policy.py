@@ -23,8 +23,7 @@ from flwr_fedeval.fhe.auc import FHEAUCConfig
 from flwr_fedeval.fhe.auc_malicious import MaliciousAUCConfig
 from flwr_fedeval.fhe.backend import default_backend
 from flwr_fedeval.keys import create
-from flwr_fedeval.messages import ReplyCode
-from flwr_fedeval.protocol import fhe_auc
+from flwr_fedeval.protocol import ReplyCode, fhe_auc
 from flwr_fedeval.protocol.fhe_auc import ParticipantList
 from flwr_fedeval.strategies.base import Failures
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, FHEPhaseFailedError, FHERun

@@ -12,16 +12,7 @@ from flwr_fedeval.app.server_app import make_rejoin
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.fhe.backend import default_backend
 from flwr_fedeval.identity import Roster
-from flwr_fedeval.messages import (
-    FHE_PEER_SIGNATURES_KEY,
-    FHE_PEER_SIGNERS_KEY,
-    FHE_PEERS_KEY,
-    FHE_PUBKEY_KEY,
-    FHE_REQUEST_KEY,
-    QUERY_FHE_KEYGEN,
-    QUERY_FHE_PUBKEY,
-    ReplyCode,
-)
+from flwr_fedeval.protocol import ReplyCode, fhe_auc
 from flwr_fedeval.strategies.base import FailureRecordingGrid, Failures
 from flwr_fedeval.strategies.collect import POLL_INTERVAL
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase, FHEPhaseFailedError
@@ -95,20 +86,20 @@ def test_one_identity_under_two_node_ids_is_refused(arrays):
     keys = phase.collect_public_keys(grid, nodes, session, failed)
     assert sorted(keys) == sorted(nodes[:2]) and all("node-2" in failed[n].reason for n in nodes[2:])
 
-    request = RecordDict({FHE_REQUEST_KEY: ConfigRecord({"session": session})})
+    request = RecordDict({fhe_auc.REQUEST_KEY: ConfigRecord({"session": session})})
     signed = {}
     for node in nodes:
-        (reply,) = grid.send_and_receive([Message(request, dst_node_id=node, message_type=QUERY_FHE_PUBKEY)])
-        rec = reply.content[FHE_PUBKEY_KEY]
+        (reply,) = grid.send_and_receive([Message(request, dst_node_id=node, message_type=fhe_auc.PUBKEY.message_type)])
+        rec = reply.content[fhe_auc.PUBKEY_KEY]
         signed[node] = (rec["public-key"], rec["signer"], rec["signature"])
     assert [signed[n][1] for n in nodes] == ["node-0", "node-1", "node-2", "node-2"]
     peers = nodes[1:]
     content = RecordDict({
-        FHE_REQUEST_KEY: ConfigRecord({"session": session, "backend": BACKEND, "slots": phase.slots, "max-rows": 64,
+        fhe_auc.REQUEST_KEY: ConfigRecord({"session": session, "backend": BACKEND, "slots": phase.slots, "max-rows": 64,
                                         "protocol": phase.protocol}),
-        FHE_PEERS_KEY: ConfigRecord({str(n): signed[n][0] for n in peers}),
-        FHE_PEER_SIGNERS_KEY: ConfigRecord({str(n): signed[n][1] for n in peers}),
-        FHE_PEER_SIGNATURES_KEY: ConfigRecord({str(n): signed[n][2] for n in peers}),
+        fhe_auc.PEERS_KEY: ConfigRecord({str(n): signed[n][0] for n in peers}),
+        fhe_auc.PEER_SIGNERS_KEY: ConfigRecord({str(n): signed[n][1] for n in peers}),
+        fhe_auc.PEER_SIGNATURES_KEY: ConfigRecord({str(n): signed[n][2] for n in peers}),
     })
-    (reply,) = grid.send_and_receive([Message(content, dst_node_id=nodes[0], message_type=QUERY_FHE_KEYGEN)])
+    (reply,) = grid.send_and_receive([Message(content, dst_node_id=nodes[0], message_type=fhe_auc.KEYGEN.message_type)])
     assert reply.has_error() and "node-2" in reply.error.reason and "twice" in reply.error.reason

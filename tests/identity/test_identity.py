@@ -157,6 +157,7 @@ def test_key_format_is_flower_supernode_auth_format(tmp_path):
     assert uses_nist_ec_curve(key.public_key())
 
 
+@pytest.mark.process
 def test_keys_cli(tmp_path):
     out = tmp_path / "ids"
     rc = subprocess.run([sys.executable, "-m", "flwr_fedeval.keys", "create", "--out", str(out), "--nodes", "3"],

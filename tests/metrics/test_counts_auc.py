@@ -203,6 +203,7 @@ def test_confusion_counts_sum_and_immutability():
         sum([parts[0], threshold_counts(*_data(100, 9), decision_points(5))])
 
 
+@pytest.mark.process
 def test_metrics_does_not_import_fhe():
     import subprocess
     import sys

@@ -10,10 +10,9 @@ from identities import IDENTITY_DIR
 from xmk_app import flat as _flat
 from xmk_app import initial, make_app, plain_fedavg, run
 
-from flwr_fedeval import messages
 from flwr_fedeval._compat import set_serverapp_identity
 from flwr_fedeval.clients.xmkckks import PartialDecryptionRefused, register_xmkckks_handlers
-from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, bytes_array, xmk
+from flwr_fedeval.protocol import MalformedMessage, Refused, ReplyCode, array_bytes, bytes_array, xmk
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg, _RoundState
 from flwr_fedeval.testing import InProcessGrid
 from flwr_fedeval.testing.grid import _roundtrip_message
@@ -198,17 +197,14 @@ def test_step_table_and_the_registration_idiom():
     assert registered == {"xmk_keygen": "serve_xmk_keygen", "xmk_reveal": "serve_xmk_reveal",
                           "xmk_shares": "serve_xmk_shares", "xmk_contributors": "serve_xmk_contributors",
                           "xmk_pdec": "serve_xmk_pdec"}
-    # the old names still import, bound to the new spellings
-    assert (messages.QUERY_XMK_PDEC, messages.XMK_CONFIG_KEY, messages.XMK_C1_KEY) == ("query.xmk_pdec", "xmk",
-                                                                                         "xmk-c1")
     assert PartialDecryptionRefused is Refused
 
 
-def test_array_to_bytes_is_the_checked_inverse_of_bytes_to_array():
-    assert messages.array_to_bytes(messages.bytes_to_array(b"\x00\xffab")) == b"\x00\xffab"
+def test_array_bytes_is_the_checked_inverse_of_bytes_array():
+    assert array_bytes(ArrayRecord({"b": bytes_array(b"\x00\xffab")}), "r", "b") == b"\x00\xffab"
     for bad in (np.zeros(2, dtype=np.uint16), np.zeros((2, 2), dtype=np.uint8)):
         with pytest.raises(ValueError, match="dtype uint16|shape"):
-            messages.array_to_bytes(Array(bad))
+            array_bytes(ArrayRecord({"b": Array(bad)}), "r", "b")
 
 
 # ------------------------------------------------------------------ both sides, over the serializing grid

@@ -10,7 +10,8 @@ import xmk_app
 from xmk_app import RUN_CONFIG, flat, initial, make_app, plain_fedavg, run
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, array_to_bytes, bytes_to_array
+from flwr_fedeval.protocol import array_bytes, bytes_array
+from flwr_fedeval.protocol.xmk import XMK_CIPHERTEXT_KEY
 from flwr_fedeval.rlwe import compact, masking, selfmask
 from flwr_fedeval.secagg.server import RunningSum, add_ranges
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
@@ -149,8 +150,8 @@ def test_round_in_ranges_of_one_polynomial_refuses_a_bad_last_residue_and_gets_t
 
     def fault(node, msg, reply):
         if node == bad["node"] and msg.metadata.message_type == "train":
-            data = array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"])
-            reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"] = bytes_to_array(_bad_last_residue(data))
+            data = array_bytes(reply.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext")
+            reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"] = bytes_array(_bad_last_residue(data))
         return reply
 
     grid = InProcessGrid(make_app(), 4, RUN_CONFIG, fault=fault)

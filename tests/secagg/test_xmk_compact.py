@@ -19,7 +19,8 @@ from test_xmk_deviating_server import LENGTH, Server, _refused, _reveal_config
 from xmk_app import flat, initial, make_app, plain_fedavg, run
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, XMK_CONFIG_KEY, XMK_SHARE_KEY, array_to_bytes, bytes_to_array
+from flwr_fedeval.protocol import array_bytes, bytes_array
+from flwr_fedeval.protocol.xmk import XMK_CIPHERTEXT_KEY, XMK_CONFIG_KEY, XMK_SHARE_KEY
 from flwr_fedeval.rlwe import compact
 from flwr_fedeval.rlwe import serialization as ser
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet
@@ -40,14 +41,15 @@ def _uploads(server):
     server received them through the grid, and the parsed compact ciphertexts."""
     server.keys()
     server.train()
-    blobs = {n: array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]) for n, r in server.replies.items()}
+    blobs = {n: array_bytes(r.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext")
+             for n, r in server.replies.items()}
     cts = [compact.CompactCiphertext.from_bytes(b, P, server.key_set.parameters.limbs) for b in blobs.values()]
     total = compact.add_compact_ciphertexts(cts)
     shares = {}
     for node in server.nodes:
         reply = server.pdec(node, total.c1)
         assert not reply.has_error(), reply.error.reason
-        shares[node] = array_to_bytes(reply.content[XMK_SHARE_KEY]["share"])
+        shares[node] = array_bytes(reply.content[XMK_SHARE_KEY], XMK_SHARE_KEY, "share")
     return {n: (blobs[n], shares[n]) for n in server.nodes}, cts
 
 
@@ -87,8 +89,10 @@ def test_decryption_share_at_another_limb_count_than_t_is_refused_and_costs_noth
     server = _compact_server()
     server.keys()
     server.train()
-    cts = [compact.CompactCiphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), P,
-                                                server.key_set.parameters.limbs) for r in server.replies.values()]
+    cts = [compact.CompactCiphertext.from_bytes(
+        array_bytes(r.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext"), P,
+        server.key_set.parameters.limbs)
+        for r in server.replies.values()]
     c1 = compact.add_compact_ciphertexts(cts).c1
     signed = server.key_set.parameters.limbs
     node = server.nodes[0]
@@ -98,7 +102,7 @@ def test_decryption_share_at_another_limb_count_than_t_is_refused_and_costs_noth
     reply = server.pdec(node, c1)  # the refused requests spent nothing: the honest one is answered
     assert not reply.has_error(), reply.error.reason
     level = compact.level_parameter_set(P, signed)
-    assert rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), level)
+    assert rlwe.DecryptionShare.from_bytes(array_bytes(reply.content[XMK_SHARE_KEY], XMK_SHARE_KEY, "share"), level)
 
 
 def test_limb_count_below_the_noise_budget_or_above_l_is_refused_at_the_reveal():
@@ -151,14 +155,14 @@ def test_upload_at_another_level_than_t_is_left_out_naming_the_node(other):
 
     def fault(node, msg, reply):
         if node == bad["node"] and msg.metadata.message_type == "train":
-            data = array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"])
+            data = array_bytes(reply.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext")
             ct = compact.CompactCiphertext.from_bytes(data, P, bad["limbs"])
             if other < ct.limbs:  # switched further: a valid compact ciphertext at L' = other
                 c0 = compact.switch_modulus(ct.level, ct.c0, other)
             else:  # at L: the uncompressed format (c0 a full-L array, its values beside the point)
                 c0 = ct.c1.copy()
             wrong = compact.CompactCiphertext(P, other, c0, ct.c1)
-            reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"] = bytes_to_array(wrong.to_bytes())
+            reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"] = bytes_array(wrong.to_bytes())
         return reply
 
     grid = InProcessGrid(make_app(), 3, {"fedeval-identity-dir": IDENTITY_DIR}, fault=fault)

@@ -22,18 +22,17 @@ from xmk_app import update as _update
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.identity import NodeIdentity
-from flwr_fedeval.messages import (
+from flwr_fedeval.protocol import ReplyCode, array_bytes, bytes_array, xmk
+from flwr_fedeval.protocol.xmk import (
+    QUERY_XMK_CONTRIBUTORS,
     QUERY_XMK_PDEC,
     QUERY_XMK_REVEAL,
+    QUERY_XMK_SHARES,
     XMK_C1_KEY,
     XMK_CIPHERTEXT_KEY,
     XMK_CONFIG_KEY,
     XMK_SHARE_KEY,
-    array_to_bytes,
-    bytes_to_array,
 )
-from flwr_fedeval.protocol import ReplyCode, xmk
-from flwr_fedeval.protocol.xmk import QUERY_XMK_CONTRIBUTORS, QUERY_XMK_SHARES
 from flwr_fedeval.rlwe import compact, keyset, masking, selfmask, threshold
 from flwr_fedeval.rlwe import serialization as ser
 from flwr_fedeval.strategies.base import NodeNotConfigured
@@ -90,8 +89,8 @@ class Server:
         """Every upload, parsed strictly as a compact ciphertext at the key set's L' (= L here)."""
         out = {}
         for n, r in self.replies.items():
-            ct = compact.CompactCiphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]),
-                                                      self.params, self.key_set.parameters.limbs)
+            data = array_bytes(r.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext")
+            ct = compact.CompactCiphertext.from_bytes(data, self.params, self.key_set.parameters.limbs)
             out[n] = rlwe.Ciphertext(self.params, ct.c0, ct.c1)
         return out
 
@@ -141,7 +140,7 @@ class Server:
                   "active": sorted(ks.names) if active is None else active}
         if raw is None:
             raw = rlwe.polys_to_bytes(self.params, c1)
-        array = bytes_to_array(raw) if isinstance(raw, bytes) else raw
+        array = bytes_array(raw) if isinstance(raw, bytes) else raw
         reply = self.send(node, QUERY_XMK_PDEC, config, {XMK_C1_KEY: ArrayRecord({"c1": array})})
         if not reply.has_error():
             self.answered = {**answered, (ks.key_id, rnd, node): answered.get((ks.key_id, rnd, node), 0) + 1}
@@ -154,7 +153,7 @@ class Server:
         self.last_replies = getattr(self, "last_replies", []) + [reply]
         limbs = threshold.share_limbs(self.params, self.key_set.parameters.limbs, self.sent_attempt[id(reply)][1])
         level = compact.level_parameter_set(self.params, limbs)
-        return rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), level)
+        return rlwe.DecryptionShare.from_bytes(array_bytes(reply.content[XMK_SHARE_KEY], XMK_SHARE_KEY, "share"), level)
 
     def without_self_masks(self, raw, replies, only=None):
         """``raw`` minus the self-masks of the contributors (those in ``only``, default all), reconstructed from

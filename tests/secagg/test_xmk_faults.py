@@ -5,7 +5,7 @@ from flwr.app import Error, Message
 from flwr.common.constant import ErrorCode
 from xmk_app import RUN_CONFIG, flat, initial, make_app, plain_fedavg, run
 
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.base import FailureRecordingGrid, replies_by_node
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid

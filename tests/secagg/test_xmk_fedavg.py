@@ -5,7 +5,8 @@ import pytest
 from identities import IDENTITY_DIR
 from xmk_app import SHAPES, flat, initial, make_app, num_examples, plain_fedavg, run, update
 
-from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, array_to_bytes, bytes_to_array
+from flwr_fedeval.protocol import array_bytes, bytes_array
+from flwr_fedeval.protocol.xmk import XMK_CIPHERTEXT_KEY
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
 
@@ -184,9 +185,9 @@ def test_corrupted_ciphertext_leaves_the_node_out_naming_it():
 
     def fault(node, msg, reply):
         if node == bad["node"] and msg.metadata.message_type == "train" and not bad.get("done"):
-            data = bytearray(array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]))
+            data = bytearray(array_bytes(reply.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext"))
             data = data[: len(data) // 2]  # truncated
-            reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"] = bytes_to_array(bytes(data))
+            reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"] = bytes_array(bytes(data))
             bad["done"] = True
         return reply
 

@@ -24,9 +24,8 @@ from xmk_app import RUN_CONFIG, flat, initial, make_app, num_examples, plain_fed
 import flwr_fedeval.secagg.member as member_module
 from flwr_fedeval import rlwe
 from flwr_fedeval.identity import NodeIdentity
-from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, XMK_CONFIG_KEY, array_to_bytes
-from flwr_fedeval.protocol import xmk
-from flwr_fedeval.protocol.xmk import QUERY_XMK_PDEC, XMK_CAPSULE_KEY
+from flwr_fedeval.protocol import array_bytes, xmk
+from flwr_fedeval.protocol.xmk import QUERY_XMK_PDEC, XMK_CAPSULE_KEY, XMK_CIPHERTEXT_KEY, XMK_CONFIG_KEY
 from flwr_fedeval.rlwe import compact, kahe, keyset, masking, selfmask, threshold
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
@@ -56,7 +55,7 @@ def _capsules(server):
     """Each uploader's capsule (parsed strictly), its c1's canonical bytes and its signature."""
     out = {}
     for node, reply in server.replies.items():
-        data = array_to_bytes(reply.content[XMK_CAPSULE_KEY]["capsule"])
+        data = array_bytes(reply.content[XMK_CAPSULE_KEY], XMK_CAPSULE_KEY, "capsule")
         ct = compact.CompactCiphertext.from_bytes(data, P, server.key_set.parameters.limbs)
         out[server.key_set.name_of(node)] = (ct, rlwe.polys_to_bytes(P, ct.c1),
                                              bytes(reply.content[XMK_CONFIG_KEY]["capsule-signature"]))
@@ -76,9 +75,10 @@ def _pdec_capsules(server, node, contributors, c1s, signatures, *, active=None, 
     if c1 is None:
         config.update({"capsule-c1s": list(c1s), "capsule-signatures": list(signatures)})
     else:
-        from flwr_fedeval.messages import XMK_C1_KEY, bytes_to_array
+        from flwr_fedeval.protocol import bytes_array
+        from flwr_fedeval.protocol.xmk import XMK_C1_KEY
 
-        extra = {XMK_C1_KEY: ArrayRecord({"c1": bytes_to_array(c1)})}
+        extra = {XMK_C1_KEY: ArrayRecord({"c1": bytes_array(c1)})}
     content = RecordDict({XMK_CONFIG_KEY: ConfigRecord(config), **extra})
     return list(server.grid.send_and_receive([Message(content=content, dst_node_id=node,
                                                       message_type=QUERY_XMK_PDEC)]))[0]
@@ -313,7 +313,7 @@ def test_control_without_pairwise_masks_the_correlated_capsule_recovers_the_key(
     seed = kahe.public_seed(server.key_set.transcript, 1)
     total = kahe.KaheSum(server.key_set.parameters.kahe, seed, _victim_update(0).size - 1)
     reply = server.replies[server.key_set.node_of(victim)]
-    total.add(array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]))
+    total.add(array_bytes(reply.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext"))
     values, integers = total.decode(key)
     pid = _pid(victim)
     assert np.max(np.abs(values - num_examples(pid) * flat(update(pid, 1)))) < 1e-5
@@ -330,7 +330,7 @@ def test_replayed_earlier_round_capsule_is_refused_and_ciphertext_decodes_to_noi
     victim = names[0]
     node = server.key_set.node_of(victim)
     old_caps = _capsules(server)
-    old_ct = array_to_bytes(server.replies[node].content[XMK_CIPHERTEXT_KEY]["ciphertext"])
+    old_ct = array_bytes(server.replies[node].content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext")
     server.set_round(2, ArrayRecord([a + 1 for a in initial()]))
     server.use(server.key_set)
     server.train()
@@ -362,14 +362,14 @@ def test_replayed_earlier_round_capsule_is_refused_and_ciphertext_decodes_to_noi
     replayed.add(old_ct.replace(old_tag, new_tag))  # the server rewrites the public header
     for name in names[1:]:
         reply = server.replies[server.key_set.node_of(name)]
-        replayed.add(array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]))
+        replayed.add(array_bytes(reply.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext"))
     with pytest.raises(kahe.KaheError):
         replayed.decode(key_sum)
     # the control: the victim's round-2 ciphertext in its place decodes the round-2 sum exactly
     honest = kahe.KaheSum(kp, seed2, length)
     for name in names:
         reply = server.replies[server.key_set.node_of(name)]
-        honest.add(array_to_bytes(reply.content[XMK_CIPHERTEXT_KEY]["ciphertext"]))
+        honest.add(array_bytes(reply.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext"))
     values, integers = honest.decode(key_sum)
     expected = sum(num_examples(_pid(n)) * flat(update(_pid(n), 2)) for n in names)
     assert np.max(np.abs(values - expected)) < 1e-5

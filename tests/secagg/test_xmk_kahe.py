@@ -12,8 +12,7 @@ from identities import IDENTITY_DIR
 from xmk_app import flat, initial, make_app, num_examples, plain_fedavg, run
 
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
-from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY
-from flwr_fedeval.protocol.xmk import XMK_CAPSULE_KEY
+from flwr_fedeval.protocol.xmk import XMK_CAPSULE_KEY, XMK_CIPHERTEXT_KEY
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
 

@@ -24,9 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # the deviating server of test_x
 from test_xmk_deviating_server import LENGTH, Server, _assert_independent_of, _refused, _victim_update
 
 from flwr_fedeval import rlwe
-from flwr_fedeval.messages import XMK_CIPHERTEXT_KEY, XMK_SHARE_KEY, array_to_bytes, bytes_to_array
-from flwr_fedeval.protocol import ReplyCode, xmk
-from flwr_fedeval.protocol.xmk import QUERY_XMK_PDEC
+from flwr_fedeval.protocol import ReplyCode, array_bytes, bytes_array, xmk
+from flwr_fedeval.protocol.xmk import QUERY_XMK_PDEC, XMK_CIPHERTEXT_KEY, XMK_SHARE_KEY
 from flwr_fedeval.rlwe import compact, threshold
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
@@ -261,9 +260,9 @@ def test_a_retry_share_at_another_level_than_its_attempt_is_refused_by_the_serve
 
     def switched(node, request, reply):
         if request.attempt == 2 and node == state["grid"].node_ids[2]:
-            full = rlwe.DecryptionShare.from_bytes(array_to_bytes(reply.content[XMK_SHARE_KEY]["share"]), P)
+            full = rlwe.DecryptionShare.from_bytes(array_bytes(reply.content[XMK_SHARE_KEY], XMK_SHARE_KEY, "share"), P)
             wrong = compact.compress_decryption_share(P, full, request.limbs)  # a valid share, at L'
-            reply.content[XMK_SHARE_KEY]["share"] = bytes_to_array(wrong.to_bytes())
+            reply.content[XMK_SHARE_KEY]["share"] = bytes_array(wrong.to_bytes())
         return reply
 
     grid, victim = _killing_decryptor(1, then=switched)
@@ -284,8 +283,10 @@ def _compact_server(num_nodes):
     server.keys()
     server.train()
     assert server.key_set.parameters.limbs < P.limbs
-    cts = [compact.CompactCiphertext.from_bytes(array_to_bytes(r.content[XMK_CIPHERTEXT_KEY]["ciphertext"]), P,
-                                                server.key_set.parameters.limbs) for r in server.replies.values()]
+    cts = [compact.CompactCiphertext.from_bytes(
+        array_bytes(r.content[XMK_CIPHERTEXT_KEY], XMK_CIPHERTEXT_KEY, "ciphertext"), P,
+        server.key_set.parameters.limbs)
+        for r in server.replies.values()]
     return server, compact.add_compact_ciphertexts(cts).c1
 
 
@@ -303,7 +304,7 @@ def test_a_member_gives_one_share_per_attempt_index_switched_for_k_1_only():
     assert reply.error.code == ReplyCode.ALREADY_CONTRIBUTED
     retry = server.pdec(node(names[0]), c1, active=a2, attempt=2)  # the refusal spent nothing
     for reply, limbs in ((first, server.key_set.parameters.limbs), (retry, P.limbs)):
-        share = array_to_bytes(reply.content[XMK_SHARE_KEY]["share"])
+        share = array_bytes(reply.content[XMK_SHARE_KEY], XMK_SHARE_KEY, "share")
         assert _level_of(share, limbs) and not _level_of(share, P.limbs + server.key_set.parameters.limbs - limbs)
     # another member, the other order: k = 2 first, then k = 2 again (refused), then k = 1 (its one switched share)
     server.share(server.pdec(node(names[1]), c1, active=a1, attempt=2))

@@ -17,7 +17,8 @@ from flwr_fedeval.app.server_app import make_rejoin
 from flwr_fedeval.app.task import JobConfig
 from flwr_fedeval.clients.shapley_handlers import role_reply
 from flwr_fedeval.identity import Roster
-from flwr_fedeval.messages import QUERY_XMK_KEYGEN, QUERY_XMK_REVEAL, XMK_CONFIG_KEY, ReplyCode
+from flwr_fedeval.protocol import ReplyCode
+from flwr_fedeval.protocol.xmk import QUERY_XMK_KEYGEN, QUERY_XMK_REVEAL, XMK_CONFIG_KEY
 from flwr_fedeval.rlwe import keyset
 from flwr_fedeval.strategies.base import FailureRecordingGrid
 from flwr_fedeval.strategies.collect import POLL_INTERVAL

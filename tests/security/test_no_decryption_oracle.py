@@ -34,7 +34,7 @@ from fhe_deviating_server import (
 from flwr.app import ArrayRecord
 
 from flwr_fedeval.app.task import JobConfig, build_model
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
 
 #: θ on both sides of any local AUC in [0, 1]: AUC_v − θ below 0 for some, above 1 for others, in

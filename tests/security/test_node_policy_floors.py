@@ -15,8 +15,7 @@ from xmk_app import flat, initial, make_app, plain_fedavg, run
 
 from flwr_fedeval.app.task import JobConfig, build_model
 from flwr_fedeval.clients import policy
-from flwr_fedeval.messages import ReplyCode
-from flwr_fedeval.protocol import fhe_auc
+from flwr_fedeval.protocol import ReplyCode, fhe_auc
 from flwr_fedeval.strategies.base import NodeNotConfigured
 from flwr_fedeval.strategies.fhe_phase import FHEAUCPhase
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg

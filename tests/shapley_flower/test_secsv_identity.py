@@ -27,14 +27,7 @@ from test_secsv_phase import TRUST, app, make_grid, train_two_rounds
 from flwr_fedeval import keyshare
 from flwr_fedeval.clients import shapley_handlers
 from flwr_fedeval.clients.shapley_handlers import Refused, read_raw_npz
-from flwr_fedeval.messages import (
-    QUERY_SHAPLEY_AUX_DIFF,
-    QUERY_SHAPLEY_AUX_SETUP,
-    QUERY_SHAPLEY_HELPER,
-    QUERY_SHAPLEY_KEYGEN,
-    QUERY_SHAPLEY_SHARE,
-    bytes_to_array,
-)
+from flwr_fedeval.protocol import bytes_array, secsv
 from flwr_fedeval.strategies.base import NodeNotConfigured
 from flwr_fedeval.strategies.shapley_phase import SecSVPhase, ShapleyPhaseError
 
@@ -90,7 +83,7 @@ def test_leader_refuses_a_substituted_client_key(trained):
         peers = content["shapley-peers"]
         peers[_first_node(peers)] = attacker.public
 
-    _, err = _run_deviating(grid, QUERY_SHAPLEY_KEYGEN, edit)
+    _, err = _run_deviating(grid, secsv.KEYGEN.message_type, edit)
     assert err.step == "keygen"
     (why,) = err.failed.values()
     assert "IdentityError" in why and "does not verify" in why
@@ -113,7 +106,7 @@ def test_clients_refuse_a_substituted_leader_or_aux_key(trained, key):
                                       "aux-signer": first["leader-signer"],
                                       "aux-signature": first["leader-signature"]})
 
-    phase, err = _run_deviating(grid, QUERY_SHAPLEY_SHARE, edit)
+    phase, err = _run_deviating(grid, secsv.SHARE.message_type, edit)
     assert err.step == "share" and len(err.failed) == 3
     assert all("IdentityError" in why for why in err.failed.values()), err.failed
     role = "key-holder" if key == "leader" else "aux"
@@ -125,14 +118,14 @@ def test_helper_refuses_an_aux_key_other_than_the_checked_one(trained):
     replies = []
 
     def spy(node, msg, reply):
-        if msg.metadata.message_type == QUERY_SHAPLEY_HELPER:
+        if msg.metadata.message_type == secsv.HELPER.message_type:
             replies.append(reply)
         return reply
 
     original, grid.fault = grid.fault, spy
     try:
         phase, err = _run_deviating(
-            grid, QUERY_SHAPLEY_HELPER,
+            grid, secsv.HELPER.message_type,
             lambda contents, attacker: _set_request(contents, **{"aux-public-key": attacker.public}))
     finally:
         grid.fault = original
@@ -150,9 +143,9 @@ def test_aux_refuses_a_substituted_client_key_and_share(trained):
         keys = content["shapley-aux-keys"]
         node = _first_node(keys)
         keys[node] = attacker.public
-        content["shapley-aux-shares"][f"sealed-{node}"] = bytes_to_array(b"\0" * 64)
+        content["shapley-aux-shares"][f"sealed-{node}"] = bytes_array(b"\0" * 64)
 
-    _, err = _run_deviating(grid, QUERY_SHAPLEY_AUX_SETUP, edit)
+    _, err = _run_deviating(grid, secsv.AUX_SETUP.message_type, edit)
     assert err.step == "aux setup"
     (why,) = err.failed.values()
     assert "IdentityError" in why and "does not verify" in why
@@ -167,7 +160,7 @@ def test_aux_refuses_a_prediction_share_from_a_key_it_did_not_check(trained):
         j = sorted(keys.keys())[0]
         keys[j] = attacker.public
 
-    _, err = _run_deviating(grid, QUERY_SHAPLEY_AUX_DIFF, edit)
+    _, err = _run_deviating(grid, secsv.AUX_DIFF.message_type, edit)
     assert set(err.failed) == {aux}
     assert "not one of the clients' keys checked at setup" in err.failed[aux]
 

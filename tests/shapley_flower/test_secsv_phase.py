@@ -223,7 +223,7 @@ def test_auxiliary_server_refuses_a_context_with_other_ckks_parameters(trained):
     from flwr.app import ArrayRecord as AR
 
     from flwr_fedeval.fhe.backend import CKKSParams, create_context
-    from flwr_fedeval.messages import bytes_to_array
+    from flwr_fedeval.protocol import bytes_array
     from flwr_fedeval.shapley.secsv import SecSVParams
 
     grid, aux = trained
@@ -234,7 +234,7 @@ def test_auxiliary_server_refuses_a_context_with_other_ckks_parameters(trained):
         "shapley": ConfigRecord({"session": session, "order": [],
                                  **{k.replace("_", "-"): v for k, v in SecSVParams.for_bounds(
                                      n_features=D, max_clients=3).to_config().items()}}),
-        "shapley-context": AR({"public": bytes_to_array(weak.public_bytes(rotation_keys=False))}),
+        "shapley-context": AR({"public": bytes_array(weak.public_bytes(rotation_keys=False))}),
     }), dst_node_id=aux, message_type="query.shapley_aux_setup")
     (reply,) = grid.send_and_receive([msg])
     assert reply.has_error() and "not the Shapley set" in reply.error.reason

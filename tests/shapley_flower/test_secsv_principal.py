@@ -114,8 +114,8 @@ def test_aux_refuses_a_round_model_its_client_did_not_sign(trained, forgery):
         node, other = sorted(models.keys())[:2]
         rnd = content["shapley"]["round"]
         if forgery == "own-model":
-            from flwr_fedeval.messages import bytes_to_array
-            models[node] = bytes_to_array(_forged_model(st))
+            from flwr_fedeval.protocol import bytes_array
+            models[node] = bytes_array(_forged_model(st))
         elif forgery == "unsigned":
             del sigs[node]
         elif forgery == "other-node":       # a genuine signed model, relayed as another node's
@@ -172,8 +172,8 @@ def test_helper_decrypts_only_what_a_signed_for_the_job(trained, forgery):
                 others = [str(n) for n in st.clients if str(n) not in members]
                 proofs[f"members-{j}"] = members[:-1] + others[:1] if others else members[:-1]
             else:
-                from flwr_fedeval.messages import bytes_to_array
-                batches[f"aux-{j}"] = bytes_to_array(_forged_model(st))
+                from flwr_fedeval.protocol import bytes_array
+                batches[f"aux-{j}"] = bytes_array(_forged_model(st))
 
     original, grid.fault = grid.fault, keep_models
     try:

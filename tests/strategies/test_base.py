@@ -9,9 +9,8 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from flwr_fedeval.fhe.auc_malicious import TamperingDetectedError
-from flwr_fedeval.messages import ReplyCode
 from flwr_fedeval.metrics.auc import UndefinedAUCError
-from flwr_fedeval.protocol import error_reply, reply_code
+from flwr_fedeval.protocol import ReplyCode, error_reply, reply_code
 from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 from flwr_fedeval.strategies.base import (
     EvaluationPhase,

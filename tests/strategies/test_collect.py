@@ -11,7 +11,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.base import FailureRecordingGrid, replies_by_node
 from flwr_fedeval.strategies.collect import POLL_INTERVAL, Rejoin, collect, send_and_collect
 from flwr_fedeval.testing import InProcessGrid

@@ -16,7 +16,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from flwr_fedeval._compat import FLWR_VERSION, Run, set_serverapp_identity
-from flwr_fedeval.messages import ReplyCode
+from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.base import FailureRecordingGrid
 
 HEARTBEAT_INTERVAL = 1.0  # seconds; Flower's default is 30 s
