@@ -163,6 +163,7 @@ def exchange_replies(
     what: str,
     timeout: float,
     label: str,
+    on_reply: OnReply | None = None,
 ) -> dict[int, Any]:
     """Send ``contents[node]`` to each node; return ``{node: parse(node, reply)}`` for valid replies.
 
@@ -173,7 +174,9 @@ def exchange_replies(
     reason (:func:`log_failures`), and only parsed, checked content reaches
     the protocol. The exchange is :func:`~flwr_fedeval.strategies.collect.collect`:
     a node that leaves the SuperLink's node list is given up at once, and
-    ``TIMEOUT`` is named only for a node still silent when ``timeout`` ran out.
+    ``TIMEOUT`` is named only for a node still silent when ``timeout`` ran out. ``on_reply`` is
+    the exchange's per-reply callback (:func:`~flwr_fedeval.strategies.collect.send_and_collect`),
+    e.g. to parse each reply and fold its bulk into a running sum as it arrives.
 
     Raises
     ------
@@ -185,7 +188,7 @@ def exchange_replies(
         (:func:`wiring_fix`); after the failures are logged and recorded.
     """
     messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
-    replies = replies_by_node(messages, collect(grid, messages, timeout=timeout).replies)
+    replies = replies_by_node(messages, collect(grid, messages, timeout=timeout, on_reply=on_reply).replies)
     missing: dict[int, Failure] = {n: Failure(step, int(ReplyCode.TIMEOUT),
                                               f"no reply within step-timeout {timeout:g} s")
                                    for n in contents}

@@ -62,8 +62,8 @@ from flwr.serverapp.strategy import (
 from flwr_fedeval.protocol import xmk
 from flwr_fedeval.secagg import ProtocolParameters, protocol_keywords
 from flwr_fedeval.strategies.base import StepTimer
-from flwr_fedeval.strategies.collect import DetectingGrid
-from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _FoldingGrid
+from flwr_fedeval.strategies.collect import FoldingGrid
+from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg
 
 __all__ = ["SecureAggregation", "composed_view"]
 
@@ -251,9 +251,7 @@ limbs, decryption_attempts, bulk, fractional_bits
         """Flower's ``Strategy.start`` (same parameters) over a grid that folds each encrypted update into
         the round's running sum as it arrives (as :meth:`XMKFedAvg.start`). A wrapped strategy with its own
         ``start()`` runs it, on :func:`composed_view` (its loop, this wrapper's round steps)."""
-        if not callable(getattr(grid, "collect_replies", None)):
-            grid = DetectingGrid(grid)
-        folding = _FoldingGrid(grid, self.engine)
+        folding = FoldingGrid(grid, self.engine.fold_train_reply)
         if overrides_start(self.strategy):
             return type(self.strategy).start(composed_view(self, self.strategy), folding, *args, **kwargs)
         return Strategy.start(self, folding, *args, **kwargs)  # type: ignore[arg-type]

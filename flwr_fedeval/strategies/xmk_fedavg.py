@@ -45,7 +45,7 @@ from flwr_fedeval.strategies.base import (
     log_failures,
     replies_by_node,
 )
-from flwr_fedeval.strategies.collect import Collected, DetectingGrid, OnReply, collect
+from flwr_fedeval.strategies.collect import Collected, FoldingGrid, OnReply, PhaseGrid, ReplyCollector
 from flwr_fedeval.weights import WeightLayout
 
 __all__ = ["RoundAborted", "XMKFedAvg"]
@@ -141,10 +141,10 @@ class _RoundState:
         return self.key_set
 
 
-class _Received:
-    """A grid view whose exchange returns replies already received: the step-2 (``train``) replies,
-    which Flower's ``Strategy.start`` collected, checked by the same
-    :func:`~flwr_fedeval.strategies.base.exchange_replies` as the other steps.
+class _TrainReplies(ReplyCollector):
+    """The step-2 (``train``) replies that Flower's ``Strategy.start`` already collected, handed back
+    as the replies of an exchange so that :func:`~flwr_fedeval.strategies.base.exchange_replies` checks
+    them as it checks every other step's.
 
     ``by_node`` maps each node to its reply (matched to the train request by message id); each is
     handed back as the reply to the exchange's request for that node.
@@ -162,46 +162,6 @@ class _Received:
                 reply = Message(reply.error if reply.has_error() else reply.content, reply_to=msg)
                 out.replies.append(reply if on_reply is None else on_reply(reply))
         return out
-
-
-class _OnReplyGrid:
-    """A grid view whose exchanges pass ``on_reply`` to :func:`~flwr_fedeval.strategies.collect.collect`:
-    each reply is parsed (and its bulk folded into a running sum) as it arrives, then dropped."""
-
-    def __init__(self, grid: Any, on_reply: OnReply) -> None:
-        self._grid = grid
-        self._on_reply = on_reply
-
-    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:
-        return collect(self._grid, messages, timeout=timeout, on_reply=self._on_reply)
-
-
-class _FoldingGrid:
-    """The grid :meth:`XMKFedAvg.start` hands to Flower's loop: the ``train`` step's replies (step 2) are
-    folded into the round's running sum as they arrive (:meth:`XMKFedAvg.fold_train_reply`) and only their
-    metrics are kept, so the server never holds more than a few ciphertexts at once; everything else is
-    delegated."""
-
-    def __init__(self, grid: Any, strategy: Any) -> None:
-        self._grid = grid
-        self._strategy = strategy
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._grid, name)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self._grid.get_node_ids()
-
-    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
-                        on_reply: OnReply | None = None) -> Collected:
-        return collect(self._grid, messages, timeout=timeout, on_reply=on_reply)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
-        messages = list(messages)
-        state = self._strategy._round
-        train = state is not None and any(m is s for m in messages for s in state.sent)
-        on_reply = self._strategy.fold_train_reply if train else None
-        return self.collect_replies(messages, timeout=timeout, on_reply=on_reply).replies
 
 
 def _active_set(signatures: dict[str, bytes], t: int) -> tuple[str, ...]:
@@ -435,12 +395,12 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
     # ------------------------------------------------------------------ info
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
         """Flower's ``Strategy.start`` over a grid that folds each ``train`` reply into the round's running
-        sum as it arrives (:meth:`fold_train_reply`): the server holds one model-sized sum and the
-        replies in flight, not M ciphertexts (issue 21 item 3)."""
-        if not callable(getattr(grid, "collect_replies", None)):
-            grid = DetectingGrid(grid)
+        sum as it arrives (a :class:`~flwr_fedeval.strategies.collect.FoldingGrid` with
+        :meth:`fold_train_reply`): the server holds one model-sized sum and the replies in flight, not M
+        ciphertexts. A node that leaves the node list is given up at once
+        (:class:`~flwr_fedeval.strategies.collect.GridView`)."""
         # not super(): the checkpointing loop calls this with a view of the strategy as ``self``
-        return ReadableFailuresMixin.start(self, _FoldingGrid(grid, self), *args, **kwargs)
+        return ReadableFailuresMixin.start(self, FoldingGrid(grid, self.fold_train_reply), *args, **kwargs)
 
     def summary(self) -> None:
         """Log the configuration, including the parameter set and its security."""
@@ -623,10 +583,13 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         add it into the round's running sum (Eq. 3) a range of polynomials at a time, straight from the
         message's bytes (no parsed copy); the reply is kept without its bulk.
 
-        A reply to no request of this attempt, or an error reply, is kept as it is; a malformed one
-        is kept stripped, its error stored for :meth:`sum_ciphertexts` (which names the node).
+        Every reply of every exchange over :meth:`start`'s grid comes here: one to no train request of
+        the round in progress (another step's, an evaluation's), or an error reply, is kept as it is; a
+        malformed one is kept stripped, its error stored for :meth:`sum_ciphertexts` (which names the node).
         """
-        state = self._current()
+        state = self._round
+        if state is None:
+            return reply
         sent = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in state.sent}
         node = sent.get(reply.metadata.reply_to_message_id)
         if reply.has_error() or node is None:
@@ -680,7 +643,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         def check(node: int, reply: xmk.TrainReply) -> MetricRecord | None:
             return self._fold_ciphertext(node, reply)
 
-        received = _Received(replies_by_node(state.sent, replies))
+        received = _TrainReplies(replies_by_node(state.sent, replies))
         valid, failed = self._exchange_some("encrypted training", "ciphertext", key_set.nodes, xmk.TRAIN, None, check,
                                             grid=received, parsed=state.train_results)
         contributors = [n for n in key_set.nodes if n in valid]
@@ -891,7 +854,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         return self._round
 
     def _exchange_some(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
-                       request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
+                       request: Payload | None, check: Callable[[int, Any], Any], *, grid: PhaseGrid | None = None,
                        parsed: dict[int, Any] | None = None, partial: bool = True) -> tuple[dict[int, Any], dict]:
         """Send ``request`` to every node (over ``grid``, default the round's), parse every reply with
         ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return
@@ -929,10 +892,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                 raise result
             return result
 
-        valid = exchange_replies(_OnReplyGrid(state.grid if grid is None else grid, on_reply),
-                                 dict.fromkeys(nodes, content),
+        valid = exchange_replies(state.grid if grid is None else grid, dict.fromkeys(nodes, content),
                                  protocol_step.message_type, parse, failures, step=step, what=what,
-                                 timeout=self.protocol.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
+                                 timeout=self.protocol.step_timeout, label=f"Round {state.server_round}: XMKFedAvg",
+                                 on_reply=on_reply)
         if grid is not None:  # step 2: the train replies came within Strategy.start's timeout, not ours
             for n, f in list(failures.items()):
                 if f.code == ReplyCode.TIMEOUT:
@@ -943,7 +906,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         return valid, failed
 
     def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
-                  request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
+                  request: Payload | None, check: Callable[[int, Any], Any], *, grid: PhaseGrid | None = None,
                   parsed: dict[int, Any] | None = None) -> list:
         """:meth:`_exchange_some` that raises :class:`RoundAborted` for any failure; the results in node order."""
         nodes = list(nodes)
