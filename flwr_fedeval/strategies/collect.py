@@ -334,6 +334,11 @@ class GridView(Grid):
             raise AttributeError(name)
         return getattr(self._grid, name)
 
+    @property
+    def wrapped(self) -> Grid:
+        """The grid this view wraps (Flower's, or another view)."""
+        return self._grid
+
     def set_run(self, run: Run) -> None:
         self._grid.set_run(run)
 

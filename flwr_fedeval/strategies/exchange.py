@@ -41,7 +41,7 @@ from flwr_fedeval.strategies.failures import (
     wiring_fix,
 )
 
-__all__ = ["FailureRecordingGrid", "StepTimer", "exchange_replies", "replies_by_node"]
+__all__ = ["FailureRecordingGrid", "StepTimer", "exchange_replies", "rejoin_of", "replies_by_node"]
 
 
 def replies_by_node(messages: Iterable[Message], replies: Iterable[Message]) -> dict[int, Message]:
@@ -125,6 +125,16 @@ class FailureRecordingGrid(GridView):
                 self.failures.add(node, step, int(reply.error.code), str(reply.error.reason), round=rnd,
                                   seconds_to_detect=seconds)
         return got
+
+
+def rejoin_of(grid: Grid) -> Rejoin | None:
+    """The :class:`~flwr_fedeval.strategies.collect.Rejoin` of the :class:`FailureRecordingGrid` that
+    ``grid`` is or wraps (through any :class:`~flwr_fedeval.strategies.collect.GridView`), else ``None``."""
+    while isinstance(grid, GridView):
+        if isinstance(grid, FailureRecordingGrid):
+            return grid.rejoin
+        grid = grid.wrapped
+    return None
 
 
 class StepTimer:

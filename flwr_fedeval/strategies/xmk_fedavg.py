@@ -46,6 +46,7 @@ from flwr_fedeval.strategies.base import (
     replies_by_node,
 )
 from flwr_fedeval.strategies.collect import Collected, FoldingGrid, OnReply, PhaseGrid, ReplyCollector
+from flwr_fedeval.strategies.exchange import rejoin_of
 from flwr_fedeval.weights import WeightLayout
 
 __all__ = ["RoundAborted", "XMKFedAvg"]
@@ -388,9 +389,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         #: Every aborted attempt, for logs and tests: (round, RoundAborted).
         self.aborted_attempts: list[tuple[int, RoundAborted]] = []
         #: Every key set generated: {"round", "key_set" (ID), "nodes"}; public values only.
-        self.key_sets: list[dict] = []
+        self.key_sets: list[dict[str, Any]] = []
         #: Every round that reached the contributor set, by roster identity (see Attributes).
-        self.contributor_sets: list[dict] = []
+        self.contributor_sets: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ info
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
@@ -855,7 +856,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
     def _exchange_some(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
                        request: Payload | None, check: Callable[[int, Any], Any], *, grid: PhaseGrid | None = None,
-                       parsed: dict[int, Any] | None = None, partial: bool = True) -> tuple[dict[int, Any], dict]:
+                       parsed: dict[int, Any] | None = None,
+                       partial: bool = True) -> tuple[dict[int, Any], dict[int, str]]:
         """Send ``request`` to every node (over ``grid``, default the round's), parse every reply with
         ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return
         ``({node: result} of the valid replies, {node: reason} of the others)`` (``partial``), or (not
@@ -868,6 +870,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         ``check`` that folds the reply into a running sum keeps no more than one reply at a time;
         ``parsed`` holds results (or errors) of replies already parsed so (step 2's, in Flower's loop)."""
         state = self._current()
+        reply_type = protocol_step.reply
+        if reply_type is None:
+            raise TypeError(f"step {protocol_step.message_type!r} has no reply type to parse")
         nodes = list(nodes)
         content = request.to_record() if request is not None else RecordDict()
         failures = Failures()
@@ -875,7 +880,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
         def run_check(node: int, reply: RecordDict) -> Any:
             try:
-                return check(node, protocol_step.reply.from_record(reply, node=node))
+                return check(node, reply_type.from_record(reply, node=node))
             except (KeyError, ValueError, TypeError) as exc:
                 return exc
 
@@ -907,7 +912,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
     def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
                   request: Payload | None, check: Callable[[int, Any], Any], *, grid: PhaseGrid | None = None,
-                  parsed: dict[int, Any] | None = None) -> list:
+                  parsed: dict[int, Any] | None = None) -> list[Any]:
         """:meth:`_exchange_some` that raises :class:`RoundAborted` for any failure; the results in node order."""
         nodes = list(nodes)
         valid, _ = self._exchange_some(step, what, nodes, protocol_step, request, check, grid=grid, parsed=parsed,
@@ -1005,8 +1010,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         state = self._current()
         if lost <= 0:
             return []
-        rejoin = getattr(state.grid, "rejoin", None)
-        identities = getattr(rejoin, "identities", {}) or {}
+        rejoin = rejoin_of(state.grid)
+        identities = {} if rejoin is None else rejoin.identities
         taken = {identities[n] for n in remaining if n in identities}
         out = []
         for node in sorted(int(n) for n in state.grid.get_node_ids()):
