@@ -580,7 +580,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         return out
 
     def fold_train_reply(self, reply: Message) -> Message:
-        """Step 2, per reply as it arrives (``on_reply`` of the train exchange): check the ciphertext and
+        """Step 2, per reply as it arrives (the callback of :meth:`start`'s
+        :class:`~flwr_fedeval.strategies.collect.FoldingGrid`): check the ciphertext and
         add it into the round's running sum (Eq. 3) a range of polynomials at a time, straight from the
         message's bytes (no parsed copy); the reply is kept without its bulk.
 
