@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from flwr_fedeval import rlwe
 from flwr_fedeval.rlwe import capsule, compact, keyset, masking
@@ -354,7 +354,10 @@ class ProtocolParameters:
             self.decryption_attempts, self.bulk, self.fractional_bits if self.bulk == "kahe" else 0)
 
 
-def protocol_keywords(init: Any) -> Any:
+_InitT = TypeVar("_InitT", bound=Callable[..., None])
+
+
+def protocol_keywords(init: _InitT) -> _InitT:
     """Show ``init(self, ..., **protocol)`` with every :class:`ProtocolParameters` keyword and its default in
     place of ``**protocol`` (``help()``, :func:`inspect.signature`): the settings are written once, in
     :class:`ProtocolParameters`, and an unknown keyword is its ``TypeError``."""
@@ -362,5 +365,5 @@ def protocol_keywords(init: Any) -> Any:
     kept = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
              for f in dataclasses.fields(ProtocolParameters)]
-    init.__signature__ = sig.replace(parameters=kept + added)
+    cast(Any, init).__signature__ = sig.replace(parameters=kept + added)  # read by inspect.signature
     return init

@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
@@ -235,7 +235,7 @@ class _ResumedRounds:
     in the xMK requests) see ``offset + 1, offset + 2, ...``.
     """
 
-    def __init__(self, strategy: Any, offset: int) -> None:
+    def __init__(self, strategy: Strategy, offset: int) -> None:
         self._strategy = strategy
         self._offset = offset
 
@@ -318,8 +318,11 @@ def train_with_checkpoints(strategy: Strategy, grid: Grid, initial_arrays: Array
 
     # Flower's start() logs the class name: the view carries the strategy's ("Starting XMKFedAvg strategy").
     view = type(type(strategy).__name__, (_ResumedRounds,), {})(strategy, offset)
-    result = type(strategy).start(view, grid=grid, initial_arrays=arrays, num_rounds=max(0, num_rounds - offset),
-                                  timeout=timeout, train_config=train_config, evaluate_config=evaluate_config,
+    # the view is the strategy for everything but the round numbers (``__getattr__``): not a Strategy subclass,
+    # so that ``start`` (the strategy's own, unbound) runs on it with the strategy's attributes and methods
+    result = type(strategy).start(cast(Strategy, view), grid=grid, initial_arrays=arrays,
+                                  num_rounds=max(0, num_rounds - offset), timeout=timeout,
+                                  train_config=train_config, evaluate_config=evaluate_config,
                                   evaluate_fn=checkpoint)
     if result.arrays is None or len(result.arrays) == 0:  # no round run here changed the model
         result.arrays = arrays

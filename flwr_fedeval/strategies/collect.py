@@ -50,7 +50,7 @@ from flwr_fedeval._compat import Run  # moved between Flower releases
 from flwr_fedeval.protocol import ReplyCode
 
 __all__ = ["IDENTITY_TIMEOUT", "MIN_POLL_INTERVAL", "POLL_BACKOFF", "POLL_INTERVAL", "Collected", "DetectingGrid",
-           "GridView", "OnReply", "PhaseGrid", "Rejoin", "ReplyCollector", "SimulatedTime", "collect",
+           "FoldingGrid", "GridView", "OnReply", "PhaseGrid", "Rejoin", "ReplyCollector", "SimulatedTime", "collect",
            "send_and_collect"]
 
 #: Longest wait (s) between two polls (pull the replies, read the node list) of :func:`send_and_collect`.
@@ -334,6 +334,11 @@ class GridView(Grid):
             raise AttributeError(name)
         return getattr(self._grid, name)
 
+    @property
+    def wrapped(self) -> Grid:
+        """The grid this view wraps (Flower's, or another view)."""
+        return self._grid
+
     def set_run(self, run: Run) -> None:
         self._grid.set_run(run)
 
@@ -381,3 +386,41 @@ class DetectingGrid(GridView):
     For Flower's ``Strategy.start`` loop (train and evaluate steps), which calls
     ``grid.send_and_receive``.
     """
+
+
+class FoldingGrid(GridView):
+    """A :class:`GridView` that hands every reply of every exchange to one callback as it arrives.
+
+    For a step whose replies are too large to hold all at once inside Flower's ``Strategy.start``
+    loop, which calls ``send_and_receive`` and has no per-reply callback: the strategy passes its
+    callback here (:meth:`~flwr_fedeval.strategies.xmk_fedavg.XMKFedAvg.fold_train_reply` folds each
+    ``train`` ciphertext into the round's running sum and keeps the reply without it), and every
+    exchange over this view, the loop's and the phases', runs it (:func:`send_and_collect`'s
+    ``on_reply``). ``fold`` sees the replies of every exchange and must return those it does not
+    handle as they are; it recognises its own by ``reply_to_message_id``. An exchange's own
+    ``on_reply`` runs after ``fold``, on what ``fold`` kept.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The grid to wrap (Flower's, or another view).
+    fold : OnReply
+        ``fold(reply) -> kept``.
+    """
+
+    def __init__(self, grid: Grid, fold: OnReply) -> None:
+        super().__init__(grid)
+        self.fold = fold
+
+    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
+                        on_reply: OnReply | None = None) -> Collected:
+        """:func:`collect` over the wrapped grid, each reply passed to ``fold`` (then to ``on_reply``)."""
+        fold = self.fold
+        if on_reply is None:
+            return collect(self._grid, messages, timeout=timeout, on_reply=fold)
+        then = on_reply
+
+        def both(reply: Message) -> Message:
+            return then(fold(reply))
+
+        return collect(self._grid, messages, timeout=timeout, on_reply=both)

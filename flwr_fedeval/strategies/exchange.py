@@ -41,7 +41,7 @@ from flwr_fedeval.strategies.failures import (
     wiring_fix,
 )
 
-__all__ = ["FailureRecordingGrid", "StepTimer", "exchange_replies", "replies_by_node"]
+__all__ = ["FailureRecordingGrid", "StepTimer", "exchange_replies", "rejoin_of", "replies_by_node"]
 
 
 def replies_by_node(messages: Iterable[Message], replies: Iterable[Message]) -> dict[int, Message]:
@@ -127,6 +127,16 @@ class FailureRecordingGrid(GridView):
         return got
 
 
+def rejoin_of(grid: Grid) -> Rejoin | None:
+    """The :class:`~flwr_fedeval.strategies.collect.Rejoin` of the :class:`FailureRecordingGrid` that
+    ``grid`` is or wraps (through any :class:`~flwr_fedeval.strategies.collect.GridView`), else ``None``."""
+    while isinstance(grid, GridView):
+        if isinstance(grid, FailureRecordingGrid):
+            return grid.rejoin
+        grid = grid.wrapped
+    return None
+
+
 class StepTimer:
     """Times the protocol steps of a phase; each step is logged at INFO with its duration.
 
@@ -166,6 +176,7 @@ def exchange_replies(
     what: str,
     timeout: float,
     label: str,
+    on_reply: OnReply | None = None,
 ) -> dict[int, _Parsed]:
     """Send ``contents[node]`` to each node; return ``{node: parse(node, reply)}`` for valid replies.
 
@@ -176,7 +187,9 @@ def exchange_replies(
     reason (:func:`log_failures`), and only parsed, checked content reaches
     the protocol. The exchange is :func:`~flwr_fedeval.strategies.collect.collect`:
     a node that leaves the SuperLink's node list is given up at once, and
-    ``TIMEOUT`` is named only for a node still silent when ``timeout`` ran out.
+    ``TIMEOUT`` is named only for a node still silent when ``timeout`` ran out. ``on_reply`` is
+    the exchange's per-reply callback (:func:`~flwr_fedeval.strategies.collect.send_and_collect`),
+    e.g. to parse each reply and fold its bulk into a running sum as it arrives.
 
     Raises
     ------
@@ -188,7 +201,7 @@ def exchange_replies(
         (:func:`wiring_fix`); after the failures are logged and recorded.
     """
     messages = [Message(content=c, dst_node_id=n, message_type=message_type) for n, c in contents.items()]
-    replies = replies_by_node(messages, collect(grid, messages, timeout=timeout).replies)
+    replies = replies_by_node(messages, collect(grid, messages, timeout=timeout, on_reply=on_reply).replies)
     missing: dict[int, Failure] = {n: Failure(step, int(ReplyCode.TIMEOUT),
                                               f"no reply within step-timeout {timeout:g} s")
                                    for n in contents}

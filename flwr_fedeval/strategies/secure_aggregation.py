@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from logging import INFO
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
@@ -62,8 +62,8 @@ from flwr.serverapp.strategy import (
 from flwr_fedeval.protocol import xmk
 from flwr_fedeval.secagg import ProtocolParameters, protocol_keywords
 from flwr_fedeval.strategies.base import StepTimer
-from flwr_fedeval.strategies.collect import DetectingGrid
-from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _FoldingGrid
+from flwr_fedeval.strategies.collect import FoldingGrid
+from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg
 
 __all__ = ["SecureAggregation", "composed_view"]
 
@@ -149,7 +149,7 @@ def composed_view(wrapper: SecureAggregation, strategy: FedAvg) -> FedAvg:
 
     cls = type(strategy)
     view_cls = type(cls.__name__, (cls,), {name: step(name) for name in ROUND_STEPS})
-    view = object.__new__(view_cls)
+    view = cast(FedAvg, object.__new__(view_cls))
     object.__setattr__(view, "__dict__", strategy.__dict__)
     return view
 
@@ -223,7 +223,7 @@ limbs, decryption_attempts, bulk, fractional_bits
         return self.engine.timer
 
     @property
-    def key_sets(self) -> list[dict]:
+    def key_sets(self) -> list[dict[str, Any]]:
         """Every key set generated (public values only), as :attr:`XMKFedAvg.key_sets`."""
         return self.engine.key_sets
 
@@ -238,7 +238,7 @@ limbs, decryption_attempts, bulk, fractional_bits
         return self.engine.left_out
 
     @property
-    def contributor_sets(self) -> list[dict]:
+    def contributor_sets(self) -> list[dict[str, Any]]:
         """Every round's signed contributor set by roster identity, as :attr:`XMKFedAvg.contributor_sets`."""
         return self.engine.contributor_sets
 
@@ -251,12 +251,10 @@ limbs, decryption_attempts, bulk, fractional_bits
         """Flower's ``Strategy.start`` (same parameters) over a grid that folds each encrypted update into
         the round's running sum as it arrives (as :meth:`XMKFedAvg.start`). A wrapped strategy with its own
         ``start()`` runs it, on :func:`composed_view` (its loop, this wrapper's round steps)."""
-        if not callable(getattr(grid, "collect_replies", None)):
-            grid = DetectingGrid(grid)
-        folding = _FoldingGrid(grid, self.engine)
+        folding = FoldingGrid(grid, self.engine.fold_train_reply)
         if overrides_start(self.strategy):
             return type(self.strategy).start(composed_view(self, self.strategy), folding, *args, **kwargs)
-        return Strategy.start(self, folding, *args, **kwargs)  # type: ignore[arg-type]
+        return Strategy.start(self, folding, *args, **kwargs)
 
     def summary(self) -> None:
         """Log the wrapper, the protocol's parameters and the inner strategy's summary.
@@ -292,14 +290,16 @@ limbs, decryption_attempts, bulk, fractional_bits
             return []
         akey, ckey = self.strategy.arrayrecord_key, self.strategy.configrecord_key
         first = inner[0].content
-        model = xmk.model_hash(first[akey])
+        model, train_config = xmk.model_hash(first.array_records[akey]), first.config_records[ckey]
         for msg in inner[1:]:
-            if xmk.model_hash(msg.content[akey]) != model or dict(msg.content[ckey]) != dict(first[ckey]):
+            if (xmk.model_hash(msg.content.array_records[akey]) != model
+                    or dict(msg.content.config_records[ckey]) != dict(train_config)):
                 raise ValueError(f"{type(self.strategy).__name__} sent different models or configs to its "
                                  f"clients; secure aggregation sums updates of one global model")
         nodes = [int(m.metadata.dst_node_id) for m in inner]
         self._first_node = nodes[0]
-        messages = self.engine.configure_train_for(server_round, first[akey], first[ckey], grid, nodes)
+        messages = self.engine.configure_train_for(server_round, first.array_records[akey], train_config, grid,
+                                                   nodes)
         extra = {int(m.metadata.dst_node_id): m.content for m in inner}
         for msg in messages:  # any other record the inner strategy sent travels too
             for key, record in extra.get(int(msg.metadata.dst_node_id), RecordDict()).items():

@@ -45,7 +45,8 @@ from flwr_fedeval.strategies.base import (
     log_failures,
     replies_by_node,
 )
-from flwr_fedeval.strategies.collect import Collected, DetectingGrid, OnReply, collect
+from flwr_fedeval.strategies.collect import Collected, FoldingGrid, OnReply, PhaseGrid, ReplyCollector
+from flwr_fedeval.strategies.exchange import rejoin_of
 from flwr_fedeval.weights import WeightLayout
 
 __all__ = ["RoundAborted", "XMKFedAvg"]
@@ -141,10 +142,10 @@ class _RoundState:
         return self.key_set
 
 
-class _Received:
-    """A grid view whose exchange returns replies already received: the step-2 (``train``) replies,
-    which Flower's ``Strategy.start`` collected, checked by the same
-    :func:`~flwr_fedeval.strategies.base.exchange_replies` as the other steps.
+class _TrainReplies(ReplyCollector):
+    """The step-2 (``train``) replies that Flower's ``Strategy.start`` already collected, handed back
+    as the replies of an exchange so that :func:`~flwr_fedeval.strategies.base.exchange_replies` checks
+    them as it checks every other step's.
 
     ``by_node`` maps each node to its reply (matched to the train request by message id); each is
     handed back as the reply to the exchange's request for that node.
@@ -162,46 +163,6 @@ class _Received:
                 reply = Message(reply.error if reply.has_error() else reply.content, reply_to=msg)
                 out.replies.append(reply if on_reply is None else on_reply(reply))
         return out
-
-
-class _OnReplyGrid:
-    """A grid view whose exchanges pass ``on_reply`` to :func:`~flwr_fedeval.strategies.collect.collect`:
-    each reply is parsed (and its bulk folded into a running sum) as it arrives, then dropped."""
-
-    def __init__(self, grid: Any, on_reply: OnReply) -> None:
-        self._grid = grid
-        self._on_reply = on_reply
-
-    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None) -> Collected:
-        return collect(self._grid, messages, timeout=timeout, on_reply=self._on_reply)
-
-
-class _FoldingGrid:
-    """The grid :meth:`XMKFedAvg.start` hands to Flower's loop: the ``train`` step's replies (step 2) are
-    folded into the round's running sum as they arrive (:meth:`XMKFedAvg.fold_train_reply`) and only their
-    metrics are kept, so the server never holds more than a few ciphertexts at once; everything else is
-    delegated."""
-
-    def __init__(self, grid: Any, strategy: Any) -> None:
-        self._grid = grid
-        self._strategy = strategy
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._grid, name)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self._grid.get_node_ids()
-
-    def collect_replies(self, messages: Iterable[Message], *, timeout: float | None = None,
-                        on_reply: OnReply | None = None) -> Collected:
-        return collect(self._grid, messages, timeout=timeout, on_reply=on_reply)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
-        messages = list(messages)
-        state = self._strategy._round
-        train = state is not None and any(m is s for m in messages for s in state.sent)
-        on_reply = self._strategy.fold_train_reply if train else None
-        return self.collect_replies(messages, timeout=timeout, on_reply=on_reply).replies
 
 
 def _active_set(signatures: dict[str, bytes], t: int) -> tuple[str, ...]:
@@ -428,19 +389,19 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         #: Every aborted attempt, for logs and tests: (round, RoundAborted).
         self.aborted_attempts: list[tuple[int, RoundAborted]] = []
         #: Every key set generated: {"round", "key_set" (ID), "nodes"}; public values only.
-        self.key_sets: list[dict] = []
+        self.key_sets: list[dict[str, Any]] = []
         #: Every round that reached the contributor set, by roster identity (see Attributes).
-        self.contributor_sets: list[dict] = []
+        self.contributor_sets: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ info
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
         """Flower's ``Strategy.start`` over a grid that folds each ``train`` reply into the round's running
-        sum as it arrives (:meth:`fold_train_reply`): the server holds one model-sized sum and the
-        replies in flight, not M ciphertexts (issue 21 item 3)."""
-        if not callable(getattr(grid, "collect_replies", None)):
-            grid = DetectingGrid(grid)
+        sum as it arrives (a :class:`~flwr_fedeval.strategies.collect.FoldingGrid` with
+        :meth:`fold_train_reply`): the server holds one model-sized sum and the replies in flight, not M
+        ciphertexts. A node that leaves the node list is given up at once
+        (:class:`~flwr_fedeval.strategies.collect.GridView`)."""
         # not super(): the checkpointing loop calls this with a view of the strategy as ``self``
-        return ReadableFailuresMixin.start(self, _FoldingGrid(grid, self), *args, **kwargs)
+        return ReadableFailuresMixin.start(self, FoldingGrid(grid, self.fold_train_reply), *args, **kwargs)
 
     def summary(self) -> None:
         """Log the configuration, including the parameter set and its security."""
@@ -619,14 +580,18 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         return out
 
     def fold_train_reply(self, reply: Message) -> Message:
-        """Step 2, per reply as it arrives (``on_reply`` of the train exchange): check the ciphertext and
+        """Step 2, per reply as it arrives (the callback of :meth:`start`'s
+        :class:`~flwr_fedeval.strategies.collect.FoldingGrid`): check the ciphertext and
         add it into the round's running sum (Eq. 3) a range of polynomials at a time, straight from the
         message's bytes (no parsed copy); the reply is kept without its bulk.
 
-        A reply to no request of this attempt, or an error reply, is kept as it is; a malformed one
-        is kept stripped, its error stored for :meth:`sum_ciphertexts` (which names the node).
+        Every reply of every exchange over :meth:`start`'s grid comes here: one to no train request of
+        the round in progress (another step's, an evaluation's), or an error reply, is kept as it is; a
+        malformed one is kept stripped, its error stored for :meth:`sum_ciphertexts` (which names the node).
         """
-        state = self._current()
+        state = self._round
+        if state is None:
+            return reply
         sent = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in state.sent}
         node = sent.get(reply.metadata.reply_to_message_id)
         if reply.has_error() or node is None:
@@ -680,7 +645,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         def check(node: int, reply: xmk.TrainReply) -> MetricRecord | None:
             return self._fold_ciphertext(node, reply)
 
-        received = _Received(replies_by_node(state.sent, replies))
+        received = _TrainReplies(replies_by_node(state.sent, replies))
         valid, failed = self._exchange_some("encrypted training", "ciphertext", key_set.nodes, xmk.TRAIN, None, check,
                                             grid=received, parsed=state.train_results)
         contributors = [n for n in key_set.nodes if n in valid]
@@ -891,8 +856,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         return self._round
 
     def _exchange_some(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
-                       request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
-                       parsed: dict[int, Any] | None = None, partial: bool = True) -> tuple[dict[int, Any], dict]:
+                       request: Payload | None, check: Callable[[int, Any], Any], *, grid: PhaseGrid | None = None,
+                       parsed: dict[int, Any] | None = None,
+                       partial: bool = True) -> tuple[dict[int, Any], dict[int, str]]:
         """Send ``request`` to every node (over ``grid``, default the round's), parse every reply with
         ``protocol_step.reply.from_record(content, node=node)`` and ``check(node, reply)``; return
         ``({node: result} of the valid replies, {node: reason} of the others)`` (``partial``), or (not
@@ -905,6 +871,9 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         ``check`` that folds the reply into a running sum keeps no more than one reply at a time;
         ``parsed`` holds results (or errors) of replies already parsed so (step 2's, in Flower's loop)."""
         state = self._current()
+        reply_type = protocol_step.reply
+        if reply_type is None:
+            raise TypeError(f"step {protocol_step.message_type!r} has no reply type to parse")
         nodes = list(nodes)
         content = request.to_record() if request is not None else RecordDict()
         failures = Failures()
@@ -912,7 +881,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
 
         def run_check(node: int, reply: RecordDict) -> Any:
             try:
-                return check(node, protocol_step.reply.from_record(reply, node=node))
+                return check(node, reply_type.from_record(reply, node=node))
             except (KeyError, ValueError, TypeError) as exc:
                 return exc
 
@@ -929,10 +898,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                 raise result
             return result
 
-        valid = exchange_replies(_OnReplyGrid(state.grid if grid is None else grid, on_reply),
-                                 dict.fromkeys(nodes, content),
+        valid = exchange_replies(state.grid if grid is None else grid, dict.fromkeys(nodes, content),
                                  protocol_step.message_type, parse, failures, step=step, what=what,
-                                 timeout=self.protocol.step_timeout, label=f"Round {state.server_round}: XMKFedAvg")
+                                 timeout=self.protocol.step_timeout, label=f"Round {state.server_round}: XMKFedAvg",
+                                 on_reply=on_reply)
         if grid is not None:  # step 2: the train replies came within Strategy.start's timeout, not ours
             for n, f in list(failures.items()):
                 if f.code == ReplyCode.TIMEOUT:
@@ -943,8 +912,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         return valid, failed
 
     def _exchange(self, step: str, what: str, nodes: Iterable[int], protocol_step: Step,
-                  request: Payload | None, check: Callable[[int, Any], Any], *, grid: Any = None,
-                  parsed: dict[int, Any] | None = None) -> list:
+                  request: Payload | None, check: Callable[[int, Any], Any], *, grid: PhaseGrid | None = None,
+                  parsed: dict[int, Any] | None = None) -> list[Any]:
         """:meth:`_exchange_some` that raises :class:`RoundAborted` for any failure; the results in node order."""
         nodes = list(nodes)
         valid, _ = self._exchange_some(step, what, nodes, protocol_step, request, check, grid=grid, parsed=parsed,
@@ -1042,8 +1011,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         state = self._current()
         if lost <= 0:
             return []
-        rejoin = getattr(state.grid, "rejoin", None)
-        identities = getattr(rejoin, "identities", {}) or {}
+        rejoin = rejoin_of(state.grid)
+        identities = {} if rejoin is None else rejoin.identities
         taken = {identities[n] for n in remaining if n in identities}
         out = []
         for node in sorted(int(n) for n in state.grid.get_node_ids()):

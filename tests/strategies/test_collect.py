@@ -13,7 +13,7 @@ from flwr.common.constant import ErrorCode
 
 from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.base import FailureRecordingGrid, replies_by_node
-from flwr_fedeval.strategies.collect import POLL_INTERVAL, Rejoin, collect, send_and_collect
+from flwr_fedeval.strategies.collect import POLL_INTERVAL, FoldingGrid, Rejoin, collect, send_and_collect
 from flwr_fedeval.testing import InProcessGrid
 
 STEP_TIMEOUT = 600.0
@@ -211,3 +211,29 @@ def test_the_poll_adapts_a_fast_step_is_not_held_for_a_whole_interval(delay):
     waits = [b - a for a, b in zip(grid.polls, grid.polls[1:])]
     assert waits[0] == pytest.approx(MIN_POLL_INTERVAL) and max(waits) <= POLL_INTERVAL + 1e-12
     assert all(b >= a - 1e-12 for a, b in zip(waits, waits[1:]))  # backing off, never faster
+
+
+def test_folding_grid_passes_every_reply_of_every_exchange_to_its_callback_then_to_the_exchange_own():
+    """Flower's loop (``send_and_receive``) and a phase's exchange (``collect`` with ``on_reply``) over a
+    FoldingGrid both run its callback once per reply; what the callback keeps is what the exchange's own
+    ``on_reply`` sees and what the result holds."""
+    grid = InProcessGrid(_app(), 3)
+    folded, then = [], []
+
+    def fold(reply):
+        folded.append(int(reply.metadata.src_node_id))
+        reply.content = RecordDict()  # kept without its content, as the train fold keeps a reply
+        return reply
+
+    def on_reply(reply):
+        then.append((int(reply.metadata.src_node_id), len(reply.content)))
+        return reply
+
+    view = FoldingGrid(FailureRecordingGrid(grid), fold)
+    replies = list(view.send_and_receive(_ping(grid), timeout=STEP_TIMEOUT))
+    assert sorted(folded) == sorted(grid.node_ids) and all(len(r.content) == 0 for r in replies)
+    folded.clear()
+    got = collect(view, _ping(grid), timeout=STEP_TIMEOUT, on_reply=on_reply)
+    assert sorted(folded) == sorted(grid.node_ids)
+    assert sorted(then) == sorted((n, 0) for n in grid.node_ids)  # after the fold, on what it kept
+    assert len(got.replies) == 3 and all(len(r.content) == 0 for r in got.replies)
