@@ -361,6 +361,8 @@ def _main(grid: Grid, cfg: JobConfig, roster: Roster | None) -> None:
     try:
         auc_result = auc_phase.run(grid, result.arrays)
     except (FHEPhaseFailedError, RuntimeError) as exc:  # no re-run over another subset (signed list)
+        if isinstance(exc, NodeNotConfigured):
+            raise  # a configuration refusal stops the run before any result: the operator's key to set
         _write_failed_phase(cfg, fed, strategy, folder, exc, auc_phase, train_hist, eval_hist, t_train,
                             time.perf_counter() - t_start)
         raise
