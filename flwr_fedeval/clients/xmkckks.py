@@ -17,7 +17,7 @@ xMK-CKKS ciphertext of ``[n_i·(w_i − w_global), n_i]`` (Walskaar et al.
 (:mod:`flwr_fedeval.rlwe.masking`) and a self-mask (:mod:`flwr_fedeval.rlwe.selfmask`):
 neither the update nor ``num-examples`` leaves the client in clear, and only the
 sum over a contributor set the members signed decrypts (t-out-of-N threshold
-decryption, :mod:`flwr_fedeval.rlwe.threshold`; issue 21).
+decryption, :mod:`flwr_fedeval.rlwe.threshold`).
 
 Every node needs its roster identity (:func:`flwr_fedeval.clients.identity.node_identity`:
 node config ``fedeval-identity-key`` + ``fedeval-roster``, or run config

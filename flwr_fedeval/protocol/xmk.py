@@ -20,7 +20,8 @@ step        message type            request    reply
                                                     shares for C / K∖C)
 ==========  ======================  =========  ==========================================
 
-No retries (issue 21): a client trains at most once per global model (:func:`model_hash`) and round,
+No retries (a second update of one model gives the server a difference): a client trains at most once
+per global model (:func:`model_hash`) and round,
 signs one contributor set per key set and round, and gives one masked decryption share per active set A
 and per attempt index k ∈ 1..a, for at most a (signed in T) active sets and one C1 per key set and round.
 Only attempt k = 1 is modulus-switched before the masks are added; a retry (k ≥ 2) is sent at the full L
@@ -122,7 +123,7 @@ _MODEL_DOMAIN = b"flwr-fedeval/xmkckks/global-model/v1"
 def model_hash(arrays: ArrayRecord) -> bytes:
     """SHA-256 of a global model: every array's name, dtype, shape and bytes, in the record's order.
 
-    The no-retry rule's key (issue 21): a client gives at most one update per model hash, whatever
+    The no-retry rule's key: a client gives at most one update per model hash, whatever
     the key set. 32 bytes.
     """
     h = hashlib.sha256(_MODEL_DOMAIN)
@@ -513,7 +514,7 @@ class TrainReply(Payload):
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> TrainReply:
-        # a view into the message's own buffer, not a copy (issue 21 item 3: one reply in flight)
+        # a view into the message's own buffer, not a copy (one reply in flight)
         data = array_bytes_view(array_record(content, XMK_CIPHERTEXT_KEY), XMK_CIPHERTEXT_KEY, "ciphertext")
         metrics = content.get(_METRICS_KEY)  # RecordDict is a Mapping
         if metrics is not None and not isinstance(metrics, MetricRecord):
@@ -685,7 +686,7 @@ class PdecReply(Payload, messages.PdecReply):
     @classmethod
     def _from_record(cls, content: RecordDict) -> PdecReply:
         rec = config_record(content, _K)
-        # a view into the message's own buffer, not a copy (issue 21 item 3)
+        # a view into the message's own buffer, not a copy (one reply in flight)
         return cls(array_bytes_view(array_record(content, XMK_SHARE_KEY), XMK_SHARE_KEY, "share"),
                    tuple(config_list(rec, _K, "seed-shares", bytes)), tuple(config_list(rec, _K, "mask-shares", bytes)))
 

@@ -1,4 +1,4 @@
-"""Compact xMK-CKKS uploads: modulus switching of c0 and of decryption shares (issue 21 item 4).
+"""Compact xMK-CKKS uploads: modulus switching of c0 and of decryption shares (the smallest upload the noise allows).
 
 A client's upload in one round is its ciphertext (c0, c1) and later its
 decryption share D (Walskaar et al. 2023, Eqs. 6 and 7): three batches of
@@ -135,7 +135,7 @@ __all__ = [
 
 #: Worst-case error of the decoded sum (units of the encoded values) the switching rounding may grow the
 #: bound to, where doubling the uncompressed bound would allow less (condition 6 of the module docstring):
-#: issue 21's precision target of 1e-6 (docs/explanation/upload-size.md, point 4). It only matters for few
+#: the precision target of 1e-6 (docs/explanation/upload-size.md, point 4). It only matters for few
 #: clients (M = 2 at the default set); from M ~ 8 on the smudging alone exceeds it at n = 4096.
 ERROR_TARGET = 1e-6
 
@@ -394,7 +394,7 @@ def compact_rows(
     (< q_l) before it is yielded, so a consumer that stops at a ``ValueError`` has seen only
     canonical rows. The headers and lengths are checked (:func:`compact_count`) before the first
     range. Concatenated, the ranges are :meth:`CompactCiphertext.from_bytes`' c0 and c1 exactly.
-    The server folds a ciphertext this way without parsing it whole (issue 21 item 3).
+    The server folds a ciphertext this way without parsing it whole (one reply in flight: memory flat in M).
 
     Raises
     ------

@@ -40,7 +40,7 @@ Protocol for one key set K (cait-sith notation: ★ send, • wait, ▲ check
    ▲ (:func:`check_transcript_signatures`) every member signed the same T;
    b = Σ b_j; masks from X_j of i's neighbours in the mask graph of
    degree k derived from T (:func:`~flwr_fedeval.rlwe.masking.mask_neighbours`).
-   Before it (step 1c, issue 21) each member seals its Shamir shares of s_i,
+   Before it (step 1c) each member seals its Shamir shares of s_i,
    x_i and its self-mask seed to every member (:func:`seal_shares`: AES-GCM
    under HKDF(X25519(x_i, X_j)) with its own label, AAD = kid, round, sender,
    recipient) and opens the ones addressed to it (:func:`open_shares`).

@@ -82,7 +82,7 @@ _DOMAIN = b"flwr-fedeval/xmkckks/pairwise-mask/v2"  # v2: AES-256-CTR PRG
 
 
 #: Default degree k of the mask graph (SecAgg+, Bell et al. 2020): the smallest k >= 4
-#: that keeps the cost of issue 12 within 10 % of an xMK-CKKS round at M = 10
+#: that keeps the mask cost within 10 % of an xMK-CKKS round at M = 10
 #: (``benchmarks/bench_xmk_security.py``). 0 = the complete graph (Bonawitz et al. 2017).
 DEFAULT_MASK_DEGREE = 4
 _GRAPH_DOMAIN = b"flwr-fedeval/xmkckks/mask-graph/v1"
@@ -290,7 +290,7 @@ def _reduce(acc: np.ndarray, tmp: np.ndarray, p: int, bound: int) -> None:
 
 
 class MaskSum:
-    """base + Σ ±PRG(key) mod q, a range of polynomials at a time (issue 21 item 3).
+    """base + Σ ±PRG(key) mod q, a range of polynomials at a time (memory flat in the model size).
 
     The streams of every (key, limb) are kept between calls, so consecutive calls of
     :meth:`next_rows` over [0, k) give exactly what one call over all k rows gives,

@@ -400,7 +400,7 @@ def _make_split(name: str, n: int, widths: tuple[int, ...]) -> ParameterSet:
 
 #: Named 128-bit parameter sets (id -> ParameterSet). log2 q in the name.
 #:
-#: ``xmk-n4096-q109`` is the split set of issue 21 (docs/explanation/upload-size.md): primes just
+#: ``xmk-n4096-q109`` is the split set sized for the smallest upload (docs/explanation/upload-size.md): primes just
 #: below 2^24, 2^23, 2^31, 2^31 (q < 2^109, log2 q = 108.997; every prime sits at the top of its
 #: bit width, so per-limb bit packing wastes < 0.01 bit). A compact upload keeps the first two
 #: (q' = 2^47.0) and drops the two 31-bit primes (Q = 2^62.0): 109 + 2 x 47 = 203 bits per

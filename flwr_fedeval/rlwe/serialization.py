@@ -215,7 +215,7 @@ def unpack_rows(
     Every limb's residues of polynomial r sit at bytes r·n·b_l/8 to (r+1)·n·b_l/8
     of that limb's block (b_l = bit_length(q_l), n a multiple of 8), so a range of
     polynomials is read without unpacking the rest: the server folds a ciphertext
-    a few polynomials at a time (issue 21 item 3).
+    a few polynomials at a time (one reply in flight: memory flat in M).
 
     Parameters
     ----------

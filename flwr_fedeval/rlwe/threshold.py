@@ -1,6 +1,6 @@
 """t-out-of-N threshold decryption for xMK-CKKS and Shamir sharing of 32-byte secrets.
 
-Why (DESIGN.md §3, issue 21): a member of the key set lost after its upload
+Why (DESIGN.md §3; no retries): a member of the key set lost after its upload
 must not force a second round on the same global model (a deviating server
 would fake dropouts and difference the sums). Instead every member
 Shamir-shares its RLWE secret s_i among the N members of the signed key set
@@ -57,7 +57,7 @@ Noise: the decryption noise is B_fresh(M) + |A| B_smudge(M) <= B_total(M)
 for |A| <= M (:func:`~flwr_fedeval.rlwe.params.total_noise_bound`); the
 smudging hides B_fresh(M) as in the N-out-of-N case.
 
-A decryptor lost during step 5 (issue 21): the server asks a new active set
+A decryptor lost during step 5: the server asks a new active set
 A' with the next attempt index k (the caller's rules,
 :mod:`flwr_fedeval.clients.xmkckks`: one share per A and one per k in 1..a,
 at most a <= :data:`~flwr_fedeval.rlwe.params.MAX_DECRYPTION_ATTEMPTS`
@@ -68,7 +68,7 @@ lambda D' - lambda' D = lambda' e - lambda e' (mod q) with e, e' small: a
 2-dimensional lattice problem per coefficient that gives F(x_j) C1, i.e.
 F(x_j).
 
-Why the retry is sent at the full level (issue 21, review of the masked
+Why the retry is sent at the full level (review of the masked
 shares). Had every attempt been switched to L' limbs before masking, the
 server's view of a complete attempt would be
 sum_{j in A} switch(v_j), v_j = lambda_j^A F(x_j) C1 + e*_j: not a function

@@ -7,7 +7,7 @@ deviating server (DESIGN.md §7): signed commit-then-reveal key sets
 (:mod:`flwr_fedeval.rlwe.masking`, :mod:`flwr_fedeval.rlwe.selfmask`, Bonawitz
 et al. 2017) and t-out-of-N threshold decryption over a signed contributor set
 (:mod:`flwr_fedeval.rlwe.threshold`, Mouchet et al. 2021), without retries
-(issue 21). The server sees only the sum of the contributors' encrypted,
+(no retries). The server sees only the sum of the contributors' encrypted,
 example-weighted updates and ``Σ n_i``; no single party can decrypt one
 client's update or a partial sum, and it holds one running sum, not M
 ciphertexts.
@@ -173,7 +173,7 @@ def _active_set(signatures: dict[str, bytes], t: int) -> tuple[str, ...]:
 class XMKFedAvg(ReadableFailuresMixin, FedAvg):
     """Weighted FedAvg whose client updates are aggregated under xMK-CKKS.
 
-    Each round (issue 21: no retries): (1a) ``query.xmk_keygen`` to the sampled
+    Each round (no retries): (1a) ``query.xmk_keygen`` to the sampled
     clients: each draws s_i, b_i (Eq. 1) and an X25519 mask key and replies a
     commitment signed with its roster key; (1b) ``query.xmk_reveal`` relays all
     signed commitments and the public parameters (scale, value bound B, mask
