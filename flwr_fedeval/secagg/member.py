@@ -86,8 +86,7 @@ class _Record:
         TypeError
             ``values`` holds a key of no field (a record of another version: a bug, not a refusal).
         """
-        hints = typing.get_type_hints(cls)
-        names = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        hints, names = _layout(cls)
         unknown = sorted(set(values) - set(names))
         if unknown:
             raise TypeError(f"{cls.__name__}: no field for {unknown}")
@@ -105,6 +104,19 @@ class _Record:
             value = getattr(self, f.name)
             out[f.name.replace("_", "-")] = list(value) if isinstance(value, (list, tuple)) else value
         return out
+
+
+_LAYOUTS: dict[type, tuple[dict[str, Any], dict[str, str]]] = {}
+
+
+def _layout(cls: type) -> tuple[dict[str, Any], dict[str, str]]:
+    """A record class's field types and its ``{config key: field name}``, worked out once per class
+    (``typing.get_type_hints`` parses every annotation: a cost paid on every message otherwise)."""
+    if cls not in _LAYOUTS:
+        hints = typing.get_type_hints(cls)
+        names = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(cls)}
+        _LAYOUTS[cls] = (hints, names)
+    return _LAYOUTS[cls]
 
 
 def _convert(hint: Any, value: Any) -> Any:
