@@ -56,8 +56,9 @@ test: setup
 lint: setup
 	@scripts/lint.sh
 
+# two pytest workers (pytest-xdist): the fast loop is CPU-bound protocol tests, 2 cores here
 test-fast: setup
-	@scripts/run-tests.sh -m "not slow"
+	@scripts/run-tests.sh -m "not slow" -n 2
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
