@@ -320,6 +320,33 @@ def test_a_new_run_refuses_a_model_trained_on_in_an_earlier_run(tmp_path):
     assert codes == [None] * 3
 
 
+def test_300_filler_models_then_the_first_model_again_is_refused_over_the_grid(tmp_path):
+    """The no-retry ledger never forgets: every node trains on the initial model in one run, then 300
+    cheap filler models are recorded on every node (what 300 filler rounds record, through the same
+    interface the member calls), then a new run offers the initial model again: every node refuses it
+    (a 256-entry ledger would have forgotten it and given the update over another key set)."""
+    import hashlib
+
+    from flwr_fedeval.clients.ledger import record_training
+
+    run(InProcessGrid(make_app(), 3, RUN_CONFIG, ledgers=tmp_path), _strategy(3))
+    fill = InProcessGrid(make_app(), 3, RUN_CONFIG, ledgers=tmp_path)
+    for node in fill.node_ids:
+        for k in range(300):
+            record_training(fill.contexts[node], hashlib.sha256(f"filler {k}".encode()).digest())
+    assert all(NodeLedger(tmp_path / f"node-{p}.ledger.sqlite").summary().trained == {"train": 301} for p in range(3))
+    codes = []
+
+    def spy(node, msg, reply):
+        if msg.metadata.message_type == "train":
+            codes.append(reply.error.code if reply.has_error() else None)
+        return reply
+
+    result = run(InProcessGrid(make_app(), 3, RUN_CONFIG, ledgers=tmp_path, fault=spy), _strategy(3))
+    assert codes == [int(ReplyCode.ALREADY_CONTRIBUTED)] * 3
+    assert not len(result.arrays) or np.array_equal(flat(result.arrays.to_numpy_ndarrays()), flat(initial()))
+
+
 def test_sparse_mask_graph_member_lost_before_upload_is_unmasked_exactly():
     """M = 7, mask degree 2: the lost member's pairwise masks with its two neighbours in C are rebuilt from
     its reconstructed mask key; the mean over the six contributors is exact."""
