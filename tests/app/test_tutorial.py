@@ -148,11 +148,14 @@ class Session:
         return _marked_pids(self.token)
 
 
-def _fhe_auc(output: str) -> tuple[float, float]:
-    """The AUC and bound of the line the ServerApp prints (``print(fhe)``: at a line's start)."""
+def _fhe_auc(output: str) -> tuple[float, float, float]:
+    """The AUC and bound of the line the ServerApp prints (``print(fhe)``: at a line's start), and the
+    rounding the printed figures may hide (half a unit of each one's last printed digit)."""
     found = re.findall(r"^FHE AUC ([\d.]+) ± ([\d.]+) \(resolution bound", output, re.M)
     assert len(found) == 1, output[-4000:]
-    return float(found[0][0]), float(found[0][1])
+    auc, bound = found[0]
+    rounding = sum(0.5 * 10.0 ** -len(figure.partition(".")[2]) for figure in (auc, bound))
+    return float(auc), float(bound), rounding
 
 
 def _reference_auc(project: Path) -> float:
@@ -207,10 +210,11 @@ def test_the_tutorial_runs_as_written(tmp_path):
         statuses = [r["status"] for r in sorted(session.runs(), key=lambda r: r["pending-at"])]
         assert statuses == ["finished:completed"] * 2, (statuses, [out[-3000:] for out in flwr_runs])
         project = session.cwd
-        auc, bound = _fhe_auc(flwr_runs[1])
+        auc, bound, rounding = _fhe_auc(flwr_runs[1])
         reference = _reference_auc(project)
         assert 0 <= bound <= 0.01  # logit-spaced decision points: no resolution warning
-        assert abs(auc - reference) <= bound + 1e-6, (auc, bound, reference)
+        # the certified bound holds for the exact figures; the printed ones are rounded
+        assert abs(auc - reference) <= bound + rounding, (auc, bound, rounding, reference)
         assert "FHE AUC" not in flwr_runs[0]
         assert not list(project.rglob("*.key"))  # the private keys stay out of the App's folder (its FAB)
     finally:
