@@ -33,10 +33,15 @@ from flwr_fedeval.identity import Roster
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_advice, roc_points
 from flwr_fedeval.protocol import ReplyCode
 from flwr_fedeval.strategies.auc_phase import AUCPhaseResult
-from flwr_fedeval.strategies.base import FailureLog, FailureRecordingGrid, NodeNotConfigured, ReadableFedAvg
+from flwr_fedeval.strategies.base import (
+    EvaluationPhase,
+    FailureLog,
+    FailureRecordingGrid,
+    NodeNotConfigured,
+    ReadableFedAvg,
+)
 from flwr_fedeval.strategies.checkpoint import train_with_checkpoints
 from flwr_fedeval.strategies.collect import IDENTITY_TIMEOUT, Rejoin
-from flwr_fedeval.strategies.failures import Failures
 from flwr_fedeval.strategies.fhe_phase import FHEPhaseFailedError
 from flwr_fedeval.strategies.phases import make_auc_phase
 from flwr_fedeval.strategies.shapley_phase import NodeSubsetGrid, SecSVPhase, ShapleyPhaseResult, discover_roles
@@ -125,7 +130,7 @@ def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result:
 
 
 def _write_failed_phase(cfg: JobConfig, fed: _Federation, strategy: FedAvg, folder: Path, exc: Exception,
-                        phase: object, train_hist: dict[int, dict[str, float]],
+                        phase: EvaluationPhase[AUCPhaseResult], train_hist: dict[int, dict[str, float]],
                         eval_hist: dict[int, dict[str, float]], t_train: float, wall: float) -> None:
     """``results.json`` of a run whose AUC phase failed (an FHE participant lost at steps 3-4, no
     re-run over another subset; too few nodes left, e.g. every node's DP budget spent):
@@ -136,11 +141,9 @@ def _write_failed_phase(cfg: JobConfig, fed: _Federation, strategy: FedAvg, fold
     for node, reason in failed.items():
         if not fed.failures.has(node, None):
             fed.failures.add(node, f"{cfg.auc_method} AUC phase", int(ReplyCode.MALFORMED_REPLY), str(reason))
-    phase_failures = getattr(phase, "failures", None)
-    if isinstance(phase_failures, Failures):
-        for node, f in phase_failures.items():
-            fed.failures.add(node, f"{cfg.auc_method} AUC phase: {f.step}", f.code, f.reason,
-                             seconds_to_detect=f.seconds_to_detect)
+    for node, f in phase.failures.items():
+        fed.failures.add(node, f"{cfg.auc_method} AUC phase: {f.step}", f.code, f.reason,
+                         seconds_to_detect=f.seconds_to_detect)
     write_results(cfg, {
         "config": cfg.as_dict(),
         "auc_method": cfg.auc_method,

@@ -352,6 +352,11 @@ class RevealReply(Payload, messages.RevealReply):
                    config_bytes(rec, _K, "transcript-signature"))
 
 
+def _openings(request: messages.KeySetOpenings) -> dict[str, Any]:
+    """The fields of :class:`~flwr_fedeval.secagg.messages.KeySetOpenings` (steps 1c and 2), for :func:`_config`."""
+    return {f.name: getattr(request, f.name) for f in dataclasses.fields(messages.KeySetOpenings)}
+
+
 def _key_set_lists(rec: ConfigRecord) -> dict[str, list[Any]]:
     """The aligned openings of a key set: signers, public shares, mask keys, transcript signatures."""
     lists = {"signers": config_list(rec, _K, "signers", str),
@@ -379,9 +384,7 @@ class SharesRequest(Payload, messages.SharesRequest):
     LABEL = "xMK key shares request"
 
     def _to_record(self) -> RecordDict:
-        return _config(params=self.params, key_id=self.key_id, round=self.round, signers=self.signers,
-                       public_shares=self.public_shares, mask_keys=self.mask_keys,
-                       transcript_signatures=self.transcript_signatures)
+        return _config(**_openings(self))
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> SharesRequest:
@@ -455,10 +458,8 @@ class TrainRequest(Payload, messages.TrainRequest):
         return RecordDict({key: record for key, record in content.items() if key != _K})
 
     def _to_record(self) -> RecordDict:
-        return _config(params=self.params, key_id=self.key_id, round=self.round, signers=self.signers,
-                       public_shares=self.public_shares, mask_keys=self.mask_keys,
-                       transcript_signatures=self.transcript_signatures, num_clients=self.num_clients,
-                       senders=self.senders, sealed_shares=self.sealed_shares)
+        return _config(**_openings(self), num_clients=self.num_clients, senders=self.senders,
+                       sealed_shares=self.sealed_shares)
 
     @classmethod
     def _from_record(cls, content: RecordDict) -> TrainRequest:

@@ -23,6 +23,7 @@ __all__ = [
     "RevealReply",
     "RevealRequest",
     "SharesReply",
+    "KeySetOpenings",
     "SharesRequest",
     "TrainRequest",
     "TrainUpload",
@@ -97,8 +98,9 @@ class RevealReply:
 
 
 @dataclass(frozen=True)
-class SharesRequest:
-    """Step 1c: every member's opening and signature over T (aligned lists, one entry per member)."""
+class KeySetOpenings:
+    """Every member's opening (b_j, X_j) and signature over T (aligned lists, one entry per member), for
+    parameter set ``params``, key set ``key_id`` and ``round``: what steps 1c and 2 both carry."""
 
     params: str
     key_id: str
@@ -107,6 +109,11 @@ class SharesRequest:
     public_shares: tuple[bytes, ...]
     mask_keys: tuple[bytes, ...]
     transcript_signatures: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class SharesRequest(KeySetOpenings):
+    """Step 1c: the key set's openings (:class:`KeySetOpenings`); each member answers with its shares."""
 
 
 @dataclass(frozen=True)
@@ -121,16 +128,10 @@ class SharesReply:
 
 
 @dataclass(frozen=True)
-class TrainRequest:
-    """Step 2: the key set's openings as in step 1c, |K|, and the member's inbox of sealed shares."""
+class TrainRequest(KeySetOpenings):
+    """Step 2: the key set's openings as in step 1c (:class:`KeySetOpenings`), |K|, and the member's inbox
+    of sealed shares."""
 
-    params: str
-    key_id: str
-    round: int
-    signers: tuple[str, ...]
-    public_shares: tuple[bytes, ...]
-    mask_keys: tuple[bytes, ...]
-    transcript_signatures: tuple[bytes, ...]
     num_clients: int
     senders: tuple[str, ...] = ()
     sealed_shares: tuple[bytes, ...] = ()
