@@ -79,5 +79,11 @@ if [ -z "${run_id:-}" ]; then
 fi
 if [ "$status" != "finished:completed" ]; then
   echo "run-local: run $run_id ended with status '$status'" >&2
+  if grep -q "node ledger" "$log"; then
+    # The demo's simulated nodes are real nodes to the protocol: their privacy ledgers outlive runs.
+    echo "run-local: the demo nodes' privacy ledgers ($IDS/node-*.ledger.sqlite) refused part of this" \
+         "run: a node gives one update per global model and spends its DP budget once, across runs." \
+         "Rerun from another initial model (RUN_CONFIG=\"seed=7\") or with new demo nodes (make clean)." >&2
+  fi
   exit 1
 fi
