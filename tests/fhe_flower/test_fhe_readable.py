@@ -17,8 +17,8 @@ from flwr.clientapp import ClientApp
 from identities import IDENTITY_DIR, node_configs
 
 from flwr_fedeval.clients import register_fhe_handlers
-from flwr_fedeval.keys import create, main
 from flwr_fedeval.fhe.auc import FHEAUCConfig
+from flwr_fedeval.keys import create, main
 from flwr_fedeval.metrics.auc import RESOLUTION_WARN_THRESHOLD, resolution_bound
 from flwr_fedeval.metrics.counts import decision_points, threshold_counts
 from flwr_fedeval.strategies import FHEAUCPhase
