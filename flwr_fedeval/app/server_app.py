@@ -117,10 +117,15 @@ def make_rejoin(cfg: JobConfig, roster: Roster | None, partitions: dict[int, tup
     return Rejoin(prove, identities if roster is not None else by_partition(partitions), ignore=refused)
 
 
+class NoTrainedRound(RuntimeError):
+    """Every training round of the run failed (e.g. each node had already trained on this initial model:
+    ``ALREADY_CONTRIBUTED``): the results are written, then the run stops as failed."""
+
+
 def _record_checked_failures(failures: FailureLog, strategy: FedAvg, auc_result: AUCPhaseResult) -> None:
     """Add the failures the server's checks found (malformed replies, aborted xMK attempts) to
     ``failures``, which already holds every timeout and error reply (:class:`FailureRecordingGrid`)."""
-    for rnd, exc in getattr(strategy, "aborted_attempts", []):
+    for rnd, exc in strategy.aborted_attempts if isinstance(strategy, XMKFedAvg) else []:
         for node, reason in exc.failed.items():
             if exc.step != "sampling" and not failures.has(node, rnd):
                 failures.add(node, exc.step, int(ReplyCode.MALFORMED_REPLY), str(reason), round=rnd)
@@ -289,11 +294,16 @@ def discover_federation(grid: Grid, cfg: JobConfig, roster: Roster | None) -> _F
 
 def log_rounds(train_hist: dict[int, dict[str, float]], eval_hist: dict[int, dict[str, float]]) -> None:
     """One line per round: the clients' train and eval loss and accuracy."""
+    def part(name: str, hist: dict[str, float], missing: str) -> str:
+        if f"{name}-loss" not in hist:
+            return f"{name}: {missing}"
+        acc = hist.get(f"{name}-acc")
+        return f"{name} loss {hist[f'{name}-loss']:.4f}" + (f" acc {acc:.4f}" if acc is not None else "")
+
     for rnd in sorted(set(train_hist) | set(eval_hist)):
-        tr, ev = train_hist.get(rnd, {}), eval_hist.get(rnd, {})
-        log(INFO, "round %d: train loss %.4f acc %.4f | eval loss %.4f acc %.4f", rnd,
-            tr.get("train-loss", float("nan")), tr.get("train-acc", float("nan")),
-            ev.get("eval-loss", float("nan")), ev.get("eval-acc", float("nan")))
+        log(INFO, "round %d: %s | %s", rnd,
+            part("train", train_hist.get(rnd, {}), "no update aggregated (global model unchanged)"),
+            part("eval", eval_hist.get(rnd, {}), "no evaluation replies"))
 
 
 def log_final_auc(cfg: JobConfig, auc_result: AUCPhaseResult, ref_auc: float) -> None:
@@ -360,6 +370,9 @@ def _main(grid: Grid, cfg: JobConfig, roster: Roster | None) -> None:
     eval_hist = _metric_history(result.evaluate_metrics_clientapp)
     log_rounds(train_hist, eval_hist)
     t_train = time.perf_counter() - t_start
+    if not train_hist:  # every round failed: the model is the initial one, which the run must not hide
+        log(ERROR, "no round of this run aggregated a training update (see the failures above): the global "
+            "model is the initial one; it is evaluated as such and the run then stops as failed")
 
     try:
         auc_result = auc_phase.run(grid, result.arrays)
@@ -411,6 +424,7 @@ def _main(grid: Grid, cfg: JobConfig, roster: Roster | None) -> None:
             "num_test_samples": int(y_true.size),
             "reference_score_histogram": score_histogram(y_true, y_score),
             "train_metrics": train_hist,
+            "trained_rounds": sorted(train_hist),
             "evaluate_metrics": eval_hist,
             **xmk_results(strategy),
             "wall_time_s": {"training": t_train, "total": wall},
@@ -423,3 +437,8 @@ def _main(grid: Grid, cfg: JobConfig, roster: Roster | None) -> None:
     if shapley is not None:
         write_fsv_chart(folder, shapley.fsv, title=f"Federated Shapley Values (SecSV), {cfg.dataset}")
     log(INFO, "Results written to %s (wall time %.1f s)", folder, wall)
+    if not train_hist:
+        raise NoTrainedRound(
+            f"no round of this run aggregated a training update ({len(fed.failures.to_json())} failure(s) in "
+            f"{folder}/results.json): the AUC above is the initial model's"
+        )
