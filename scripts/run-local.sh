@@ -79,7 +79,7 @@ if [ -z "${run_id:-}" ]; then
 fi
 if [ "$status" != "finished:completed" ]; then
   echo "run-local: run $run_id ended with status '$status'" >&2
-  if grep -q "node ledger" "$log"; then
+  if grep -qE "ALREADY_CONTRIBUTED|BUDGET_EXHAUSTED" "$log"; then  # the reply codes the ledger refuses with
     # The demo's simulated nodes are real nodes to the protocol: their privacy ledgers outlive runs.
     echo "run-local: the demo nodes' privacy ledgers ($IDS/node-*.ledger.sqlite) refused part of this" \
          "run: a node gives one update per global model and spends its DP budget once, across runs." \
