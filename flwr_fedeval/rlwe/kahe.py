@@ -107,6 +107,7 @@ __all__ = [
     "KaheSum",
     "count_clipped",
     "encrypt",
+    "encrypt_bytes",
     "kahe_parameters",
     "public_polynomials",
     "public_seed",
@@ -737,15 +738,8 @@ class KaheCiphertext:
         )
         out = bytearray(HEADER_SIZE + self.payload_size(p, self.num_blocks))
         out[:HEADER_SIZE] = head
-        pos, n, nb = HEADER_SIZE, p.n, self.num_blocks
-        for i, q in enumerate(p.primes):
-            b = q.bit_length()
-            for lo in range(0, nb, _ENCRYPT_BLOCKS):  # a range at a time: temporaries stay in cache
-                hi = min(nb, lo + _ENCRYPT_BLOCKS)
-                out[pos + lo * n * b // 8 : pos + hi * n * b // 8] = _pack_bits(
-                    np.ascontiguousarray(self.residues[lo:hi, i, :]).reshape(-1), b
-                )
-            pos += nb * n * b // 8
+        for lo in range(0, self.num_blocks, _ENCRYPT_BLOCKS):  # a range at a time: temporaries stay in cache
+            _pack_range(out, p, self.num_blocks, lo, self.residues[lo : lo + _ENCRYPT_BLOCKS])
         return bytes(out)
 
     @staticmethod
@@ -815,6 +809,20 @@ class KaheCiphertext:
         return cls(params, tag, m, _rows(memoryview(data), params, total, 0, total))
 
 
+def _pack_range(out: bytearray, params: KaheParameters, total: int, start: int, rows: NDArray[np.uint64]) -> None:
+    """Pack blocks [start, start + len(rows)) of a ciphertext of ``total`` blocks into ``out`` (header and
+    payload, :class:`KaheCiphertext` Notes): every limb's residues at their fixed offset."""
+    n, count = params.n, rows.shape[0]
+    buf = np.frombuffer(out, dtype=np.uint8)
+    pos = HEADER_SIZE
+    for i, q in enumerate(params.primes):
+        b = q.bit_length()
+        lo = pos + start * n * b // 8
+        dst = buf[lo : lo + count * n * b // 8].reshape(count * n // 8, b)
+        _pack_bits(np.ascontiguousarray(rows[:, i, :]).reshape(-1), b, out=dst)
+        pos += total * n * b // 8
+
+
 def _rows(view: memoryview, params: KaheParameters, total: int, start: int, count: int) -> NDArray[np.uint64]:
     if not _is_int(start) or not _is_int(count) or not (start >= 0 and count >= 1 and start + count <= total):
         raise KaheError(f"blocks [{start}, {start}+{count}) are not within [0, {total})")
@@ -849,16 +857,22 @@ def _encode(params: KaheParameters, values: np.ndarray, integers: np.ndarray) ->
         )
     m = v.shape[0]
     v = v.astype(np.float64, copy=False)
-    if not np.all(np.isfinite(v)):
+    low, high = (float(v.min()), float(v.max())) if m else (0.0, 0.0)
+    if not (math.isfinite(low) and math.isfinite(high)):  # min and max are NaN if any value is
         raise KaheError("values must be finite (NaN or infinity found)")
     nb = params.num_blocks(m)
-    x = np.zeros(nb * params.n, dtype=np.int64)
-    clipped = int(np.count_nonzero(np.abs(v) > params.bound))
-    scaled = np.clip(v, -params.bound, params.bound)
-    scaled *= 2.0**params.fractional_bits  # exact: a power of two
+    x = np.empty(nb * params.n, dtype=np.int64)
+    if -params.bound <= low and high <= params.bound:  # nothing to clip: one pass less
+        clipped = 0
+        scaled = v * 2.0**params.fractional_bits  # exact: a power of two
+    else:
+        clipped = int(np.count_nonzero(np.abs(v) > params.bound))
+        scaled = np.clip(v, -params.bound, params.bound)
+        scaled *= 2.0**params.fractional_bits
     np.rint(scaled, out=scaled)  # round half to even
     x[:m] = scaled
     x[m : m + params.integer_slots] = ints
+    x[m + params.integer_slots :] = 0
     return x.reshape(nb, params.n), clipped
 
 
@@ -901,16 +915,71 @@ def encrypt(
         a silent wrap-around would corrupt the sum.
     """
     seed = _check_seed(seed)
+    x, num_values, clipped = _encrypt_input(params, key, values, integers)
+    c = np.empty((x.shape[0], params.limbs, params.n), dtype=np.uint64)
+    for lo, rows in _encrypt_ranges(params, seed, key, x):
+        c[lo : lo + rows.shape[0]] = rows
+    return KaheCiphertext(params, _seed_tag(params, seed), num_values, c, clipped)
+
+
+def encrypt_bytes(
+    params: KaheParameters,
+    seed: bytes,
+    key: NDArray[np.int64],
+    values: NDArray[np.floating],
+    integers: NDArray[np.integer],
+) -> bytes:
+    """``encrypt(params, seed, key, values, integers).to_bytes()``, byte for byte, packed range by range.
+
+    Each range of blocks is packed as soon as it is encrypted (one range of residues in memory instead
+    of the whole ciphertext's, about 8 bytes per coefficient and prime): what a client sends.
+
+    Parameters and errors as :func:`encrypt`.
+
+    Returns
+    -------
+    bytes
+        The reply (:class:`KaheCiphertext` Notes): header, then every prime's packed residues.
+    """
+    seed = _check_seed(seed)
+    x, num_values, _ = _encrypt_input(params, key, values, integers)
+    nb = x.shape[0]
+    out = bytearray(HEADER_SIZE + KaheCiphertext.payload_size(params, nb))
+    out[:HEADER_SIZE] = _CT_HEADER.pack(
+        _CT_MAGIC, _CT_VERSION, 0, 0, num_values, 0, nb, params.digest, _seed_tag(params, seed)
+    )
+    for lo, rows in _encrypt_ranges(params, seed, key, x):
+        _pack_range(out, params, nb, lo, rows)
+    return bytes(out)
+
+
+def _encrypt_input(
+    params: KaheParameters, key: NDArray[np.int64], values: NDArray[np.floating], integers: NDArray[np.integer]
+) -> tuple[NDArray[np.int64], int, int]:
+    """The checks of :func:`encrypt` (key, values, integers) and x: (x of shape (num_blocks, n), m, clipped)."""
     k = np.asarray(key)
     if k.shape != (params.n,) or not np.issubdtype(k.dtype, np.integer):
         raise KaheError(f"key must be an integer array of shape ({params.n},)")
     if int(np.abs(k.astype(np.int64)).max()) > params.key_cut:
         raise KaheError(f"key has a coefficient beyond the tail cut {params.key_cut}: not from sample_key")
     x, clipped = _encode(params, values, integers)
+    return x, int(np.asarray(values).shape[0]), clipped
+
+
+def _encrypt_ranges(
+    params: KaheParameters, seed: bytes, key: NDArray[np.int64], x: NDArray[np.int64]
+) -> Iterator[tuple[int, NDArray[np.uint64]]]:
+    """(lo, c_j for the blocks j of [lo, lo + cnt)) range by range, c_j = a_j k + e_j + Δ x_j mod q_i.
+
+    ``x`` (num_blocks, n) int64 is overwritten (Δ x + e); the rows yielded (cnt, L, n) uint64 are one
+    buffer, reused for the next range: the consumer copies or packs them before asking for the next.
+    """
+    seed = _check_seed(seed)
     nb = x.shape[0]
-    product = _BlockProduct(params, k.astype(np.int64), min(_ENCRYPT_BLOCKS, nb))
+    chunk = min(_ENCRYPT_BLOCKS, nb)
+    product = _BlockProduct(params, np.asarray(key).astype(np.int64), chunk)
     rng = RandomStream()
-    c = np.empty((nb, params.limbs, params.n), dtype=np.uint64)
+    c = np.empty((chunk, params.limbs, params.n), dtype=np.uint64)
     for lo in range(0, nb, _ENCRYPT_BLOCKS):  # a range of blocks at a time: temporaries stay in cache
         cnt = min(_ENCRYPT_BLOCKS, nb - lo)
         xs = x[lo : lo + cnt]
@@ -928,8 +997,8 @@ def encrypt(
                 r *= params.delta % q  # < 2^62
                 r %= q
                 r += e
-        product(public_polynomials(params, seed, lo, cnt), addend, c[lo : lo + cnt])
-    return KaheCiphertext(params, _seed_tag(params, seed), int(np.asarray(values).shape[0]), c, clipped)
+        product(public_polynomials(params, seed, lo, cnt), addend, c[:cnt])
+        yield lo, c[:cnt]
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -1026,11 +1095,24 @@ class KaheSum:
         for lo in range(0, self.num_blocks, self.chunk_blocks):
             yield lo, min(self.chunk_blocks, self.num_blocks - lo)
 
-    def _apply(self, rows: NDArray[np.uint64], lo: int, sign: int) -> None:
+    def _limbs(self, view: memoryview, total: int, lo: int, cnt: int) -> list[NDArray[np.uint32]]:
+        """Blocks [lo, lo + cnt) of a reply, one (cnt·n,) uint32 array per limb, each checked below q_i."""
+        p, n = self.params, self.params.n
+        out, pos = [], HEADER_SIZE
+        for i, q in enumerate(p.primes):
+            b = q.bit_length()
+            start = pos + lo * n * b // 8
+            vals = _unpack_bits(view[start : start + cnt * n * b // 8], b, cnt * n, np.uint32)
+            if int(vals.max()) >= q:
+                raise KaheError(f"limb {i} has values >= q_{i} = {q}")
+            out.append(vals)
+            pos += total * n * b // 8
+        return out
+
+    def _apply(self, limbs: list[NDArray[np.uint32]], lo: int, sign: int) -> None:
         total = self._live()
-        for i, q in enumerate(self._q32):
-            s = total[i, lo : lo + rows.shape[0]]
-            v = rows[:, i, :].astype(np.uint32)
+        for i, (q, v) in enumerate(zip(self._q32, limbs)):
+            s = total[i, lo : lo + v.size // self.params.n].reshape(-1)
             if sign > 0:
                 s += v  # < 2q < 2^32
                 np.minimum(s, s - q, out=s)  # s - q wraps around when s < q
@@ -1061,11 +1143,11 @@ class KaheSum:
         done: list[tuple[int, int]] = []
         try:
             for lo, cnt in self._ranges():
-                self._apply(_rows(view, self.params, total, lo, cnt), lo, +1)
+                self._apply(self._limbs(view, total, lo, cnt), lo, +1)
                 done.append((lo, cnt))
         except KaheError:
             for lo, cnt in done:
-                self._apply(_rows(view, self.params, total, lo, cnt), lo, -1)
+                self._apply(self._limbs(view, total, lo, cnt), lo, -1)
             raise
         self.count += 1
 

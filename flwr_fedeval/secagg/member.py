@@ -587,9 +587,13 @@ class Member:
         ValueError
             A NaN or infinite value.
         """
-        if not np.all(np.isfinite(vector)):
+        low, high = (float(vector.min()), float(vector.max())) if vector.size else (0.0, 0.0)
+        if not (np.isfinite(low) and np.isfinite(high)):  # min and max are NaN if any value is
             raise ValueError(f"the update has {int(np.sum(~np.isfinite(vector)))} NaN/inf values")
         bound = self.state.max_abs_value
+        if -bound <= low and high <= bound:  # nothing to clip (the usual case): no copy
+            self.ledger.clipped_last = 0
+            return vector
         clipped = int(np.count_nonzero(np.abs(vector) > bound))
         self.ledger.clipped_last = clipped
         self.ledger.clipped_values += clipped
@@ -638,7 +642,7 @@ class Member:
             key = kahe.sample_key(kahe_params)
             seed = kahe.public_seed(state.transcript, keys.round)
             integers = np.array([num_examples, self.ledger.clipped_last], dtype=np.int64)
-            kahe_bytes = kahe.encrypt(kahe_params, seed, key, vector, integers).to_bytes()
+            kahe_bytes = kahe.encrypt_bytes(kahe_params, seed, key, vector, integers)
             del vector
             # the key capsule: k_i as one xMK-CKKS polynomial, masked below like a CKKS-mode update
             plaintext = _capsule_plaintext(params, key, scale_bits=scale_bits, num_clients=m,
