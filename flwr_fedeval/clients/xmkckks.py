@@ -258,7 +258,7 @@ def _train(msg: Message, context: Context, call_next: Callable[[Message, Context
         raise ValueError(f"train reply lacks {exc} (needs 'arrays' and metrics 'num-examples')") from exc
     try:
         layout = WeightLayout.of(global_arrays)
-        update = layout.flatten(new_arrays) - layout.flatten(global_arrays)
+        update = layout.difference(new_arrays, global_arrays)
         upload = member.encrypt(keys, update, num_examples)
     except (Refused, *_ERRORS) as exc:
         return error_reply(msg, _refused(exc), _LABEL)

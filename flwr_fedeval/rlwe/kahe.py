@@ -840,8 +840,22 @@ def _rows(view: memoryview, params: KaheParameters, total: int, start: int, coun
     return out
 
 
-def _encode(params: KaheParameters, values: np.ndarray, integers: np.ndarray) -> tuple[NDArray[np.int64], int]:
-    """x = [round(2^F clip(values, ±B)), integers], zero-padded to blocks: (num_blocks, n) int64, clipped."""
+@dataclass(frozen=True, eq=False)
+class _Input:
+    """A client's checked input: the values (float64, not yet scaled), the scale s, the integer slots, the
+    blocks and the count of values with |s·v| > B."""
+
+    values: NDArray[np.float64]
+    scale: float
+    integers: NDArray[np.int64]
+    num_blocks: int
+    clipped: int
+
+
+def _check_input(params: KaheParameters, values: np.ndarray, integers: np.ndarray, scale: float) -> _Input:
+    """Check the values (1-D, finite), the integer slots (|int| ≤ B 2^F) and the scale (finite, > 0); count
+    the values that :func:`_encode_range` clips. No copy of the values unless they are not float64 or some
+    are clipped (the count then needs s·v)."""
     v = np.asarray(values)
     if v.ndim != 1 or not (np.issubdtype(v.dtype, np.floating) or np.issubdtype(v.dtype, np.integer)):
         raise KaheError(f"values must be a 1-D float array, got shape {v.shape} dtype {v.dtype}")
@@ -855,25 +869,52 @@ def _encode(params: KaheParameters, values: np.ndarray, integers: np.ndarray) ->
         raise KaheError(
             f"an integer slot exceeds B 2^F = {params.value_bound} in magnitude: clip or refuse it before encrypting"
         )
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise KaheError(f"scale must be a number, got {type(scale).__name__}")
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise KaheError(f"scale must be finite and > 0, got {scale!r}")
     m = v.shape[0]
     v = v.astype(np.float64, copy=False)
     low, high = (float(v.min()), float(v.max())) if m else (0.0, 0.0)
     if not (math.isfinite(low) and math.isfinite(high)):  # min and max are NaN if any value is
         raise KaheError("values must be finite (NaN or infinity found)")
-    nb = params.num_blocks(m)
-    x = np.empty(nb * params.n, dtype=np.int64)
-    if -params.bound <= low and high <= params.bound:  # nothing to clip: one pass less
+    # rounding is monotone: every s·v is within ±B iff s·min and s·max are
+    if -params.bound <= scale * low and scale * high <= params.bound:
         clipped = 0
-        scaled = v * 2.0**params.fractional_bits  # exact: a power of two
     else:
-        clipped = int(np.count_nonzero(np.abs(v) > params.bound))
-        scaled = np.clip(v, -params.bound, params.bound)
-        scaled *= 2.0**params.fractional_bits
-    np.rint(scaled, out=scaled)  # round half to even
-    x[:m] = scaled
-    x[m : m + params.integer_slots] = ints
-    x[m + params.integer_slots :] = 0
-    return x.reshape(nb, params.n), clipped
+        clipped = int(np.count_nonzero(np.abs(v * scale) > params.bound))
+    return _Input(v, scale, ints, params.num_blocks(m), clipped)
+
+
+def _encode_range(
+    params: KaheParameters, inp: _Input, lo: int, out: NDArray[np.int64], work: NDArray[np.float64]
+) -> None:
+    """x of blocks [lo, lo + len(out)): round(2^F clip(s·v, ±B)) (round half to even), then the integer
+    slots, then zeros. ``out`` (cnt, n) int64 and ``work`` (>= cnt·n,) float64 are overwritten.
+
+    s·v·2^F is computed as v·(s 2^F): multiplying by a power of two is exact, so this is round(s·v)·2^F,
+    and clipping at ±B 2^F is clipping s·v at ±B, scaled.
+    """
+    n = params.n
+    flat = out.reshape(-1)
+    first = lo * n
+    m, s = inp.values.shape[0], params.integer_slots
+    stop = min(m, first + flat.size)
+    if first < stop:
+        w = work[: stop - first]
+        np.multiply(inp.values[first:stop], inp.scale * 2.0**params.fractional_bits, out=w)
+        if inp.clipped:
+            bound = params.bound * 2.0**params.fractional_bits  # exact: B times a power of two
+            np.clip(w, -bound, bound, out=w)
+        np.rint(w, out=w)
+        flat[: stop - first] = w
+    tail = max(first, m)  # the integer slots and the padding that fall in this range
+    if tail < first + flat.size:
+        flat[tail - first :] = 0
+        a, b = max(tail, m), min(first + flat.size, m + s)
+        if a < b:
+            flat[a - first : b - first] = inp.integers[a - m : b - m]
 
 
 def encrypt(
@@ -915,11 +956,11 @@ def encrypt(
         a silent wrap-around would corrupt the sum.
     """
     seed = _check_seed(seed)
-    x, num_values, clipped = _encrypt_input(params, key, values, integers)
-    c = np.empty((x.shape[0], params.limbs, params.n), dtype=np.uint64)
-    for lo, rows in _encrypt_ranges(params, seed, key, x):
+    inp = _encrypt_input(params, key, values, integers, 1.0)
+    c = np.empty((inp.num_blocks, params.limbs, params.n), dtype=np.uint64)
+    for lo, rows in _encrypt_ranges(params, seed, key, inp):
         c[lo : lo + rows.shape[0]] = rows
-    return KaheCiphertext(params, _seed_tag(params, seed), num_values, c, clipped)
+    return KaheCiphertext(params, _seed_tag(params, seed), int(inp.values.shape[0]), c, inp.clipped)
 
 
 def encrypt_bytes(
@@ -928,13 +969,17 @@ def encrypt_bytes(
     key: NDArray[np.int64],
     values: NDArray[np.floating],
     integers: NDArray[np.integer],
+    *,
+    scale: float = 1.0,
 ) -> bytes:
-    """``encrypt(params, seed, key, values, integers).to_bytes()``, byte for byte, packed range by range.
+    """``encrypt(params, seed, key, scale * values, integers).to_bytes()``, byte for byte, packed range by
+    range.
 
-    Each range of blocks is packed as soon as it is encrypted (one range of residues in memory instead
-    of the whole ciphertext's, about 8 bytes per coefficient and prime): what a client sends.
+    Each range of blocks is quantised, encrypted and packed in turn (one range of residues and of x in
+    memory instead of the whole ciphertext's and vector's): what a client sends. ``scale`` (finite, > 0)
+    multiplies the values before the clip (a client's n_i: clip(n_i·Δw, ±B)) without a scaled copy of them.
 
-    Parameters and errors as :func:`encrypt`.
+    Parameters and errors as :func:`encrypt`, and ``scale`` (a :class:`KaheError` if not finite and > 0).
 
     Returns
     -------
@@ -942,55 +987,62 @@ def encrypt_bytes(
         The reply (:class:`KaheCiphertext` Notes): header, then every prime's packed residues.
     """
     seed = _check_seed(seed)
-    x, num_values, _ = _encrypt_input(params, key, values, integers)
-    nb = x.shape[0]
+    inp = _encrypt_input(params, key, values, integers, scale)
+    nb = inp.num_blocks
     out = bytearray(HEADER_SIZE + KaheCiphertext.payload_size(params, nb))
     out[:HEADER_SIZE] = _CT_HEADER.pack(
-        _CT_MAGIC, _CT_VERSION, 0, 0, num_values, 0, nb, params.digest, _seed_tag(params, seed)
+        _CT_MAGIC, _CT_VERSION, 0, 0, inp.values.shape[0], 0, nb, params.digest, _seed_tag(params, seed)
     )
-    for lo, rows in _encrypt_ranges(params, seed, key, x):
+    for lo, rows in _encrypt_ranges(params, seed, key, inp):
         _pack_range(out, params, nb, lo, rows)
     return bytes(out)
 
 
 def _encrypt_input(
-    params: KaheParameters, key: NDArray[np.int64], values: NDArray[np.floating], integers: NDArray[np.integer]
-) -> tuple[NDArray[np.int64], int, int]:
-    """The checks of :func:`encrypt` (key, values, integers) and x: (x of shape (num_blocks, n), m, clipped)."""
+    params: KaheParameters,
+    key: NDArray[np.int64],
+    values: NDArray[np.floating],
+    integers: NDArray[np.integer],
+    scale: float,
+) -> _Input:
+    """The checks of :func:`encrypt` (key, values, integers, scale)."""
     k = np.asarray(key)
     if k.shape != (params.n,) or not np.issubdtype(k.dtype, np.integer):
         raise KaheError(f"key must be an integer array of shape ({params.n},)")
     if int(np.abs(k.astype(np.int64)).max()) > params.key_cut:
         raise KaheError(f"key has a coefficient beyond the tail cut {params.key_cut}: not from sample_key")
-    x, clipped = _encode(params, values, integers)
-    return x, int(np.asarray(values).shape[0]), clipped
+    return _check_input(params, values, integers, scale)
 
 
 def _encrypt_ranges(
-    params: KaheParameters, seed: bytes, key: NDArray[np.int64], x: NDArray[np.int64]
+    params: KaheParameters, seed: bytes, key: NDArray[np.int64], inp: _Input
 ) -> Iterator[tuple[int, NDArray[np.uint64]]]:
-    """(lo, c_j for the blocks j of [lo, lo + cnt)) range by range, c_j = a_j k + e_j + Δ x_j mod q_i.
+    """(lo, c_j for the blocks j of [lo, lo + cnt)) range by range, c_j = a_j k + e_j + Δ x_j mod q_i, x_j
+    quantised range by range (:func:`_encode_range`).
 
-    ``x`` (num_blocks, n) int64 is overwritten (Δ x + e); the rows yielded (cnt, L, n) uint64 are one
-    buffer, reused for the next range: the consumer copies or packs them before asking for the next.
+    The rows yielded (cnt, L, n) uint64 are one buffer, reused for the next range: the consumer copies or
+    packs them before asking for the next. Every buffer is allocated once per call.
     """
     seed = _check_seed(seed)
-    nb = x.shape[0]
+    nb, n = inp.num_blocks, params.n
     chunk = min(_ENCRYPT_BLOCKS, nb)
     product = _BlockProduct(params, np.asarray(key).astype(np.int64), chunk)
     rng = RandomStream()
-    c = np.empty((chunk, params.limbs, params.n), dtype=np.uint64)
+    c = np.empty((chunk, params.limbs, n), dtype=np.uint64)
+    x = np.empty((chunk, n), dtype=np.int64)
+    work = np.empty(chunk * n, dtype=np.float64)
     for lo in range(0, nb, _ENCRYPT_BLOCKS):  # a range of blocks at a time: temporaries stay in cache
         cnt = min(_ENCRYPT_BLOCKS, nb - lo)
-        xs = x[lo : lo + cnt]
-        e = discrete_gaussian((cnt, params.n), params.sigma_error, params.error_cut, rng)
+        xs = x[:cnt]
+        _encode_range(params, inp, lo, xs, work)
+        e = discrete_gaussian((cnt, n), params.sigma_error, params.error_cut, rng)
         # addend t = e + Δ x, reduced by the product's final reduction: c = a k + t mod q_i
         if params.modulus < 2**61:
             xs *= params.delta  # |Δ x| ≤ Δ B 2^F < Q/2 < 2^60: exact
             xs += e
             addend = xs[:, None, :]
         else:
-            addend = np.empty((cnt, params.limbs, params.n), dtype=np.int64)
+            addend = np.empty((cnt, params.limbs, n), dtype=np.int64)
             for i, q in enumerate(params.primes):
                 r = addend[:, i, :]
                 mod_signed(xs, q, out=r.view(np.uint64))

@@ -56,6 +56,7 @@ __all__ = ["Member", "MemberLedger", "MemberNode", "MemberState", "Refusal", "Tr
 #: Flower's logger: a member's warnings show in the node's log.
 _log = logging.getLogger("flwr")
 _MAX_USED_KEY_IDS = 64  # key-set ids this member committed for (it refuses to commit twice)
+_OPENINGS_DOMAIN = b"flwr-fedeval/xmkckks/member-openings/v1"
 
 ConfigValue = int | float | str | bytes | bool | list[int] | list[float] | list[str] | list[bytes] | list[bool]
 _T = TypeVar("_T", bound="_Record")
@@ -153,8 +154,10 @@ class MemberState(_Record):
     Step 1b (reveal): the signed parameters (``mask_degree``, ``scale_bits``, ``max_abs_value``,
     ``threshold``, ``limbs``, ``decryption_attempts``, ``bulk``, ``fractional_bits``), ``members`` and
     ``member_commitments`` (aligned), ``transcript`` T; ``confirmed`` once every member's signature over
-    T checked. Step 1c (shares): ``shares_round``, ``own_shares`` (its own Shamir shares until step 2),
-    ``self_seed`` (until its one use). Step 2 (train): ``sk_share``, ``member_mask_keys``,
+    T checked; ``opened`` / ``joint``: the digest of the openings it checked against the commitments
+    and their joint key b (a later step relaying the same openings reuses b). Step 1c (shares):
+    ``shares_round``, ``own_shares`` (its own Shamir shares until step 2), ``self_seed`` (until its one
+    use). Step 2 (train): ``sk_share``, ``member_mask_keys``,
     ``key_shares``, ``seed_shares`` (aligned with ``members``), ``sk_round``; ``enc_round``,
     ``enc_model``, ``num_polys``, ``own_c1`` (the digest of its c1). Step 2b: ``signed_round``. Step 3:
     the decryption ledger of the round (``pdec_round``, ``pdec_c1``, ``pdec_model``, ``pdec_active``,
@@ -185,6 +188,8 @@ class MemberState(_Record):
     member_commitments: list[bytes] = field(default_factory=list)
     transcript: bytes = b""
     confirmed: bool = False
+    opened: bytes = b""
+    joint: bytes = b""
     shares_round: int = -1
     own_shares: list[bytes] = field(default_factory=list)
     self_seed: bytes = b""
@@ -290,6 +295,17 @@ def _capsule_plaintext(params: rlwe.ParameterSet, key: np.ndarray[Any, np.dtype[
     return capsule.encode_key(params, key, scale_bits=scale_bits, num_clients=num_clients, kahe_params=kahe_params)
 
 
+def _openings_digest(signers: Sequence[str], public_shares: Sequence[bytes], mask_keys: Sequence[bytes]) -> bytes:
+    """SHA-256 of the relayed openings (signer, b_j, X_j) in the request's order, each part length-prefixed:
+    what :meth:`Member._open` keeps to recognise openings it has checked already."""
+    h = hashlib.sha256(_OPENINGS_DOMAIN)
+    for name, share, key in zip(signers, public_shares, mask_keys):
+        for part in (str(name).encode(), bytes(share), bytes(key)):
+            h.update(len(part).to_bytes(8, "big"))
+            h.update(part)
+    return h.digest()
+
+
 def _active_key(active: Sequence[str]) -> str:
     """How an active set is kept in the ledger: its sorted names, JSON-encoded (one spelling per set)."""
     return json.dumps(sorted(str(a) for a in active))
@@ -378,7 +394,15 @@ class Member:
             raise keyset.KeySetError("signers, public-shares, mask-keys and transcript-signatures must align, "
                                      "one entry per member")
         openings = dict(zip(signers, zip(request.public_shares, request.mask_keys)))
-        joint, peers = keyset.open_key_set(params, key_id=key_id, members=members, openings=openings)
+        digest = _openings_digest(signers, request.public_shares, request.mask_keys)
+        if state.opened and digest == state.opened:
+            # byte for byte the openings this member checked at an earlier step of the key set (step 1c
+            # before step 2): their joint key is the one it kept then
+            joint = rlwe.PublicKey.from_bytes(state.joint, params)
+            peers = {name: bytes(key) for name, (_, key) in openings.items()}
+        else:
+            joint, peers = keyset.open_key_set(params, key_id=key_id, members=members, openings=openings)
+            state.opened, state.joint = digest, joint.to_bytes()
         if not state.confirmed:
             keyset.check_transcript_signatures(
                 roster, dict(zip(signers, request.transcript_signatures)), members=names, key_id=key_id,
@@ -578,28 +602,45 @@ class Member:
         state.sk_round = request.round
         state.own_shares = []
 
-    def _clip(self, vector: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype[np.float64]]:
-        """Every value clipped to the signed bound [-B, B] (Flower SecAgg+'s ``clipping_range``); the count is
-        logged on the node and kept in the ledger, never sent.
+    def _count_clipped(self, values: np.ndarray[Any, np.dtype[np.float64]], scale: float = 1.0) -> int:
+        """How many of ``scale * values`` lie beyond the signed bound [-B, B] (Flower SecAgg+'s
+        ``clipping_range``); the count is logged on the node and kept in the ledger, never sent.
 
         Raises
         ------
         ValueError
             A NaN or infinite value.
         """
-        low, high = (float(vector.min()), float(vector.max())) if vector.size else (0.0, 0.0)
+        low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
         if not (np.isfinite(low) and np.isfinite(high)):  # min and max are NaN if any value is
-            raise ValueError(f"the update has {int(np.sum(~np.isfinite(vector)))} NaN/inf values")
+            raise ValueError(f"the update has {int(np.sum(~np.isfinite(values)))} NaN/inf values")
         bound = self.state.max_abs_value
-        if -bound <= low and high <= bound:  # nothing to clip (the usual case): no copy
-            self.ledger.clipped_last = 0
-            return vector
-        clipped = int(np.count_nonzero(np.abs(vector) > bound))
+        # rounding is monotone: every scale·v is within ±B iff scale·min and scale·max are (no copy then)
+        inside = -bound <= scale * low and scale * high <= bound
+        clipped = 0 if inside else int(np.count_nonzero(np.abs(values * scale) > bound))
         self.ledger.clipped_last = clipped
         self.ledger.clipped_values += clipped
         if clipped:
-            _log.warning("xMK-CKKS: %d of %d values clipped to the signed bound %.4g (kept on this node)",
-                         clipped, vector.size, bound)
+            _log.warning(
+                "xMK-CKKS: %d of %d values clipped to the signed bound %.4g (kept on this node)",
+                clipped,
+                values.size,
+                bound,
+            )
+        return clipped
+
+    def _clip(self, vector: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """Every value clipped to the signed bound [-B, B] (:meth:`_count_clipped`); ``vector`` itself when
+        none is beyond it.
+
+        Raises
+        ------
+        ValueError
+            A NaN or infinite value.
+        """
+        if not self._count_clipped(vector):
+            return vector
+        bound = self.state.max_abs_value
         clipped_vector: np.ndarray[Any, np.dtype[np.float64]] = np.clip(vector, -bound, bound)
         return clipped_vector
 
@@ -636,14 +677,14 @@ class Member:
         scale_bits = state.scale_bits
         kahe_bytes = b""
         if state.bulk == "kahe":
-            vector = self._clip(num_examples * update)
+            clipped = self._count_clipped(update, float(num_examples))
             kahe_params = state.parameters().kahe  # derived from the signed (N, B, F)
             assert kahe_params is not None
             key = kahe.sample_key(kahe_params)
             seed = kahe.public_seed(state.transcript, keys.round)
-            integers = np.array([num_examples, self.ledger.clipped_last], dtype=np.int64)
-            kahe_bytes = kahe.encrypt_bytes(kahe_params, seed, key, vector, integers)
-            del vector
+            integers = np.array([num_examples, clipped], dtype=np.int64)
+            # clip(n_i·update, ±B) quantised range by range: no scaled copy of the update
+            kahe_bytes = kahe.encrypt_bytes(kahe_params, seed, key, update, integers, scale=float(num_examples))
             # the key capsule: k_i as one xMK-CKKS polynomial, masked below like a CKKS-mode update
             plaintext = _capsule_plaintext(params, key, scale_bits=scale_bits, num_clients=m,
                                            kahe_params=kahe_params)

@@ -547,3 +547,24 @@ def test_encrypt_bytes_refuses_bad_input():
         kahe.encrypt_bytes(p, seed, k, np.array([0.0, np.inf]), np.zeros(2, np.int64))
     with pytest.raises(KaheError, match="tail cut"):
         kahe.encrypt_bytes(p, seed, np.full(p.n, p.key_cut + 1), np.zeros(10), np.zeros(2, np.int64))
+
+
+@pytest.mark.parametrize("scale", [1.0, 7, 13.5])
+def test_encrypt_bytes_scale_is_encrypting_the_scaled_values(monkeypatch, scale):
+    """encrypt_bytes(values, scale=s) is encrypt(s·values) byte for byte (same error stream), clipped values
+    included: the client's clip(n_i·Δw, ±B) without a scaled copy; a scale that is not finite and > 0 is
+    refused."""
+    p = kahe_parameters(2)
+    m = 2 * p.n + 9
+    seed, k = public_seed(b"scale", 2), sample_key(p)
+    v = DATA.uniform(-1.0, 1.0, m) * p.bound / 20
+    v[[3, m - 1]] = p.bound / 2, -p.bound / 3  # clipped at s >= 3
+    stream = kahe.RandomStream
+    monkeypatch.setattr(kahe, "RandomStream", lambda: stream(bytes(32)))
+    ints = np.array([5, 0])
+    expected = encrypt(p, seed, k, scale * v, ints)
+    assert expected.clipped == (2 if scale > 3 else 0)
+    assert kahe.encrypt_bytes(p, seed, k, v, ints, scale=scale) == expected.to_bytes()
+    for bad in (0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(KaheError, match="scale"):
+            kahe.encrypt_bytes(p, seed, k, v, ints, scale=bad)
