@@ -11,10 +11,16 @@ DATA = np.random.default_rng(7)  # test data
 
 
 def test_difference_equals_flatten_minus_flatten_for_mixed_dtypes():
-    old = [DATA.normal(size=(3, 4)).astype(np.float32), DATA.normal(size=5).astype(np.float16),
-           np.array(7, dtype=np.int64)]
-    new = [DATA.normal(size=(3, 4)).astype(np.float32), DATA.normal(size=5).astype(np.float16),
-           np.array(9, dtype=np.int64)]
+    old = [
+        DATA.normal(size=(3, 4)).astype(np.float32),
+        DATA.normal(size=5).astype(np.float16),
+        np.array(7, dtype=np.int64),
+    ]
+    new = [
+        DATA.normal(size=(3, 4)).astype(np.float32),
+        DATA.normal(size=5).astype(np.float16),
+        np.array(9, dtype=np.int64),
+    ]
     layout = WeightLayout.of(old)
     got = layout.difference(new, old)
     assert got.dtype == np.float64 and got.shape == (layout.size,)
