@@ -971,7 +971,7 @@ def encrypt_bytes(
     integers: NDArray[np.integer],
     *,
     scale: float = 1.0,
-) -> bytes:
+) -> memoryview:
     """``encrypt(params, seed, key, scale * values, integers).to_bytes()``, byte for byte, packed range by
     range.
 
@@ -983,8 +983,9 @@ def encrypt_bytes(
 
     Returns
     -------
-    bytes
-        The reply (:class:`KaheCiphertext` Notes): header, then every prime's packed residues.
+    memoryview
+        A read-only view of the reply (:class:`KaheCiphertext` Notes: header, then every prime's packed
+        residues), over the one buffer it was packed into (no copy into a ``bytes``).
     """
     seed = _check_seed(seed)
     inp = _encrypt_input(params, key, values, integers, scale)
@@ -995,7 +996,7 @@ def encrypt_bytes(
     )
     for lo, rows in _encrypt_ranges(params, seed, key, inp):
         _pack_range(out, params, nb, lo, rows)
-    return bytes(out)
+    return memoryview(out).toreadonly()
 
 
 def _encrypt_input(

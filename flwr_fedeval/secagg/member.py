@@ -675,7 +675,7 @@ class Member:
         params = _params(state.params)
         m = len(state.members)
         scale_bits = state.scale_bits
-        kahe_bytes = b""
+        kahe_bytes: bytes | memoryview = b""
         if state.bulk == "kahe":
             clipped = self._count_clipped(update, float(num_examples))
             kahe_params = state.parameters().kahe  # derived from the signed (N, B, F)
