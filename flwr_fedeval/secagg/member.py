@@ -75,8 +75,13 @@ class Refusal(ValueError):
 
 
 class _Record:
-    """A dataclass saved as a mapping of ConfigRecord values: one key per field (``_`` spelt ``-``); a
-    missing key loads as the field's default."""
+    """A dataclass saved as two ConfigRecord values (:meth:`to_config`): ``"fields"``, a JSON object with one
+    key per field (``_`` spelt ``-``), and ``"blobs"``, the bytes of its ``bytes`` and ``list[bytes]`` fields
+    in field order (the JSON gives their counts). A missing field loads as its default.
+
+    Two values rather than one per field: a node's state is serialized twice per message (the engine hands
+    the ``Context`` to the ClientApp and takes it back), and Flower converts a ConfigRecord value by value.
+    """
 
     @classmethod
     def from_config(cls: type[_T], values: Mapping[str, Any]) -> _T:
@@ -85,28 +90,57 @@ class _Record:
         Raises
         ------
         TypeError
-            ``values`` holds a key of no field (a record of another version: a bug, not a refusal).
+            ``values`` is not such a record, or names a field this class lacks, or its blobs do not match
+            its counts (a record of another version: a bug, not a refusal).
         """
         hints, names = _layout(cls)
-        unknown = sorted(set(values) - set(names))
+        if set(values) - {_FIELDS, _BLOBS}:
+            raise TypeError(f"{cls.__name__}: not a saved record (keys {sorted(values)})")
+        fields = json.loads(str(values[_FIELDS])) if _FIELDS in values else {}
+        blobs = list(values[_BLOBS]) if _BLOBS in values else []
+        if not isinstance(fields, dict):
+            raise TypeError(f"{cls.__name__}: the saved fields are not a JSON object")
+        unknown = sorted(set(fields) - set(names))
         if unknown:
             raise TypeError(f"{cls.__name__}: no field for {unknown}")
         kwargs: dict[str, Any] = {}
-        for key, name in names.items():
-            if key in values:
-                kwargs[name] = _convert(hints[name], values[key])
+        pos = 0
+        for key, value in fields.items():  # in the order saved: the blobs follow it
+            name = names[key]
+            hint = hints[name]
+            if hint is bytes or hint == list[bytes]:
+                count = int(value)
+                if pos + count > len(blobs):
+                    raise TypeError(f"{cls.__name__}: {key} needs {count} blobs past the {len(blobs)} saved")
+                items = [bytes(b) for b in blobs[pos : pos + count]]
+                pos += count
+                kwargs[name] = items[0] if hint is bytes else items
+            else:
+                kwargs[name] = _convert(hint, value)
+        if pos != len(blobs):
+            raise TypeError(f"{cls.__name__}: {len(blobs) - pos} saved blobs belong to no field")
         return cls(**kwargs)
 
     def to_config(self) -> dict[str, ConfigValue]:
-        """Every field as a ConfigRecord value (``bytes``, ``str``, ``int``, ``float``, ``bool`` or a list of
-        one of them)."""
-        out: dict[str, ConfigValue] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            out[f.name.replace("_", "-")] = list(value) if isinstance(value, (list, tuple)) else value
-        return out
+        """``{"fields": JSON str, "blobs": list of bytes}`` (class docstring)."""
+        hints, names = _layout(type(self))
+        fields: dict[str, Any] = {}
+        blobs: list[bytes] = []
+        for key, name in names.items():
+            value = getattr(self, name)
+            hint = hints[name]
+            if hint is bytes:
+                fields[key] = 1
+                blobs.append(bytes(value))
+            elif hint == list[bytes]:
+                fields[key] = len(value)
+                blobs.extend(bytes(v) for v in value)
+            else:
+                fields[key] = list(value) if isinstance(value, (list, tuple)) else value
+        return {_FIELDS: json.dumps(fields, separators=(",", ":")), _BLOBS: blobs}
 
 
+_FIELDS, _BLOBS = "fields", "blobs"
 _LAYOUTS: dict[type, tuple[dict[str, Any], dict[str, str]]] = {}
 
 
