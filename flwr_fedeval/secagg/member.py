@@ -573,8 +573,9 @@ class Member:
     # ------------------------------------------------------------ step 2
     def open_round(self, request: TrainRequest, model: bytes) -> TrainKeys:
         """Step 2, before any training: ▲ no retries (``model`` not in the node's privacy ledger, the round
-        after its last, keys shared for this round, no encryption yet in it), the openings and T again,
-        a valid share from every member (it keeps sk_j = Σ_i share_{i→j}).
+        after its last, keys shared for this round, no encryption yet in it), the openings and T again
+        (openings byte for byte those checked at step 1c reuse the joint key kept then; any others are
+        checked in full), a valid share from every member (it keeps sk_j = Σ_i share_{i→j}).
 
         Raises
         ------
