@@ -494,9 +494,9 @@ class _BlockProduct:
         ring = self.ring
         for i0 in range(0, L, 2):
             z, w = self.z[:cnt], self.w[:cnt]
-            z.real = a[:, i0]
+            z.real = a[:, i0].view(np.int64)  # residues < 2^31: int64 converts to float faster than uint64
             if i0 + 1 < L:
-                z.imag = a[:, i0 + 1]
+                z.imag = a[:, i0 + 1].view(np.int64)
             else:
                 z.imag = 0.0
             z *= ring._twist

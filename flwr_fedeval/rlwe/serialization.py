@@ -24,6 +24,7 @@ message names the field.
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import numpy as np
@@ -144,7 +145,8 @@ def packed_size(params: ParameterSet, count: int, components: int) -> int:
     return components * sum(count * params.n * b // 8 for b in _limb_bits(params))
 
 
-def _pair_terms(bits: int) -> list[list[tuple[int, int, bool]]]:
+@functools.lru_cache(maxsize=64)
+def _pair_terms(bits: int) -> tuple[tuple[tuple[int, int, bool], ...], ...]:
     """For each 64-bit word of a group of eight ``bits``-bit values (bits <= 32): the pairs (k, shift,
     left) that land in it, pair k = v_2k | v_2k+1 << bits sitting at bit 2·bits·k of the group."""
     nwords = (8 * bits + 63) // 64
@@ -154,7 +156,7 @@ def _pair_terms(bits: int) -> list[list[tuple[int, int, bool]]]:
         terms[w].append((k, sh, True))
         if sh + 2 * bits > 64:
             terms[w + 1].append((k, 64 - sh, False))
-    return terms
+    return tuple(tuple(t) for t in terms)
 
 
 def _pack_bits(values: np.ndarray, bits: int, out: np.ndarray | None = None) -> bytes:
