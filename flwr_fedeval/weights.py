@@ -85,6 +85,35 @@ class WeightLayout:
         flat[pos:] = 0.0
         return flat
 
+    def difference(self, new: list[np.ndarray], old: list[np.ndarray]) -> np.ndarray:
+        """``flatten(new) - flatten(old)`` (float64, unpadded) in one buffer: each pair of arrays is cast
+        into its slice and subtracted there, with no float64 copy of either list.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`flatten`, for either list.
+        """
+        for arrays in (new, old):
+            if len(arrays) != len(self.shapes):
+                raise ValueError(f"expected {len(self.shapes)} arrays, got {len(arrays)}")
+            for k, (a, shape) in enumerate(zip(arrays, self.shapes)):
+                if tuple(np.shape(a)) != shape:
+                    raise ValueError(f"array {k} has shape {np.shape(a)}, layout expects {shape}")
+        flat = np.empty(self.size, dtype=np.float64)
+        pos = 0
+        for a, b in zip(new, old):
+            a, b = np.asarray(a), np.asarray(b)
+            for x in (a, b):
+                if not np.isfinite(x).all():
+                    bad = pos + int(np.flatnonzero(~np.isfinite(x.ravel()))[0])
+                    raise ValueError(f"weights contain NaN or inf (first at flat index {bad})")
+            part = flat[pos : pos + a.size]
+            part[...] = a.ravel()
+            part -= b.ravel()  # cast to float64 element by element: exact for float32 and float16
+            pos += a.size
+        return flat
+
     def unflatten(self, vector: np.ndarray) -> list[np.ndarray]:
         """Split a (possibly padded) vector back into arrays of this layout.
 

@@ -53,7 +53,8 @@ the protocol is in :mod:`flwr_fedeval.rlwe.keyset`):
   the round strictly after its last (refused with
   ``ReplyCode.ALREADY_CONTRIBUTED``): the model is checked in the node's privacy
   ledger (:mod:`flwr_fedeval.clients.ledger`, across runs, never evicted) before
-  training and recorded there before the reply leaves; ▲ the openings and T again; ▲ a valid share from every member
+  training and recorded there before the reply leaves; ▲ the openings and T again (openings byte for
+  byte those of step 1c reuse the joint key checked then); ▲ a valid share from every member
   (it keeps sk_j = Σ_i share_{i→j}). Clips n_i·Δw_i and n_i to the signed B
   (the count is logged and kept in the ledger, never sent), encrypts
   m_i + r_i + u_i under b = Σ b_j, r_i over its neighbours in the mask graph it
@@ -258,7 +259,7 @@ def _train(msg: Message, context: Context, call_next: Callable[[Message, Context
         raise ValueError(f"train reply lacks {exc} (needs 'arrays' and metrics 'num-examples')") from exc
     try:
         layout = WeightLayout.of(global_arrays)
-        update = layout.flatten(new_arrays) - layout.flatten(global_arrays)
+        update = layout.difference(new_arrays, global_arrays)
         upload = member.encrypt(keys, update, num_examples)
     except (Refused, *_ERRORS) as exc:
         return error_reply(msg, _refused(exc), _LABEL)

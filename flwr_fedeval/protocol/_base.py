@@ -344,7 +344,7 @@ def bytes_array(data: bytes | memoryview) -> Array:
     (a reply of many MB is not copied)."""
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": (len(data),)})
-    return Array(dtype="uint8", shape=(len(data),), stype=SType.NUMPY, data=header.getvalue() + bytes(data))
+    return Array(dtype="uint8", shape=(len(data),), stype=SType.NUMPY, data=b"".join((header.getvalue(), data)))
 
 
 def array_bytes(record: ArrayRecord, key: str, name: str, *, max_length: int | None = None) -> bytes:

@@ -107,6 +107,7 @@ __all__ = [
     "KaheSum",
     "count_clipped",
     "encrypt",
+    "encrypt_bytes",
     "kahe_parameters",
     "public_polynomials",
     "public_seed",
@@ -493,9 +494,9 @@ class _BlockProduct:
         ring = self.ring
         for i0 in range(0, L, 2):
             z, w = self.z[:cnt], self.w[:cnt]
-            z.real = a[:, i0]
+            z.real = a[:, i0].view(np.int64)  # residues < 2^31: int64 converts to float faster than uint64
             if i0 + 1 < L:
-                z.imag = a[:, i0 + 1]
+                z.imag = a[:, i0 + 1].view(np.int64)
             else:
                 z.imag = 0.0
             z *= ring._twist
@@ -737,15 +738,8 @@ class KaheCiphertext:
         )
         out = bytearray(HEADER_SIZE + self.payload_size(p, self.num_blocks))
         out[:HEADER_SIZE] = head
-        pos, n, nb = HEADER_SIZE, p.n, self.num_blocks
-        for i, q in enumerate(p.primes):
-            b = q.bit_length()
-            for lo in range(0, nb, _ENCRYPT_BLOCKS):  # a range at a time: temporaries stay in cache
-                hi = min(nb, lo + _ENCRYPT_BLOCKS)
-                out[pos + lo * n * b // 8 : pos + hi * n * b // 8] = _pack_bits(
-                    np.ascontiguousarray(self.residues[lo:hi, i, :]).reshape(-1), b
-                )
-            pos += nb * n * b // 8
+        for lo in range(0, self.num_blocks, _ENCRYPT_BLOCKS):  # a range at a time: temporaries stay in cache
+            _pack_range(out, p, self.num_blocks, lo, self.residues[lo : lo + _ENCRYPT_BLOCKS])
         return bytes(out)
 
     @staticmethod
@@ -815,6 +809,20 @@ class KaheCiphertext:
         return cls(params, tag, m, _rows(memoryview(data), params, total, 0, total))
 
 
+def _pack_range(out: bytearray, params: KaheParameters, total: int, start: int, rows: NDArray[np.uint64]) -> None:
+    """Pack blocks [start, start + len(rows)) of a ciphertext of ``total`` blocks into ``out`` (header and
+    payload, :class:`KaheCiphertext` Notes): every limb's residues at their fixed offset."""
+    n, count = params.n, rows.shape[0]
+    buf = np.frombuffer(out, dtype=np.uint8)
+    pos = HEADER_SIZE
+    for i, q in enumerate(params.primes):
+        b = q.bit_length()
+        lo = pos + start * n * b // 8
+        dst = buf[lo : lo + count * n * b // 8].reshape(count * n // 8, b)
+        _pack_bits(np.ascontiguousarray(rows[:, i, :]).reshape(-1), b, out=dst)
+        pos += total * n * b // 8
+
+
 def _rows(view: memoryview, params: KaheParameters, total: int, start: int, count: int) -> NDArray[np.uint64]:
     if not _is_int(start) or not _is_int(count) or not (start >= 0 and count >= 1 and start + count <= total):
         raise KaheError(f"blocks [{start}, {start}+{count}) are not within [0, {total})")
@@ -832,8 +840,22 @@ def _rows(view: memoryview, params: KaheParameters, total: int, start: int, coun
     return out
 
 
-def _encode(params: KaheParameters, values: np.ndarray, integers: np.ndarray) -> tuple[NDArray[np.int64], int]:
-    """x = [round(2^F clip(values, ±B)), integers], zero-padded to blocks: (num_blocks, n) int64, clipped."""
+@dataclass(frozen=True, eq=False)
+class _Input:
+    """A client's checked input: the values (float64, not yet scaled), the scale s, the integer slots, the
+    blocks and the count of values with |s·v| > B."""
+
+    values: NDArray[np.float64]
+    scale: float
+    integers: NDArray[np.int64]
+    num_blocks: int
+    clipped: int
+
+
+def _check_input(params: KaheParameters, values: np.ndarray, integers: np.ndarray, scale: float) -> _Input:
+    """Check the values (1-D, finite), the integer slots (|int| ≤ B 2^F) and the scale (finite, > 0); count
+    the values that :func:`_encode_range` clips. No copy of the values unless they are not float64 or some
+    are clipped (the count then needs s·v)."""
     v = np.asarray(values)
     if v.ndim != 1 or not (np.issubdtype(v.dtype, np.floating) or np.issubdtype(v.dtype, np.integer)):
         raise KaheError(f"values must be a 1-D float array, got shape {v.shape} dtype {v.dtype}")
@@ -847,19 +869,52 @@ def _encode(params: KaheParameters, values: np.ndarray, integers: np.ndarray) ->
         raise KaheError(
             f"an integer slot exceeds B 2^F = {params.value_bound} in magnitude: clip or refuse it before encrypting"
         )
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise KaheError(f"scale must be a number, got {type(scale).__name__}")
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise KaheError(f"scale must be finite and > 0, got {scale!r}")
     m = v.shape[0]
     v = v.astype(np.float64, copy=False)
-    if not np.all(np.isfinite(v)):
+    low, high = (float(v.min()), float(v.max())) if m else (0.0, 0.0)
+    if not (math.isfinite(low) and math.isfinite(high)):  # min and max are NaN if any value is
         raise KaheError("values must be finite (NaN or infinity found)")
-    nb = params.num_blocks(m)
-    x = np.zeros(nb * params.n, dtype=np.int64)
-    clipped = int(np.count_nonzero(np.abs(v) > params.bound))
-    scaled = np.clip(v, -params.bound, params.bound)
-    scaled *= 2.0**params.fractional_bits  # exact: a power of two
-    np.rint(scaled, out=scaled)  # round half to even
-    x[:m] = scaled
-    x[m : m + params.integer_slots] = ints
-    return x.reshape(nb, params.n), clipped
+    # rounding is monotone: every s·v is within ±B iff s·min and s·max are
+    if -params.bound <= scale * low and scale * high <= params.bound:
+        clipped = 0
+    else:
+        clipped = int(np.count_nonzero(np.abs(v * scale) > params.bound))
+    return _Input(v, scale, ints, params.num_blocks(m), clipped)
+
+
+def _encode_range(
+    params: KaheParameters, inp: _Input, lo: int, out: NDArray[np.int64], work: NDArray[np.float64]
+) -> None:
+    """x of blocks [lo, lo + len(out)): round(2^F clip(s·v, ±B)) (round half to even), then the integer
+    slots, then zeros. ``out`` (cnt, n) int64 and ``work`` (>= cnt·n,) float64 are overwritten.
+
+    s·v·2^F is computed as v·(s 2^F): multiplying by a power of two is exact, so this is round(s·v)·2^F,
+    and clipping at ±B 2^F is clipping s·v at ±B, scaled.
+    """
+    n = params.n
+    flat = out.reshape(-1)
+    first = lo * n
+    m, s = inp.values.shape[0], params.integer_slots
+    stop = min(m, first + flat.size)
+    if first < stop:
+        w = work[: stop - first]
+        np.multiply(inp.values[first:stop], inp.scale * 2.0**params.fractional_bits, out=w)
+        if inp.clipped:
+            bound = params.bound * 2.0**params.fractional_bits  # exact: B times a power of two
+            np.clip(w, -bound, bound, out=w)
+        np.rint(w, out=w)
+        flat[: stop - first] = w
+    tail = max(first, m)  # the integer slots and the padding that fall in this range
+    if tail < first + flat.size:
+        flat[tail - first :] = 0
+        a, b = max(tail, m), min(first + flat.size, m + s)
+        if a < b:
+            flat[a - first : b - first] = inp.integers[a - m : b - m]
 
 
 def encrypt(
@@ -901,35 +956,102 @@ def encrypt(
         a silent wrap-around would corrupt the sum.
     """
     seed = _check_seed(seed)
+    inp = _encrypt_input(params, key, values, integers, 1.0)
+    c = np.empty((inp.num_blocks, params.limbs, params.n), dtype=np.uint64)
+    for lo, rows in _encrypt_ranges(params, seed, key, inp):
+        c[lo : lo + rows.shape[0]] = rows
+    return KaheCiphertext(params, _seed_tag(params, seed), int(inp.values.shape[0]), c, inp.clipped)
+
+
+def encrypt_bytes(
+    params: KaheParameters,
+    seed: bytes,
+    key: NDArray[np.int64],
+    values: NDArray[np.floating],
+    integers: NDArray[np.integer],
+    *,
+    scale: float = 1.0,
+) -> memoryview:
+    """``encrypt(params, seed, key, scale * values, integers).to_bytes()``, byte for byte, packed range by
+    range.
+
+    Each range of blocks is quantised, encrypted and packed in turn (one range of residues and of x in
+    memory instead of the whole ciphertext's and vector's): what a client sends. ``scale`` (finite, > 0)
+    multiplies the values before the clip (a client's n_i: clip(n_i·Δw, ±B)) without a scaled copy of them.
+
+    Parameters and errors as :func:`encrypt`, and ``scale`` (a :class:`KaheError` if not finite and > 0).
+
+    Returns
+    -------
+    memoryview
+        A read-only view of the reply (:class:`KaheCiphertext` Notes: header, then every prime's packed
+        residues), over the one buffer it was packed into (no copy into a ``bytes``).
+    """
+    seed = _check_seed(seed)
+    inp = _encrypt_input(params, key, values, integers, scale)
+    nb = inp.num_blocks
+    out = bytearray(HEADER_SIZE + KaheCiphertext.payload_size(params, nb))
+    out[:HEADER_SIZE] = _CT_HEADER.pack(
+        _CT_MAGIC, _CT_VERSION, 0, 0, inp.values.shape[0], 0, nb, params.digest, _seed_tag(params, seed)
+    )
+    for lo, rows in _encrypt_ranges(params, seed, key, inp):
+        _pack_range(out, params, nb, lo, rows)
+    return memoryview(out).toreadonly()
+
+
+def _encrypt_input(
+    params: KaheParameters,
+    key: NDArray[np.int64],
+    values: NDArray[np.floating],
+    integers: NDArray[np.integer],
+    scale: float,
+) -> _Input:
+    """The checks of :func:`encrypt` (key, values, integers, scale)."""
     k = np.asarray(key)
     if k.shape != (params.n,) or not np.issubdtype(k.dtype, np.integer):
         raise KaheError(f"key must be an integer array of shape ({params.n},)")
     if int(np.abs(k.astype(np.int64)).max()) > params.key_cut:
         raise KaheError(f"key has a coefficient beyond the tail cut {params.key_cut}: not from sample_key")
-    x, clipped = _encode(params, values, integers)
-    nb = x.shape[0]
-    product = _BlockProduct(params, k.astype(np.int64), min(_ENCRYPT_BLOCKS, nb))
+    return _check_input(params, values, integers, scale)
+
+
+def _encrypt_ranges(
+    params: KaheParameters, seed: bytes, key: NDArray[np.int64], inp: _Input
+) -> Iterator[tuple[int, NDArray[np.uint64]]]:
+    """(lo, c_j for the blocks j of [lo, lo + cnt)) range by range, c_j = a_j k + e_j + Δ x_j mod q_i, x_j
+    quantised range by range (:func:`_encode_range`).
+
+    The rows yielded (cnt, L, n) uint64 are one buffer, reused for the next range: the consumer copies or
+    packs them before asking for the next. Every buffer is allocated once per call.
+    """
+    seed = _check_seed(seed)
+    nb, n = inp.num_blocks, params.n
+    chunk = min(_ENCRYPT_BLOCKS, nb)
+    product = _BlockProduct(params, np.asarray(key).astype(np.int64), chunk)
     rng = RandomStream()
-    c = np.empty((nb, params.limbs, params.n), dtype=np.uint64)
+    c = np.empty((chunk, params.limbs, n), dtype=np.uint64)
+    x = np.empty((chunk, n), dtype=np.int64)
+    work = np.empty(chunk * n, dtype=np.float64)
     for lo in range(0, nb, _ENCRYPT_BLOCKS):  # a range of blocks at a time: temporaries stay in cache
         cnt = min(_ENCRYPT_BLOCKS, nb - lo)
-        xs = x[lo : lo + cnt]
-        e = discrete_gaussian((cnt, params.n), params.sigma_error, params.error_cut, rng)
+        xs = x[:cnt]
+        _encode_range(params, inp, lo, xs, work)
+        e = discrete_gaussian((cnt, n), params.sigma_error, params.error_cut, rng)
         # addend t = e + Δ x, reduced by the product's final reduction: c = a k + t mod q_i
         if params.modulus < 2**61:
             xs *= params.delta  # |Δ x| ≤ Δ B 2^F < Q/2 < 2^60: exact
             xs += e
             addend = xs[:, None, :]
         else:
-            addend = np.empty((cnt, params.limbs, params.n), dtype=np.int64)
+            addend = np.empty((cnt, params.limbs, n), dtype=np.int64)
             for i, q in enumerate(params.primes):
                 r = addend[:, i, :]
                 mod_signed(xs, q, out=r.view(np.uint64))
                 r *= params.delta % q  # < 2^62
                 r %= q
                 r += e
-        product(public_polynomials(params, seed, lo, cnt), addend, c[lo : lo + cnt])
-    return KaheCiphertext(params, _seed_tag(params, seed), int(np.asarray(values).shape[0]), c, clipped)
+        product(public_polynomials(params, seed, lo, cnt), addend, c[:cnt])
+        yield lo, c[:cnt]
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -1026,11 +1148,24 @@ class KaheSum:
         for lo in range(0, self.num_blocks, self.chunk_blocks):
             yield lo, min(self.chunk_blocks, self.num_blocks - lo)
 
-    def _apply(self, rows: NDArray[np.uint64], lo: int, sign: int) -> None:
+    def _limbs(self, view: memoryview, total: int, lo: int, cnt: int) -> list[NDArray[np.uint32]]:
+        """Blocks [lo, lo + cnt) of a reply, one (cnt·n,) uint32 array per limb, each checked below q_i."""
+        p, n = self.params, self.params.n
+        out, pos = [], HEADER_SIZE
+        for i, q in enumerate(p.primes):
+            b = q.bit_length()
+            start = pos + lo * n * b // 8
+            vals = _unpack_bits(view[start : start + cnt * n * b // 8], b, cnt * n, np.uint32)
+            if int(vals.max()) >= q:
+                raise KaheError(f"limb {i} has values >= q_{i} = {q}")
+            out.append(vals)
+            pos += total * n * b // 8
+        return out
+
+    def _apply(self, limbs: list[NDArray[np.uint32]], lo: int, sign: int) -> None:
         total = self._live()
-        for i, q in enumerate(self._q32):
-            s = total[i, lo : lo + rows.shape[0]]
-            v = rows[:, i, :].astype(np.uint32)
+        for i, (q, v) in enumerate(zip(self._q32, limbs)):
+            s = total[i, lo : lo + v.size // self.params.n].reshape(-1)
             if sign > 0:
                 s += v  # < 2q < 2^32
                 np.minimum(s, s - q, out=s)  # s - q wraps around when s < q
@@ -1061,11 +1196,11 @@ class KaheSum:
         done: list[tuple[int, int]] = []
         try:
             for lo, cnt in self._ranges():
-                self._apply(_rows(view, self.params, total, lo, cnt), lo, +1)
+                self._apply(self._limbs(view, total, lo, cnt), lo, +1)
                 done.append((lo, cnt))
         except KaheError:
             for lo, cnt in done:
-                self._apply(_rows(view, self.params, total, lo, cnt), lo, -1)
+                self._apply(self._limbs(view, total, lo, cnt), lo, -1)
             raise
         self.count += 1
 

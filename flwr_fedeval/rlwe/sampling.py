@@ -225,7 +225,7 @@ def discrete_gaussian(
     cdt, xs, guide = _CDT_CACHE[key]
     rng = _stream(rng)
     count = int(np.prod(shape, dtype=np.int64))
-    u = rng.uint64(count)
+    u = np.frombuffer(rng.bytes(8 * count), dtype="<u8")  # the keystream's words, read in place (no copy)
     return _cdt_lookup(cdt, xs, guide, u).reshape(shape)
 
 

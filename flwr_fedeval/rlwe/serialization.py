@@ -24,6 +24,7 @@ message names the field.
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import numpy as np
@@ -144,36 +145,90 @@ def packed_size(params: ParameterSet, count: int, components: int) -> int:
     return components * sum(count * params.n * b // 8 for b in _limb_bits(params))
 
 
-def _pack_bits(values: np.ndarray, bits: int) -> bytes:
-    """Pack uint64 values (< 2^bits, count divisible by 8) at ``bits`` bits each."""
-    v = values.reshape(-1, 8)
+@functools.lru_cache(maxsize=64)
+def _pair_terms(bits: int) -> tuple[tuple[tuple[int, int, bool], ...], ...]:
+    """For each 64-bit word of a group of eight ``bits``-bit values (bits <= 32): the pairs (k, shift,
+    left) that land in it, pair k = v_2k | v_2k+1 << bits sitting at bit 2·bits·k of the group."""
     nwords = (8 * bits + 63) // 64
-    words = np.zeros((v.shape[0], nwords), dtype=np.uint64)
-    for j in range(8):
-        off = j * bits
-        w, sh = divmod(off, 64)
-        words[:, w] |= v[:, j] << np.uint64(sh)
-        if sh + bits > 64:
-            words[:, w + 1] |= v[:, j] >> np.uint64(64 - sh)
-    raw = words.astype("<u8").view(np.uint8).reshape(v.shape[0], nwords * 8)
+    terms: list[list[tuple[int, int, bool]]] = [[] for _ in range(nwords)]
+    for k in range(4):
+        w, sh = divmod(2 * bits * k, 64)
+        terms[w].append((k, sh, True))
+        if sh + 2 * bits > 64:
+            terms[w + 1].append((k, 64 - sh, False))
+    return tuple(tuple(t) for t in terms)
+
+
+def _pack_bits(values: np.ndarray, bits: int, out: np.ndarray | None = None) -> bytes:
+    """Pack uint64 values (< 2^bits, count divisible by 8) at ``bits`` bits each, little-endian.
+
+    Eight values fill ``bits`` bytes. With ``out`` (uint8, shape (count // 8, bits)) the packed bytes
+    are written there and ``b""`` is returned (no intermediate ``bytes``).
+    """
+    v = values.reshape(-1, 8)
+    groups = v.shape[0]
+    nwords = (8 * bits + 63) // 64
+    words = np.empty((groups, nwords), dtype=np.uint64)
+    if bits <= 32:
+        # two values per 64-bit pair first (2·bits <= 64), then four pairs per group: half the
+        # column operations of placing the eight values one by one
+        pairs = v[:, 1::2] << np.uint64(bits)
+        pairs |= v[:, 0::2]
+        for w, terms in enumerate(_pair_terms(bits)):
+            dst = words[:, w]
+            for j, (k, sh, left) in enumerate(terms):
+                shift = np.left_shift if left else np.right_shift
+                if j == 0:
+                    shift(pairs[:, k], np.uint64(sh), out=dst)
+                else:
+                    dst |= shift(pairs[:, k], np.uint64(sh))
+    else:
+        words[...] = 0
+        for j in range(8):
+            w, sh = divmod(j * bits, 64)
+            words[:, w] |= v[:, j] << np.uint64(sh)
+            if sh + bits > 64:
+                words[:, w + 1] |= v[:, j] >> np.uint64(64 - sh)
+    raw = words.astype("<u8", copy=False).view(np.uint8).reshape(groups, nwords * 8)
+    if out is not None:
+        out[...] = raw[:, :bits]
+        return b""
     return raw[:, :bits].tobytes()
 
 
-def _unpack_bits(data: bytes | memoryview, bits: int, count: int) -> np.ndarray:
+def _unpack_bits(data: bytes | memoryview, bits: int, count: int, dtype: type = np.uint64) -> np.ndarray:
+    """Inverse of :func:`_pack_bits`: ``count`` values (count divisible by 8) as ``dtype`` (uint64, or
+    uint32 for bits <= 32), not checked against any modulus.
+
+    Value j of a group starts at bit j·bits: it is read as the little-endian 64-bit word at byte
+    ⌊j·bits/8⌋ (a strided view of the packed bytes, padded by eight bytes), shifted and masked.
+    """
     groups = count // 8
-    raw = np.frombuffer(data, dtype=np.uint8).reshape(groups, bits)
-    nwords = (8 * bits + 63) // 64
-    buf = np.zeros((groups, nwords * 8), dtype=np.uint8)
-    buf[:, :bits] = raw
-    words = buf.view("<u8").astype(np.uint64)
+    if bits > 56:  # a value may straddle nine bytes: word by word
+        raw = np.frombuffer(data, dtype=np.uint8).reshape(groups, bits)
+        nwords = (8 * bits + 63) // 64
+        buf = np.zeros((groups, nwords * 8), dtype=np.uint8)
+        buf[:, :bits] = raw
+        words = buf.view("<u8").astype(np.uint64)
+        out64 = np.empty((groups, 8), dtype=np.uint64)
+        for j in range(8):
+            w, sh = divmod(j * bits, 64)
+            x = words[:, w] >> np.uint64(sh)
+            if sh + bits > 64:
+                x |= words[:, w + 1] << np.uint64(64 - sh)
+            out64[:, j] = x & np.uint64((1 << bits) - 1)
+        return out64.reshape(-1).astype(dtype, copy=False)
+    padded = np.empty(groups * bits + 8, dtype=np.uint8)
+    padded[: groups * bits] = np.frombuffer(data, dtype=np.uint8)
+    padded[groups * bits :] = 0
+    out: np.ndarray = np.empty((groups, 8), dtype=dtype)
     mask = np.uint64((1 << bits) - 1)
-    out = np.empty((groups, 8), dtype=np.uint64)
+    tmp = np.empty(groups, dtype=np.uint64)
     for j in range(8):
-        w, sh = divmod(j * bits, 64)
-        x = words[:, w] >> np.uint64(sh)
-        if sh + bits > 64:
-            x |= words[:, w + 1] << np.uint64(64 - sh)
-        out[:, j] = x & mask
+        byte, sh = divmod(j * bits, 8)
+        word = np.ndarray((groups,), dtype="<u8", buffer=padded, offset=byte, strides=(bits,))
+        np.right_shift(word, np.uint64(sh), out=tmp)
+        np.bitwise_and(tmp, mask, out=out[:, j], casting="unsafe")
     return out.reshape(-1)
 
 

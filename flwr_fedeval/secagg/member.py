@@ -56,6 +56,7 @@ __all__ = ["Member", "MemberLedger", "MemberNode", "MemberState", "Refusal", "Tr
 #: Flower's logger: a member's warnings show in the node's log.
 _log = logging.getLogger("flwr")
 _MAX_USED_KEY_IDS = 64  # key-set ids this member committed for (it refuses to commit twice)
+_OPENINGS_DOMAIN = b"flwr-fedeval/xmkckks/member-openings/v1"
 
 ConfigValue = int | float | str | bytes | bool | list[int] | list[float] | list[str] | list[bytes] | list[bool]
 _T = TypeVar("_T", bound="_Record")
@@ -74,8 +75,13 @@ class Refusal(ValueError):
 
 
 class _Record:
-    """A dataclass saved as a mapping of ConfigRecord values: one key per field (``_`` spelt ``-``); a
-    missing key loads as the field's default."""
+    """A dataclass saved as two ConfigRecord values (:meth:`to_config`): ``"fields"``, a JSON object with one
+    key per field (``_`` spelt ``-``), and ``"blobs"``, the bytes of its ``bytes`` and ``list[bytes]`` fields
+    in field order (the JSON gives their counts). A missing field loads as its default.
+
+    Two values rather than one per field: a node's state is serialized twice per message (the engine hands
+    the ``Context`` to the ClientApp and takes it back), and Flower converts a ConfigRecord value by value.
+    """
 
     @classmethod
     def from_config(cls: type[_T], values: Mapping[str, Any]) -> _T:
@@ -84,28 +90,57 @@ class _Record:
         Raises
         ------
         TypeError
-            ``values`` holds a key of no field (a record of another version: a bug, not a refusal).
+            ``values`` is not such a record, or names a field this class lacks, or its blobs do not match
+            its counts (a record of another version: a bug, not a refusal).
         """
         hints, names = _layout(cls)
-        unknown = sorted(set(values) - set(names))
+        if set(values) - {_FIELDS, _BLOBS}:
+            raise TypeError(f"{cls.__name__}: not a saved record (keys {sorted(values)})")
+        fields = json.loads(str(values[_FIELDS])) if _FIELDS in values else {}
+        blobs = list(values[_BLOBS]) if _BLOBS in values else []
+        if not isinstance(fields, dict):
+            raise TypeError(f"{cls.__name__}: the saved fields are not a JSON object")
+        unknown = sorted(set(fields) - set(names))
         if unknown:
             raise TypeError(f"{cls.__name__}: no field for {unknown}")
         kwargs: dict[str, Any] = {}
-        for key, name in names.items():
-            if key in values:
-                kwargs[name] = _convert(hints[name], values[key])
+        pos = 0
+        for key, value in fields.items():  # in the order saved: the blobs follow it
+            name = names[key]
+            hint = hints[name]
+            if hint is bytes or hint == list[bytes]:
+                count = int(value)
+                if pos + count > len(blobs):
+                    raise TypeError(f"{cls.__name__}: {key} needs {count} blobs past the {len(blobs)} saved")
+                items = [bytes(b) for b in blobs[pos : pos + count]]
+                pos += count
+                kwargs[name] = items[0] if hint is bytes else items
+            else:
+                kwargs[name] = _convert(hint, value)
+        if pos != len(blobs):
+            raise TypeError(f"{cls.__name__}: {len(blobs) - pos} saved blobs belong to no field")
         return cls(**kwargs)
 
     def to_config(self) -> dict[str, ConfigValue]:
-        """Every field as a ConfigRecord value (``bytes``, ``str``, ``int``, ``float``, ``bool`` or a list of
-        one of them)."""
-        out: dict[str, ConfigValue] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            out[f.name.replace("_", "-")] = list(value) if isinstance(value, (list, tuple)) else value
-        return out
+        """``{"fields": JSON str, "blobs": list of bytes}`` (class docstring)."""
+        hints, names = _layout(type(self))
+        fields: dict[str, Any] = {}
+        blobs: list[bytes] = []
+        for key, name in names.items():
+            value = getattr(self, name)
+            hint = hints[name]
+            if hint is bytes:
+                fields[key] = 1
+                blobs.append(bytes(value))
+            elif hint == list[bytes]:
+                fields[key] = len(value)
+                blobs.extend(bytes(v) for v in value)
+            else:
+                fields[key] = list(value) if isinstance(value, (list, tuple)) else value
+        return {_FIELDS: json.dumps(fields, separators=(",", ":")), _BLOBS: blobs}
 
 
+_FIELDS, _BLOBS = "fields", "blobs"
 _LAYOUTS: dict[type, tuple[dict[str, Any], dict[str, str]]] = {}
 
 
@@ -153,8 +188,10 @@ class MemberState(_Record):
     Step 1b (reveal): the signed parameters (``mask_degree``, ``scale_bits``, ``max_abs_value``,
     ``threshold``, ``limbs``, ``decryption_attempts``, ``bulk``, ``fractional_bits``), ``members`` and
     ``member_commitments`` (aligned), ``transcript`` T; ``confirmed`` once every member's signature over
-    T checked. Step 1c (shares): ``shares_round``, ``own_shares`` (its own Shamir shares until step 2),
-    ``self_seed`` (until its one use). Step 2 (train): ``sk_share``, ``member_mask_keys``,
+    T checked; ``opened`` / ``joint``: the digest of the openings it checked against the commitments
+    and their joint key b (a later step relaying the same openings reuses b). Step 1c (shares):
+    ``shares_round``, ``own_shares`` (its own Shamir shares until step 2), ``self_seed`` (until its one
+    use). Step 2 (train): ``sk_share``, ``member_mask_keys``,
     ``key_shares``, ``seed_shares`` (aligned with ``members``), ``sk_round``; ``enc_round``,
     ``enc_model``, ``num_polys``, ``own_c1`` (the digest of its c1). Step 2b: ``signed_round``. Step 3:
     the decryption ledger of the round (``pdec_round``, ``pdec_c1``, ``pdec_model``, ``pdec_active``,
@@ -185,6 +222,8 @@ class MemberState(_Record):
     member_commitments: list[bytes] = field(default_factory=list)
     transcript: bytes = b""
     confirmed: bool = False
+    opened: bytes = b""
+    joint: bytes = b""
     shares_round: int = -1
     own_shares: list[bytes] = field(default_factory=list)
     self_seed: bytes = b""
@@ -290,6 +329,17 @@ def _capsule_plaintext(params: rlwe.ParameterSet, key: np.ndarray[Any, np.dtype[
     return capsule.encode_key(params, key, scale_bits=scale_bits, num_clients=num_clients, kahe_params=kahe_params)
 
 
+def _openings_digest(signers: Sequence[str], public_shares: Sequence[bytes], mask_keys: Sequence[bytes]) -> bytes:
+    """SHA-256 of the relayed openings (signer, b_j, X_j) in the request's order, each part length-prefixed:
+    what :meth:`Member._open` keeps to recognise openings it has checked already."""
+    h = hashlib.sha256(_OPENINGS_DOMAIN)
+    for name, share, key in zip(signers, public_shares, mask_keys):
+        for part in (str(name).encode(), bytes(share), bytes(key)):
+            h.update(len(part).to_bytes(8, "big"))
+            h.update(part)
+    return h.digest()
+
+
 def _active_key(active: Sequence[str]) -> str:
     """How an active set is kept in the ledger: its sorted names, JSON-encoded (one spelling per set)."""
     return json.dumps(sorted(str(a) for a in active))
@@ -378,7 +428,15 @@ class Member:
             raise keyset.KeySetError("signers, public-shares, mask-keys and transcript-signatures must align, "
                                      "one entry per member")
         openings = dict(zip(signers, zip(request.public_shares, request.mask_keys)))
-        joint, peers = keyset.open_key_set(params, key_id=key_id, members=members, openings=openings)
+        digest = _openings_digest(signers, request.public_shares, request.mask_keys)
+        if state.opened and digest == state.opened:
+            # byte for byte the openings this member checked at an earlier step of the key set (step 1c
+            # before step 2): their joint key is the one it kept then
+            joint = rlwe.PublicKey.from_bytes(state.joint, params)
+            peers = {name: bytes(key) for name, (_, key) in openings.items()}
+        else:
+            joint, peers = keyset.open_key_set(params, key_id=key_id, members=members, openings=openings)
+            state.opened, state.joint = digest, joint.to_bytes()
         if not state.confirmed:
             keyset.check_transcript_signatures(
                 roster, dict(zip(signers, request.transcript_signatures)), members=names, key_id=key_id,
@@ -515,8 +573,9 @@ class Member:
     # ------------------------------------------------------------ step 2
     def open_round(self, request: TrainRequest, model: bytes) -> TrainKeys:
         """Step 2, before any training: ▲ no retries (``model`` not in the node's privacy ledger, the round
-        after its last, keys shared for this round, no encryption yet in it), the openings and T again,
-        a valid share from every member (it keeps sk_j = Σ_i share_{i→j}).
+        after its last, keys shared for this round, no encryption yet in it), the openings and T again
+        (openings byte for byte those checked at step 1c reuse the joint key kept then; any others are
+        checked in full), a valid share from every member (it keeps sk_j = Σ_i share_{i→j}).
 
         Raises
         ------
@@ -578,24 +637,45 @@ class Member:
         state.sk_round = request.round
         state.own_shares = []
 
-    def _clip(self, vector: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype[np.float64]]:
-        """Every value clipped to the signed bound [-B, B] (Flower SecAgg+'s ``clipping_range``); the count is
-        logged on the node and kept in the ledger, never sent.
+    def _count_clipped(self, values: np.ndarray[Any, np.dtype[np.float64]], scale: float = 1.0) -> int:
+        """How many of ``scale * values`` lie beyond the signed bound [-B, B] (Flower SecAgg+'s
+        ``clipping_range``); the count is logged on the node and kept in the ledger, never sent.
 
         Raises
         ------
         ValueError
             A NaN or infinite value.
         """
-        if not np.all(np.isfinite(vector)):
-            raise ValueError(f"the update has {int(np.sum(~np.isfinite(vector)))} NaN/inf values")
+        low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+        if not (np.isfinite(low) and np.isfinite(high)):  # min and max are NaN if any value is
+            raise ValueError(f"the update has {int(np.sum(~np.isfinite(values)))} NaN/inf values")
         bound = self.state.max_abs_value
-        clipped = int(np.count_nonzero(np.abs(vector) > bound))
+        # rounding is monotone: every scale·v is within ±B iff scale·min and scale·max are (no copy then)
+        inside = -bound <= scale * low and scale * high <= bound
+        clipped = 0 if inside else int(np.count_nonzero(np.abs(values * scale) > bound))
         self.ledger.clipped_last = clipped
         self.ledger.clipped_values += clipped
         if clipped:
-            _log.warning("xMK-CKKS: %d of %d values clipped to the signed bound %.4g (kept on this node)",
-                         clipped, vector.size, bound)
+            _log.warning(
+                "xMK-CKKS: %d of %d values clipped to the signed bound %.4g (kept on this node)",
+                clipped,
+                values.size,
+                bound,
+            )
+        return clipped
+
+    def _clip(self, vector: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """Every value clipped to the signed bound [-B, B] (:meth:`_count_clipped`); ``vector`` itself when
+        none is beyond it.
+
+        Raises
+        ------
+        ValueError
+            A NaN or infinite value.
+        """
+        if not self._count_clipped(vector):
+            return vector
+        bound = self.state.max_abs_value
         clipped_vector: np.ndarray[Any, np.dtype[np.float64]] = np.clip(vector, -bound, bound)
         return clipped_vector
 
@@ -630,16 +710,16 @@ class Member:
         params = _params(state.params)
         m = len(state.members)
         scale_bits = state.scale_bits
-        kahe_bytes = b""
+        kahe_bytes: bytes | memoryview = b""
         if state.bulk == "kahe":
-            vector = self._clip(num_examples * update)
+            clipped = self._count_clipped(update, float(num_examples))
             kahe_params = state.parameters().kahe  # derived from the signed (N, B, F)
             assert kahe_params is not None
             key = kahe.sample_key(kahe_params)
             seed = kahe.public_seed(state.transcript, keys.round)
-            integers = np.array([num_examples, self.ledger.clipped_last], dtype=np.int64)
-            kahe_bytes = kahe.encrypt(kahe_params, seed, key, vector, integers).to_bytes()
-            del vector
+            integers = np.array([num_examples, clipped], dtype=np.int64)
+            # clip(n_i·update, ±B) quantised range by range: no scaled copy of the update
+            kahe_bytes = kahe.encrypt_bytes(kahe_params, seed, key, update, integers, scale=float(num_examples))
             # the key capsule: k_i as one xMK-CKKS polynomial, masked below like a CKKS-mode update
             plaintext = _capsule_plaintext(params, key, scale_bits=scale_bits, num_clients=m,
                                            kahe_params=kahe_params)

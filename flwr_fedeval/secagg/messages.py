@@ -141,9 +141,10 @@ class TrainRequest(KeySetOpenings):
 class TrainUpload:
     """Step 2, what the member uploads: the ciphertext (KAHE mode: the KAHE ciphertext; CKKS mode: the
     compact xMK-CKKS ciphertext) and, in KAHE mode, the key capsule and the signature over its c1
-    (``None`` and ``b""`` in CKKS mode). The train reply's metrics are the adapter's."""
+    (``None`` and ``b""`` in CKKS mode). The train reply's metrics are the adapter's. The KAHE ciphertext is
+    a read-only view of the buffer it was packed into (:func:`flwr_fedeval.rlwe.kahe.encrypt_bytes`)."""
 
-    ciphertext: bytes
+    ciphertext: bytes | memoryview
     capsule: bytes | None = None
     capsule_signature: bytes = b""
 

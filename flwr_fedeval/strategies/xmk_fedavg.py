@@ -799,7 +799,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
         state = self._current()
         nodes = state.keys.nodes
         count = len(nodes) if num_contributors is None else num_contributors
-        layout = WeightLayout.of(state.arrays.to_numpy_ndarrays())
+        global_arrays = state.arrays.to_numpy_ndarrays()
+        layout = WeightLayout.of(global_arrays)
         try:
             decoded = self._aggregator().decode(plaintext, count)
         except AggregationError as exc:
@@ -810,7 +811,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn
                 log(WARNING, "Round %d: %d values clipped to max_abs_value = %.4g in all (|n_i·Δw| beyond the "
                     "bound; the mean is biased): raise max_abs_value of XMKFedAvg / SecureAggregation",
                     state.server_round, decoded.clipped, self.protocol.max_abs_value)
-        new_flat = layout.flatten(state.arrays.to_numpy_ndarrays())
+        new_flat = layout.flatten(global_arrays)
+        del global_arrays
         new_flat += decoded.mean_update
         total = decoded.total_examples
         del decoded

@@ -511,3 +511,60 @@ class _FakeParams:
     n: int
     primes: tuple[int, ...]
     ring: object
+
+
+@pytest.mark.parametrize("blocks", [1, 32])
+def test_encrypt_bytes_is_encrypt_then_to_bytes(monkeypatch, blocks):
+    """encrypt_bytes packs each range as it is encrypted: byte for byte encrypt(...).to_bytes() under the same
+    error stream (a fixed test key for the stream here), in ranges of one block and of 32, with a clipped
+    value; and the reply folds and decodes."""
+    monkeypatch.setattr(kahe, "_ENCRYPT_BLOCKS", blocks)
+    p = kahe_parameters(3)
+    m = 3 * p.n + 5
+    seed, k = public_seed(b"bytes", 4), sample_key(p)
+    v = DATA.uniform(-2.0, 2.0, m)
+    v[7] = 3.0 * p.bound
+    ints = np.array([12, -3])
+    stream = kahe.RandomStream
+    monkeypatch.setattr(kahe, "RandomStream", lambda: stream(bytes(32)))  # the same error stream each call
+    data = kahe.encrypt_bytes(p, seed, k, v, ints)
+    ct = encrypt(p, seed, k, v, ints)
+    assert ct.clipped == 1
+    assert isinstance(data, memoryview) and data.readonly and bytes(data) == ct.to_bytes()
+    S = KaheSum(p, seed, m)
+    S.add(data)
+    sums, isum = S.decode(k)
+    assert np.max(np.abs(sums - np.clip(v, -p.bound, p.bound))) <= p.max_sum_error
+    np.testing.assert_array_equal(isum, ints)
+
+
+def test_encrypt_bytes_refuses_bad_input():
+    p = kahe_parameters(2)
+    seed, k = public_seed(b"T", 1), sample_key(p)
+    with pytest.raises(KaheError, match="seed"):
+        kahe.encrypt_bytes(p, b"short", k, np.zeros(10), np.zeros(2, np.int64))
+    with pytest.raises(KaheError, match="finite"):
+        kahe.encrypt_bytes(p, seed, k, np.array([0.0, np.inf]), np.zeros(2, np.int64))
+    with pytest.raises(KaheError, match="tail cut"):
+        kahe.encrypt_bytes(p, seed, np.full(p.n, p.key_cut + 1), np.zeros(10), np.zeros(2, np.int64))
+
+
+@pytest.mark.parametrize("scale", [1.0, 7, 13.5])
+def test_encrypt_bytes_scale_is_encrypting_the_scaled_values(monkeypatch, scale):
+    """encrypt_bytes(values, scale=s) is encrypt(s·values) byte for byte (same error stream), clipped values
+    included: the client's clip(n_i·Δw, ±B) without a scaled copy; a scale that is not finite and > 0 is
+    refused."""
+    p = kahe_parameters(2)
+    m = 2 * p.n + 9
+    seed, k = public_seed(b"scale", 2), sample_key(p)
+    v = DATA.uniform(-1.0, 1.0, m) * p.bound / 20
+    v[[3, m - 1]] = p.bound / 2, -p.bound / 3  # clipped at s >= 3
+    stream = kahe.RandomStream
+    monkeypatch.setattr(kahe, "RandomStream", lambda: stream(bytes(32)))
+    ints = np.array([5, 0])
+    expected = encrypt(p, seed, k, scale * v, ints)
+    assert expected.clipped == (2 if scale > 3 else 0)
+    assert bytes(kahe.encrypt_bytes(p, seed, k, v, ints, scale=scale)) == expected.to_bytes()
+    for bad in (0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(KaheError, match="scale"):
+            kahe.encrypt_bytes(p, seed, k, v, ints, scale=bad)

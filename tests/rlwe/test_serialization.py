@@ -139,3 +139,38 @@ def test_polys_from_bytes_checks_the_expected_count(objects):
     assert rlwe.polys_from_bytes(data, P, count=ct.num_polys).shape == ct.c1.shape
     with pytest.raises(ValueError, match="count is"):
         rlwe.polys_from_bytes(data, P, count=ct.num_polys + 1)
+
+
+def _pack_reference(values, bits):
+    """Bit by bit: value j's bit t is bit j·bits + t of the little-endian byte string."""
+    total = len(values) * bits
+    out = bytearray((total + 7) // 8)
+    for j, v in enumerate(int(x) for x in values):
+        for t in range(bits):
+            if v >> t & 1:
+                pos = j * bits + t
+                out[pos // 8] |= 1 << (pos % 8)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("bits", [1, 7, 8, 13, 26, 27, 31, 32, 33, 47, 56, 57, 63, 64])
+def test_bit_packing_matches_the_bit_by_bit_reference(bits):
+    """_pack_bits / _unpack_bits against the bit-by-bit layout, largest values included; ``out`` and the
+    uint32 output give the same bytes and values."""
+    from flwr_fedeval.rlwe.serialization import _pack_bits, _unpack_bits
+
+    gen = np.random.default_rng(bits)  # test data
+    values = gen.integers(0, 2**62, 296, dtype=np.uint64) * np.uint64(4) + gen.integers(0, 4, 296, dtype=np.uint64)
+    top = (1 << bits) - 1
+    values &= np.uint64(top)
+    values[:9] = np.uint64(top)
+    data = _pack_bits(values, bits)
+    assert data == _pack_reference(values, bits)
+    out = np.empty((values.size // 8, bits), dtype=np.uint8)
+    assert _pack_bits(values, bits, out=out) == b"" and out.tobytes() == data
+    np.testing.assert_array_equal(_unpack_bits(data, bits, values.size), values)
+    np.testing.assert_array_equal(_unpack_bits(memoryview(data), bits, values.size), values)
+    if bits <= 32:
+        got = _unpack_bits(data, bits, values.size, np.uint32)
+        assert got.dtype == np.uint32
+        np.testing.assert_array_equal(got, values)

@@ -21,6 +21,7 @@ from flwr_fedeval import rlwe
 from flwr_fedeval.ledger import NodeLedger
 from flwr_fedeval.protocol import ReplyCode, xmk
 from flwr_fedeval.protocol.xmk import QUERY_XMK_CONTRIBUTORS, QUERY_XMK_PDEC, QUERY_XMK_SHARES, XMK_CONFIG_KEY
+from flwr_fedeval.secagg.member import MemberLedger
 from flwr_fedeval.strategies.xmk_fedavg import RoundAborted, XMKFedAvg, _KeySet, _RoundState
 from flwr_fedeval.testing import InProcessGrid
 
@@ -81,7 +82,7 @@ def test_bound_varied_per_train_request_is_ignored_and_never_refused():
         msg.content[XMK_CONFIG_KEY]["scale-bits"] = 1
     replies = server.train(messages)
     assert not any(r.has_error() for r in replies.values())
-    assert all(int(c.state["xmk-ledger"]["clipped-last"]) == 0 for c in server.grid.contexts.values())
+    assert all(MemberLedger.from_config(c.state["xmk-ledger"]).clipped_last == 0 for c in server.grid.contexts.values())
     cts = server.ciphertexts()
     total = rlwe.add_ciphertexts(list(cts.values()))
     shares = [server.share(server.pdec(n, total.c1)) for n in server.nodes]
@@ -109,7 +110,7 @@ def test_a_signed_bound_below_the_data_clips_and_the_server_learns_no_refusal():
     result = run(grid, strategy)
     assert len(sent) == 3 and not any(r.has_error() for r in sent)
     assert all("clipped" not in k for r in sent for k in r.content["metrics"])
-    clipped = {int(c.node_config["partition-id"]): int(c.state["xmk-ledger"]["clipped-last"])
+    clipped = {int(c.node_config["partition-id"]): MemberLedger.from_config(c.state["xmk-ledger"]).clipped_last
                for c in grid.contexts.values()}
     assert clipped[0] == 0 and clipped[1] >= 1 and clipped[2] >= 1  # n_1 = 17 and n_2 = 24 clipped at least
     assert result.train_metrics_clientapp[1]["num-examples"] == 10 + 12 + 12  # Σ min(n_i, B)

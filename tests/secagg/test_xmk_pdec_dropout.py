@@ -27,6 +27,7 @@ from flwr_fedeval import rlwe
 from flwr_fedeval.protocol import ReplyCode, array_bytes, bytes_array, xmk
 from flwr_fedeval.protocol.xmk import QUERY_XMK_PDEC, XMK_CIPHERTEXT_KEY, XMK_SHARE_KEY
 from flwr_fedeval.rlwe import compact, threshold
+from flwr_fedeval.secagg.member import MemberState
 from flwr_fedeval.strategies.xmk_fedavg import XMKFedAvg
 from flwr_fedeval.testing import InProcessGrid
 
@@ -155,8 +156,8 @@ def test_an_incomplete_attempt_decodes_to_noise_and_the_complete_one_exactly():
     # D_j - λ_j F(x_j) C1 would be the small smudging noise (<= B_smudge), the start of the lattice attack
     ring, points = server.params.ring, {n: i + 1 for i, n in enumerate(names)}
     for name, share in zip(first[:2], incomplete):
-        state = server.grid.contexts[node(name)].state["xmk-state"]
-        sk = threshold.SecretShare.from_bytes(bytes(state["sk-share"]), server.params)
+        state = MemberState.from_config(server.grid.contexts[node(name)].state["xmk-state"])
+        sk = threshold.SecretShare.from_bytes(state.sk_share, server.params)
         lam = threshold.lagrange_at_zero(server.params, [points[n] for n in first])[points[name]]
         exact = ring.mul(total.c1, (sk.value * lam[:, None] % ring.q_col)[None])
         left = [abs(int(v)) for v in ring.to_int(ring.sub(share.d, exact)).ravel()]
