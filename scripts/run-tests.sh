@@ -37,10 +37,21 @@ fi
 # The deployment-engine tests (tests/deployment: real SuperLink/SuperNode processes) spend
 # most of their time waiting (Flower's 60 s heartbeat before a crashed node is dropped, the
 # processes' start-up): they run in the background, beside the other legs, in three pytest
-# processes (the test files, in name order, dealt in turn), each with its own log.
-dep_files=(tests/deployment/test_*.py)
-dep_groups=("" "" "")
-for i in "${!dep_files[@]}"; do dep_groups[$((i % 3))]+=" ${dep_files[$i]}"; done
+# processes, each with its own log. The files are dealt longest first, each to the group with
+# the least expected time so far (dep_cost: seconds measured under a full `make test`, relative
+# only; a file not listed counts 400 s).
+declare -A dep_cost=(
+  [test_deployment_ledger.py]=630 [test_deployment_engine.py]=610 [test_deployment_resume.py]=545
+  [test_example_advanced_pytorch.py]=500 [test_deployment_faults.py]=475
+  [test_example_quickstart_pytorch.py]=460 [test_example_quickstart_tensorflow.py]=190 [test_fab_trust.py]=160
+)
+dep_files=() dep_groups=("" "" "") dep_load=(0 0 0)
+while read -r _ f; do dep_files+=("$f"); done < <(
+  for f in tests/deployment/test_*.py; do echo "${dep_cost[$(basename "$f")]:-400} $f"; done | sort -k1,1nr -k2)
+for f in "${dep_files[@]}"; do
+  g=0; for k in 1 2; do [ "${dep_load[$k]}" -lt "${dep_load[$g]}" ] && g=$k; done
+  dep_groups[$g]+=" $f"; dep_load[$g]=$((dep_load[$g] + ${dep_cost[$(basename "$f")]:-400}))
+done
 dep_logs=() dep_pids=()
 stop_dep() {  # a leg failed: stop the deployment tests (SIGTERM: their fixture stops every process)
   local pid
