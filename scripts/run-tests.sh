@@ -40,12 +40,13 @@ fi
 # most of their time waiting (Flower's 60 s heartbeat before a crashed node is dropped, the
 # processes' start-up): they run in the background, beside the other legs, in three pytest
 # processes, each with its own log. The files are dealt longest first, each to the group with
-# the least expected time so far (dep_cost: seconds measured under a full `make test`, relative
-# only; a file not listed counts 400 s).
+# the least expected time so far (dep_cost: seconds each took in a full `make test`, the two
+# quickstart examples scaled to the one round they now run; relative only; a file not listed
+# counts 400 s).
 declare -A dep_cost=(
   [test_deployment_ledger.py]=630 [test_deployment_engine.py]=610 [test_deployment_resume.py]=545
   [test_example_advanced_pytorch.py]=500 [test_deployment_faults.py]=475
-  [test_example_quickstart_pytorch.py]=460 [test_example_quickstart_tensorflow.py]=190 [test_fab_trust.py]=160
+  [test_example_quickstart_pytorch.py]=330 [test_fab_trust.py]=160 [test_example_quickstart_tensorflow.py]=125
 )
 dep_files=() dep_groups=("" "" "") dep_load=(0 0 0)
 while read -r _ f; do dep_files+=("$f"); done < <(
