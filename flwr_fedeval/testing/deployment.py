@@ -232,6 +232,20 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+#: ``--help`` of each Flower tool, by path: read once per process (each call starts a Python that
+#: imports the tool's module, ~1.5 CPU s; the flags of an installed tool do not change).
+_HELP: dict[str, str] = {}
+
+
+def _tool_help(path: str) -> str:
+    if path in _HELP:
+        return _HELP[path]
+    out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=120)
+    if out.returncode == 0:  # kept only when the tool answered
+        _HELP[path] = out.stdout + out.stderr
+    return out.stdout + out.stderr
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -346,8 +360,7 @@ class LocalDeployment:
 
     # ------------------------------------------------------------ processes
     def _help(self, tool: str) -> str:
-        out = subprocess.run([str(self.bin / tool), "--help"], capture_output=True, text=True, timeout=120)
-        return out.stdout + out.stderr
+        return _tool_help(str(self.bin / tool))
 
     def env(self, flwr_home: Path) -> dict[str, str]:
         """The environment of every process started here (own ``FLWR_HOME``, the marker)."""
