@@ -6,9 +6,11 @@
 #   2. .venv-py310: Python 3.10, flwr 1.30, the project with [openfhe]:
 #      FHE protocol tests, FHE AUC Flower phases and one `flwr run .` on OpenFHE
 #      (scripts/test-openfhe.sh);
-#   lint: ruff and mypy from .venv (scripts/lint.sh), right after leg 1;
+#   lint: ruff and mypy from .venv (scripts/lint.sh);
 #   3. the core wheel without extras in a clean Python 3.12 venv: no TensorFlow,
 #      strategies import, one xMK-CKKS round (scripts/test-wheel.sh).
+# Lint, leg 2 and leg 3 run one after the other in the background from the start (nice 10)
+# and are reported after leg 1.
 # With arguments, only leg 1 runs: `scripts/run-tests.sh ARGS` = pytest ARGS (deployment
 # tests included unless ARGS deselect them).
 # pytest's exit code 5 (no test collected) is treated as a failure of the wiring.
@@ -37,16 +39,30 @@ fi
 # The deployment-engine tests (tests/deployment: real SuperLink/SuperNode processes) spend
 # most of their time waiting (Flower's 60 s heartbeat before a crashed node is dropped, the
 # processes' start-up): they run in the background, beside the other legs, in three pytest
-# processes (the test files, in name order, dealt in turn), each with its own log.
-dep_files=(tests/deployment/test_*.py)
-dep_groups=("" "" "")
-for i in "${!dep_files[@]}"; do dep_groups[$((i % 3))]+=" ${dep_files[$i]}"; done
-dep_logs=() dep_pids=()
+# processes, each with its own log. The files are dealt longest first, each to the group with
+# the least expected time so far (dep_cost: seconds each took in a full `make test`, the two
+# quickstart examples scaled to the one round they now run; relative only; a file not listed
+# counts 400 s).
+declare -A dep_cost=(
+  [test_deployment_ledger.py]=630 [test_deployment_engine.py]=610 [test_deployment_resume.py]=545
+  [test_example_advanced_pytorch.py]=500 [test_deployment_faults.py]=475
+  [test_example_quickstart_pytorch.py]=330 [test_fab_trust.py]=160 [test_example_quickstart_tensorflow.py]=125
+)
+dep_files=() dep_groups=("" "" "") dep_load=(0 0 0)
+while read -r _ f; do dep_files+=("$f"); done < <(
+  for f in tests/deployment/test_*.py; do echo "${dep_cost[$(basename "$f")]:-400} $f"; done | sort -k1,1nr -k2)
+for f in "${dep_files[@]}"; do
+  g=0; for k in 1 2; do [ "${dep_load[$k]}" -lt "${dep_load[$g]}" ] && g=$k; done
+  dep_groups[$g]+=" $f"; dep_load[$g]=$((dep_load[$g] + ${dep_cost[$(basename "$f")]:-400}))
+done
+dep_logs=() dep_pids=() rest_pid="" rest_log=""
 stop_dep() {  # a leg failed: stop the deployment tests (SIGTERM: their fixture stops every process)
   local pid
   for pid in "${dep_pids[@]}"; do kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
   if [ "${#dep_pids[@]}" -gt 0 ]; then local f; for f in "${dep_logs[@]}"; do tail -30 "$f"; done; fi
-  rm -f "${dep_logs[@]}"
+  # the other legs are let finish (the py310 leg's local deployment stops its processes itself)
+  if [ -n "$rest_pid" ]; then wait "$rest_pid" 2>/dev/null; tail -30 "$rest_log"; fi
+  rm -f "${dep_logs[@]}" "$rest_log"
 }
 trap stop_dep EXIT
 dep_t0=$SECONDS
@@ -57,10 +73,23 @@ for g in "${dep_groups[@]}"; do
   .venv/bin/python -m pytest -m deployment -p no:cacheprovider --durations=0 $g >"$log" 2>&1 &
   dep_pids+=($!)
 done
+# Lint, the py310/OpenFHE leg and the core wheel leg run one after the other in the background from the
+# start too, at a lower priority (nice 10): leg 1 is one pytest process (one core) and the deployment
+# tests wait much of the time, so they fill the cores left idle rather than run after leg 1.
+rest_log=$(mktemp)
+(
+  renice -n 10 -p "$BASHPID" >/dev/null
+  leg "lint (ruff, mypy)" scripts/lint.sh
+  leg "py310 flwr-1.30 openfhe" scripts/test-openfhe.sh
+  leg "core wheel py312" scripts/test-wheel.sh
+) >"$rest_log" 2>&1 &
+rest_pid=$!
 leg "py311 flwr-$FLWR_311 (pytest -m 'not deployment')" .venv/bin/python -m pytest -m "not deployment" --durations=15
-leg "lint (ruff, mypy)" scripts/lint.sh
-leg "py310 flwr-1.30 openfhe" scripts/test-openfhe.sh
-leg "core wheel py312" scripts/test-wheel.sh
+echo "===== lint, py310 and core wheel legs (in the background since the start, nice 10):"
+wait "$rest_pid"; r=$?
+cat "$rest_log"
+rest_pid=""
+[ $r -eq 0 ] || exit $r
 echo "===== leg: py311 flwr-$FLWR_311 deployment engine (pytest -m deployment, ${#dep_pids[@]} processes in the background since the start)"
 rc=0
 for k in "${!dep_pids[@]}"; do

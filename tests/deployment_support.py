@@ -40,10 +40,10 @@ def import_example(example: Path, module: str) -> ModuleType:
         sys.path.remove(str(example))
 
 
-def run_example(deployment, tmp_path: Path, example: Path, num_nodes: int = 3) -> tuple[dict, Path]:
+def run_example(deployment, tmp_path: Path, example: Path, num_nodes: int = 3, rounds: int = 2) -> tuple[dict, Path]:
     """``flwr run`` an example on one SuperLink and ``num_nodes`` SuperNodes (TLS, roster identities
-    with :data:`EXAMPLE_POLICY`) for 2 rounds; fails the test unless the run is ``finished:completed``
-    (Control API status). Returns the run's ``results.json`` and its output folder."""
+    with :data:`EXAMPLE_POLICY`) for ``rounds`` rounds; fails the test unless the run is
+    ``finished:completed`` (Control API status). Returns the run's ``results.json`` and its output folder."""
     from flwr_fedeval.keys import create
     from flwr_fedeval.testing.deployment import DeploymentError
 
@@ -58,7 +58,7 @@ def run_example(deployment, tmp_path: Path, example: Path, num_nodes: int = 3) -
                 "partition-id": k, "num-partitions": num_nodes,
                 "fedeval-identity-key": f"{ids}/node-{k}.key", "fedeval-roster": f"{ids}/roster.json"})
         deployment.wait_for_nodes(num_nodes)
-        run = deployment.run(example, f"num-server-rounds=2 min-nodes={num_nodes} output-dir='{out}'",
+        run = deployment.run(example, f"num-server-rounds={rounds} min-nodes={num_nodes} output-dir='{out}'",
                              timeout=max(1.0, deadline - time.monotonic()))
     except DeploymentError as exc:
         pytest.fail(f"{exc}\n{deployment.tails()}")

@@ -232,6 +232,20 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+#: ``--help`` of each Flower tool, by path: read once per process (each call starts a Python that
+#: imports the tool's module, ~1.5 CPU s; the flags of an installed tool do not change).
+_HELP: dict[str, str] = {}
+
+
+def _tool_help(path: str) -> str:
+    if path in _HELP:
+        return _HELP[path]
+    out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=120)
+    if out.returncode == 0:  # kept only when the tool answered
+        _HELP[path] = out.stdout + out.stderr
+    return out.stdout + out.stderr
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -346,8 +360,7 @@ class LocalDeployment:
 
     # ------------------------------------------------------------ processes
     def _help(self, tool: str) -> str:
-        out = subprocess.run([str(self.bin / tool), "--help"], capture_output=True, text=True, timeout=120)
-        return out.stdout + out.stderr
+        return _tool_help(str(self.bin / tool))
 
     def env(self, flwr_home: Path) -> dict[str, str]:
         """The environment of every process started here (own ``FLWR_HOME``, the marker)."""
@@ -456,6 +469,9 @@ class LocalDeployment:
         before = set(self.nodes())
         self._start(name, args, self.workdir / f"home-{name}")
         deadline = time.monotonic() + timeout
+        # Each Control API query is a `flwr` process (~1 CPU s): ask once the SuperNode has logged its
+        # registration (or after 60 s, whichever comes first), not every half second while it starts.
+        self._logged(name, r"SuperNode ID: \d+", min(60.0, timeout))
         while True:
             new = {n for n, entry in self.nodes().items() if n not in before and entry.get("status") == "online"}
             if len(new) == 1:
@@ -468,7 +484,7 @@ class LocalDeployment:
                 raise DeploymentError(f"{name} exited with {self.procs[name].returncode}\n{self.tails()}")
             if time.monotonic() > deadline:
                 raise DeploymentError(f"{name} not in the SuperLink's node list after {timeout:.0f} s\n{self.tails()}")
-            time.sleep(0.5)
+            time.sleep(1.0)
 
     def node_id(self, name: str) -> int:
         """The node ID the SuperLink gave SuperNode ``name`` at its latest start."""
@@ -487,6 +503,7 @@ class LocalDeployment:
             names = list(self._node_args)[:names]
         ids = {name: self._node_ids[name] for name in names}
         deadline = time.monotonic() + timeout
+        polls = 0
         while True:
             nodes = self.nodes()
             offline = {name: i for name, i in ids.items() if nodes.get(i, {}).get("status") != "online"}
@@ -494,7 +511,8 @@ class LocalDeployment:
                 return ids
             if time.monotonic() > deadline:
                 raise DeploymentError(f"not online after {timeout:.0f} s: {offline}\n{self.tails()}")
-            time.sleep(1.0)
+            polls += 1
+            time.sleep(min(5.0, 0.5 * polls))  # a reconnect after a SuperLink restart takes Flower's back-off
 
     # ------------------------------------------------------------ Control API
     def _cli_json(self, args: list[str], timeout: float = 120.0) -> dict[str, Any]:
@@ -580,6 +598,18 @@ class LocalDeployment:
                 raise DeploymentError(f"timed out waiting for /{pattern}/ in {name}'s log\n{self.tails()}")
             time.sleep(0.25)
 
+    def _logged(self, name: str, pattern: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until ``pattern`` (regex) appears in what ``name`` logged since its
+        latest start; ``False`` if it does not (or the process exits first). Only paces the Control API
+        queries (a file read instead of a ``flwr`` process); nothing is concluded from a log."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while not regex.search(self.output(name)):
+            if self.procs[name].poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.25)
+        return True
+
     def _wait_for_port(self, port: int, deadline: float, name: str) -> None:
         while time.monotonic() < deadline:
             if self.procs[name].poll() is not None:
@@ -660,6 +690,9 @@ class LocalDeployment:
         if name in self._run_ids:
             return self._run_ids[name]
         deadline = time.monotonic() + timeout
+        # the CLI prints the run ID once the SuperLink has it: ask the Control API then (the ID asked
+        # for is the Control API's, not the printed one)
+        self._logged(name, r"started run", min(60.0, timeout))
         while True:
             new = set(self.runs()) - self._runs_before[name] - set(self._run_ids.values())
             if len(new) == 1:
@@ -680,12 +713,23 @@ class LocalDeployment:
             return f"unknown ({exc})"
 
     def wait_finished(self, run_id: str, timeout: float) -> str:
-        """Poll the run's status until it is ``finished:*``; return it (or the last one at ``timeout``)."""
+        """Poll the run's status until it is ``finished:*``; return it (or the last one at ``timeout``).
+
+        While the run's own ``flwr run --stream`` (:meth:`submit`) still follows it, the status is asked
+        every 30 s only (each query is a ``flwr`` process, ~1 CPU s); once that stream ends (the run
+        finished, or the connection was lost), every 2 s.
+        """
         deadline = time.monotonic() + timeout
+        streams = [self.procs[n] for n, r in self._run_ids.items() if r == str(run_id) and n in self.procs]
         status = self.status(run_id)
+        asked = time.monotonic()
         while not status.startswith("finished") and time.monotonic() < deadline:
-            time.sleep(2)
+            following = any(p.poll() is None for p in streams)
+            time.sleep(0.5 if following else 2.0)
+            if following and time.monotonic() - asked < 30.0 and any(p.poll() is None for p in streams):
+                continue
             status = self.status(run_id)
+            asked = time.monotonic()
         return status
 
     def run(self, app: str | os.PathLike[str], run_config: str, *, name: str = "flwr-run",

@@ -236,11 +236,19 @@ def build_fab(app: str | os.PathLike[str], python: str | os.PathLike[str] | None
 
 def registry_url_configurable(python: str | os.PathLike[str] | None = None) -> bool:
     """Whether the flwr installed for ``python`` reads the registry address from
-    ``FLWR_SUPERGRID_API_URL`` (flwr >= 1.41; 1.30 only talks to Flower Hub)."""
-    probe = "import flwr.supercore.constant as c; print(hasattr(c, 'FLWR_SUPERGRID_API_URL'))"
-    done = subprocess.run([str(python or sys.executable), "-c", probe], capture_output=True, text=True,
-                          timeout=120)
-    return done.returncode == 0 and done.stdout.strip() == "True"
+    ``FLWR_SUPERGRID_API_URL`` (flwr >= 1.41; 1.30 only talks to Flower Hub). Probed once per
+    ``python`` and process."""
+    key = str(python or sys.executable)
+    if key not in _REGISTRY_PROBED:
+        probe = "import flwr.supercore.constant as c; print(hasattr(c, 'FLWR_SUPERGRID_API_URL'))"
+        done = subprocess.run([key, "-c", probe], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:  # no answer (not kept: asked again next time)
+            return False
+        _REGISTRY_PROBED[key] = done.stdout.strip() == "True"
+    return _REGISTRY_PROBED[key]
+
+
+_REGISTRY_PROBED: dict[str, bool] = {}
 
 
 # ---------------------------------------------------------------- registry

@@ -17,6 +17,9 @@ from deployment_support import check_example_aucs, import_example, run_example
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart-pytorch"
 NUM_NODES = 3
+# One round: every round sends the same messages; two rounds on the deployment engine (a fresh
+# xMK-CKKS key set, the model changing between rounds) are test_example_advanced_pytorch.py's.
+ROUNDS = 1
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
@@ -25,7 +28,7 @@ def test_quickstart_pytorch_on_deployment_engine(deployment, tmp_path):
     import torch  # the [dev] extra pins torch==2.13.0 (the CPU wheel) on Python 3.11
 
     task = import_example(EXAMPLE, "pytorchexample.task")
-    results, out = run_example(deployment, tmp_path, EXAMPLE, NUM_NODES)
+    results, out = run_example(deployment, tmp_path, EXAMPLE, NUM_NODES, rounds=ROUNDS)
     state = torch.load(out / "final_model.pt")
     net = task.Net()
     assert list(state) == list(net.state_dict()), list(state)  # the state_dict's names survived

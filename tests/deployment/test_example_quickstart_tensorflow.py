@@ -17,6 +17,9 @@ from deployment_support import check_example_aucs, import_example, run_example
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart-tensorflow"
 NUM_NODES = 3
+# One round: every round sends the same messages; two rounds on the deployment engine (a fresh
+# xMK-CKKS key set, the model changing between rounds) are test_example_advanced_pytorch.py's.
+ROUNDS = 1
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
@@ -25,7 +28,7 @@ def test_quickstart_tensorflow_on_deployment_engine(deployment, tmp_path):
     import keras  # the [keras] extra (in [dev]); TensorFlow only here, lazily
 
     task = import_example(EXAMPLE, "tfexample.task")
-    results, out = run_example(deployment, tmp_path, EXAMPLE, NUM_NODES)
+    results, out = run_example(deployment, tmp_path, EXAMPLE, NUM_NODES, rounds=ROUNDS)
     model = keras.models.load_model(out / "final_model.keras", compile=False)
     expected = [w.shape for w in task.load_model().get_weights()]
     assert [w.shape for w in model.get_weights()] == expected  # the example's 30→16→2 MLP
