@@ -9,9 +9,12 @@ enumerations (:func:`choices`), its defaults (:func:`default_of`) and its checks
 (:func:`parameter_problems`) from the same declarations, so that neither restates a formula, a
 bound or a list of choices.
 
-The constraint objects and the per-parameter check are scikit-learn's
-(``sklearn.utils._param_validation``, stable from scikit-learn 1.2 to 1.8, the range this package
-allows); :class:`Choices` keeps the declared order of a ``StrOptions`` for messages and App lists.
+The per-parameter check and its messages are scikit-learn's (``sklearn.utils._param_validation``,
+stable from scikit-learn 1.2 to 1.8, the range this package allows). :class:`Interval` and
+:class:`Choices` record a declaration and become scikit-learn's ``Interval`` / ``StrOptions`` when a
+value is checked, so that declaring constraints (importing a strategy module) and reading defaults
+and choices do not load scikit-learn: a ClientApp process that never checks a parameter does not
+pay for it. :class:`Choices` keeps the declared order for messages and App lists.
 Imports neither flwr nor TensorFlow.
 """
 
@@ -21,18 +24,10 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from sklearn.utils._param_validation import (
-    Interval,
-    InvalidParameterError,
-    StrOptions,
-    validate_parameter_constraints,
-)
-
 __all__ = [
     "Choices",
     "Problem",
     "Interval",
-    "InvalidParameterError",
     "check_params",
     "choices",
     "constraints_of",
@@ -54,15 +49,56 @@ class Problem(NamedTuple):
         return self.message
 
 
-class Choices(StrOptions):  # type: ignore[misc]  # scikit-learn ships no type information
-    """scikit-learn's ``StrOptions`` that remembers the declared order (``ordered``)."""
+class Interval:
+    """scikit-learn's ``Interval(type, left, right, closed=...)``, built when a value is checked.
+
+    ``str(interval)`` is scikit-learn's wording (``"an int in the range [2, inf)"``).
+    """
+
+    def __init__(self, type: Any, left: float | None, right: float | None, *, closed: str) -> None:
+        self.type, self.left, self.right, self.closed = type, left, right, closed
+
+    def sklearn(self) -> Any:
+        """The scikit-learn constraint (imports scikit-learn)."""
+        from sklearn.utils._param_validation import Interval as SkInterval
+
+        return SkInterval(self.type, self.left, self.right, closed=self.closed)
+
+    def __str__(self) -> str:
+        return str(self.sklearn())
+
+
+class Choices:
+    """scikit-learn's ``StrOptions`` that remembers the declared order (``ordered``), built when a value is
+    checked."""
 
     def __init__(self, options: tuple[str, ...] | list[str], *, deprecated: set[str] | None = None) -> None:
-        super().__init__(set(options), deprecated=deprecated)
         self.ordered = tuple(options)
+        self.options = set(options)
+        self.deprecated = deprecated
+
+    def sklearn(self) -> Any:
+        """The scikit-learn constraint (imports scikit-learn)."""
+        from sklearn.utils._param_validation import StrOptions
+
+        return StrOptions(self.options, deprecated=self.deprecated)
 
     def __str__(self) -> str:
         return f"a str among {self.ordered}"
+
+
+def _sklearn(constraint: Any) -> Any:
+    """``constraint`` as scikit-learn's ``validate_parameter_constraints`` takes it."""
+    return constraint.sklearn() if isinstance(constraint, (Interval, Choices)) else constraint
+
+
+def __getattr__(name: str) -> Any:
+    # scikit-learn's error class, re-exported without importing scikit-learn with this module
+    if name == "InvalidParameterError":
+        from sklearn.utils._param_validation import InvalidParameterError
+
+        return InvalidParameterError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def constraints_of(target: Any) -> dict[str, list[Any]]:
@@ -86,11 +122,13 @@ def parameter_problems(target: Any, params: Mapping[str, Any], *, relations: boo
     """
     declared = constraints_of(target)
     out: list[Problem] = []
-    for name, value in params.items():
-        if name not in declared:
-            continue
+    checked = [name for name in params if name in declared]
+    if checked:
+        from sklearn.utils._param_validation import InvalidParameterError, validate_parameter_constraints
+    for name in checked:
         try:
-            validate_parameter_constraints({name: declared[name]}, {name: value}, caller_name=_caller(target))
+            validate_parameter_constraints({name: [_sklearn(c) for c in declared[name]]}, {name: params[name]},
+                                           caller_name=_caller(target))
         except InvalidParameterError as exc:
             out.append(Problem((name,), str(exc)))
     related: Callable[..., list[Problem]] | None = getattr(target, "parameter_relations", None)
@@ -109,6 +147,8 @@ def check_params(target: Any, params: Mapping[str, Any]) -> None:
     """
     problems = parameter_problems(target, params)
     if problems:
+        from sklearn.utils._param_validation import InvalidParameterError
+
         raise InvalidParameterError("\n".join(map(str, problems)))
 
 
@@ -116,11 +156,11 @@ def choices(target: Any, name: str) -> tuple[str, ...] | None:
     """The strings parameter ``name`` of ``target`` accepts, in declared order; ``None`` unless a set of
     strings is all it accepts (e.g. ``beta``: ``"adaptive"`` or a number)."""
     declared = constraints_of(target).get(name, [])
-    if not declared or not all(isinstance(c, StrOptions) for c in declared):
+    if not declared or not all(isinstance(c, Choices) for c in declared):
         return None
     out: list[str] = []
     for constraint in declared:
-        out += constraint.ordered if isinstance(constraint, Choices) else sorted(constraint.options)
+        out += constraint.ordered
     return tuple(out)
 
 

@@ -39,7 +39,7 @@ import secrets
 from collections.abc import Collection
 from logging import INFO, WARNING
 from numbers import Integral, Real
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -49,19 +49,6 @@ from numpy.typing import ArrayLike
 
 from flwr_fedeval import constraints
 from flwr_fedeval.constraints import Choices, Interval
-from flwr_fedeval.dp import (
-    AUCEstimate,
-    DPAUCLaplaceParams,
-    FedAUCLaplaceParams,
-    LocalStats,
-    RandomizedResponseParams,
-    dpauc_laplace_server,
-    dpauc_rr_server,
-    fedauc_rr_server,
-    fedauc_server_auc,
-    fedauc_server_ranks,
-)
-from flwr_fedeval.dp.dpauc import Clipping
 from flwr_fedeval.metrics.counts import SPACINGS, decision_points
 from flwr_fedeval.protocol import ARRAYS_KEY, ReplyCode
 from flwr_fedeval.protocol.auc import ThresholdCounts
@@ -82,6 +69,11 @@ from flwr_fedeval.strategies.auc_phase import AUCPhaseResult, join_participants,
 from flwr_fedeval.strategies.base import EvaluationPhase, Failures
 
 __all__ = ["DPAUCLaplacePhase", "DPAUCRRPhase", "FedAUCLaplacePhase", "FedAUCRRPhase"]
+
+if TYPE_CHECKING:  # flwr_fedeval.dp imports diffprivlib and scikit-learn: loaded when a DP phase runs
+    from flwr_fedeval.dp import AUCEstimate, LocalStats
+    from flwr_fedeval.dp.dpauc import Clipping
+
 
 
 def _details(estimate: AUCEstimate, failures: Failures, **extra: Any) -> dict[str, Any]:
@@ -192,6 +184,7 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
                                               "clipping": clipping, "spacing": spacing})
         super().__init__(num_decision_points, spacing=spacing,
                          min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
+        from flwr_fedeval.dp import DPAUCLaplaceParams
         self.params = DPAUCLaplaceParams(epsilon, self.thresholds.size)  # validates epsilon
         self.clipping: Clipping = "no-clip" if clipping == "no-clip" else "clip-sort"  # checked above
 
@@ -209,6 +202,7 @@ class DPAUCLaplacePhase(_ThresholdDPPhase):
         """
         n = self.thresholds.size
         valid = self._collect(grid, arrays, self.params.epsilon, NoisyCounts, "noisy counts")
+        from flwr_fedeval.dp import dpauc_laplace_server
         estimate = dpauc_laplace_server([valid[k].values() for k in sorted(valid)], clipping=self.clipping,
                                         epsilon=self.params.epsilon)
         if estimate.details.get("noise_swamped"):
@@ -245,6 +239,7 @@ class DPAUCRRPhase(_ThresholdDPPhase):
                  min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600) -> None:
         super().__init__(num_decision_points, spacing=spacing,
                          min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
+        from flwr_fedeval.dp import RandomizedResponseParams
         self.params = RandomizedResponseParams(epsilon)
 
     def _summary_items(self) -> list[tuple[str, str]]:
@@ -262,6 +257,7 @@ class DPAUCRRPhase(_ThresholdDPPhase):
         """
         n = self.thresholds.size
         valid = self._collect(grid, arrays, self.params.epsilon, ThresholdCounts, "counts")
+        from flwr_fedeval.dp import dpauc_rr_server
         estimate = dpauc_rr_server([valid[k].counts() for k in sorted(valid)], self.params)
         return self._finish(estimate, self.thresholds, valid, num_decision_points=n)
 
@@ -310,6 +306,7 @@ class _FedAUCPhase(_DPPhase):
         self.require(scores, "round 1")
         order = sorted(scores)
         with self.step("global ranks"):
+            from flwr_fedeval.dp import fedauc_server_ranks
             ranks = fedauc_server_ranks([scores[k] for k in order], ties=self.ties)  # type: ignore[arg-type]
         num_scores = sum(scores[k].size for k in order)
         with self.step("round 2 (local statistics)"):
@@ -342,6 +339,7 @@ class _FedAUCPhase(_DPPhase):
         """Round 2: each round-1 contributor's global ranks; its (noisy) ``(localSum, localP, localN)``."""
         contents = {k: FedAUCStatsRequest(r, session, self.mechanism, self.epsilon, **self._dp_config(max_rank))
                     .to_record() for k, r in ranks.items()}
+        from flwr_fedeval.dp import LocalStats
         return self.exchange(grid, contents, FEDAUC_STATS.message_type,
                              lambda node, c: LocalStats(*LocalStatsReply.from_record(c, node=node,
                                                                                      num_scores=sizes[node]).values()),
@@ -369,6 +367,7 @@ class FedAUCRRPhase(_FedAUCPhase):
     def __init__(self, *, epsilon: float = 1.0, ties: str = "average",
                  min_nodes: int = 2, arrayrecord_key: str = ARRAYS_KEY, timeout: float = 3600) -> None:
         super().__init__(ties=ties, min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
+        from flwr_fedeval.dp import RandomizedResponseParams
         self.params = RandomizedResponseParams(epsilon)
         self.epsilon = self.params.epsilon
 
@@ -380,6 +379,7 @@ class FedAUCRRPhase(_FedAUCPhase):
         return {}
 
     def _estimate(self, stats: list[LocalStats]) -> AUCEstimate:
+        from flwr_fedeval.dp import fedauc_rr_server
         return fedauc_rr_server(stats, self.params)
 
 
@@ -422,6 +422,7 @@ class FedAUCLaplacePhase(_FedAUCPhase):
         full = {name: constraints.default_of(cls, name) for name in names}
         full.update({k: v for k, v in params.items() if k in full})
         try:
+            from flwr_fedeval.dp import FedAUCLaplaceParams
             FedAUCLaplaceParams(full.pop("epsilon"), **full)
         except ValueError as exc:
             return [constraints.Problem(("sensitivity", "allocation"), str(exc))]
@@ -433,6 +434,7 @@ class FedAUCLaplacePhase(_FedAUCPhase):
         constraints.check_params(type(self), {"epsilon": epsilon, "sensitivity": sensitivity,
                                               "allocation": allocation, "alpha": alpha, "beta": beta})
         super().__init__(ties=ties, min_nodes=min_nodes, arrayrecord_key=arrayrecord_key, timeout=timeout)
+        from flwr_fedeval.dp import FedAUCLaplaceParams
         self.params = FedAUCLaplaceParams(epsilon, sensitivity=sensitivity, allocation=allocation,
                                           alpha=alpha, beta=beta)
         self.epsilon = self.params.epsilon
@@ -446,5 +448,6 @@ class FedAUCLaplacePhase(_FedAUCPhase):
                 "beta": p.beta, "max_rank": max_rank}
 
     def _estimate(self, stats: list[LocalStats]) -> AUCEstimate:
+        from flwr_fedeval.dp import fedauc_server_auc
         return fedauc_server_auc(stats, method=self.method, variant=self.params.variant, epsilon=self.epsilon)
 
