@@ -119,13 +119,14 @@ def test_every_proper_subset_sum_stays_masked(m, k):
         for subset in itertools.combinations(names, size):
             total = P.ring.sum(np.stack([masks[n] for n in subset]))
             assert np.mean(total == 0) < 0.01, subset
-    # and statistically uniform mod each q_l for a few (chi-square, 16 bins, 15 dof: 99.9 % quantile 37.7)
+    # and statistically uniform mod each q_l for a few (chi-square, 16 bins, 15 dof; the masks are fresh CSPRNG
+    # draws, so the bound is the 1 - 1e-9 quantile, 73.6: a suite run never fails by chance, a biased mask still does)
     for subset in (names[:1], names[: m // 2], names[1:]):
         total = P.ring.sum(np.stack([masks[n] for n in subset]))
         for l, p in enumerate(P.primes):
             u = total[:, l, :].ravel().astype(np.float64) / p
             counts = np.bincount(np.minimum((u * 16).astype(int), 15), minlength=16)
-            assert np.sum((counts - u.size / 16) ** 2 / (u.size / 16)) < 37.7
+            assert np.sum((counts - u.size / 16) ** 2 / (u.size / 16)) < 73.6
 
 
 def test_a_disconnected_graph_would_leak_a_partial_sum():

