@@ -34,9 +34,11 @@ pytest_leg tests/fhe_flower -m "not slow" || exit 1  # the main job itself: (c)
 
 echo "== [py310/openfhe] (c) flwr run . on a local deployment engine (SuperLink + 3 SuperNodes, TLS; fhe-auc malicious, fhe-backend openfhe)"
 # The deployment engine, not the simulation: no Ray (whose 30 s start-up limit failed on a loaded CI host).
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-RUN_VENV="$VENV" scripts/run-deployment.sh 3 \
+# Throwaway node identities: the nodes' privacy ledgers (beside their keys) would refuse this leg's
+# evaluation of the same global model on a second `make test` of the same checkout.
+log=$(mktemp) ids_root=$(mktemp -d)
+trap 'rm -rf "$log" "$ids_root"' EXIT
+FEDEVAL_IDS_ROOT="$ids_root" RUN_VENV="$VENV" scripts/run-deployment.sh 3 \
   "auc-method='fhe' fhe-backend='openfhe' fhe-auc='malicious' num-server-rounds=1" \
   >"$log" 2>&1
 rc=$?

@@ -46,6 +46,7 @@ import numpy as np
 from flwr.app import Context, Message
 
 from flwr_fedeval.clients.identity import check_participants, serve_join
+from flwr_fedeval.clients.test_split import cached_test_labels, cached_test_scores
 from flwr_fedeval.metrics.counts import threshold_counts
 from flwr_fedeval.protocol import Payload, Step, auc, dp_auc, handler, register
 
@@ -104,8 +105,10 @@ def register_auc_handlers(app: ClientApp, *, test_scores: TestScores) -> None:
     ----------
     app : flwr.clientapp.ClientApp
     test_scores : callable
-        ``(msg, context) -> (y_true, y_score)`` (see the module docstring).
+        ``(msg, context) -> (y_true, y_score)`` (see the module docstring); called once per global
+        model and run on a node (:mod:`flwr_fedeval.clients.test_split`).
     """
+    test_scores = cached_test_scores(test_scores)
 
     def serve(request: auc.ThresholdCountsRequest, msg: Message, context: Context) -> auc.ThresholdCounts:
         return _counts(request, *test_scores(msg, context), msg=msg, context=context)
@@ -136,7 +139,12 @@ def register_dp_handlers(app: ClientApp, *, test_scores: TestScores, test_labels
         ``(msg, context) -> (y_true, y_score)`` (see the module docstring).
     test_labels : callable
         ``context -> y_true`` (FedAUC round 2 carries no model).
+
+    ``test_scores`` is called once per global model and run on a node, ``test_labels`` once per run
+    (kept in ``context.state``: :mod:`flwr_fedeval.clients.test_split`).
     """
+    test_scores = cached_test_scores(test_scores)
+    test_labels = cached_test_labels(test_labels)
 
     def labels_only(msg: Message, context: Context) -> tuple[np.ndarray, None]:
         return np.asarray(test_labels(context)), None

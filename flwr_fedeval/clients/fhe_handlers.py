@@ -85,6 +85,7 @@ from flwr_fedeval import config_keys, keyshare
 from flwr_fedeval.clients import policy
 from flwr_fedeval.clients.identity import node_identity
 from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
+from flwr_fedeval.clients.test_split import cached_test_labels, cached_test_scores
 from flwr_fedeval.fhe.auc import (
     AUCResult,
     ckks_params_for,
@@ -470,8 +471,12 @@ def register_fhe_handlers(app: ClientApp, *, test_scores: Callable[[Message, Con
     Each client reports the AUC to the server only if its node policy says
     ``fedeval-share-auc = true`` (default false; :mod:`flwr_fedeval.clients.policy`) and the run
     config does not turn it off; it answers one evaluation per global model unless node config
-    ``fedeval-evaluations-per-model`` allows more.
+    ``fedeval-evaluations-per-model`` allows more. ``test_scores`` is called once per global model
+    and run on a node, ``test_labels`` once per run (kept in ``context.state``:
+    :mod:`flwr_fedeval.clients.test_split`).
     """
+    test_scores = cached_test_scores(test_scores)
+    test_labels = cached_test_labels(test_labels)
     register(app, fhe_auc.STEPS, {
         fhe_auc.PUBKEY.message_type: _handler(
             fhe_auc.PUBKEY, lambda req, msg, ctx: serve_pubkey(req, ctx, int(np.asarray(test_labels(ctx)).size))),

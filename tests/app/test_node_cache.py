@@ -85,3 +85,27 @@ def test_scores_follow_the_weights_and_the_run(counted):
     cache.config(Context(run_id=8, node_id=1, node_config={}, state=RecordDict(), run_config=RUN_CONFIG))
     cache.scores(cfg, 0, 3, w0, scorer(w0))                  # a new run starts from scratch
     assert counted["build"] == builds + 1
+
+
+def test_an_auc_phase_after_evaluate_scores_from_the_node_state_as_a_fresh_process_would(counted):
+    """On the deployment engine every message is a fresh process (an empty NodeCache): the AUC phase
+    of the model the App's ``evaluate`` just scored answers from ``context.state``, loading neither
+    data nor model, and gives the AUC the same phase gives when it computes the scores itself."""
+    from flwr_fedeval.clients.test_split import STATE_KEY
+    from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
+
+    class FreshProcessGrid(InProcessGrid):
+        def push_messages(self, messages):
+            client_app.CACHE = NodeCache()  # a process per message
+            return super().push_messages(messages)
+
+    arrays = ArrayRecord(build_model(JobConfig()).get_weights())
+    grid = FreshProcessGrid(client_app.app, 2, RUN_CONFIG)
+    _send(grid, "evaluate", arrays)
+    assert all(STATE_KEY in grid.contexts[n].state for n in grid.node_ids)
+    before = dict(counted)
+    kept = PlaintextAUCPhase(50, min_nodes=2).run(grid, arrays)
+    assert counted == before  # no model built, no split loaded
+    computed = PlaintextAUCPhase(50, min_nodes=2).run(FreshProcessGrid(client_app.app, 2, RUN_CONFIG), arrays)
+    assert counted["build"] > before["build"]
+    assert kept.auc == computed.auc and kept.contributors != [] and len(kept.contributors) == 2
