@@ -7,7 +7,7 @@ by run id, config, partition and a digest of the weights: the simulation
 engine reuses a process for many messages, the deployment engine starts a
 fresh one per message (where the cache is simply empty). Across processes,
 ``evaluate`` leaves the test scores of its model in ``context.state`` for the
-AUC phases of that model (:mod:`flwr_fedeval.clients.test_split`).
+AUC phases of that model (:mod:`flwr_fedeval.clients.local_scores`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from flwr_fedeval.app.task import JobConfig, library_run_config
 from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.clients.auc_handlers import register_auc_handlers, register_dp_handlers
 from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
-from flwr_fedeval.clients.test_split import remember_test_scores
+from flwr_fedeval.clients.local_scores import remember_test_scores
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 from flwr_fedeval.data.partition import ClientSplit
 from flwr_fedeval.protocol import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY, array_record, config_field
@@ -136,7 +136,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on the local test split.
 
     Also keeps the split's scores under this model for the run (an AUC phase of the same model
-    then loads neither data nor model: :mod:`flwr_fedeval.clients.test_split`)."""
+    then loads neither data nor model: :mod:`flwr_fedeval.clients.local_scores`)."""
     cfg, data, adapter = _setup(msg, context)
     loss, acc = adapter.model.evaluate(data.x_test, data.y_test, verbose=0)
     remember_test_scores(msg, context, data.y_test, positive_scores(cfg, adapter, data.x_test))

@@ -6,7 +6,7 @@ client's data, rebuilt its Keras model and rescored its test split (~3.9 s per
 message, most of a 100-client FHE phase). The deployment engine starts a
 process per message: there this cache is empty every time; what carries over
 between a node's messages of a run is the labels and scores kept in
-``context.state`` (:mod:`flwr_fedeval.clients.test_split`).
+``context.state`` (:mod:`flwr_fedeval.clients.local_scores`).
 
 Keys: the run id (a message of another run empties the whole cache), the
 validated :class:`~flwr_fedeval.app.task.JobConfig` (frozen, so hashable),

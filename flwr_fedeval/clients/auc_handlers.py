@@ -46,7 +46,7 @@ import numpy as np
 from flwr.app import Context, Message
 
 from flwr_fedeval.clients.identity import check_participants, serve_join
-from flwr_fedeval.clients.test_split import cached_test_labels, cached_test_scores
+from flwr_fedeval.clients.local_scores import cached_test_labels, cached_test_scores
 from flwr_fedeval.metrics.counts import threshold_counts
 from flwr_fedeval.protocol import Payload, Step, auc, dp_auc, handler, register
 
@@ -106,7 +106,7 @@ def register_auc_handlers(app: ClientApp, *, test_scores: TestScores) -> None:
     app : flwr.clientapp.ClientApp
     test_scores : callable
         ``(msg, context) -> (y_true, y_score)`` (see the module docstring); called once per global
-        model and run on a node (:mod:`flwr_fedeval.clients.test_split`).
+        model and run on a node (:mod:`flwr_fedeval.clients.local_scores`).
     """
     test_scores = cached_test_scores(test_scores)
 
@@ -141,7 +141,7 @@ def register_dp_handlers(app: ClientApp, *, test_scores: TestScores, test_labels
         ``context -> y_true`` (FedAUC round 2 carries no model).
 
     ``test_scores`` is called once per global model and run on a node, ``test_labels`` once per run
-    (kept in ``context.state``: :mod:`flwr_fedeval.clients.test_split`).
+    (kept in ``context.state``: :mod:`flwr_fedeval.clients.local_scores`).
     """
     test_scores = cached_test_scores(test_scores)
     test_labels = cached_test_labels(test_labels)

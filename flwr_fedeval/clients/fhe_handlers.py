@@ -85,7 +85,7 @@ from flwr_fedeval import config_keys, keyshare
 from flwr_fedeval.clients import policy
 from flwr_fedeval.clients.identity import node_identity
 from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
-from flwr_fedeval.clients.test_split import cached_test_labels, cached_test_scores
+from flwr_fedeval.clients.local_scores import cached_test_labels, cached_test_scores
 from flwr_fedeval.fhe.auc import (
     AUCResult,
     ckks_params_for,
@@ -473,7 +473,7 @@ def register_fhe_handlers(app: ClientApp, *, test_scores: Callable[[Message, Con
     config does not turn it off; it answers one evaluation per global model unless node config
     ``fedeval-evaluations-per-model`` allows more. ``test_scores`` is called once per global model
     and run on a node, ``test_labels`` once per run (kept in ``context.state``:
-    :mod:`flwr_fedeval.clients.test_split`).
+    :mod:`flwr_fedeval.clients.local_scores`).
     """
     test_scores = cached_test_scores(test_scores)
     test_labels = cached_test_labels(test_labels)

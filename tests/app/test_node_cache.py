@@ -91,7 +91,7 @@ def test_an_auc_phase_after_evaluate_scores_from_the_node_state_as_a_fresh_proce
     """On the deployment engine every message is a fresh process (an empty NodeCache): the AUC phase
     of the model the App's ``evaluate`` just scored answers from ``context.state``, loading neither
     data nor model, and gives the AUC the same phase gives when it computes the scores itself."""
-    from flwr_fedeval.clients.test_split import STATE_KEY
+    from flwr_fedeval.clients.local_scores import STATE_KEY
     from flwr_fedeval.strategies.auc_phase import PlaintextAUCPhase
 
     class FreshProcessGrid(InProcessGrid):

@@ -1,11 +1,11 @@
-"""A node's test labels and scores kept for the run in ``context.state`` (flwr_fedeval.clients.test_split):
+"""A node's test labels and scores kept for the run in ``context.state`` (flwr_fedeval.clients.local_scores):
 computed once per global model, never answered for other weights, gone with the run."""
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from flwr_fedeval._compat import set_serverapp_identity
-from flwr_fedeval.clients.test_split import (
+from flwr_fedeval.clients.local_scores import (
     STATE_KEY,
     cached_test_labels,
     cached_test_scores,
