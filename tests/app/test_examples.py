@@ -3,8 +3,8 @@
 Each example's README, and the project README, state how many lines flwr-fedeval adds; the lines
 marked ``# +`` are counted here. The structure is Flower's: ``pyproject.toml`` with
 ``[tool.flwr.app.components]`` naming ``<pkg>.server_app:app`` and ``<pkg>.client_app:app``, and a
-``task.py`` that knows nothing of flwr-fedeval. The TensorFlow example's Apps load without
-TensorFlow (it is imported only where a handler trains or scores).
+``task.py`` that knows nothing of flwr-fedeval. The ClientApps load neither the framework nor
+scikit-learn (they are imported only where a handler needs the data or the model).
 """
 
 from __future__ import annotations
@@ -86,9 +86,21 @@ def test_example_has_flowers_structure(example):
 
 
 @pytest.mark.process
-def test_tensorflow_example_apps_load_without_tensorflow():
-    """Importing the ClientApp and the ServerApp (what every ClientApp process does) loads no TensorFlow."""
-    probe = ("import sys, tfexample.client_app, tfexample.server_app; "
+@pytest.mark.parametrize("example", sorted(APPS))
+def test_example_client_apps_load_neither_the_framework_nor_the_data(example):
+    """Importing the ClientApp (what every ClientApp process does, one per message on the deployment
+    engine) loads no PyTorch, TensorFlow or scikit-learn: the steps that carry no model need none."""
+    probe = (f"import sys, {APPS[example]}.client_app; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'tensorflow', 'keras', 'sklearn'}))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=EXAMPLES / example, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:."}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_tensorflow_example_server_app_loads_without_tensorflow():
+    """The TensorFlow example's ServerApp imports Keras only where it builds the model."""
+    probe = ("import sys, tfexample.server_app; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=EXAMPLES / "quickstart-tensorflow", capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:."}, timeout=300)

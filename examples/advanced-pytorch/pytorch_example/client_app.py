@@ -10,16 +10,19 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_fedeval.clients import register_fhe_handlers, register_xmkckks_handlers, xmkckks_mod  # +
-from pytorch_example.task import Net, load_data, scores, test, train
 
 app = ClientApp()
 
 
 def _data(context: Context):
+    from pytorch_example.task import load_data
+
     return load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
 
 
-def _model(msg: Message) -> Net:
+def _model(msg: Message):
+    from pytorch_example.task import Net
+
     net = Net()
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     return net
@@ -27,6 +30,8 @@ def _model(msg: Message) -> Net:
 
 @app.train(mods=[xmkckks_mod])  # + encrypts the reply; the handler is Flower's own
 def train_fn(msg: Message, context: Context) -> Message:
+    from pytorch_example.task import train
+
     net = _model(msg)
     x_train, y_train, _, _ = _data(context)
     loss = train(net, x_train, y_train, int(context.run_config["local-epochs"]), float(msg.content["config"]["lr"]))
@@ -36,6 +41,8 @@ def train_fn(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_fn(msg: Message, context: Context) -> Message:
+    from pytorch_example.task import test
+
     _, _, x_test, y_test = _data(context)
     loss, accuracy = test(_model(msg), x_test, y_test)
     metrics = MetricRecord({"eval_loss": loss, "eval_acc": accuracy, "num-examples": len(y_test)})
@@ -43,6 +50,8 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
 
 
 def test_scores(msg: Message, context: Context):  # + labels and positive-class scores of the test split
+    from pytorch_example.task import scores  # +
+
     _, _, x_test, y_test = _data(context)  # +
     return y_test, scores(_model(msg), x_test)  # +
 

@@ -2,7 +2,9 @@
 
 The lines marked ``# +`` are what flwr-fedeval adds: xMK-CKKS secure aggregation of the
 training replies (``xmkckks_mod``), and the handlers of the FHE AUC and DP AUC evaluation phases.
-Keras is imported inside the handlers that need it (``tfexample.task``), not at module level.
+``tfexample.task`` (scikit-learn) and Keras are imported inside the functions that need the data or
+the model: on the deployment engine every message is a fresh process, and the secure-aggregation
+and AUC steps that carry no model need neither.
 """
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -14,12 +16,13 @@ from flwr_fedeval.clients import (  # +
     register_xmkckks_handlers,  # +
     xmkckks_mod,  # +
 )  # +
-from tfexample.task import load_data, load_model, scores
 
 app = ClientApp()
 
 
 def _data(context: Context):
+    from tfexample.task import load_data
+
     return load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
 
 
@@ -27,6 +30,8 @@ def _data(context: Context):
 def train(msg: Message, context: Context) -> Message:
     """Train the model on local data."""
     import keras
+
+    from tfexample.task import load_model
 
     keras.backend.clear_session()  # reset local TensorFlow state
     x_train, y_train, _, _ = _data(context)
@@ -41,6 +46,8 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def test_scores(msg: Message, context: Context):  # + labels and positive-class scores of the test split
+    from tfexample.task import load_model, scores  # +
+
     model = load_model()  # +
     model.set_weights(msg.content["arrays"].to_numpy_ndarrays())  # +
     _, _, x_test, y_test = _data(context)  # +
