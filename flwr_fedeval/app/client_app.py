@@ -25,8 +25,8 @@ from flwr_fedeval.app.node_cache import NodeCache
 from flwr_fedeval.app.task import JobConfig, library_run_config
 from flwr_fedeval.clients import fhe_handlers
 from flwr_fedeval.clients.auc_handlers import register_auc_handlers, register_dp_handlers
-from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
 from flwr_fedeval.clients.local_scores import remember_test_scores
+from flwr_fedeval.clients.shapley_handlers import register_shapley_handlers, shapley_record_mod
 from flwr_fedeval.clients.xmkckks import register_xmkckks_handlers, xmkckks_mod
 from flwr_fedeval.data.partition import ClientSplit
 from flwr_fedeval.protocol import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY, array_record, config_field

@@ -84,8 +84,8 @@ from flwr.common.logger import log
 from flwr_fedeval import config_keys, keyshare
 from flwr_fedeval.clients import policy
 from flwr_fedeval.clients.identity import node_identity
-from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.clients.local_scores import cached_test_labels, cached_test_scores
+from flwr_fedeval.clients.session_keys import load_session_keypair, new_session_keypair
 from flwr_fedeval.fhe.auc import (
     AUCResult,
     ckks_params_for,

@@ -9,6 +9,10 @@ from deployment_support import BUDGET_S, bin_dir
 
 from flwr_fedeval.testing.deployment import LocalDeployment
 
+#: The FABs built in this pytest process, by app folder: the apps do not change during a session,
+#: and each build walks the repository's venvs (~4 CPU s).
+FAB_CACHE: dict = {}
+
 
 @pytest.fixture
 def deployment(tmp_path):
@@ -18,7 +22,7 @@ def deployment(tmp_path):
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
-    dep = LocalDeployment(tmp_path, bin_dir=bin_dir(), max_wait_time=BUDGET_S)
+    dep = LocalDeployment(tmp_path, bin_dir=bin_dir(), max_wait_time=BUDGET_S, fab_cache=FAB_CACHE)
     try:
         yield dep
     finally:
