@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Static checks (a leg of scripts/run-tests.sh; `scripts/lint.sh` alone runs it): ruff on
-# the package, benchmarks, experiments and tests; mypy on the package (strict on the five
-# protocol layers rlwe, fhe, dp, metrics, shapley; settings in pyproject.toml); the docs site
+# the package, benchmarks, experiments, tests, examples and docs; mypy strict over the whole
+# package (settings in pyproject.toml); the docs site
 # (`mkdocs build --strict`: every page, link and API docstring of mkdocs.yml, into a temporary
 # folder). Exits non-zero on any finding. Tools from .venv (the [dev] extra pins them).
 set -uo pipefail
