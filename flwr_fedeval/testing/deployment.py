@@ -329,6 +329,7 @@ class LocalDeployment:
         self._log_offset: dict[str, int] = {}  # where the latest start of a process begins in its log
         self._node_args: dict[str, list[str]] = {}
         self._node_ids: dict[str, int] = {}  # name -> node ID at its latest start
+        self._listed: set[int] | None = None  # node IDs of the latest Control API listing
         self._runs_before: dict[str, set[str]] = {}  # submission name -> run IDs listed before it
         self._run_ids: dict[str, str] = {}
         self._superlink_args: list[str] | None = None
@@ -473,7 +474,10 @@ class LocalDeployment:
             else:
                 args += ["--clientappio-api-address", f"127.0.0.1:{port}"]
             self._node_args[name] = args
-        before = set(self.nodes())
+        # the node IDs listed before it starts: the latest listing, once there is one (every node started
+        # here is listed before its start returns; a node registering from elsewhere in the meantime
+        # shows as a second new node and is refused below)
+        before = set(self.nodes()) if self._listed is None else set(self._listed)
         self._start(name, args, self.workdir / f"home-{name}")
         deadline = time.monotonic() + timeout
         # Each Control API query is a `flwr` process (~1 CPU s): ask once the SuperNode has logged its
@@ -538,7 +542,9 @@ class LocalDeployment:
     def nodes(self) -> dict[int, dict[str, Any]]:
         """The SuperLink's node list (``flwr supernode ls``): ``{node ID: entry}``; ``entry["status"]``
         is e.g. ``"online"``. Node IDs are unsigned 64-bit."""
-        return {int(n["node-id"]): n for n in self._cli_json(["supernode", "ls"])["nodes"]}
+        listed = {int(n["node-id"]): n for n in self._cli_json(["supernode", "ls"])["nodes"]}
+        self._listed = set(listed)
+        return listed
 
     def runs(self) -> dict[str, dict[str, Any]]:
         """The SuperLink's runs (``flwr ls``): ``{run ID: entry}``; ``entry["status"]`` is e.g.
