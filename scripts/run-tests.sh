@@ -6,7 +6,7 @@
 #   2. .venv-py310: Python 3.10, flwr 1.30, the project with [openfhe]:
 #      FHE protocol tests, FHE AUC Flower phases and one `flwr run .` on OpenFHE
 #      (scripts/test-openfhe.sh);
-#   lint: ruff and mypy from .venv (scripts/lint.sh);
+#   lint: ruff, mypy and mkdocs build --strict from .venv (scripts/lint.sh);
 #   3. the core wheel without extras in a clean Python 3.12 venv: no TensorFlow,
 #      strategies import, one xMK-CKKS round (scripts/test-wheel.sh).
 # Lint, leg 2 and leg 3 run one after the other in the background from the start (nice 10)

@@ -46,6 +46,17 @@ def _digest_array(model: bytes) -> np.ndarray:
     return np.frombuffer(model, dtype=np.uint8).copy()
 
 
+def _keep(context: Context, model: bytes | None, y_true: np.ndarray, y_score: np.ndarray | None) -> None:
+    """Put the labels, and with a model digest the scores under that model, in ``context.state``."""
+    try:
+        arrays = {"y_true": Array(np.array(y_true, copy=True))}
+        if model is not None:
+            arrays |= {"model": Array(_digest_array(model)), "y_score": Array(np.array(y_score, copy=True))}
+    except (TypeError, ValueError):  # not arrays Flower can hold: the phase's handler refuses them, uncached
+        return
+    context.state[STATE_KEY] = ArrayRecord(arrays)
+
+
 def remember_test_scores(msg: Message, context: Context, y_true: np.ndarray, y_score: np.ndarray) -> None:
     """Keep ``y_true`` and ``y_score`` as the test split's labels and its scores under the global
     model ``msg`` carries (for the rest of the run on this node; replaces the model kept before).
@@ -61,14 +72,7 @@ def remember_test_scores(msg: Message, context: Context, y_true: np.ndarray, y_s
     y_true : ndarray of shape (n_test,)
     y_score : ndarray of shape (n_test,)
     """
-    model = policy.message_model_digest(msg)
-    try:
-        arrays = {"y_true": Array(np.array(y_true, copy=True))}
-        if model is not None:
-            arrays |= {"model": Array(_digest_array(model)), "y_score": Array(np.array(y_score, copy=True))}
-    except (TypeError, ValueError):  # not arrays Flower can hold: the phase's handler refuses them, uncached
-        return
-    context.state[STATE_KEY] = ArrayRecord(arrays)
+    _keep(context, policy.message_model_digest(msg), y_true, y_score)
 
 
 def cached_test_scores(test_scores: TestScores) -> TestScores:
@@ -86,7 +90,7 @@ def cached_test_scores(test_scores: TestScores) -> TestScores:
                 and record["model"].numpy().tobytes() == model):
             return record["y_true"].numpy().copy(), record["y_score"].numpy().copy()
         y_true, y_score = test_scores(msg, context)
-        remember_test_scores(msg, context, y_true, y_score)
+        _keep(context, model, y_true, y_score)  # the digest above: the model is hashed once
         return y_true, y_score
 
     return scores
@@ -103,10 +107,7 @@ def cached_test_labels(test_labels: TestLabels) -> TestLabels:
         if record is not None and "y_true" in record:
             return record["y_true"].numpy().copy()
         y_true = test_labels(context)
-        try:
-            context.state[STATE_KEY] = ArrayRecord({"y_true": Array(np.array(y_true, copy=True))})
-        except (TypeError, ValueError):  # as in remember_test_scores: refused by the handler, uncached
-            pass
+        _keep(context, None, y_true, None)
         return y_true
 
     return labels

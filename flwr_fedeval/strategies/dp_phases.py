@@ -75,7 +75,6 @@ if TYPE_CHECKING:  # flwr_fedeval.dp imports diffprivlib and scikit-learn: loade
     from flwr_fedeval.dp.dpauc import Clipping
 
 
-
 def _details(estimate: AUCEstimate, failures: Failures, **extra: Any) -> dict[str, Any]:
     """JSON-friendly record of how the number was produced."""
     details = {
